@@ -1,0 +1,31 @@
+#pragma once
+// Where a worker learns its place in the job: the torchrun convention of environment variables.
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+
+namespace ddp::comm {
+
+// A worker's place in the job, as read from the environment.
+struct WorldInfo {
+  int rank = 0;                        // RANK: 0..world_size-1
+  int world_size = 1;                  // WORLD_SIZE: >= 1
+  int local_rank = 0;                  // LOCAL_RANK: index on this host (selects the GPU); 0 if unset
+  std::string master_addr;             // MASTER_ADDR: host of rank 0's store
+  uint16_t master_port = 29500;        // MASTER_PORT: port of rank 0's store, 1..65535
+};
+
+// Looks a variable up; returns nullopt when it is unset. Injected so that parsing is a pure,
+// unit-testable function of a map.
+using EnvLookup = std::function<std::optional<std::string>(const std::string& name)>;
+
+// The process environment.
+EnvLookup process_env();
+
+// Reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT. RANK, WORLD_SIZE and MASTER_PORT
+// are required; a missing or malformed one is an error that names the variable and what it expects.
+WorldInfo world_info_from_env(const EnvLookup& env);
+
+}  // namespace ddp::comm

@@ -1,0 +1,41 @@
+#pragma once
+// The one place where libtorch version differences are handled. libddp builds against Debian's
+// libtorch 1.13 (CPU, Gloo) and against the torch 2.x libtorch of the GPU machine (CUDA, NCCL,
+// no Gloo headers). Nothing outside this file tests TORCH_VERSION_* or __has_include.
+
+#include <torch/version.h>
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#endif
+
+#if __has_include(<gloo/algorithm.h>)
+#define DDP_HAVE_GLOO 1
+#else
+#define DDP_HAVE_GLOO 0
+#endif
+
+#if defined(DDP_WITH_NCCL) && DDP_WITH_NCCL
+#define DDP_HAVE_NCCL 1
+#else
+#define DDP_HAVE_NCCL 0
+#endif
+
+namespace ddp::detail {
+
+#if TORCH_VERSION_MAJOR >= 2
+// Since 2.0 the concrete process groups (Gloo, NCCL) are c10d::Backend subclasses; the collectives
+// we call (allreduce, broadcast, allgather, barrier) are virtual on Backend.
+using CollectiveBackend = c10d::Backend;
+#else
+// In 1.13 ProcessGroupGloo derives from ProcessGroup directly.
+using CollectiveBackend = c10d::ProcessGroup;
+#endif
+
+}  // namespace ddp::detail

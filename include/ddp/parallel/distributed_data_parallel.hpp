@@ -1,0 +1,157 @@
+#pragma once
+// DistributedDataParallel: wraps any torch::nn::Module; forward keeps the module's own signature.
+// Construction verifies that every rank holds the same model and broadcasts rank 0's parameters
+// and buffers; every synchronized backward then averages gradients over the ranks, overlapped with
+// backward compute (see reducer/reducer.hpp).
+//
+//   auto pg = ddp::comm::init_process_group();          // RANK, WORLD_SIZE, ... from the env
+//   ddp::DistributedDataParallel<Net> model(Net(), pg);
+//   auto loss = torch::mse_loss(model(x), y);           // Net::forward's signature
+//   loss.backward();                                    // grads averaged over ranks here
+//   { auto guard = model.no_sync(); model(x2).sum().backward(); }  // local accumulation
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/any.h>
+
+#include <memory>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "ddp/comm/process_group.hpp"
+#include "ddp/parallel/ddp_options.hpp"
+#include "ddp/reducer/reducer.hpp"
+
+namespace ddp::parallel {
+
+class DistributedDataParallelBase {
+ public:
+  DistributedDataParallelBase(std::shared_ptr<torch::nn::Module> module,
+                              comm::ProcessGroupPtr process_group, DDPOptions options);
+  virtual ~DistributedDataParallelBase();
+
+  // Scoped: forwards and backwards inside accumulate gradients locally, with no communication; the
+  // next synchronized backward reduces the accumulated sum.
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(bool& require_sync) : flag_(require_sync), previous_(require_sync) {
+      flag_ = false;
+    }
+    ~NoSyncGuard() { flag_ = previous_; }
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
+   private:
+    bool& flag_;
+    bool previous_;
+  };
+  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(require_sync_); }
+
+  // The distinct parameters that require grad (tied weights appear once), registration order.
+  const std::vector<torch::Tensor>& parameters() const { return reducer_->params(); }
+  const std::vector<std::string>& parameter_names() const { return param_names_; }
+  const buckets::BucketPlan& bucket_plan() const { return reducer_->plan(); }
+  std::string bucket_table() const;
+  reducer::Reducer& reducer() { return *reducer_; }
+  comm::ProcessGroup& process_group() { return *pg_; }
+  const DDPOptions& options() const { return options_; }
+  std::shared_ptr<torch::nn::Module> module_ptr() const { return module_; }
+
+  // Broadcasts rank 0's buffers to every rank (done before each synchronized forward when
+  // DDPOptions::broadcast_buffers is set).
+  void sync_buffers();
+
+ protected:
+  void pre_forward();
+  void post_forward(const std::vector<torch::Tensor>& outputs);
+
+ private:
+  std::shared_ptr<torch::nn::Module> module_;
+  comm::ProcessGroupPtr pg_;
+  DDPOptions options_;
+  std::vector<std::string> param_names_;
+  std::vector<torch::Tensor> buffers_;
+  std::vector<std::string> buffer_names_;
+  std::unique_ptr<reducer::Reducer> reducer_;
+  bool require_sync_ = true;  // false inside no_sync()
+};
+
+namespace detail {
+
+inline std::shared_ptr<torch::nn::Module> as_module_ptr(const torch::nn::AnyModule& m) {
+  return m.ptr();
+}
+template <typename M>
+std::shared_ptr<torch::nn::Module> as_module_ptr(const std::shared_ptr<M>& m) {
+  return m;
+}
+template <typename Holder>
+auto as_module_ptr(const Holder& m) -> decltype(std::shared_ptr<torch::nn::Module>(m.ptr())) {
+  return m.ptr();
+}
+
+template <typename... Args>
+decltype(auto) call_forward(torch::nn::AnyModule& m, Args&&... args) {
+  return m.forward(std::forward<Args>(args)...);
+}
+template <typename M, typename... Args>
+decltype(auto) call_forward(M& m, Args&&... args) {
+  return m->forward(std::forward<Args>(args)...);
+}
+
+// The tensors in a forward's result, for the unused-parameter walk.
+inline void collect(const torch::Tensor& t, std::vector<torch::Tensor>& out) { out.push_back(t); }
+inline void collect(const std::vector<torch::Tensor>& ts, std::vector<torch::Tensor>& out) {
+  out.insert(out.end(), ts.begin(), ts.end());
+}
+template <typename A, typename B>
+void collect(const std::pair<A, B>& p, std::vector<torch::Tensor>& out) {
+  collect(p.first, out);
+  collect(p.second, out);
+}
+template <typename... Ts>
+void collect(const std::tuple<Ts...>& t, std::vector<torch::Tensor>& out) {
+  std::apply([&](const auto&... e) { (collect(e, out), ...); }, t);
+}
+template <typename T>
+void collect(const T&, std::vector<torch::Tensor>&) {}  // not a tensor: nothing to walk from
+
+}  // namespace detail
+
+template <typename ModuleType>
+class DistributedDataParallel : public DistributedDataParallelBase {
+ public:
+  DistributedDataParallel(ModuleType module, comm::ProcessGroupPtr process_group,
+                          DDPOptions options = {})
+      : DistributedDataParallelBase(detail::as_module_ptr(module), std::move(process_group),
+                                    options),
+        module_(std::move(module)) {}
+
+  template <typename... Args>
+  auto forward(Args&&... args) {
+    pre_forward();
+    auto output = detail::call_forward(module_, std::forward<Args>(args)...);
+    std::vector<torch::Tensor> tensors;
+    detail::collect(output, tensors);
+    post_forward(tensors);
+    return output;
+  }
+  template <typename... Args>
+  auto operator()(Args&&... args) {
+    return forward(std::forward<Args>(args)...);
+  }
+
+  ModuleType& module() { return module_; }
+
+ private:
+  ModuleType module_;
+};
+
+}  // namespace ddp::parallel
+
+namespace ddp {
+using parallel::DDPOptions;
+using parallel::DistributedDataParallel;
+}  // namespace ddp

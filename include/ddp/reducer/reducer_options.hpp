@@ -1,0 +1,23 @@
+#pragma once
+
+#include <cstddef>
+
+#include "ddp/buckets/bucket_plan.hpp"
+
+namespace ddp::reducer {
+
+struct ReducerOptions {
+  // Default true (PyTorch's default is false; we choose true): param.grad is a view into the flat
+  // bucket, so no copy in or out of the bucket and no second copy of the gradients in memory.
+  bool gradient_as_bucket_view = true;
+  // Default false, as PyTorch: walking the autograd graph after every forward costs time. Turn it on
+  // when some parameters take no part in some forwards; they then count as ready with a zero
+  // contribution (or with the gradient they already hold, e.g. from no_sync steps).
+  bool find_unused_parameters = false;
+  // Default 1 MiB, as PyTorch: a small first bucket starts communication early in backward.
+  size_t first_bucket_cap_bytes = buckets::kMiB;
+  // Default 25 MiB, as PyTorch: amortizes per-collective latency.
+  size_t bucket_cap_bytes = 25 * buckets::kMiB;
+};
+
+}  // namespace ddp::reducer

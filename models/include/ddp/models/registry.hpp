@@ -1,0 +1,66 @@
+#pragma once
+// Named synthetic workloads: a model plus a deterministic, learnable data stream and its loss, so
+// that tests, ddp-train and ddp-bench can say "--model gpt-tiny" and get the same thing.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/any.h>
+#include <torch/types.h>
+
+namespace ddp::models {
+
+struct Workload {
+  std::string name;
+  torch::nn::AnyModule module;             // forward(Tensor) -> Tensor
+  std::shared_ptr<torch::nn::Module> ptr;  // same module, for parameters()/named_parameters()
+  // Deterministic batch for (global sample offset, batch size): the same (offset, n) gives the
+  // same samples on every rank and in every process, so a rank's shard is a slice of the global
+  // batch. Sample i depends only on (seed, i), never on offset or n. Tensors are on the CPU.
+  std::function<std::pair<torch::Tensor, torch::Tensor>(int64_t offset, int64_t n)> batch;
+  // Mean over the batch, so the gradient of a global batch's loss is the average of the
+  // gradients of equal-sized shards.
+  std::function<torch::Tensor(const torch::Tensor& output, const torch::Tensor& target)> loss;
+};
+
+struct WorkloadOptions {
+  // 0: the model's default width. Otherwise the width the name table below says it sets.
+  int64_t dim = 0;
+  // 1234: arbitrary but fixed, so two processes given no seed build the same model and data.
+  // Seeds both the model init (torch::manual_seed) and the data stream.
+  uint64_t seed = 1234;
+};
+
+// Names, model, what `dim` sets, task:
+//   net            Net(256)                         dim: width          regression
+//   toy            Net(2000), the seed test's       dim: width          regression
+//   toy8k          Net(8192)                        dim: width          regression
+//   mlp            MLP{64, 64, 64, depth 4}         dim: every width    regression
+//   mlp-deep       MLP{} (512 wide, depth 16)       dim: every width    regression
+//   gpt            GPT{vocab 256, seq_len 32, d_model 64, 4 heads, 2 layers}
+//                                                   dim: d_model        next token
+//   gpt-tiny       GPT{} (GPTConfig defaults)       dim: d_model        next token
+//   batchnorm      BatchNormNet(16, 32, 4)          dim: hidden         regression
+//   unused-branch  UnusedBranchNet(16)              dim: width          regression
+//   tied           TiedNet(32, 16)                  dim: embedding dim  classification
+//   out-of-order   OutOfOrderNet(16)                dim: width          regression
+// Regression: x ~ N(0, 1) per feature; target = a fixed random linear map of x of rank <= 16
+// (singular values falling as 1/k), scaled so that E|target|^2 = 1; loss = squared error summed
+// over features, mean over the batch. The untrained Net's own output adds about width/81 to the
+// initial loss (PyTorch's default init shrinks variance 3x per layer, biases aside): ~4 for "net",
+// ~26 for "toy", ~100 for "toy8k".
+// Next token: each sequence counts up by one from a random start (mod vocab); targets are the
+// inputs shifted by one; loss = cross entropy, mean over all tokens. Classification (tied):
+// target = (3 * input + 1) mod vocab; cross entropy, mean over the batch.
+// Calls torch::manual_seed(options.seed), so it resets the global generator.
+Workload make_workload(const std::string& name, const WorkloadOptions& options = {});
+
+// The names make_workload accepts, in the order of the table above.
+std::vector<std::string> workload_names();
+
+}  // namespace ddp::models

@@ -1,0 +1,76 @@
+#pragma once
+// Small models, each shaped to exercise one DDP corner case: buffers, parameters that get no
+// gradient, a parameter registered under two names, and a backward order that differs from the
+// registration order. Small enough for multi-process CPU tests.
+
+#include <cstdint>
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+#include <torch/types.h>
+
+namespace ddp::models {
+
+// fc1 -> bn -> relu -> fc2. bn carries the buffers running_mean, running_var and
+// num_batches_tracked, which DDP broadcasts from rank 0 rather than reducing.
+class BatchNormNetImpl : public torch::nn::Module {
+ public:
+  explicit BatchNormNetImpl(int64_t in = 16, int64_t hidden = 32, int64_t out = 4);
+
+  // x: [B, in] with B >= 2 in training mode (batch statistics need two samples).
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::nn::Linear fc1{nullptr};
+  torch::nn::BatchNorm1d bn{nullptr};
+  torch::nn::Linear fc2{nullptr};
+};
+TORCH_MODULE(BatchNormNet);
+
+// fc2(relu(fc1(x))); "unused" is registered after them and never called, so its
+// parameters never receive a gradient (find_unused_parameters territory).
+class UnusedBranchNetImpl : public torch::nn::Module {
+ public:
+  explicit UnusedBranchNetImpl(int64_t dim = 16);
+
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::nn::Linear fc1{nullptr};
+  torch::nn::Linear fc2{nullptr};
+  torch::nn::Linear unused{nullptr};
+};
+TORCH_MODULE(UnusedBranchNet);
+
+// head(tanh(fc(emb(idx)))) where head->weight is the same tensor as emb->weight. The tensor
+// appears twice in named_parameters() (emb.weight and head.weight; libtorch does not deduplicate)
+// and its gradient is the sum of both uses. clone() unties the two.
+class TiedNetImpl : public torch::nn::Module {
+ public:
+  explicit TiedNetImpl(int64_t vocab = 32, int64_t dim = 16);
+
+  // idx: int64 [B] -> logits [B, vocab].
+  torch::Tensor forward(const torch::Tensor& idx);
+
+  torch::nn::Embedding emb{nullptr};
+  torch::nn::Linear fc{nullptr};
+  torch::nn::Linear head{nullptr};
+};
+TORCH_MODULE(TiedNet);
+
+// Registered fc1, fc2, fc3 but applied fc3, fc1, fc2 (tanh between), so gradients become ready in
+// the order fc2, fc1, fc3: neither registration order nor its reverse.
+class OutOfOrderNetImpl : public torch::nn::Module {
+ public:
+  explicit OutOfOrderNetImpl(int64_t dim = 16);
+
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::nn::Linear fc1{nullptr};
+  torch::nn::Linear fc2{nullptr};
+  torch::nn::Linear fc3{nullptr};
+};
+TORCH_MODULE(OutOfOrderNet);
+
+}  // namespace ddp::models

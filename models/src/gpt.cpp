@@ -1,0 +1,115 @@
+#include "ddp/models/gpt.hpp"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include <c10/util/Exception.h>
+#include <torch/nn/init.h>
+#include <torch/utils.h>
+
+#include "replace_parameter.hpp"
+
+namespace ddp::models {
+
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& config)
+    : n_heads_(config.n_heads) {
+  c_attn = register_module("c_attn", torch::nn::Linear(config.d_model, 3 * config.d_model));
+  c_proj = register_module("c_proj", torch::nn::Linear(config.d_model, config.d_model));
+}
+
+torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
+  const int64_t batch = x.size(0);
+  const int64_t seq = x.size(1);
+  const int64_t width = x.size(2);
+  const int64_t head_dim = width / n_heads_;
+
+  auto qkv = c_attn(x).split(width, /*dim=*/2);
+  auto to_heads = [&](const torch::Tensor& t) {
+    return t.view({batch, seq, n_heads_, head_dim}).transpose(1, 2);  // [B, H, T, hd]
+  };
+  const auto q = to_heads(qkv[0]);
+  const auto k = to_heads(qkv[1]);
+  const auto v = to_heads(qkv[2]);
+
+  auto att =
+      torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(head_dim)));
+  // Built per call for this T rather than kept as a seq_len^2 buffer, so the model has no buffers
+  // to broadcast and shorter inputs pay only for their own size.
+  const auto future = torch::ones({seq, seq}, x.options().dtype(torch::kBool)).triu(1);
+  att = att.masked_fill(future, -std::numeric_limits<double>::infinity());
+  att = torch::softmax(att, /*dim=*/-1);
+  auto y = torch::matmul(att, v);  // [B, H, T, hd]
+  y = y.transpose(1, 2).contiguous().view({batch, seq, width});
+  return c_proj(y);
+}
+
+GPTMLPImpl::GPTMLPImpl(const GPTConfig& config) {
+  c_fc = register_module("c_fc", torch::nn::Linear(config.d_model, 4 * config.d_model));
+  c_proj = register_module("c_proj", torch::nn::Linear(4 * config.d_model, config.d_model));
+}
+
+torch::Tensor GPTMLPImpl::forward(const torch::Tensor& x) { return c_proj(torch::gelu(c_fc(x))); }
+
+GPTBlockImpl::GPTBlockImpl(const GPTConfig& config) {
+  ln_1 = register_module("ln_1", torch::nn::LayerNorm(std::vector<int64_t>{config.d_model}));
+  attn = register_module("attn", CausalSelfAttention(config));
+  ln_2 = register_module("ln_2", torch::nn::LayerNorm(std::vector<int64_t>{config.d_model}));
+  mlp = register_module("mlp", GPTMLP(config));
+}
+
+torch::Tensor GPTBlockImpl::forward(torch::Tensor x) {
+  x = x + attn(ln_1(x));
+  return x + mlp(ln_2(x));
+}
+
+GPTImpl::GPTImpl(const GPTConfig& config) : config_(config) {
+  TORCH_CHECK(config.vocab_size > 0 && config.seq_len > 0 && config.d_model > 0 &&
+                  config.n_heads > 0 && config.n_layers >= 0,
+              "GPT: sizes must be positive, got vocab_size=", config.vocab_size,
+              " seq_len=", config.seq_len, " d_model=", config.d_model, " n_heads=", config.n_heads,
+              " n_layers=", config.n_layers);
+  TORCH_CHECK(config.d_model % config.n_heads == 0, "GPT: d_model (", config.d_model,
+              ") must be divisible by n_heads (", config.n_heads, ")");
+
+  wte = register_module("wte", torch::nn::Embedding(config.vocab_size, config.d_model));
+  wpe = register_module("wpe", torch::nn::Embedding(config.seq_len, config.d_model));
+  h = register_module("h", torch::nn::ModuleList());
+  for (int64_t i = 0; i < config.n_layers; ++i) h->push_back(GPTBlock(config));
+  ln_f = register_module("ln_f", torch::nn::LayerNorm(std::vector<int64_t>{config.d_model}));
+  lm_head = register_module(
+      "lm_head",
+      torch::nn::Linear(torch::nn::LinearOptions(config.d_model, config.vocab_size).bias(false)));
+
+  // Re-initialized in modules() order (fixed by construction), so the result depends only on the
+  // seed. LayerNorms keep their ones/zeros.
+  {
+    torch::NoGradGuard no_grad;
+    for (const auto& module : modules(/*include_self=*/false)) {
+      if (auto* linear = module->as<torch::nn::Linear>()) {
+        torch::nn::init::normal_(linear->weight, 0.0, 0.02);
+        if (linear->bias.defined()) torch::nn::init::zeros_(linear->bias);
+      } else if (auto* embedding = module->as<torch::nn::Embedding>()) {
+        torch::nn::init::normal_(embedding->weight, 0.0, 0.02);
+      }
+    }
+  }
+
+  if (config.tie_weights) {
+    lm_head->weight = wte->weight;
+    detail::replace_parameter(*lm_head, "weight", wte->weight);
+  }
+}
+
+torch::Tensor GPTImpl::forward(const torch::Tensor& idx) {
+  TORCH_CHECK(idx.dim() == 2, "GPT: expected token ids of shape [B, T], got ", idx.sizes());
+  const int64_t seq = idx.size(1);
+  TORCH_CHECK(seq <= config_.seq_len, "GPT: input length ", seq, " exceeds seq_len ",
+              config_.seq_len);
+  const auto positions = torch::arange(seq, idx.options().dtype(torch::kLong));
+  auto x = wte(idx) + wpe(positions);  // [B, T, d] + [T, d]
+  for (const auto& block : *h) x = block->as<GPTBlockImpl>()->forward(x);
+  return lm_head(ln_f(x));
+}
+
+}  // namespace ddp::models

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what libddp needs on Debian 12 (apt) and builds it into build/. Idempotent: packages
+# already present are not reinstalled, and the build is incremental.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(
+  build-essential cmake ninja-build ccache
+  libtorch-dev        # libtorch 1.13 (CPU): tensors, autograd, nn, optim, c10d
+  libgloo-dev         # Gloo headers, needed by c10d's ProcessGroupGloo.hpp
+  libopenblas0-pthread  # without it Debian's libtorch uses the reference BLAS, ~20x slower
+  libgtest-dev libcli11-dev nlohmann-json3-dev
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  echo "setup: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+BUILD_DIR="${BUILD_DIR:-build}"
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
+# Two jobs: a libtorch translation unit needs ~1.5 GB of memory and the machine has 2 cores.
+cmake --build "$BUILD_DIR" -j "${DDP_BUILD_JOBS:-2}"

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Set up, build and run the whole test suite. Fails when any test fails or when no test ran.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh -DDDP_BUILD_TESTS=ON
+cd build
+# Two tests at a time on 2 cores: multi-process tests are mostly waiting on each other.
+ctest --output-on-failure --no-tests=error -j 2 --timeout 600 | tee ctest.log
+# ctest exits non-zero on failures; also refuse a run whose summary shows no test.
+grep -Eq "^[0-9]+% tests passed, 0 tests failed out of [1-9][0-9]*" ctest.log || {
+  echo "test.sh: no passing test summary found" >&2
+  exit 1
+}

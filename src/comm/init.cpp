@@ -1,0 +1,87 @@
+#include "ddp/comm/init.hpp"
+
+#include <c10/util/Exception.h>
+
+#include <cstdlib>
+
+#include "ddp/detail/torch_compat.hpp"
+
+#if DDP_HAVE_GLOO
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#endif
+#if DDP_HAVE_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+namespace ddp::comm {
+
+namespace {
+
+c10::intrusive_ptr<c10d::Store> make_store(const WorldInfo& world,
+                                           std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions opts;
+  opts.port = world.master_port;
+  opts.isServer = world.rank == 0;
+  opts.numWorkers = static_cast<size_t>(world.world_size);
+  opts.waitWorkers = true;  // rank 0 returns only when every rank has joined: a missing one times out
+  opts.timeout = timeout;
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(world.master_addr, opts);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "ddp: rendezvous at ", world.master_addr, ":", world.master_port,
+                " failed on rank ", world.rank, " of ", world.world_size, " (timeout ",
+                timeout.count(), " ms): ", e.what());
+  }
+}
+
+#if DDP_HAVE_GLOO
+// Which local interface Gloo binds: GLOO_SOCKET_IFNAME as in PyTorch; loopback when the whole job is
+// on loopback (tests, --nproc); otherwise the interface of this host's name.
+std::shared_ptr<::gloo::transport::Device> make_gloo_device(const WorldInfo& world) {
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {
+    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  }
+  const std::string& addr = world.master_addr;
+  if (addr == "localhost" || addr.rfind("127.", 0) == 0) {
+    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  }
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+#endif
+
+}  // namespace
+
+ProcessGroupPtr init_process_group(const InitOptions& options) {
+  const WorldInfo world = options.world ? *options.world : world_info_from_env(process_env());
+  TORCH_CHECK(options.timeout.count() > 0, "ddp: InitOptions::timeout must be positive, got ",
+              options.timeout.count(), " ms");
+  auto store = make_store(world, options.timeout);
+  c10::intrusive_ptr<detail::CollectiveBackend> backend;
+  if (options.backend == "gloo") {
+#if DDP_HAVE_GLOO
+    auto gloo_opts = c10d::ProcessGroupGloo::Options::create(options.timeout);
+    gloo_opts->devices.push_back(make_gloo_device(world));
+    backend = c10::make_intrusive<c10d::ProcessGroupGloo>(store, world.rank, world.world_size,
+                                                          gloo_opts);
+#else
+    TORCH_CHECK(false, "ddp: backend 'gloo' is not available in this build (libtorch was found "
+                       "without Gloo headers); use backend 'nccl'");
+#endif
+  } else if (options.backend == "nccl") {
+#if DDP_HAVE_NCCL
+    auto nccl_opts = c10d::ProcessGroupNCCL::Options::create();
+    nccl_opts->timeout = options.timeout;
+    backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, world.rank, world.world_size,
+                                                          nccl_opts);
+#else
+    TORCH_CHECK(false, "ddp: backend 'nccl' is not available in this build (libtorch has no CUDA); "
+                       "use backend 'gloo'");
+#endif
+  } else {
+    TORCH_CHECK(false, "ddp: unknown backend '", options.backend, "': expected 'gloo' or 'nccl'");
+  }
+  return std::make_shared<ProcessGroup>(backend, store, world.rank, world.world_size,
+                                        options.backend, options.timeout);
+}
+
+}  // namespace ddp::comm

@@ -1,0 +1,72 @@
+#include "ddp/comm/process_group.hpp"
+
+#include <c10/util/Exception.h>
+
+#include <exception>
+
+namespace ddp::comm {
+
+ProcessGroup::ProcessGroup(c10::intrusive_ptr<detail::CollectiveBackend> backend,
+                           c10::intrusive_ptr<c10d::Store> store, int rank, int world_size,
+                           std::string backend_name, std::chrono::milliseconds timeout)
+    : backend_(std::move(backend)),
+      store_(std::move(store)),
+      rank_(rank),
+      world_size_(world_size),
+      backend_name_(std::move(backend_name)),
+      timeout_(timeout) {
+  TORCH_CHECK(backend_, "ddp: ProcessGroup needs a c10d backend");
+  TORCH_CHECK(world_size_ >= 1 && rank_ >= 0 && rank_ < world_size_, "ddp: rank ", rank_,
+              " is outside world size ", world_size_);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce_sum_async(at::Tensor& tensor) {
+  std::vector<at::Tensor> tensors{tensor};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = c10d::ReduceOp::SUM;
+  opts.timeout = timeout_;
+  return backend_->allreduce(tensors, opts);
+}
+
+void ProcessGroup::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what) const {
+  // Work::wait rethrows the collective's own failure (e.g. a peer closed its connection) and
+  // throws once the timeout passes.
+  try {
+    work->wait(timeout_);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "ddp: ", what, " failed on rank ", rank_, " of ", world_size_,
+                " (collective timeout ", timeout_.count(),
+                " ms; another rank may have died, hung, or issued different collectives): ",
+                e.what());
+  }
+}
+
+void ProcessGroup::allreduce_sum(at::Tensor& tensor, const std::string& what) {
+  wait(allreduce_sum_async(tensor), what);
+}
+
+void ProcessGroup::broadcast(at::Tensor& tensor, int root, const std::string& what) {
+  std::vector<at::Tensor> tensors{tensor};
+  c10d::BroadcastOptions opts;
+  opts.rootRank = root;
+  opts.timeout = timeout_;
+  wait(backend_->broadcast(tensors, opts), what);
+}
+
+std::vector<at::Tensor> ProcessGroup::allgather(const at::Tensor& tensor, const std::string& what) {
+  std::vector<std::vector<at::Tensor>> outputs(1);
+  for (int r = 0; r < world_size_; ++r) outputs[0].push_back(at::empty_like(tensor));
+  std::vector<at::Tensor> inputs{tensor};
+  c10d::AllgatherOptions opts;
+  opts.timeout = timeout_;
+  wait(backend_->allgather(outputs, inputs, opts), what);
+  return outputs[0];
+}
+
+void ProcessGroup::barrier(const std::string& what) {
+  c10d::BarrierOptions opts;
+  opts.timeout = timeout_;
+  wait(backend_->barrier(opts), what);
+}
+
+}  // namespace ddp::comm

@@ -1,0 +1,72 @@
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include "ddp/comm/process_group.hpp"
+#include "support/workers.hpp"
+
+namespace ddp::testing {
+namespace {
+
+DDP_TEST_WORKER(collectives) {
+  auto pg = worker_process_group();
+  const int n = pg->world_size();
+  const int r = pg->rank();
+  // Closed forms: sum of ranks = n(n-1)/2; broadcast gives the root's value; allgather gives
+  // every rank's value in rank order.
+  auto t = torch::full({5}, static_cast<float>(r));
+  pg->allreduce_sum(t, "test all-reduce");
+  require(t.eq(n * (n - 1) / 2.0f).all().item<bool>(), "all-reduce sum of ranks is wrong");
+  auto b = torch::full({3}, static_cast<float>(10 + r));
+  pg->broadcast(b, n - 1, "test broadcast");
+  require(b.eq(10.0f + n - 1).all().item<bool>(), "broadcast from the last rank is wrong");
+  auto gathered = pg->allgather(torch::full({2}, static_cast<float>(r * r)), "test allgather");
+  require(static_cast<int>(gathered.size()) == n, "allgather returned the wrong count");
+  for (int i = 0; i < n; ++i) {
+    require(gathered[i].eq(static_cast<float>(i * i)).all().item<bool>(), "allgather slot wrong");
+  }
+  pg->barrier("test barrier");
+}
+
+class Collectives : public ::testing::TestWithParam<int> {};
+
+TEST_P(Collectives, ClosedFormResults) {
+  const auto result = run_workers("collectives", GetParam());
+  EXPECT_TRUE(result.ok()) << result.describe();
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, Collectives, ::testing::Values(1, 2, 3));
+
+// Rank 1 stays alive but never joins the all-reduce; rank 0 must fail within its 2 s timeout
+// with a message that says so, then release rank 1 through the store.
+DDP_TEST_WORKER(collective_timeout) {
+  auto pg = worker_process_group(std::chrono::seconds(2));
+  if (pg->rank() == 1) {
+    // Returns when rank 0 sets the key; bounded, and longer than rank 0's 2 s collective timeout.
+    pg->store().wait({"test/release"}, std::chrono::seconds(60));
+    return;
+  }
+  auto t = torch::ones({4});
+  const auto start = std::chrono::steady_clock::now();
+  std::string error;
+  try {
+    pg->allreduce_sum(t, "test all-reduce");
+  } catch (const c10::Error& e) {
+    error = e.what_without_backtrace();
+  }
+  const auto waited = std::chrono::steady_clock::now() - start;
+  pg->store().set("test/release", std::vector<uint8_t>{1});
+  require(!error.empty(), "all-reduce without a peer did not fail");
+  require(error.find("test all-reduce failed on rank 0 of 2 (collective timeout 2000 ms") !=
+              std::string::npos,
+          "error does not name the collective and timeout: " + error);
+  require(waited < std::chrono::seconds(30), "the timeout was not honoured");
+}
+
+TEST(ProcessGroup, CollectiveTimesOutWithANamedError) {
+  const auto result = run_workers("collective_timeout", 2, {}, std::chrono::seconds(60));
+  EXPECT_TRUE(result.ok()) << result.describe();
+}
+
+}  // namespace
+}  // namespace ddp::testing

@@ -1,0 +1,75 @@
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "support/oracle.hpp"
+#include "support/workers.hpp"
+
+namespace ddp::testing {
+namespace {
+
+// For one model: SGD and Adam x bucket views on/off x tiny/default caps, each K steps, every
+// rank's parameters against the single-process oracle on the concatenated batch.
+DDP_TEST_WORKER(equivalence) {
+  auto pg = worker_process_group();
+  TrainSpec spec;
+  spec.model = worker_env("DDP_TEST_MODEL");
+  spec.dim = std::stoll(worker_env("DDP_TEST_DIM", "0"));
+  for (const std::string optimizer : {"sgd", "adam"}) {
+    spec.optimizer = optimizer;
+    const TrainResult oracle = train_single(spec, pg->world_size());
+    for (bool view : {true, false}) {
+      for (bool tiny : {true, false}) {
+        parallel::DDPOptions options;
+        options.gradient_as_bucket_view = view;
+        if (tiny) options.first_bucket_cap_mb = options.bucket_cap_mb = 1e-6;
+        const TrainResult got = train_ddp(spec, pg, options);
+        std::ostringstream ctx;
+        ctx << spec.model << " " << optimizer << " view=" << view << " tiny_caps=" << tiny
+            << " rank " << pg->rank() << "/" << pg->world_size();
+        require(got.names == oracle.names, ctx.str() + ": parameter names differ");
+        require_close(got.names, got.params, oracle.params, 1e-5, ctx.str());
+        if (spec.model == "batchnorm" && pg->rank() == 0) {
+          // Running statistics: rank 0's, as the oracle's shard order reproduces.
+          require_close(got.buffer_names, {got.buffers[0], got.buffers[1]},
+                        {oracle.buffers[0], oracle.buffers[1]}, 1e-5, ctx.str() + " buffers");
+        }
+      }
+    }
+  }
+}
+
+struct Case {
+  std::string model;
+  int64_t dim;
+  int world;
+};
+
+class Equivalence : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Equivalence, ParametersMatchSingleProcessTraining) {
+  const Case c = GetParam();
+  const auto result = run_workers("equivalence", c.world,
+                                  {{"DDP_TEST_MODEL", c.model},
+                                   {"DDP_TEST_DIM", std::to_string(c.dim)}});
+  EXPECT_TRUE(result.ok()) << result.describe();
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  for (int world : {1, 2, 3}) {
+    for (const auto& [model, dim] : std::vector<std::pair<std::string, int64_t>>{
+             {"net", 48}, {"mlp", 0}, {"gpt", 32}, {"batchnorm", 0}, {"tied", 0}}) {
+      out.push_back({model, dim, world});
+    }
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, Equivalence, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return info.param.model + "_world" + std::to_string(info.param.world);
+                         });
+
+}  // namespace
+}  // namespace ddp::testing

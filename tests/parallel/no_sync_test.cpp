@@ -1,0 +1,53 @@
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "support/oracle.hpp"
+#include "support/workers.hpp"
+
+namespace ddp::testing {
+namespace {
+
+// Three micro-batches per step, the first two under no_sync: the synchronized backward reduces
+// the accumulated sum, so the result equals the oracle on all three global micro-batches.
+DDP_TEST_WORKER(no_sync) {
+  auto pg = worker_process_group();
+  TrainSpec spec;
+  spec.model = worker_env("DDP_TEST_MODEL");
+  spec.micro_batches = 3;
+  spec.steps = 2;
+  const TrainResult oracle = train_single(spec, pg->world_size());
+  for (bool view : {true, false}) {
+    parallel::DDPOptions options;
+    options.gradient_as_bucket_view = view;
+    options.first_bucket_cap_mb = options.bucket_cap_mb = 1e-3;
+    const TrainResult got = train_ddp(spec, pg, options);
+    std::ostringstream ctx;
+    ctx << "no_sync " << spec.model << " view=" << view << " rank " << pg->rank();
+    require_close(got.names, got.params, oracle.params, 1e-5, ctx.str());
+  }
+}
+
+struct Case {
+  std::string model;
+  int world;
+};
+class NoSync : public ::testing::TestWithParam<Case> {};
+
+TEST_P(NoSync, AccumulatedMicroBatchesMatchTheOracle) {
+  const auto result = run_workers("no_sync", GetParam().world, {{"DDP_TEST_MODEL", GetParam().model}});
+  EXPECT_TRUE(result.ok()) << result.describe();
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, NoSync,
+                         ::testing::Values(Case{"net", 1}, Case{"net", 2}, Case{"net", 3},
+                                           Case{"gpt", 2}, Case{"mlp", 3}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           std::string name = info.param.model + "_world" +
+                                              std::to_string(info.param.world);
+                           for (auto& ch : name) ch = ch == '-' ? '_' : ch;
+                           return name;
+                         });
+
+}  // namespace
+}  // namespace ddp::testing

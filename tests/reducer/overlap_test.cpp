@@ -1,0 +1,64 @@
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include <algorithm>
+
+#include "ddp/models/net.hpp"
+#include "ddp/parallel/distributed_data_parallel.hpp"
+#include "support/workers.hpp"
+
+namespace ddp::testing {
+namespace {
+
+// Net(1024) with 2 MiB caps: four buckets, one per layer. The first bucket's all-reduce must be
+// launched while backward still has gradients to compute (timestamps, not durations), buckets
+// launch in plan order, and every grad is a view into its bucket.
+DDP_TEST_WORKER(overlap) {
+  auto pg = worker_process_group();
+  models::Net net(1024);
+  parallel::DDPOptions options;
+  options.first_bucket_cap_mb = options.bucket_cap_mb = 2;
+  parallel::DistributedDataParallel<models::Net> model(net, pg, options);
+  require(model.bucket_plan().buckets.size() == 4, "expected one bucket per layer");
+  auto x = torch::randn({32, 1024});
+  for (int step = 0; step < 2; ++step) {
+    model(x).pow(2).mean().backward();
+    const auto tl = model.reducer().last_timeline();
+    const int64_t last_ready = *std::max_element(tl.param_ready_ns.begin(), tl.param_ready_ns.end());
+    require(tl.bucket_launch_ns[0] >= 0, "bucket 0 was not launched");
+    require(tl.bucket_launch_ns[0] < last_ready,
+            "bucket 0 was launched only after the last gradient was ready: no overlap");
+    for (size_t b = 1; b < tl.bucket_launch_ns.size(); ++b) {
+      require(tl.bucket_launch_ns[b - 1] <= tl.bucket_launch_ns[b], "buckets launched out of order");
+    }
+    // A bucket launches when its last parameter is ready, never earlier.
+    const auto& plan = model.bucket_plan();
+    for (size_t b = 0; b < plan.buckets.size(); ++b) {
+      for (size_t p : plan.buckets[b].params) {
+        require(tl.param_ready_ns[p] <= tl.bucket_launch_ns[b], "bucket launched before its grads");
+      }
+    }
+    for (size_t p = 0; p < model.parameters().size(); ++p) {
+      const auto& grad = model.parameters()[p].grad();
+      const auto& buffer = model.reducer().bucket_buffer(plan.bucket_of[p]);
+      const auto* begin = buffer.data_ptr<float>();
+      const auto* at = grad.data_ptr<float>();
+      require(at >= begin && at + grad.numel() <= begin + buffer.numel(),
+              "grad of " + model.parameter_names()[p] + " is not a view into its bucket");
+    }
+  }
+  require(model.reducer().num_synchronized_backwards() == 2, "two synchronized backwards expected");
+}
+
+class Overlap : public ::testing::TestWithParam<int> {};
+
+TEST_P(Overlap, FirstBucketLaunchesBeforeTheLastGradient) {
+  const auto result = run_workers("overlap", GetParam());
+  EXPECT_TRUE(result.ok()) << result.describe();
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, Overlap, ::testing::Values(2, 3));
+
+}  // namespace
+}  // namespace ddp::testing

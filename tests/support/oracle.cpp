@@ -1,0 +1,142 @@
+#include "support/oracle.hpp"
+
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/sgd.h>
+
+#include <sstream>
+#include <unordered_set>
+
+#include "ddp/models/registry.hpp"
+#include "ddp/parallel/distributed_data_parallel.hpp"
+#include "support/workers.hpp"
+
+namespace ddp::testing {
+
+namespace {
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainSpec& spec,
+                                                        const std::vector<torch::Tensor>& params) {
+  if (spec.optimizer == "adam") {
+    return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(spec.lr / 10));
+  }
+  require(spec.optimizer == "sgd", "unknown optimizer " + spec.optimizer);
+  return std::make_unique<torch::optim::SGD>(params,
+                                             torch::optim::SGDOptions(spec.lr).momentum(0.9));
+}
+
+// Distinct parameters in registration order (tied weights once), as DDP sees them.
+void distinct_params(torch::nn::Module& m, std::vector<std::string>& names,
+                     std::vector<torch::Tensor>& params) {
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (const auto& item : m.named_parameters()) {
+    if (seen.insert(item.value().unsafeGetTensorImpl()).second) {
+      names.push_back(item.key());
+      params.push_back(item.value());
+    }
+  }
+}
+
+TrainResult snapshot(torch::nn::Module& m) {
+  TrainResult r;
+  std::vector<torch::Tensor> params;
+  distinct_params(m, r.names, params);
+  for (auto& p : params) r.params.push_back(p.detach().clone());
+  for (const auto& item : m.named_buffers()) {
+    r.buffer_names.push_back(item.key());
+    r.buffers.push_back(item.value().detach().clone());
+  }
+  return r;
+}
+
+bool has_batchnorm(torch::nn::Module& m) {
+  for (const auto& child : m.modules()) {
+    if (dynamic_cast<torch::nn::BatchNorm1dImpl*>(child.get())) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+TrainResult train_single(const TrainSpec& spec, int world) {
+  models::WorkloadOptions wopts;
+  wopts.dim = spec.dim;
+  auto w = models::make_workload(spec.model, wopts);
+  std::vector<std::string> names;
+  std::vector<torch::Tensor> params;
+  distinct_params(*w.ptr, names, params);
+  auto opt = make_optimizer(spec, params);
+  const bool per_shard = has_batchnorm(*w.ptr);
+  const int64_t shard = spec.global_batch / world;
+  int64_t offset = 0;
+  for (int step = 0; step < spec.steps; ++step) {
+    opt->zero_grad();
+    for (int micro = 0; micro < spec.micro_batches; ++micro, offset += spec.global_batch) {
+      if (!per_shard) {
+        auto [x, y] = w.batch(offset, spec.global_batch);
+        w.loss(w.module.forward(x), y).backward();
+        continue;
+      }
+      // BatchNorm: each shard is normalized with its own statistics; running stats end as rank
+      // 0's (the ranks > 0 first, each from the saved buffers, then rank 0).
+      std::vector<torch::Tensor> saved;
+      for (const auto& b : w.ptr->buffers()) saved.push_back(b.detach().clone());
+      for (int r = world - 1; r >= 0; --r) {
+        {
+          torch::NoGradGuard no_grad;
+          auto buffers = w.ptr->buffers();
+          for (size_t i = 0; i < buffers.size(); ++i) buffers[i].copy_(saved[i]);
+        }
+        auto [x, y] = w.batch(offset + r * shard, shard);
+        (w.loss(w.module.forward(x), y) / world).backward();
+      }
+    }
+    opt->step();
+  }
+  return snapshot(*w.ptr);
+}
+
+TrainResult train_ddp(const TrainSpec& spec, comm::ProcessGroupPtr pg,
+                      const parallel::DDPOptions& options) {
+  models::WorkloadOptions wopts;
+  wopts.dim = spec.dim;
+  auto w = models::make_workload(spec.model, wopts);
+  if (pg->rank() != 0) {
+    torch::NoGradGuard no_grad;
+    for (auto& p : w.ptr->parameters()) p.add_(0.25 * pg->rank());
+  }
+  parallel::DistributedDataParallel<torch::nn::AnyModule> model(w.module, pg, options);
+  auto opt = make_optimizer(spec, model.parameters());
+  const int64_t shard = spec.global_batch / pg->world_size();
+  int64_t offset = 0;
+  for (int step = 0; step < spec.steps; ++step) {
+    opt->zero_grad();
+    for (int micro = 0; micro < spec.micro_batches; ++micro, offset += spec.global_batch) {
+      auto [x, y] = w.batch(offset + pg->rank() * shard, shard);
+      if (micro + 1 < spec.micro_batches) {
+        auto guard = model.no_sync();
+        w.loss(model(x), y).backward();
+      } else {
+        w.loss(model(x), y).backward();
+      }
+    }
+    opt->step();
+  }
+  return snapshot(*w.ptr);
+}
+
+void require_close(const std::vector<std::string>& names, const std::vector<torch::Tensor>& a,
+                   const std::vector<torch::Tensor>& b, double rtol, const std::string& context) {
+  require(a.size() == b.size(), context + ": tensor counts differ");
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double ref = b[i].to(torch::kDouble).norm().item<double>();
+    const double diff = (a[i].to(torch::kDouble) - b[i].to(torch::kDouble)).norm().item<double>();
+    std::ostringstream msg;
+    msg << context << ": '" << names[i] << "' ";
+    require(ref > 0, msg.str() + "is all zeros in the oracle (a comparison on zeros proves nothing)");
+    msg << "relative error " << diff / ref << " > " << rtol;
+    require(diff / ref <= rtol, msg.str());
+  }
+}
+
+}  // namespace ddp::testing

@@ -1,0 +1,50 @@
+#pragma once
+// The single-process oracle and its distributed twin: the same workload, seed, optimizer and
+// global batches; the oracle trains on each whole global batch, a rank on its shard. Equivalence
+// means their parameters agree to fp32 rounding.
+
+#include <torch/types.h>
+
+#include <string>
+#include <vector>
+
+#include "ddp/comm/process_group.hpp"
+#include "ddp/parallel/ddp_options.hpp"
+
+namespace ddp::testing {
+
+struct TrainSpec {
+  std::string model = "net";      // a ddp::models workload name
+  int64_t dim = 0;                // workload width; 0 = its default
+  std::string optimizer = "sgd";  // "sgd" (momentum 0.9) or "adam"
+  int steps = 3;
+  int64_t global_batch = 12;      // divisible by 1, 2, 3 and 4
+  double lr = 0.05;
+  // no_sync: each step is `micro_batches` global micro-batches; a rank runs the first
+  // micro_batches-1 under no_sync and the last synchronized. The oracle sums the micro-batch losses.
+  int micro_batches = 1;
+};
+
+struct TrainResult {
+  std::vector<std::string> names;      // distinct parameters, registration order
+  std::vector<torch::Tensor> params;   // after training
+  std::vector<std::string> buffer_names;
+  std::vector<torch::Tensor> buffers;  // after training
+};
+
+// Single process on the global batch. For models with BatchNorm the loss is the mean of the
+// per-shard losses with each shard normalized by its own statistics, as DDP does; `world` says how
+// many shards.
+TrainResult train_single(const TrainSpec& spec, int world);
+
+// This rank's DDP training. Ranks other than 0 perturb their initial parameters first, so the
+// result also checks that construction broadcasts rank 0's state.
+TrainResult train_ddp(const TrainSpec& spec, comm::ProcessGroupPtr pg,
+                      const parallel::DDPOptions& options);
+
+// Per tensor, ||a - b|| / ||b|| <= rtol, and b is not all zeros; throws naming the first tensor
+// that differs and by how much.
+void require_close(const std::vector<std::string>& names, const std::vector<torch::Tensor>& a,
+                   const std::vector<torch::Tensor>& b, double rtol, const std::string& context);
+
+}  // namespace ddp::testing

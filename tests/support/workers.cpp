@@ -1,0 +1,78 @@
+#include "support/workers.hpp"
+
+#include <ATen/Parallel.h>
+
+#include <cstdlib>
+#include <exception>
+#include <iostream>
+#include <stdexcept>
+
+#include "ddp/comm/init.hpp"
+
+namespace ddp::testing {
+
+namespace {
+
+std::map<std::string, WorkerFn>& registry() {
+  static std::map<std::string, WorkerFn> workers;
+  return workers;
+}
+
+}  // namespace
+
+WorkerRegistrar::WorkerRegistrar(const std::string& name, WorkerFn fn) {
+  registry()[name] = std::move(fn);
+}
+
+launch::SpawnResult run_workers(const std::string& name, int world,
+                                const std::map<std::string, std::string>& env,
+                                std::chrono::seconds timeout) {
+  launch::SpawnOptions options;
+  options.nproc = world;
+  options.argv = {launch::self_executable()};
+  options.env = env;
+  options.env["DDP_TEST_WORKER"] = name;
+  options.timeout = timeout;
+  options.grace = std::chrono::seconds(30);
+  return launch::spawn_local_workers(options);
+}
+
+int maybe_run_worker() {
+  const char* name = std::getenv("DDP_TEST_WORKER");
+  if (name == nullptr) return -1;
+  at::set_num_threads(1);  // workers share 2 cores; intra-op threads would only contend
+  const char* rank = std::getenv("RANK");
+  auto it = registry().find(name);
+  if (it == registry().end()) {
+    std::cerr << "unknown test worker '" << name << "'\n";
+    return 2;
+  }
+  try {
+    it->second();
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "[worker " << name << " rank " << (rank ? rank : "?") << "] FAILED: " << e.what()
+              << "\n";
+    return 1;
+  }
+}
+
+comm::ProcessGroupPtr worker_process_group(std::chrono::milliseconds timeout) {
+  comm::InitOptions options;
+  options.backend = "gloo";
+  options.timeout = timeout;
+  return comm::init_process_group(options);
+}
+
+std::string worker_env(const std::string& key, const std::string& fallback) {
+  const char* value = std::getenv(key.c_str());
+  if (value != nullptr) return value;
+  if (fallback != "\x01") return fallback;
+  throw std::runtime_error("test worker needs environment variable " + key);
+}
+
+void require(bool condition, const std::string& what) {
+  if (!condition) throw std::runtime_error(what);
+}
+
+}  // namespace ddp::testing

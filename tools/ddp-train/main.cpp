@@ -1,0 +1,169 @@
+// ddp-train: a short data-parallel training run of a model from the zoo on a learnable synthetic
+// task. `ddp-train` alone spawns 2 local workers (the README's main job); `--nproc N` spawns N; under
+// an external launcher (torchrun --no-python, ddp-run, mpirun) it runs as one worker.
+
+#include <ATen/Parallel.h>
+#include <CLI/CLI.hpp>
+#include <torch/optim/adam.h>
+#include <torch/optim/sgd.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+
+#include "ddp/comm/init.hpp"
+#include "ddp/launch/spawn.hpp"
+#include "ddp/models/registry.hpp"
+#include "ddp/parallel/distributed_data_parallel.hpp"
+#include "progress.hpp"
+
+namespace {
+
+struct Args {
+  std::string model = "net";
+  int nproc = 0;  // 0: 2 when not under a launcher
+  int steps = 200;
+  int64_t batch_size = 32;  // per worker
+  int64_t dim = 0;
+  double lr = 0.05;
+  std::string optimizer = "sgd";
+  std::string backend = "gloo";
+  double bucket_cap_mb = 25.0;
+  double first_bucket_cap_mb = 1.0;
+  bool no_bucket_view = false;
+  bool find_unused = false;
+  int timeout_s = 300;
+  int threads = 1;
+  bool verbose = false;
+};
+
+bool under_launcher() { return std::getenv("RANK") != nullptr; }
+
+int run_worker(const Args& args) {
+  at::set_num_threads(args.threads);
+  ddp::comm::InitOptions init;
+  init.backend = args.backend;
+  init.timeout = std::chrono::seconds(args.timeout_s);
+  auto pg = ddp::comm::init_process_group(init);
+  const bool lead = pg->rank() == 0;
+
+  ddp::models::WorkloadOptions wopts;
+  wopts.dim = args.dim;
+  auto w = ddp::models::make_workload(args.model, wopts);
+  ddp::DDPOptions options;
+  options.bucket_cap_mb = args.bucket_cap_mb;
+  options.first_bucket_cap_mb = args.first_bucket_cap_mb;
+  options.gradient_as_bucket_view = !args.no_bucket_view;
+  options.find_unused_parameters = args.find_unused;
+  options.verbose = args.verbose;
+  ddp::DistributedDataParallel<torch::nn::AnyModule> model(w.module, pg, options);
+
+  std::unique_ptr<torch::optim::Optimizer> opt;
+  if (args.optimizer == "adam") {
+    opt = std::make_unique<torch::optim::Adam>(model.parameters(),
+                                               torch::optim::AdamOptions(args.lr));
+  } else {
+    opt = std::make_unique<torch::optim::SGD>(model.parameters(),
+                                              torch::optim::SGDOptions(args.lr).momentum(0.9));
+  }
+  if (lead) {
+    int64_t numel = 0;
+    for (const auto& p : model.parameters()) numel += p.numel();
+    std::cout << "ddp-train: model " << args.model << ", " << numel << " parameters in "
+              << model.bucket_plan().buckets.size() << " buckets, world size "
+              << pg->world_size() << ", backend " << pg->backend_name() << ", batch "
+              << args.batch_size << " per worker" << std::endl;
+  }
+
+  ddp::tools::Progress progress(args.steps, lead && ::isatty(STDOUT_FILENO), 20);
+  const auto start = std::chrono::steady_clock::now();
+  double first_loss = 0, last_loss = 0;
+  const int64_t global_batch = args.batch_size * pg->world_size();
+  for (int step = 1; step <= args.steps; ++step) {
+    const int64_t offset = (step - 1) * global_batch + pg->rank() * args.batch_size;
+    auto [x, y] = w.batch(offset, args.batch_size);
+    opt->zero_grad();
+    auto loss = w.loss(model(x), y);
+    loss.backward();
+    opt->step();
+    // The global mean loss, for display: one small all-reduce per step.
+    auto shown = loss.detach().clone().reshape({1});
+    pg->allreduce_sum(shown, "loss all-reduce");
+    last_loss = shown.item<double>() / pg->world_size();
+    if (step == 1) first_loss = last_loss;
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (lead) progress.update(step, last_loss, step / secs);
+  }
+  if (lead) {
+    progress.finish();
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::cout << "ddp-train: loss " << first_loss << " -> " << last_loss << " in " << args.steps
+              << " steps (" << secs << " s, " << args.steps / secs << " steps/s)" << std::endl;
+  }
+  pg->barrier("final barrier");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  CLI::App app{"ddp-train: data-parallel training of a zoo model on a synthetic task"};
+  const auto names = ddp::models::workload_names();
+  app.add_option("--model", args.model, "model from the zoo")
+      ->check(CLI::IsMember(names))
+      ->capture_default_str();
+  app.add_option("--nproc", args.nproc, "spawn N local workers (default 2 without a launcher)")
+      ->check(CLI::Range(1, 64));
+  app.add_option("--steps", args.steps, "training steps")->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  app.add_option("--batch-size", args.batch_size, "samples per worker per step")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+      ->capture_default_str();
+  app.add_option("--dim", args.dim, "model width (0: the model's default)")->capture_default_str();
+  app.add_option("--lr", args.lr, "learning rate")->capture_default_str();
+  app.add_option("--optimizer", args.optimizer, "sgd or adam")
+      ->check(CLI::IsMember({"sgd", "adam"}))
+      ->capture_default_str();
+  app.add_option("--backend", args.backend, "gloo or nccl")
+      ->check(CLI::IsMember({"gloo", "nccl"}))
+      ->capture_default_str();
+  app.add_option("--bucket-cap-mb", args.bucket_cap_mb, "bucket cap (MiB)")->capture_default_str();
+  app.add_option("--first-bucket-cap-mb", args.first_bucket_cap_mb, "first bucket cap (MiB)")
+      ->capture_default_str();
+  app.add_flag("--no-bucket-view", args.no_bucket_view, "copy gradients instead of bucket views");
+  app.add_flag("--find-unused-parameters", args.find_unused, "allow parameters without gradients");
+  app.add_option("--timeout-s", args.timeout_s, "collective timeout in seconds")
+      ->check(CLI::Range(1, 86400))
+      ->capture_default_str();
+  app.add_option("--threads", args.threads, "intra-op threads per worker")->capture_default_str();
+  app.add_flag("--verbose", args.verbose, "print the bucket table");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    if (std::getenv("DDP_TRAIN_WORKER") != nullptr || (under_launcher() && args.nproc == 0)) {
+      return run_worker(args);
+    }
+    ddp::launch::SpawnOptions spawn;
+    spawn.nproc = args.nproc > 0 ? args.nproc : 2;
+    spawn.argv.push_back(ddp::launch::self_executable());
+    for (int i = 1; i < argc; ++i) spawn.argv.push_back(argv[i]);
+    spawn.env["DDP_TRAIN_WORKER"] = "1";
+    spawn.timeout = std::chrono::hours(24);
+    const auto result = ddp::launch::spawn_local_workers(spawn);
+    if (!result.ok()) {
+      std::cerr << "ddp-train: workers failed: " << result.describe() << std::endl;
+      return 1;
+    }
+    return 0;
+  } catch (const c10::Error& e) {
+    std::cerr << "ddp-train: " << e.what_without_backtrace() << std::endl;
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "ddp-train: " << e.what() << std::endl;
+    return 1;
+  }
+}
