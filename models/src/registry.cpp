@@ -137,6 +137,7 @@ void set_model(Workload& w, Holder model) {
 int64_t pick(int64_t dim, int64_t fallback) { return dim == 0 ? fallback : dim; }
 
 void build_net(Workload& w, int64_t dim, uint64_t seed) {
+  w.lr = std::min(0.05, 20.0 / static_cast<double>(dim));  // 0.01 at the seed width 2000
   set_model(w, Net(dim));
   add_regression_task(w, dim, dim, seed);
 }
@@ -158,7 +159,7 @@ struct Entry {
 
 // One row per workload; the order is the order of workload_names().
 const Entry kEntries[] = {
-    {"net", [](Workload& w, int64_t dim, uint64_t seed) { build_net(w, pick(dim, 256), seed); }},
+    {"net", [](Workload& w, int64_t dim, uint64_t seed) { build_net(w, pick(dim, 2000), seed); }},
     {"toy", [](Workload& w, int64_t dim, uint64_t seed) { build_net(w, pick(dim, 2000), seed); }},
     {"toy8k", [](Workload& w, int64_t dim, uint64_t seed) { build_net(w, pick(dim, 8192), seed); }},
     {"mlp",

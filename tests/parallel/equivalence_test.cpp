@@ -15,7 +15,13 @@ DDP_TEST_WORKER(equivalence) {
   TrainSpec spec;
   spec.model = worker_env("DDP_TEST_MODEL");
   spec.dim = std::stoll(worker_env("DDP_TEST_DIM", "0"));
+  // Adam divides by sqrt(v): a parameter whose true gradient is exactly zero (attention's key
+  // bias, a bias right before BatchNorm) gets full-size updates from fp32 rounding noise, which
+  // differs between any two summation orders. That is Adam's conditioning, not the reduction's;
+  // those models are checked with SGD, whose update is linear in the gradient.
+  const bool zero_gradient_params = spec.model == "gpt" || spec.model == "batchnorm";
   for (const std::string optimizer : {"sgd", "adam"}) {
+    if (optimizer == "adam" && zero_gradient_params) continue;
     spec.optimizer = optimizer;
     const TrainResult oracle = train_single(spec, pg->world_size());
     for (bool view : {true, false}) {
@@ -44,6 +50,8 @@ struct Case {
   int64_t dim;
   int world;
 };
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.model << " at world size " << c.world; }
 
 class Equivalence : public ::testing::TestWithParam<Case> {};
 

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <iostream>
 
@@ -26,7 +27,7 @@ struct Args {
   int steps = 200;
   int64_t batch_size = 32;  // per worker
   int64_t dim = 0;
-  double lr = 0.05;
+  double lr = 0;  // 0: the workload's own
   std::string optimizer = "sgd";
   std::string backend = "gloo";
   double bucket_cap_mb = 25.0;
@@ -59,13 +60,14 @@ int run_worker(const Args& args) {
   options.verbose = args.verbose;
   ddp::DistributedDataParallel<torch::nn::AnyModule> model(w.module, pg, options);
 
+  const double lr = args.lr > 0 ? args.lr : w.lr;
   std::unique_ptr<torch::optim::Optimizer> opt;
   if (args.optimizer == "adam") {
     opt = std::make_unique<torch::optim::Adam>(model.parameters(),
-                                               torch::optim::AdamOptions(args.lr));
+                                               torch::optim::AdamOptions(lr / 10));
   } else {
     opt = std::make_unique<torch::optim::SGD>(model.parameters(),
-                                              torch::optim::SGDOptions(args.lr).momentum(0.9));
+                                              torch::optim::SGDOptions(lr).momentum(0.9));
   }
   if (lead) {
     int64_t numel = 0;
@@ -91,6 +93,8 @@ int run_worker(const Args& args) {
     auto shown = loss.detach().clone().reshape({1});
     pg->allreduce_sum(shown, "loss all-reduce");
     last_loss = shown.item<double>() / pg->world_size();
+    TORCH_CHECK(std::isfinite(last_loss), "the loss became ", last_loss, " at step ", step,
+                " (learning rate ", lr, "); lower --lr");
     if (step == 1) first_loss = last_loss;
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -124,7 +128,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
       ->capture_default_str();
   app.add_option("--dim", args.dim, "model width (0: the model's default)")->capture_default_str();
-  app.add_option("--lr", args.lr, "learning rate")->capture_default_str();
+  app.add_option("--lr", args.lr, "learning rate (0: the model's default)")->capture_default_str();
   app.add_option("--optimizer", args.optimizer, "sgd or adam")
       ->check(CLI::IsMember({"sgd", "adam"}))
       ->capture_default_str();

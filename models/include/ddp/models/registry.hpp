@@ -26,6 +26,9 @@ struct Workload {
   // Mean over the batch, so the gradient of a global batch's loss is the average of the
   // gradients of equal-sized shards.
   std::function<torch::Tensor(const torch::Tensor& output, const torch::Tensor& target)> loss;
+  // A learning rate at which SGD with momentum 0.9 learns the task without diverging (wide linear
+  // Nets need smaller steps: their summed-over-features loss grows with the width).
+  double lr = 0.05;
 };
 
 struct WorkloadOptions {
@@ -37,7 +40,7 @@ struct WorkloadOptions {
 };
 
 // Names, model, what `dim` sets, task:
-//   net            Net(256)                         dim: width          regression
+//   net            Net(2000), the seed test's       dim: width          regression
 //   toy            Net(2000), the seed test's       dim: width          regression
 //   toy8k          Net(8192)                        dim: width          regression
 //   mlp            MLP{64, 64, 64, depth 4}         dim: every width    regression
