@@ -41,13 +41,15 @@ WorldInfo world_info_from_env(const EnvLookup& env) {
   WorldInfo info;
   const std::string world = require(env, "WORLD_SIZE", "the number of workers, an integer >= 1");
   info.world_size = static_cast<int>(parse_int("WORLD_SIZE", world, 1, 1 << 20));
-  const std::string rank = require(env, "RANK", "this worker's rank, an integer in [0, WORLD_SIZE)");
+  const std::string rank =
+      require(env, "RANK", "this worker's rank, an integer in [0, WORLD_SIZE)");
   info.rank = static_cast<int>(parse_int("RANK", rank, 0, info.world_size - 1));
   if (auto local = env("LOCAL_RANK")) {
     info.local_rank = static_cast<int>(parse_int("LOCAL_RANK", *local, 0, info.world_size - 1));
   }
   info.master_addr = require(env, "MASTER_ADDR", "the host name or address of rank 0");
-  TORCH_CHECK(!info.master_addr.empty(), "ddp: environment variable MASTER_ADDR is empty: expected ",
+  TORCH_CHECK(!info.master_addr.empty(),
+              "ddp: environment variable MASTER_ADDR is empty: expected ",
               "the host name or address of rank 0");
   const std::string port = require(env, "MASTER_PORT", "the TCP port of rank 0's store, 1..65535");
   info.master_port = static_cast<uint16_t>(parse_int("MASTER_PORT", port, 1, 65535));

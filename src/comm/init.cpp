@@ -23,7 +23,8 @@ c10::intrusive_ptr<c10d::Store> make_store(const WorldInfo& world,
   opts.port = world.master_port;
   opts.isServer = world.rank == 0;
   opts.numWorkers = static_cast<size_t>(world.world_size);
-  opts.waitWorkers = true;  // rank 0 returns only when every rank has joined: a missing one times out
+  opts.waitWorkers =
+      true;  // rank 0 returns only when every rank has joined: a missing one times out
   opts.timeout = timeout;
   try {
     return c10::make_intrusive<c10d::TCPStore>(world.master_addr, opts);
@@ -35,8 +36,8 @@ c10::intrusive_ptr<c10d::Store> make_store(const WorldInfo& world,
 }
 
 #if DDP_HAVE_GLOO
-// Which local interface Gloo binds: GLOO_SOCKET_IFNAME as in PyTorch; loopback when the whole job is
-// on loopback (tests, --nproc); otherwise the interface of this host's name.
+// Which local interface Gloo binds: GLOO_SOCKET_IFNAME as in PyTorch; loopback when the whole job
+// is on loopback (tests, --nproc); otherwise the interface of this host's name.
 std::shared_ptr<::gloo::transport::Device> make_gloo_device(const WorldInfo& world) {
   if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {
     return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
@@ -61,21 +62,23 @@ ProcessGroupPtr init_process_group(const InitOptions& options) {
 #if DDP_HAVE_GLOO
     auto gloo_opts = c10d::ProcessGroupGloo::Options::create(options.timeout);
     gloo_opts->devices.push_back(make_gloo_device(world));
-    backend = c10::make_intrusive<c10d::ProcessGroupGloo>(store, world.rank, world.world_size,
-                                                          gloo_opts);
+    backend =
+        c10::make_intrusive<c10d::ProcessGroupGloo>(store, world.rank, world.world_size, gloo_opts);
 #else
-    TORCH_CHECK(false, "ddp: backend 'gloo' is not available in this build (libtorch was found "
-                       "without Gloo headers); use backend 'nccl'");
+    TORCH_CHECK(false,
+                "ddp: backend 'gloo' is not available in this build (libtorch was found "
+                "without Gloo headers); use backend 'nccl'");
 #endif
   } else if (options.backend == "nccl") {
 #if DDP_HAVE_NCCL
     auto nccl_opts = c10d::ProcessGroupNCCL::Options::create();
     nccl_opts->timeout = options.timeout;
-    backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, world.rank, world.world_size,
-                                                          nccl_opts);
+    backend =
+        c10::make_intrusive<c10d::ProcessGroupNCCL>(store, world.rank, world.world_size, nccl_opts);
 #else
-    TORCH_CHECK(false, "ddp: backend 'nccl' is not available in this build (libtorch has no CUDA); "
-                       "use backend 'gloo'");
+    TORCH_CHECK(false,
+                "ddp: backend 'nccl' is not available in this build (libtorch has no CUDA); "
+                "use backend 'gloo'");
 #endif
   } else {
     TORCH_CHECK(false, "ddp: unknown backend '", options.backend, "': expected 'gloo' or 'nccl'");

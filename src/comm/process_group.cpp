@@ -34,10 +34,10 @@ void ProcessGroup::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::s
   try {
     work->wait(timeout_);
   } catch (const std::exception& e) {
-    TORCH_CHECK(false, "ddp: ", what, " failed on rank ", rank_, " of ", world_size_,
-                " (collective timeout ", timeout_.count(),
-                " ms; another rank may have died, hung, or issued different collectives): ",
-                e.what());
+    TORCH_CHECK(
+        false, "ddp: ", what, " failed on rank ", rank_, " of ", world_size_,
+        " (collective timeout ", timeout_.count(),
+        " ms; another rank may have died, hung, or issued different collectives): ", e.what());
   }
 }
 

@@ -65,7 +65,8 @@ namespace {
   for (const auto& a : options.argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   ::execv(args[0], args.data());
-  const std::string msg = "ddp: exec of " + options.argv[0] + " failed: " + std::strerror(errno) + "\n";
+  const std::string msg =
+      "ddp: exec of " + options.argv[0] + " failed: " + std::strerror(errno) + "\n";
   (void)!::write(2, msg.data(), msg.size());
   ::_exit(127);
 }

@@ -34,8 +34,8 @@ void log(LogLevel level, int rank, const std::string& message) {
   if (static_cast<int>(level) > current_level().load()) return;
   static std::mutex mutex;  // keeps lines from interleaving
   std::lock_guard<std::mutex> lock(mutex);
-  std::cerr << "[ddp rank " << rank << "] " << message << (!message.empty() && message.back() == '\n' ? "" : "\n")
-            << std::flush;
+  std::cerr << "[ddp rank " << rank << "] " << message
+            << (!message.empty() && message.back() == '\n' ? "" : "\n") << std::flush;
 }
 
 }  // namespace ddp::obs

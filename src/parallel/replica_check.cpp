@@ -28,8 +28,8 @@ std::string compare_signatures(const std::vector<std::vector<std::string>>& per_
     for (size_t i = 0; i < common; ++i) {
       if (ref[i] != other[i]) {
         std::ostringstream msg;
-        msg << "ddp: model replicas differ across ranks at entry " << i << ": rank 0 has "
-            << ref[i] << ", rank " << r << " has " << other[i]
+        msg << "ddp: model replicas differ across ranks at entry " << i << ": rank 0 has " << ref[i]
+            << ", rank " << r << " has " << other[i]
             << ". Every rank must construct the same model.";
         return msg.str();
       }
@@ -76,16 +76,16 @@ void verify_replicas(comm::ProcessGroup& pg, const std::vector<std::string>& sig
   // and the store lets every rank see every other rank's full text.
   const std::string prefix = "ddp/replica_check/" + std::to_string(pg.next_exchange_id()) + "/";
   const std::string text = encode(signature);
-  pg.store().set(prefix + std::to_string(pg.rank()), std::vector<uint8_t>(text.begin(), text.end()));
+  pg.store().set(prefix + std::to_string(pg.rank()),
+                 std::vector<uint8_t>(text.begin(), text.end()));
   std::vector<std::vector<std::string>> all;
   for (int r = 0; r < pg.world_size(); ++r) {
     try {
       all.push_back(decode(pg.store().get(prefix + std::to_string(r))));
     } catch (const std::exception& e) {
       TORCH_CHECK(false, "ddp: rank ", pg.rank(), " could not read rank ", r,
-                  "'s model signature (timeout ", pg.timeout().count(),
-                  " ms; is rank ", r, " alive and constructing DistributedDataParallel?): ",
-                  e.what());
+                  "'s model signature (timeout ", pg.timeout().count(), " ms; is rank ", r,
+                  " alive and constructing DistributedDataParallel?): ", e.what());
     }
   }
   const std::string error = compare_signatures(all);

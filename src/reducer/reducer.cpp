@@ -47,11 +47,16 @@ bool same_view(const at::Tensor& a, const at::Tensor& b) {
 
 const char* Reducer::state_name(State s) {
   switch (s) {
-    case State::kIdle: return "idle";
-    case State::kPreparedSync: return "prepared (synchronized)";
-    case State::kPreparedLocal: return "prepared (no_sync)";
-    case State::kBackwardSync: return "in backward (synchronized)";
-    case State::kBackwardLocal: return "in backward (no_sync)";
+    case State::kIdle:
+      return "idle";
+    case State::kPreparedSync:
+      return "prepared (synchronized)";
+    case State::kPreparedLocal:
+      return "prepared (no_sync)";
+    case State::kBackwardSync:
+      return "in backward (synchronized)";
+    case State::kBackwardLocal:
+      return "in backward (no_sync)";
   }
   return "?";
 }
@@ -254,10 +259,10 @@ void Reducer::finalize_backward() {
   std::exception_ptr failure;
   for (size_t b = 0; b < next_bucket_; ++b) {
     try {
-      pg_->wait(buckets_[b].work,
-                "all-reduce of gradient bucket " + std::to_string(b) + " (" +
-                    std::to_string(plan_.buckets[b].params.size()) + " parameters, " +
-                    std::to_string(plan_.buckets[b].bytes) + " bytes)");
+      pg_->wait(buckets_[b].work, "all-reduce of gradient bucket " + std::to_string(b) + " (" +
+                                      std::to_string(plan_.buckets[b].params.size()) +
+                                      " parameters, " + std::to_string(plan_.buckets[b].bytes) +
+                                      " bytes)");
     } catch (...) {
       if (!failure) failure = std::current_exception();
     }
@@ -287,8 +292,7 @@ void Reducer::finalize_backward() {
   at::NoGradGuard no_grad;
   for (size_t p = 0; p < params_.size(); ++p) {
     at::Tensor& grad = grad_of(p);
-    const bool unused_everywhere =
-        globally_used.defined() && globally_used.data_ptr<int>()[p] == 0;
+    const bool unused_everywhere = globally_used.defined() && globally_used.data_ptr<int>()[p] == 0;
     if (unused_everywhere) {
       // As PyTorch: a parameter no rank used keeps the gradient it had (undefined stays undefined).
       if (saved_unused_grads_[p].defined()) {

@@ -29,7 +29,8 @@ std::vector<std::vector<std::string>> bucket_names(const BucketPlan& plan,
 std::vector<ParamSpec> floats(std::vector<int64_t> numels) {
   std::vector<ParamSpec> specs;
   for (size_t i = 0; i < numels.size(); ++i) {
-    specs.push_back({"p" + std::to_string(i), numels[i], c10::kFloat, c10::Device(c10::kCPU), false});
+    specs.push_back(
+        {"p" + std::to_string(i), numels[i], c10::kFloat, c10::Device(c10::kCPU), false});
   }
   return specs;
 }

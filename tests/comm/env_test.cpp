@@ -26,9 +26,11 @@ std::string error_of(std::map<std::string, std::string> vars) {
   return "";
 }
 
-const std::map<std::string, std::string> kGood = {
-    {"RANK", "2"}, {"WORLD_SIZE", "3"}, {"LOCAL_RANK", "1"},
-    {"MASTER_ADDR", "10.0.0.7"}, {"MASTER_PORT", "29511"}};
+const std::map<std::string, std::string> kGood = {{"RANK", "2"},
+                                                  {"WORLD_SIZE", "3"},
+                                                  {"LOCAL_RANK", "1"},
+                                                  {"MASTER_ADDR", "10.0.0.7"},
+                                                  {"MASTER_PORT", "29511"}};
 
 TEST(Env, ReadsTheTorchrunVariables) {
   const WorldInfo info = world_info_from_env(env_of(kGood));

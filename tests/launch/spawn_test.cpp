@@ -35,8 +35,8 @@ TEST(Spawn, AllZeroIsOk) {
 TEST(Spawn, AFailureStopsTheOthers) {
   // Rank 0 fails at once; rank 1 would run for a minute and must be stopped after the grace.
   const auto start = std::chrono::steady_clock::now();
-  const SpawnResult r = spawn_local_workers(
-      shell(2, "if [ \"$RANK\" = 0 ]; then exit 3; fi; exec sleep 60"));
+  const SpawnResult r =
+      spawn_local_workers(shell(2, "if [ \"$RANK\" = 0 ]; then exit 3; fi; exec sleep 60"));
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
   EXPECT_EQ(r.workers[0].exit_code, 3);
   EXPECT_TRUE(r.workers[1].signaled);

@@ -57,9 +57,9 @@ class Equivalence : public ::testing::TestWithParam<Case> {};
 
 TEST_P(Equivalence, ParametersMatchSingleProcessTraining) {
   const Case c = GetParam();
-  const auto result = run_workers("equivalence", c.world,
-                                  {{"DDP_TEST_MODEL", c.model},
-                                   {"DDP_TEST_DIM", std::to_string(c.dim)}});
+  const auto result =
+      run_workers("equivalence", c.world,
+                  {{"DDP_TEST_MODEL", c.model}, {"DDP_TEST_DIM", std::to_string(c.dim)}});
   EXPECT_TRUE(result.ok()) << result.describe();
 }
 

@@ -35,8 +35,10 @@ DDP_TEST_WORKER(unused_without_flag) {
   parallel::DistributedDataParallel<torch::nn::AnyModule> model(w.module, pg);
   auto [x, y] = w.batch(0, 4);
   const std::string error = message_of([&] { w.loss(model(x), y).backward(); });
-  require_contains(error, "2 parameter(s) received no gradient in this backward: unused.weight, "
-                          "unused.bias", "unused parameter");
+  require_contains(error,
+                   "2 parameter(s) received no gradient in this backward: unused.weight, "
+                   "unused.bias",
+                   "unused parameter");
   require_contains(error, "find_unused_parameters = true", "unused parameter");
   // The next iteration works with the flag (state was reset, collectives still matched).
   pg->barrier("after the error");
@@ -57,8 +59,10 @@ DDP_TEST_WORKER(backward_twice) {
   auto loss = w.loss(model(x), y);
   loss.backward({}, /*retain_graph=*/true);
   const std::string error = message_of([&] { loss.backward(); });
-  require_contains(error, "no forward of the DistributedDataParallel module ran since the last "
-                          "backward", "backward twice");
+  require_contains(error,
+                   "no forward of the DistributedDataParallel module ran since the last "
+                   "backward",
+                   "backward twice");
 }
 
 TEST(Errors, BackwardTwiceWithoutForward) {

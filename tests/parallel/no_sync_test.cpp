@@ -38,7 +38,8 @@ void PrintTo(const Case& c, std::ostream* os) { *os << c.model << " at world siz
 class NoSync : public ::testing::TestWithParam<Case> {};
 
 TEST_P(NoSync, AccumulatedMicroBatchesMatchTheOracle) {
-  const auto result = run_workers("no_sync", GetParam().world, {{"DDP_TEST_MODEL", GetParam().model}});
+  const auto result =
+      run_workers("no_sync", GetParam().world, {{"DDP_TEST_MODEL", GetParam().model}});
   EXPECT_TRUE(result.ok()) << result.describe();
 }
 
@@ -46,8 +47,8 @@ INSTANTIATE_TEST_SUITE_P(Models, NoSync,
                          ::testing::Values(Case{"net", 1}, Case{"net", 2}, Case{"net", 3},
                                            Case{"gpt", 2}, Case{"mlp", 3}),
                          [](const ::testing::TestParamInfo<Case>& info) {
-                           std::string name = info.param.model + "_world" +
-                                              std::to_string(info.param.world);
+                           std::string name =
+                               info.param.model + "_world" + std::to_string(info.param.world);
                            for (auto& ch : name) ch = ch == '-' ? '_' : ch;
                            return name;
                          });

@@ -25,12 +25,14 @@ DDP_TEST_WORKER(overlap) {
   for (int step = 0; step < 2; ++step) {
     model(x).pow(2).mean().backward();
     const auto tl = model.reducer().last_timeline();
-    const int64_t last_ready = *std::max_element(tl.param_ready_ns.begin(), tl.param_ready_ns.end());
+    const int64_t last_ready =
+        *std::max_element(tl.param_ready_ns.begin(), tl.param_ready_ns.end());
     require(tl.bucket_launch_ns[0] >= 0, "bucket 0 was not launched");
     require(tl.bucket_launch_ns[0] < last_ready,
             "bucket 0 was launched only after the last gradient was ready: no overlap");
     for (size_t b = 1; b < tl.bucket_launch_ns.size(); ++b) {
-      require(tl.bucket_launch_ns[b - 1] <= tl.bucket_launch_ns[b], "buckets launched out of order");
+      require(tl.bucket_launch_ns[b - 1] <= tl.bucket_launch_ns[b],
+              "buckets launched out of order");
     }
     // A bucket launches when its last parameter is ready, never earlier.
     const auto& plan = model.bucket_plan();

@@ -26,8 +26,9 @@ DDP_TEST_WORKER(unused_branch) {
       options.gradient_as_bucket_view = view;
       options.first_bucket_cap_mb = options.bucket_cap_mb = 1e-6;
       const TrainResult got = train_ddp(spec, pg, options);
-      const std::string ctx = "unused-branch view=" + std::to_string(view) + " micro=" +
-                              std::to_string(micro) + " rank " + std::to_string(pg->rank());
+      const std::string ctx = "unused-branch view=" + std::to_string(view) +
+                              " micro=" + std::to_string(micro) + " rank " +
+                              std::to_string(pg->rank());
       // The oracle's unused parameters keep their init, which is rank 0's after the broadcast.
       require_close(got.names, got.params, oracle.params, 1e-5, ctx);
     }

@@ -133,7 +133,8 @@ void require_close(const std::vector<std::string>& names, const std::vector<torc
     const double diff = (a[i].to(torch::kDouble) - b[i].to(torch::kDouble)).norm().item<double>();
     std::ostringstream msg;
     msg << context << ": '" << names[i] << "' ";
-    require(ref > 0, msg.str() + "is all zeros in the oracle (a comparison on zeros proves nothing)");
+    require(ref > 0,
+            msg.str() + "is all zeros in the oracle (a comparison on zeros proves nothing)");
     msg << "relative error " << diff / ref << " > " << rtol;
     require(diff / ref <= rtol, msg.str());
   }

@@ -18,16 +18,17 @@ struct TrainSpec {
   int64_t dim = 0;                // workload width; 0 = its default
   std::string optimizer = "sgd";  // "sgd" (momentum 0.9) or "adam"
   int steps = 3;
-  int64_t global_batch = 12;      // divisible by 1, 2, 3 and 4
+  int64_t global_batch = 12;  // divisible by 1, 2, 3 and 4
   double lr = 0.05;
   // no_sync: each step is `micro_batches` global micro-batches; a rank runs the first
-  // micro_batches-1 under no_sync and the last synchronized. The oracle sums the micro-batch losses.
+  // micro_batches-1 under no_sync and the last synchronized. The oracle sums the micro-batch
+  // losses.
   int micro_batches = 1;
 };
 
 struct TrainResult {
-  std::vector<std::string> names;      // distinct parameters, registration order
-  std::vector<torch::Tensor> params;   // after training
+  std::vector<std::string> names;     // distinct parameters, registration order
+  std::vector<torch::Tensor> params;  // after training
   std::vector<std::string> buffer_names;
   std::vector<torch::Tensor> buffers;  // after training
 };

@@ -19,8 +19,8 @@ struct WorkerRegistrar {
   WorkerRegistrar(const std::string& name, WorkerFn fn);
 };
 
-#define DDP_TEST_WORKER(name)                                                          \
-  static void name##_worker_body();                                                    \
+#define DDP_TEST_WORKER(name)                                                         \
+  static void name##_worker_body();                                                   \
   static ::ddp::testing::WorkerRegistrar name##_registrar(#name, name##_worker_body); \
   static void name##_worker_body()
 

@@ -19,8 +19,8 @@ std::pair<std::string, int> run(const std::string& command) {
 
 // The acceptance line of the foundation issue: the seed Net's 3-bucket table, then training.
 TEST(DdpTrain, SeedNetPrintsThreeBucketsAndTrains) {
-  const auto [out, code] =
-      run(std::string(DDP_TRAIN_PATH) + " --nproc 2 --model net --verbose --steps 5 --timeout-s 60");
+  const auto [out, code] = run(std::string(DDP_TRAIN_PATH) +
+                               " --nproc 2 --model net --verbose --steps 5 --timeout-s 60");
   ASSERT_EQ(code, 0) << out;
   EXPECT_NE(out.find("DDP bucket assignment (3 buckets)"), std::string::npos) << out;
   EXPECT_NE(out.find("|     0 | 16008000 | fc4.bias    |"), std::string::npos) << out;

@@ -1,12 +1,12 @@
 // ddp-train: a short data-parallel training run of a model from the zoo on a learnable synthetic
-// task. `ddp-train` alone spawns 2 local workers (the README's main job); `--nproc N` spawns N; under
-// an external launcher (torchrun --no-python, ddp-run, mpirun) it runs as one worker.
+// task. `ddp-train` alone spawns 2 local workers (the README's main job); `--nproc N` spawns N;
+// under an external launcher (torchrun --no-python, ddp-run, mpirun) it runs as one worker.
 
 #include <ATen/Parallel.h>
-#include <CLI/CLI.hpp>
 #include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
 #include <unistd.h>
+#include <CLI/CLI.hpp>
 
 #include <chrono>
 #include <cmath>
@@ -73,9 +73,9 @@ int run_worker(const Args& args) {
     int64_t numel = 0;
     for (const auto& p : model.parameters()) numel += p.numel();
     std::cout << "ddp-train: model " << args.model << ", " << numel << " parameters in "
-              << model.bucket_plan().buckets.size() << " buckets, world size "
-              << pg->world_size() << ", backend " << pg->backend_name() << ", batch "
-              << args.batch_size << " per worker" << std::endl;
+              << model.bucket_plan().buckets.size() << " buckets, world size " << pg->world_size()
+              << ", backend " << pg->backend_name() << ", batch " << args.batch_size
+              << " per worker" << std::endl;
   }
 
   ddp::tools::Progress progress(args.steps, lead && ::isatty(STDOUT_FILENO), 20);
@@ -122,7 +122,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--nproc", args.nproc, "spawn N local workers (default 2 without a launcher)")
       ->check(CLI::Range(1, 64));
-  app.add_option("--steps", args.steps, "training steps")->check(CLI::Range(1, 1000000))
+  app.add_option("--steps", args.steps, "training steps")
+      ->check(CLI::Range(1, 1000000))
       ->capture_default_str();
   app.add_option("--batch-size", args.batch_size, "samples per worker per step")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))

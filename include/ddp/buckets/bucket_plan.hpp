@@ -38,7 +38,7 @@ struct PlanOptions {
 };
 
 struct Bucket {
-  std::vector<size_t> params;  // parameter indices, in the order they are laid out in the buffer
+  std::vector<size_t> params;    // parameter indices, in the order they are laid out in the buffer
   std::vector<int64_t> offsets;  // element offset of each parameter in the flat buffer
   int64_t numel = 0;             // total elements in the flat buffer
   size_t bytes = 0;              // numel * element size

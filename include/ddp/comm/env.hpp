@@ -10,11 +10,11 @@ namespace ddp::comm {
 
 // A worker's place in the job, as read from the environment.
 struct WorldInfo {
-  int rank = 0;                        // RANK: 0..world_size-1
-  int world_size = 1;                  // WORLD_SIZE: >= 1
-  int local_rank = 0;                  // LOCAL_RANK: index on this host (selects the GPU); 0 if unset
-  std::string master_addr;             // MASTER_ADDR: host of rank 0's store
-  uint16_t master_port = 29500;        // MASTER_PORT: port of rank 0's store, 1..65535
+  int rank = 0;                  // RANK: 0..world_size-1
+  int world_size = 1;            // WORLD_SIZE: >= 1
+  int local_rank = 0;            // LOCAL_RANK: index on this host (selects the GPU); 0 if unset
+  std::string master_addr;       // MASTER_ADDR: host of rank 0's store
+  uint16_t master_port = 29500;  // MASTER_PORT: port of rank 0's store, 1..65535
 };
 
 // Looks a variable up; returns nullopt when it is unset. Injected so that parsing is a pure,

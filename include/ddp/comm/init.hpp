@@ -14,8 +14,8 @@ struct InitOptions {
   // "gloo" (CPU tensors) or "nccl" (CUDA tensors; only in a CUDA build). Default gloo: it works
   // everywhere, and CI has no GPU.
   std::string backend = "gloo";
-  // One bound for every collective and for the rendezvous. Default 5 minutes, as PyTorch: long enough
-  // for a slow first step, short enough that a dead rank ends the job instead of hanging it.
+  // One bound for every collective and for the rendezvous. Default 5 minutes, as PyTorch: long
+  // enough for a slow first step, short enough that a dead rank ends the job instead of hanging it.
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
   // Where the worker is; default: read from the environment (RANK, WORLD_SIZE, ...).
   std::optional<WorldInfo> world;

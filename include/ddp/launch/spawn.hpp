@@ -26,8 +26,8 @@ struct SpawnOptions {
 
 struct WorkerExit {
   int rank = 0;
-  int exit_code = -1;   // valid when !signaled
-  int signal = 0;       // the signal that ended it, when signaled
+  int exit_code = -1;  // valid when !signaled
+  int signal = 0;      // the signal that ended it, when signaled
   bool signaled = false;
   bool killed_by_launcher = false;  // the launcher ended it (timeout or another rank failed)
 };
@@ -35,8 +35,8 @@ struct WorkerExit {
 struct SpawnResult {
   std::vector<WorkerExit> workers;  // by rank
   bool timed_out = false;
-  bool ok() const;                  // every worker exited 0 and no timeout
-  std::string describe() const;     // "rank 1 exited with code 3; ..." for error messages
+  bool ok() const;               // every worker exited 0 and no timeout
+  std::string describe() const;  // "rank 1 exited with code 3; ..." for error messages
 };
 
 // Starts the workers, waits for all of them (bounded by options.timeout), and never leaves one

@@ -61,16 +61,16 @@ class Reducer {
  private:
   // Life cycle of one iteration; checked at every transition, named in errors.
   enum class State {
-    kIdle,             // no forward since the last backward: a backward now is an error
-    kPreparedSync,     // forward done, its backward will be synchronized
-    kPreparedLocal,    // forward done under no_sync: backward accumulates locally
-    kBackwardSync,     // first gradient seen; finalize callback queued
-    kBackwardLocal,    // first gradient seen under no_sync; reset callback queued
+    kIdle,           // no forward since the last backward: a backward now is an error
+    kPreparedSync,   // forward done, its backward will be synchronized
+    kPreparedLocal,  // forward done under no_sync: backward accumulates locally
+    kBackwardSync,   // first gradient seen; finalize callback queued
+    kBackwardLocal,  // first gradient seen under no_sync; reset callback queued
   };
   static const char* state_name(State s);
 
   struct BucketState {
-    at::Tensor buffer;  // flat gradients; allocated once, never per step
+    at::Tensor buffer;   // flat gradients; allocated once, never per step
     size_t pending = 0;  // gradients not yet ready this iteration; launch when it reaches 0
     c10::intrusive_ptr<c10d::Work> work;  // set at launch, cleared at finalize
   };
@@ -92,8 +92,9 @@ class Reducer {
   ReducerOptions options_;
   buckets::BucketPlan plan_;
   std::vector<BucketState> buckets_;
-  // slots_[p]: parameter p's place in its bucket buffer, shaped like the parameter. Made with set_()
-  // rather than view ops so it is not an autograd view (Optimizer::zero_grad's detach_ accepts it).
+  // slots_[p]: parameter p's place in its bucket buffer, shaped like the parameter. Made with
+  // set_() rather than view ops so it is not an autograd view (Optimizer::zero_grad's detach_
+  // accepts it).
   std::vector<at::Tensor> slots_;
 
   // Hooks: the accumulator nodes are kept alive so the keys stay valid for removal.
@@ -102,8 +103,8 @@ class Reducer {
 
   mutable std::mutex mutex_;  // hooks and the callback may run on autograd worker threads
   State state_ = State::kIdle;
-  std::vector<bool> ready_;         // per parameter, this iteration; reset at finalize
-  std::vector<bool> reachable_;     // find_unused: reachable from this forward's outputs
+  std::vector<bool> ready_;      // per parameter, this iteration; reset at finalize
+  std::vector<bool> reachable_;  // find_unused: reachable from this forward's outputs
   // Per parameter: had a gradient from any backward since the last synchronized one (no_sync steps
   // included). All-reduced to decide which parameters were used on no rank.
   at::Tensor locally_used_;  // int32 on the CPU; written by index from hooks

@@ -10,8 +10,8 @@ struct ReducerOptions {
   // Default true (PyTorch's default is false; we choose true): param.grad is a view into the flat
   // bucket, so no copy in or out of the bucket and no second copy of the gradients in memory.
   bool gradient_as_bucket_view = true;
-  // Default false, as PyTorch: walking the autograd graph after every forward costs time. Turn it on
-  // when some parameters take no part in some forwards; they then count as ready with a zero
+  // Default false, as PyTorch: walking the autograd graph after every forward costs time. Turn it
+  // on when some parameters take no part in some forwards; they then count as ready with a zero
   // contribution (or with the gradient they already hold, e.g. from no_sync steps).
   bool find_unused_parameters = false;
   // Default 1 MiB, as PyTorch: a small first bucket starts communication early in backward.
