@@ -6,6 +6,8 @@
 
 #include "ddp/detail/torch_compat.hpp"
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
 #if DDP_HAVE_GLOO
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #endif
@@ -19,15 +21,23 @@ namespace {
 
 c10::intrusive_ptr<c10d::Store> make_store(const WorldInfo& world,
                                            std::chrono::milliseconds timeout) {
+  // Under torchrun the agent already serves a store on MASTER_PORT and says so with
+  // TORCHELASTIC_USE_AGENT_STORE; every worker is then a client, under the restart's prefix.
+  const char* agent_store = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  const bool use_agent_store = agent_store != nullptr && std::string(agent_store) == "True";
   c10d::TCPStoreOptions opts;
   opts.port = world.master_port;
-  opts.isServer = world.rank == 0;
+  opts.isServer = world.rank == 0 && !use_agent_store;
   opts.numWorkers = static_cast<size_t>(world.world_size);
   opts.waitWorkers =
       true;  // rank 0 returns only when every rank has joined: a missing one times out
   opts.timeout = timeout;
   try {
-    return c10::make_intrusive<c10d::TCPStore>(world.master_addr, opts);
+    auto store = c10::make_intrusive<c10d::TCPStore>(world.master_addr, opts);
+    if (!use_agent_store) return store;
+    const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
+    return c10::make_intrusive<c10d::PrefixStore>(
+        std::string("/worker/attempt_") + (attempt ? attempt : "0"), store);
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "ddp: rendezvous at ", world.master_addr, ":", world.master_port,
                 " failed on rank ", world.rank, " of ", world.world_size, " (timeout ",

@@ -3,6 +3,7 @@
 // under an external launcher (torchrun --no-python, ddp-run, mpirun) it runs as one worker.
 
 #include <ATen/Parallel.h>
+#include <torch/cuda.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
 #include <unistd.h>
@@ -29,7 +30,8 @@ struct Args {
   int64_t dim = 0;
   double lr = 0;  // 0: the workload's own
   std::string optimizer = "sgd";
-  std::string backend = "gloo";
+  std::string backend = "";  // "": gloo on cpu, nccl on cuda
+  std::string device = "cpu";
   double bucket_cap_mb = 25.0;
   double first_bucket_cap_mb = 1.0;
   bool no_bucket_view = false;
@@ -44,14 +46,20 @@ bool under_launcher() { return std::getenv("RANK") != nullptr; }
 int run_worker(const Args& args) {
   at::set_num_threads(args.threads);
   ddp::comm::InitOptions init;
-  init.backend = args.backend;
+  init.backend = !args.backend.empty() ? args.backend : (args.device == "cuda" ? "nccl" : "gloo");
   init.timeout = std::chrono::seconds(args.timeout_s);
   auto pg = ddp::comm::init_process_group(init);
   const bool lead = pg->rank() == 0;
+  // One GPU per worker, chosen by the launcher's LOCAL_RANK.
+  const int local_rank = ddp::comm::world_info_from_env(ddp::comm::process_env()).local_rank;
+  const torch::Device device = args.device == "cuda"
+                                   ? torch::Device(torch::kCUDA, static_cast<int>(local_rank))
+                                   : torch::Device(torch::kCPU);
 
   ddp::models::WorkloadOptions wopts;
   wopts.dim = args.dim;
   auto w = ddp::models::make_workload(args.model, wopts);
+  w.ptr->to(device);
   ddp::DDPOptions options;
   options.bucket_cap_mb = args.bucket_cap_mb;
   options.first_bucket_cap_mb = args.first_bucket_cap_mb;
@@ -84,7 +92,9 @@ int run_worker(const Args& args) {
   const int64_t global_batch = args.batch_size * pg->world_size();
   for (int step = 1; step <= args.steps; ++step) {
     const int64_t offset = (step - 1) * global_batch + pg->rank() * args.batch_size;
-    auto [x, y] = w.batch(offset, args.batch_size);
+    auto [x_cpu, y_cpu] = w.batch(offset, args.batch_size);
+    auto x = x_cpu.to(device);
+    auto y = y_cpu.to(device);
     opt->zero_grad();
     auto loss = w.loss(model(x), y);
     loss.backward();
@@ -92,7 +102,7 @@ int run_worker(const Args& args) {
     // The global mean loss, for display: one small all-reduce per step.
     auto shown = loss.detach().clone().reshape({1});
     pg->allreduce_sum(shown, "loss all-reduce");
-    last_loss = shown.item<double>() / pg->world_size();
+    last_loss = shown.cpu().item<double>() / pg->world_size();
     TORCH_CHECK(std::isfinite(last_loss), "the loss became ", last_loss, " at step ", step,
                 " (learning rate ", lr, "); lower --lr");
     if (step == 1) first_loss = last_loss;
@@ -133,8 +143,10 @@ int main(int argc, char** argv) {
   app.add_option("--optimizer", args.optimizer, "sgd or adam")
       ->check(CLI::IsMember({"sgd", "adam"}))
       ->capture_default_str();
-  app.add_option("--backend", args.backend, "gloo or nccl")
-      ->check(CLI::IsMember({"gloo", "nccl"}))
+  app.add_option("--backend", args.backend, "gloo or nccl (default: gloo on cpu, nccl on cuda)")
+      ->check(CLI::IsMember({"gloo", "nccl"}));
+  app.add_option("--device", args.device, "cpu or cuda")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
   app.add_option("--bucket-cap-mb", args.bucket_cap_mb, "bucket cap (MiB)")->capture_default_str();
   app.add_option("--first-bucket-cap-mb", args.first_bucket_cap_mb, "first bucket cap (MiB)")
