@@ -20,6 +20,10 @@ ProcessGroup::ProcessGroup(c10::intrusive_ptr<detail::CollectiveBackend> backend
               " is outside world size ", world_size_);
 }
 
+bool ProcessGroup::can_sum(at::ScalarType dtype) const {
+  return !(backend_name_ == "gloo" && dtype == at::kBFloat16);
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce_sum_async(at::Tensor& tensor) {
   std::vector<at::Tensor> tensors{tensor};
   c10d::AllreduceOptions opts;

@@ -3,13 +3,16 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/grad_mode.h>
+#include <torch/nn/modules/embedding.h>
 
 #include <map>
+#include <set>
 #include <unordered_set>
 
 #include "ddp/buckets/bucket_table.hpp"
 #include "ddp/obs/log.hpp"
 #include "ddp/parallel/replica_check.hpp"
+#include "ddp/planner/ready_order.hpp"
 
 namespace ddp::parallel {
 
@@ -22,7 +25,7 @@ size_t mib_to_bytes(double mib, const char* field) {
 
 // Broadcasts `tensors` from `root`, one flat collective per dtype instead of one per tensor.
 void broadcast_coalesced(comm::ProcessGroup& pg, const std::vector<torch::Tensor>& tensors,
-                         const std::string& what) {
+                         int root, const std::string& what) {
   if (pg.world_size() == 1 || tensors.empty()) return;
   torch::NoGradGuard no_grad;
   std::map<std::pair<int, std::string>, std::vector<torch::Tensor>> groups;
@@ -33,7 +36,7 @@ void broadcast_coalesced(comm::ProcessGroup& pg, const std::vector<torch::Tensor
     std::vector<torch::Tensor> flat_parts;
     for (const auto& t : group) flat_parts.push_back(t.reshape({-1}));
     torch::Tensor flat = torch::cat(flat_parts);
-    pg.broadcast(flat, 0, what);
+    pg.broadcast(flat, root, what);
     int64_t offset = 0;
     for (auto& t : group) {
       t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
@@ -42,56 +45,90 @@ void broadcast_coalesced(comm::ProcessGroup& pg, const std::vector<torch::Tensor
   }
 }
 
+// Parameters whose module produces sparse gradients (Embedding / EmbeddingBag with sparse=true).
+std::unordered_set<const c10::TensorImpl*> sparse_gradient_params(torch::nn::Module& module) {
+  std::unordered_set<const c10::TensorImpl*> out;
+  for (const auto& m : module.modules()) {
+    if (auto* e = dynamic_cast<torch::nn::EmbeddingImpl*>(m.get())) {
+      if (e->options.sparse()) out.insert(e->weight.unsafeGetTensorImpl());
+    } else if (auto* b = dynamic_cast<torch::nn::EmbeddingBagImpl*>(m.get())) {
+      if (b->options.sparse()) out.insert(b->weight.unsafeGetTensorImpl());
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::nn::Module> module,
                                                          comm::ProcessGroupPtr process_group,
                                                          DDPOptions options)
-    : module_(std::move(module)), pg_(std::move(process_group)), options_(options) {
+    : module_(std::move(module)), pg_(std::move(process_group)), options_(std::move(options)) {
   TORCH_CHECK(module_, "ddp: DistributedDataParallel needs a module");
   TORCH_CHECK(pg_, "ddp: DistributedDataParallel needs a process group");
+  TORCH_CHECK(options_.stats_every >= 1, "ddp: DDPOptions::stats_every must be at least 1, got ",
+              options_.stats_every);
   reducer::ReducerOptions reducer_options;
   reducer_options.gradient_as_bucket_view = options_.gradient_as_bucket_view;
   reducer_options.find_unused_parameters = options_.find_unused_parameters;
+  reducer_options.static_graph = options_.static_graph;
   reducer_options.bucket_cap_bytes = mib_to_bytes(options_.bucket_cap_mb, "bucket_cap_mb");
   reducer_options.first_bucket_cap_bytes =
       mib_to_bytes(options_.first_bucket_cap_mb, "first_bucket_cap_mb");
 
+  std::set<std::string> ignore(options_.params_to_ignore.begin(), options_.params_to_ignore.end());
+  std::set<std::string> known;
   // Tied weights are registered under several names; C++ named_parameters() does not deduplicate,
   // so the first name wins and the tensor is reduced once.
   std::vector<std::string> all_names;
-  std::vector<torch::Tensor> all_params;
   std::vector<torch::Tensor> grad_params;
+  std::vector<bool> expect_sparse;
+  const auto sparse = sparse_gradient_params(*module_);
   std::unordered_set<const c10::TensorImpl*> seen;
   for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+    known.insert(item.key());
+    if (ignore.count(item.key())) continue;
     if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
     all_names.push_back(item.key());
-    all_params.push_back(item.value());
+    all_params_.push_back(item.value());
     if (item.value().requires_grad()) {
       param_names_.push_back(item.key());
       grad_params.push_back(item.value());
+      expect_sparse.push_back(sparse.count(item.value().unsafeGetTensorImpl()) > 0);
     }
   }
   for (const auto& item : module_->named_buffers(/*recurse=*/true)) {
+    known.insert(item.key());
+    if (ignore.count(item.key())) continue;
     if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
     buffer_names_.push_back(item.key());
     buffers_.push_back(item.value());
   }
+  for (const auto& name : ignore) {
+    TORCH_CHECK(known.count(name), "ddp: params_to_ignore names '", name,
+                "', which is not a parameter or buffer of the module");
+  }
 
-  auto signature = replica_signature(all_names, all_params, "parameter");
+  auto signature = replica_signature(all_names, all_params_, "parameter");
   auto buffer_signature = replica_signature(buffer_names_, buffers_, "buffer");
   signature.insert(signature.end(), buffer_signature.begin(), buffer_signature.end());
   verify_replicas(*pg_, signature);
 
   // Every rank starts from rank 0's state, as PyTorch DDP does.
-  std::vector<torch::Tensor> state = all_params;
+  std::vector<torch::Tensor> state = all_params_;
   state.insert(state.end(), buffers_.begin(), buffers_.end());
-  broadcast_coalesced(*pg_, state, "broadcast of rank 0's parameters and buffers");
+  broadcast_coalesced(*pg_, state, 0, "broadcast of rank 0's parameters and buffers");
 
-  reducer_ = std::make_unique<reducer::Reducer>(grad_params, param_names_, pg_, reducer_options);
-  if (pg_->rank() == 0) {
-    const auto level = options_.verbose ? obs::LogLevel::kWarn : obs::LogLevel::kInfo;
-    obs::log(level, pg_->rank(), bucket_table());
+  reducer_ = std::make_unique<reducer::Reducer>(grad_params, param_names_, pg_, reducer_options,
+                                                expect_sparse);
+  const bool show =
+      pg_->rank() == 0 && (options_.verbose || obs::log_level() >= obs::LogLevel::kInfo);
+  if (show) {
+    obs::log(obs::LogLevel::kError, pg_->rank(), bucket_table());
+    const int rank = pg_->rank();
+    reducer_->on_plan_change([rank](const std::string& table) {
+      obs::log(obs::LogLevel::kError, rank, "bucket plan changed:\n" + table);
+    });
   }
 }
 
@@ -102,23 +139,141 @@ std::string DistributedDataParallelBase::bucket_table() const {
 }
 
 void DistributedDataParallelBase::sync_buffers() {
-  broadcast_coalesced(*pg_, buffers_, "broadcast of rank 0's buffers");
+  broadcast_coalesced(*pg_, buffers_, 0, "broadcast of rank 0's buffers");
+}
+
+void DistributedDataParallelBase::register_comm_hook(hooks::CommHookPtr hook) {
+  reducer_->register_comm_hook(std::move(hook));
+}
+
+void DistributedDataParallelBase::set_optimizer_in_backward(
+    const reducer::ParamOptimizerFactory& factory) {
+  reducer_->set_optimizer_in_backward(factory);
+}
+
+void DistributedDataParallelBase::zero_grad() {
+  torch::NoGradGuard no_grad;
+  for (auto& p : reducer_->params()) {
+    if (p.grad().defined()) p.mutable_grad().zero_();
+  }
+}
+
+int64_t DistributedDataParallelBase::now_ns() const {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
 
 void DistributedDataParallelBase::pre_forward() {
-  if (options_.broadcast_buffers && require_sync_ && torch::GradMode::is_enabled()) sync_buffers();
+  collect_stats();
+  forward_start_ns_ = now_ns();
+  if (!torch::GradMode::is_enabled()) return;  // inference: nothing to synchronize
+  if (joining_) {
+    TORCH_CHECK(require_sync_, "ddp: no_sync() inside join() is not supported");
+    // Ranks still training say 1, joined ranks 0: the sum is the divisor's candidate.
+    at::Tensor active = at::ones({1}, at::kInt);
+    if (!all_params_.empty() && all_params_[0].is_cuda())
+      active = active.to(all_params_[0].device());
+    pg_->allreduce_sum(active, "join: all-reduce of the active-rank count");
+    const int64_t n = active.cpu().item<int>();
+    if (!join_options_.divide_by_initial_world_size) reducer_->set_divisor_for_next_backward(n);
+  }
+  if (options_.broadcast_buffers && require_sync_) sync_buffers();
 }
 
 void DistributedDataParallelBase::post_forward(const std::vector<torch::Tensor>& outputs) {
   if (!torch::GradMode::is_enabled()) return;  // inference: no backward will follow
-  if (require_sync_) {
-    TORCH_CHECK(!options_.find_unused_parameters || !outputs.empty(),
-                "ddp: find_unused_parameters needs the forward to return tensors (a Tensor, a "
-                "vector, pair or tuple of them) to walk the graph from");
-    reducer_->prepare_for_backward(outputs);
-  } else {
+  if (!require_sync_) {
     reducer_->prepare_for_local_backward();
+    return;
   }
+  const bool walk = options_.find_unused_parameters || options_.static_graph ||
+                    (options_.graph_planning && reducer_->awaiting_plan());
+  TORCH_CHECK(!walk || !outputs.empty(),
+              "ddp: find_unused_parameters, static_graph and graph planning need the forward to "
+              "return tensors (a Tensor, a vector, pair or tuple of them) to walk the graph from");
+  if (options_.graph_planning && reducer_->awaiting_plan()) {
+    reducer_->set_predicted_order(planner::predict_ready_order(outputs, reducer_->params()));
+  }
+  reducer_->prepare_for_backward(outputs);
+  last_forward_ns_ = now_ns() - forward_start_ns_;
+  ++iterations_;
+}
+
+void DistributedDataParallelBase::collect_stats() {
+  const int64_t done = reducer_->num_synchronized_backwards();
+  if (done == stats_collected_through_) return;
+  stats_collected_through_ = done;
+  if (!obs::should_sample(done, options_.stats_every)) return;
+  samples_.push_back(obs::stats_from_timeline(reducer_->last_timeline(), last_forward_ns_));
+  if (samples_.size() > 64) samples_.erase(samples_.begin());  // bounded memory in long runs
+}
+
+obs::LoggingData DistributedDataParallelBase::logging_data() {
+  collect_stats();
+  obs::LoggingData d;
+  d.rank = pg_->rank();
+  d.world_size = pg_->world_size();
+  d.backend = pg_->backend_name();
+  d.comm_hook = reducer_->comm_hook_name();
+  auto flag = [](bool b) { return std::string(b ? "true" : "false"); };
+  d.options = {{"broadcast_buffers", flag(options_.broadcast_buffers)},
+               {"find_unused_parameters", flag(options_.find_unused_parameters)},
+               {"static_graph", flag(options_.static_graph)},
+               {"graph_planning", flag(options_.graph_planning)},
+               {"gradient_as_bucket_view", flag(options_.gradient_as_bucket_view)},
+               {"bucket_cap_mb", std::to_string(options_.bucket_cap_mb)},
+               {"first_bucket_cap_mb", std::to_string(options_.first_bucket_cap_mb)},
+               {"params_to_ignore", std::to_string(options_.params_to_ignore.size())},
+               {"stats_every", std::to_string(options_.stats_every)}};
+  for (const auto& b : reducer_->plan().buckets) d.bucket_sizes.push_back(b.bytes);
+  d.param_names = param_names_;
+  d.iterations = reducer_->num_synchronized_backwards();
+  d.samples = samples_;
+  obs::summarize(d);
+  return d;
+}
+
+void DistributedDataParallelBase::join(const std::function<void()>& train_loop,
+                                       JoinOptions options) {
+  TORCH_CHECK(!joining_, "ddp: join() calls cannot be nested");
+  joining_ = true;
+  join_options_ = options;
+  const int64_t start_iterations = iterations_;
+  try {
+    train_loop();
+  } catch (...) {
+    joining_ = false;
+    throw;
+  }
+  joining_ = false;
+  // Shadow the ranks still training: each of their iterations is [active count, buffers, used
+  // map, buckets]; we answer with 0 and zeros until the count is 0 everywhere.
+  while (true) {
+    at::Tensor active = at::zeros({1}, at::kInt);
+    if (!all_params_.empty() && all_params_[0].is_cuda())
+      active = active.to(all_params_[0].device());
+    pg_->allreduce_sum(active, "join: all-reduce of the active-rank count");
+    if (active.cpu().item<int>() == 0) break;
+    if (options_.broadcast_buffers) sync_buffers();
+    reducer_->shadow_backward();
+  }
+  // The rank that trained longest holds the final state (its optimizer saw every step).
+  at::Tensor mine = at::tensor({iterations_ - start_iterations}, at::kLong);
+  if (!all_params_.empty() && all_params_[0].is_cuda()) mine = mine.to(all_params_[0].device());
+  const auto counts = pg_->allgather(mine, "join: all-gather of iteration counts");
+  int authority = 0;
+  int64_t best = -1;
+  for (int r = 0; r < pg_->world_size(); ++r) {
+    const int64_t c = counts[r].cpu().item<int64_t>();
+    if (c >= best) {
+      best = c;
+      authority = r;
+    }
+  }
+  std::vector<torch::Tensor> state = all_params_;
+  state.insert(state.end(), buffers_.begin(), buffers_.end());
+  broadcast_coalesced(*pg_, state, authority, "join: broadcast of the final state");
 }
 
 }  // namespace ddp::parallel

@@ -28,6 +28,9 @@ class ProcessGroup {
   std::chrono::milliseconds timeout() const { return timeout_; }
   c10d::Store& store() { return *store_; }
 
+  // Whether the backend can sum tensors of `dtype` (Gloo in libtorch 1.13 has no bfloat16 sum).
+  bool can_sum(at::ScalarType dtype) const;
+
   // Asynchronous in-place sum over all ranks. Collectives must be issued in the same order on every
   // rank; the caller keeps that order.
   c10::intrusive_ptr<c10d::Work> allreduce_sum_async(at::Tensor& tensor);

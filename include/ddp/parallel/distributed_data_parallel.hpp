@@ -13,6 +13,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/any.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -21,6 +22,8 @@
 #include <vector>
 
 #include "ddp/comm/process_group.hpp"
+#include "ddp/hooks/comm_hook.hpp"
+#include "ddp/obs/runtime_stats.hpp"
 #include "ddp/parallel/ddp_options.hpp"
 #include "ddp/reducer/reducer.hpp"
 
@@ -63,19 +66,50 @@ class DistributedDataParallelBase {
   // DDPOptions::broadcast_buffers is set).
   void sync_buffers();
 
+  // Replaces the built-in average (hooks/default_hooks.hpp, hooks/powersgd_hook.hpp, or your own).
+  // Once, before the first backward.
+  void register_comm_hook(hooks::CommHookPtr hook);
+  // Optimizer overlap: each parameter's optimizer steps as soon as its bucket is reduced, inside
+  // backward. `factory` makes the optimizer of one parameter (e.g. SGD over {p}). Once, before the
+  // first backward; then do not call step() on an optimizer of your own.
+  void set_optimizer_in_backward(const reducer::ParamOptimizerFactory& factory);
+  // Zeroes every parameter's gradient in place (keeps bucket views).
+  void zero_grad();
+
+  // Uneven inputs: runs `train_loop` (this rank's loop over its batches); a rank whose loop ends
+  // first keeps shadowing the collectives of the ranks still training, until every rank is done.
+  // Then all ranks take the state of the rank that trained longest (highest rank on ties).
+  void join(const std::function<void()>& train_loop, JoinOptions options = {});
+
+  // Runtime stats and configuration (PyTorch's _get_ddp_logging_data).
+  obs::LoggingData logging_data();
+
  protected:
   void pre_forward();
   void post_forward(const std::vector<torch::Tensor>& outputs);
 
  private:
+  void collect_stats();
+  int64_t now_ns() const;
+
   std::shared_ptr<torch::nn::Module> module_;
   comm::ProcessGroupPtr pg_;
   DDPOptions options_;
   std::vector<std::string> param_names_;
+  std::vector<torch::Tensor> all_params_;  // every distinct parameter not ignored (broadcast set)
   std::vector<torch::Tensor> buffers_;
   std::vector<std::string> buffer_names_;
   std::unique_ptr<reducer::Reducer> reducer_;
   bool require_sync_ = true;  // false inside no_sync()
+  // Join state: inside join(), every synchronized forward first all-reduces "still training".
+  bool joining_ = false;
+  JoinOptions join_options_;
+  int64_t iterations_ = 0;  // synchronized forwards on this rank (join picks the longest)
+  // Stats: forward timing of the last synchronized forward, and the samples taken.
+  int64_t forward_start_ns_ = 0;
+  int64_t last_forward_ns_ = 0;
+  int64_t stats_collected_through_ = 0;  // synchronized iterations already looked at
+  std::vector<obs::IterationStats> samples_;
 };
 
 namespace detail {

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "ddp/buckets/bucket_plan.hpp"
 
@@ -14,6 +15,13 @@ struct ReducerOptions {
   // on when some parameters take no part in some forwards; they then count as ready with a zero
   // contribution (or with the gradient they already hold, e.g. from no_sync steps).
   bool find_unused_parameters = false;
+  // Default false, as PyTorch. When the set of used parameters is the same every iteration, the
+  // first iteration records it and later ones skip the graph walk and the used-map all-reduce. A
+  // later change of that set is an error that says so.
+  bool static_graph = false;
+  // The plan starts in reverse registration order and is rebuilt once, after iteration 1, from the
+  // order rank 0 observed, unless Reducer::set_predicted_order supplies the order at the first
+  // forward (graph planning, done by DistributedDataParallel).
   // Default 1 MiB, as PyTorch: a small first bucket starts communication early in backward.
   size_t first_bucket_cap_bytes = buckets::kMiB;
   // Default 25 MiB, as PyTorch: amortizes per-collective latency.

@@ -1,6 +1,6 @@
 #pragma once
-// What happened in the last synchronized backward, in steady-clock nanoseconds since its first
-// gradient became ready. Kept by the Reducer for tests (overlap) and for obs/ stats.
+// What happened in the last synchronized backward, in steady-clock nanoseconds relative to the end
+// of its forward (backward_start_ns, absolute). Kept by the Reducer for tests (overlap) and stats.
 
 #include <cstdint>
 #include <vector>
@@ -8,11 +8,13 @@
 namespace ddp::reducer {
 
 struct IterationTimeline {
-  int64_t backward_start_ns = 0;          // absolute steady-clock time of the first ready gradient
+  int64_t iteration = 0;                  // 1-based synchronized-backward count
+  int64_t backward_start_ns = 0;          // absolute: end of the forward that led to this backward
   std::vector<int64_t> param_ready_ns;    // per parameter; -1 if it was marked unused
-  std::vector<int64_t> bucket_launch_ns;  // per bucket: when its all-reduce was started
-  std::vector<int64_t> bucket_done_ns;    // per bucket: when finalize saw it complete
-  int64_t finalize_ns = 0;                // when the end-of-backward callback finished
+  std::vector<int64_t> bucket_launch_ns;  // per bucket: when its reduction was started
+  std::vector<int64_t> bucket_comm_done_ns;  // per bucket: when its communication completed
+  std::vector<int64_t> bucket_done_ns;  // per bucket: when it was seen complete and written back
+  int64_t finalize_ns = 0;              // when the end-of-backward callback finished
 };
 
 }  // namespace ddp::reducer

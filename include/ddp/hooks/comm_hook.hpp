@@ -1,0 +1,48 @@
+#pragma once
+// Comm hooks: how a full bucket's gradients are reduced. One interface: the Reducer hands a
+// GradBucket to the hook when the bucket is full (in bucket order, on every rank) and waits on the
+// returned future at the end of backward. The default is allreduce (average over the world).
+// PyTorch's register_comm_hook, natively.
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ddp::hooks {
+
+// What a hook sees of one bucket.
+struct GradBucket {
+  size_t index = 0;   // bucket index; bucket 0 is reduced first
+  at::Tensor buffer;  // flat gradients of the bucket's parameters: the local sum, not averaged
+  std::vector<at::Tensor> params;  // the parameters, in buffer order
+  std::vector<int64_t> offsets;    // element offset of each parameter's gradient in `buffer`
+  std::vector<int64_t> lengths;    // element count of each
+  bool is_last = false;            // the last bucket of this backward
+  int64_t iteration = 0;           // synchronized backwards completed before this one
+  // The gradient of parameter i as a tensor shaped like it: a view into `buffer`.
+  at::Tensor gradient(size_t i) const;
+};
+
+class CommHook {
+ public:
+  virtual ~CommHook() = default;
+  // Starts the reduction of `bucket.buffer` and returns a future whose value is a Tensor holding
+  // the reduced flat gradients (same numel and dtype as the buffer; it may be the buffer itself).
+  // The hook must issue its collectives in call order: every rank calls it for the same buckets in
+  // the same order. It may write into bucket.buffer.
+  virtual c10::intrusive_ptr<c10::ivalue::Future> run(GradBucket& bucket) = 0;
+  // For stats and errors, e.g. "allreduce", "fp16_compress", "powersgd".
+  virtual std::string name() const = 0;
+};
+
+using CommHookPtr = std::shared_ptr<CommHook>;
+
+// A future already holding `value`: for hooks that finish their work inside run().
+c10::intrusive_ptr<c10::ivalue::Future> completed_future(const at::Tensor& value);
+
+}  // namespace ddp::hooks

@@ -1,0 +1,18 @@
+#include "ddp/hooks/comm_hook.hpp"
+
+#include <ATen/core/jit_type.h>
+#include <c10/util/irange.h>
+
+namespace ddp::hooks {
+
+at::Tensor GradBucket::gradient(size_t i) const {
+  return buffer.narrow(0, offsets.at(i), lengths.at(i)).view(params.at(i).sizes());
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> completed_future(const at::Tensor& value) {
+  auto future = c10::make_intrusive<c10::ivalue::Future>(c10::TensorType::get());
+  future->markCompleted(c10::IValue(value));
+  return future;
+}
+
+}  // namespace ddp::hooks

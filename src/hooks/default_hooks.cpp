@@ -1,0 +1,77 @@
+#include "ddp/hooks/default_hooks.hpp"
+
+#include <ATen/ATen.h>
+#include <ATen/core/jit_type.h>
+
+namespace ddp::hooks {
+
+namespace {
+
+// The value of a finished all-reduce future: the first (only) tensor of its output list.
+at::Tensor first_tensor(c10::ivalue::Future& done) {
+  const c10::IValue& value = done.value();
+  if (value.isTensor()) return value.toTensor();
+  return value.toTensorVector().at(0);
+}
+
+class AllreduceHook : public CommHook {
+ public:
+  explicit AllreduceHook(comm::ProcessGroupPtr pg) : pg_(std::move(pg)) {}
+  c10::intrusive_ptr<c10::ivalue::Future> run(GradBucket& bucket) override {
+    bucket.buffer.div_(pg_->world_size());
+    auto work = pg_->allreduce_sum_async(bucket.buffer);
+    return work->getFuture()->then(
+        [](c10::ivalue::Future& done) { return c10::IValue(first_tensor(done)); },
+        c10::TensorType::get());
+  }
+  std::string name() const override { return "allreduce"; }
+
+ private:
+  comm::ProcessGroupPtr pg_;
+};
+
+class CompressHook : public CommHook {
+ public:
+  CompressHook(comm::ProcessGroupPtr pg, at::ScalarType wire, std::string name)
+      : pg_(std::move(pg)), wire_(wire), name_(std::move(name)) {}
+  c10::intrusive_ptr<c10::ivalue::Future> run(GradBucket& bucket) override {
+    // Divide before the cast: the average of fp16 values is in range wherever the values are,
+    // their sum over many ranks may not be.
+    at::Tensor compressed = bucket.buffer.div(pg_->world_size()).to(wire_);
+    if (!pg_->can_sum(wire_)) {
+      // Gloo has no bf16 sum: the values are rounded to the wire dtype and summed in fp32. Same
+      // rounding of each rank's contribution, no byte savings; NCCL sums bf16 natively.
+      compressed = compressed.to(at::kFloat);
+    }
+    auto work = pg_->allreduce_sum_async(compressed);
+    at::Tensor buffer = bucket.buffer;
+    return work->getFuture()->then(
+        [buffer](c10::ivalue::Future& done) mutable {
+          buffer.copy_(first_tensor(done));  // casts back to the gradients' dtype
+          return c10::IValue(buffer);
+        },
+        c10::TensorType::get());
+  }
+  std::string name() const override { return name_; }
+
+ private:
+  comm::ProcessGroupPtr pg_;
+  at::ScalarType wire_;
+  std::string name_;
+};
+
+}  // namespace
+
+CommHookPtr allreduce_hook(comm::ProcessGroupPtr pg) {
+  return std::make_shared<AllreduceHook>(std::move(pg));
+}
+
+CommHookPtr fp16_compress_hook(comm::ProcessGroupPtr pg) {
+  return std::make_shared<CompressHook>(std::move(pg), at::kHalf, "fp16_compress");
+}
+
+CommHookPtr bf16_compress_hook(comm::ProcessGroupPtr pg) {
+  return std::make_shared<CompressHook>(std::move(pg), at::kBFloat16, "bf16_compress");
+}
+
+}  // namespace ddp::hooks
