@@ -45,6 +45,23 @@ TEST(DdpTrain, LossFallsOnTheSyntheticTask) {
   EXPECT_LT(last, 0.7 * first) << out;
 }
 
+// The reducer options as flags: every one is accepted, reaches the run, and training still learns.
+TEST(DdpTrain, ReducerFlagsReachTheRun) {
+  const auto [out, code] = run(std::string(DDP_TRAIN_PATH) +
+                               " --nproc 2 --model mlp --steps 60 --timeout-s 60 --comm-hook "
+                               "powersgd --optimizer-overlap --no-graph-planning --static-graph "
+                               "--find-unused-parameters --stats-every 5 --verbose");
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("hook powersgd"), std::string::npos) << out;
+  EXPECT_NE(out.find("DDP runtime stats"), std::string::npos) << out;
+  EXPECT_NE(out.find("60 iterations, 20 sampled"), std::string::npos) << out;  // 1-10, 15, ..., 60
+  double first = 0, last = 0;
+  const auto pos = out.find("ddp-train: loss ");
+  ASSERT_NE(pos, std::string::npos) << out;
+  ASSERT_EQ(std::sscanf(out.c_str() + pos, "ddp-train: loss %lf -> %lf", &first, &last), 2) << out;
+  EXPECT_LT(last, 0.8 * first) << out;
+}
+
 TEST(DdpTrain, BadFlagIsRefusedWithItsName) {
   const auto [out, code] = run(std::string(DDP_TRAIN_PATH) + " --model nope");
   EXPECT_NE(code, 0);

@@ -15,6 +15,8 @@
 #include <iostream>
 
 #include "ddp/comm/init.hpp"
+#include "ddp/hooks/default_hooks.hpp"
+#include "ddp/hooks/powersgd_hook.hpp"
 #include "ddp/launch/spawn.hpp"
 #include "ddp/models/registry.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
@@ -36,6 +38,11 @@ struct Args {
   double first_bucket_cap_mb = 1.0;
   bool no_bucket_view = false;
   bool find_unused = false;
+  bool static_graph = false;
+  bool no_graph_planning = false;
+  bool optimizer_overlap = false;
+  std::string comm_hook = "allreduce";
+  int64_t stats_every = 100;
   int timeout_s = 300;
   int threads = 1;
   bool verbose = false;
@@ -65,17 +72,34 @@ int run_worker(const Args& args) {
   options.first_bucket_cap_mb = args.first_bucket_cap_mb;
   options.gradient_as_bucket_view = !args.no_bucket_view;
   options.find_unused_parameters = args.find_unused;
+  options.static_graph = args.static_graph;
+  options.graph_planning = !args.no_graph_planning;
+  options.stats_every = args.stats_every;
   options.verbose = args.verbose;
   ddp::DistributedDataParallel<torch::nn::AnyModule> model(w.module, pg, options);
 
+  if (args.comm_hook == "fp16") {
+    model.register_comm_hook(ddp::hooks::fp16_compress_hook(pg));
+  } else if (args.comm_hook == "bf16") {
+    model.register_comm_hook(ddp::hooks::bf16_compress_hook(pg));
+  } else if (args.comm_hook == "powersgd") {
+    model.register_comm_hook(ddp::hooks::powersgd_hook(pg));
+  }
   const double lr = args.lr > 0 ? args.lr : w.lr;
+  auto make_optimizer =
+      [&](const std::vector<torch::Tensor>& params) -> std::unique_ptr<torch::optim::Optimizer> {
+    if (args.optimizer == "adam") {
+      return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(lr / 10));
+    }
+    return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(lr).momentum(0.9));
+  };
+  // With --optimizer-overlap each parameter's optimizer steps inside backward, as soon as its
+  // bucket is reduced; there is then no optimizer step after backward.
   std::unique_ptr<torch::optim::Optimizer> opt;
-  if (args.optimizer == "adam") {
-    opt = std::make_unique<torch::optim::Adam>(model.parameters(),
-                                               torch::optim::AdamOptions(lr / 10));
+  if (args.optimizer_overlap) {
+    model.set_optimizer_in_backward([&](const torch::Tensor& p) { return make_optimizer({p}); });
   } else {
-    opt = std::make_unique<torch::optim::SGD>(model.parameters(),
-                                              torch::optim::SGDOptions(lr).momentum(0.9));
+    opt = make_optimizer(model.parameters());
   }
   if (lead) {
     int64_t numel = 0;
@@ -95,10 +119,10 @@ int run_worker(const Args& args) {
     auto [x_cpu, y_cpu] = w.batch(offset, args.batch_size);
     auto x = x_cpu.to(device);
     auto y = y_cpu.to(device);
-    opt->zero_grad();
+    model.zero_grad();
     auto loss = w.loss(model(x), y);
     loss.backward();
-    opt->step();
+    if (opt) opt->step();
     // The global mean loss, for display: one small all-reduce per step.
     auto shown = loss.detach().clone().reshape({1});
     pg->allreduce_sum(shown, "loss all-reduce");
@@ -112,6 +136,7 @@ int run_worker(const Args& args) {
   }
   if (lead) {
     progress.finish();
+    if (args.verbose) std::cout << ddp::obs::format_summary(model.logging_data());
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::cout << "ddp-train: loss " << first_loss << " -> " << last_loss << " in " << args.steps
@@ -157,7 +182,18 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 86400))
       ->capture_default_str();
   app.add_option("--threads", args.threads, "intra-op threads per worker")->capture_default_str();
-  app.add_flag("--verbose", args.verbose, "print the bucket table");
+  app.add_flag("--static-graph", args.static_graph, "the set of used parameters never changes");
+  app.add_flag("--no-graph-planning", args.no_graph_planning,
+               "bucket in reverse order, rebuild after iteration 1 (PyTorch eager's way)");
+  app.add_flag("--optimizer-overlap", args.optimizer_overlap,
+               "step each parameter's optimizer inside backward, once its bucket is reduced");
+  app.add_option("--comm-hook", args.comm_hook, "allreduce, fp16, bf16 or powersgd")
+      ->check(CLI::IsMember({"allreduce", "fp16", "bf16", "powersgd"}))
+      ->capture_default_str();
+  app.add_option("--stats-every", args.stats_every, "sample runtime stats every N iterations")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
+      ->capture_default_str();
+  app.add_flag("--verbose", args.verbose, "print the bucket table and runtime stats");
   CLI11_PARSE(app, argc, argv);
 
   try {
