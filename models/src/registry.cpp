@@ -11,6 +11,7 @@
 #include "ddp/models/gpt.hpp"
 #include "ddp/models/mlp.hpp"
 #include "ddp/models/net.hpp"
+#include "ddp/models/resnet.hpp"
 #include "ddp/models/small_models.hpp"
 
 namespace ddp::models {
@@ -128,6 +129,32 @@ void add_affine_token_task(Workload& w, int64_t vocab, uint64_t seed) {
   w.loss = token_cross_entropy;
 }
 
+// Images x ~ N(0, 1) of shape [3, 32, 32]; class = argmax over 10 fixed unit vectors w_c of
+// w_c . m, where m is the per-channel mean of the image. Unit vectors in 3-d are all vertices of
+// their convex hull, so every class owns a cone of m and occurs; the label depends only on
+// channel means, which a CNN with global average pooling can represent, so the task is learnable.
+// Samples come from a generator seeded per sample (sample i is the same in any (offset, n)); the
+// teacher runs in double so that the label does not depend on the batch's BLAS blocking.
+void add_image_class_task(Workload& w, int64_t classes, uint64_t seed) {
+  auto gen = cpu_generator(stream_seed(seed, Stream::kTeacher, 0));
+  const auto dbl = torch::TensorOptions().dtype(torch::kDouble);
+  auto teacher = torch::randn({classes, 3}, gen, dbl);
+  teacher /= teacher.pow(2).sum(1, /*keepdim=*/true).sqrt();
+  const std::string name = w.name;
+  w.batch = [name, seed, teacher](int64_t offset, int64_t n) {
+    check_range(name.c_str(), offset, n);
+    auto x = torch::empty({n, 3, 32, 32}, torch::kFloat);
+    for (int64_t j = 0; j < n; ++j) {
+      const auto sample = static_cast<uint64_t>(offset + j);
+      x.select(0, j).normal_(0.0, 1.0, cpu_generator(stream_seed(seed, Stream::kSample, sample)));
+    }
+    const auto means = x.to(torch::kDouble).mean({2, 3});  // [n, 3]
+    auto y = means.mm(teacher.t()).argmax(1);              // int64 [n]
+    return std::make_pair(x, y);
+  };
+  w.loss = token_cross_entropy;
+}
+
 template <typename Holder>
 void set_model(Workload& w, Holder model) {
   w.ptr = model.ptr();
@@ -188,6 +215,34 @@ const Entry kEntries[] = {
        GPTConfig config;
        config.d_model = pick(dim, config.d_model);
        build_gpt(w, config, seed);
+     }},
+    {"gpt2-small",
+     [](Workload& w, int64_t dim, uint64_t seed) {
+       // GPT-2 small's shape (124 M parameters untied), vocab padded to 50304 as in nanoGPT.
+       GPTConfig config;
+       config.vocab_size = 50304;
+       config.seq_len = 1024;
+       config.d_model = pick(dim, 768);
+       config.n_heads = 12;
+       config.n_layers = 12;
+       build_gpt(w, config, seed);
+     }},
+    {"gpt2-medium",
+     [](Workload& w, int64_t dim, uint64_t seed) {
+       GPTConfig config;
+       config.vocab_size = 50304;
+       config.seq_len = 1024;
+       config.d_model = pick(dim, 1024);
+       config.n_heads = 16;
+       config.n_layers = 24;
+       build_gpt(w, config, seed);
+     }},
+    {"resnet-small",
+     [](Workload& w, int64_t dim, uint64_t seed) {
+       const int64_t classes = 10;
+       set_model(w, ResNetSmall(classes, pick(dim, 64)));
+       add_image_class_task(w, classes, seed);
+       w.lr = 0.05;
      }},
     {"batchnorm",
      [](Workload& w, int64_t dim, uint64_t seed) {

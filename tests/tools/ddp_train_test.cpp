@@ -7,19 +7,12 @@
 #include <unistd.h>
 
 #include "ddp/launch/spawn.hpp"
+#include "support/run_command.hpp"
 
 namespace {
 
-// Runs a command, returns its stdout+stderr and exit status.
-std::pair<std::string, int> run(const std::string& command) {
-  std::string out;
-  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return {"popen failed", -1};
-  std::array<char, 4096> buf{};
-  while (std::fgets(buf.data(), buf.size(), pipe) != nullptr) out += buf.data();
-  const int status = ::pclose(pipe);
-  return {out, WIFEXITED(status) ? WEXITSTATUS(status) : -1};
-}
+using ddp::testing::run_command;
+auto run(const std::string& command) { return run_command(command); }
 
 // The acceptance line of the foundation issue: the seed Net's 3-bucket table, then training.
 TEST(DdpTrain, SeedNetPrintsThreeBucketsAndTrains) {

@@ -48,6 +48,11 @@ struct WorkloadOptions {
 //   gpt            GPT{vocab 256, seq_len 32, d_model 64, 4 heads, 2 layers}
 //                                                   dim: d_model        next token
 //   gpt-tiny       GPT{} (GPTConfig defaults)       dim: d_model        next token
+//   gpt2-small     GPT{vocab 50304, seq_len 1024, d_model 768, 12 heads, 12 layers}
+//                                                   dim: d_model        next token
+//   gpt2-medium    GPT{vocab 50304, seq_len 1024, d_model 1024, 16 heads, 24 layers}
+//                                                   dim: d_model        next token
+//   resnet-small   ResNetSmall(10, width 64)        dim: width          image class
 //   batchnorm      BatchNormNet(16, 32, 4)          dim: hidden         regression
 //   unused-branch  UnusedBranchNet(16)              dim: width          regression
 //   tied           TiedNet(32, 16)                  dim: embedding dim  classification
@@ -59,7 +64,9 @@ struct WorkloadOptions {
 // ~26 for "toy", ~100 for "toy8k".
 // Next token: each sequence counts up by one from a random start (mod vocab); targets are the
 // inputs shifted by one; loss = cross entropy, mean over all tokens. Classification (tied):
-// target = (3 * input + 1) mod vocab; cross entropy, mean over the batch.
+// target = (3 * input + 1) mod vocab; cross entropy, mean over the batch. Image class
+// (resnet-small): x ~ N(0, 1) of shape [3, 32, 32]; target = argmax over 10 fixed random unit
+// vectors of their dot product with the per-channel means of x; cross entropy, mean over the batch.
 // Calls torch::manual_seed(options.seed), so it resets the global generator.
 Workload make_workload(const std::string& name, const WorkloadOptions& options = {});
 

@@ -1,0 +1,116 @@
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include "ddp/io/safetensors.hpp"
+#include "support/run_command.hpp"
+
+namespace {
+
+using ddp::testing::read_file;
+using ddp::testing::run_command;
+
+const std::string kBench = DDP_BENCH_PATH;
+
+std::string temp_dir(const std::string& tag) {
+  auto dir = std::filesystem::temp_directory_path() /
+             ("ddp-bench-test-" + tag + "-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+TEST(DdpBench, PrintsTheResultAndTheSeedsLastLine) {
+  const auto [out, code] = run_command(
+      kBench + " --ddp --nproc 2 --model mlp-deep --batch-size 8 --repeat 3 --warmup 1");
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("result model=mlp-deep world=2 batch=8 device=cpu side=ours median_ms="),
+            std::string::npos)
+      << out;
+  double mean = 0;
+  int runs = 0;
+  const auto pos = out.find("mean latency ");
+  ASSERT_NE(pos, std::string::npos) << out;
+  ASSERT_EQ(std::sscanf(out.c_str() + pos, "mean latency %lf ms across %d runs", &mean, &runs), 2);
+  EXPECT_EQ(runs, 3);
+  EXPECT_GT(mean, 0);
+}
+
+TEST(DdpBench, JsonModeAndWorldOneBaseline) {
+  const auto [out, code] =
+      run_command(kBench + " --model mlp-deep --batch-size 8 --repeat 2 --warmup 0 --json");
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("{\"model\":\"mlp-deep\",\"world\":1,\"batch\":8,\"device\":\"cpu\","
+                     "\"side\":\"ours\",\"median_ms\":"),
+            std::string::npos)
+      << out;
+}
+
+TEST(DdpBench, FsdpIsNotImplementedYetWithExitCode2) {
+  const auto [out, code] = run_command(kBench + " --fsdp --model toy");
+  EXPECT_EQ(code, 2);
+  EXPECT_NE(out.find("--fsdp is not implemented yet"), std::string::npos) << out;
+}
+
+TEST(DdpBench, ProfileWritesOneTrackPerRankWithComputeAndBucketSpans) {
+  const std::string dir = temp_dir("profile");
+  const std::string trace = dir + "/trace.json", dot = dir + "/graph.dot";
+  const auto [out, code] =
+      run_command(kBench +
+                  " --ddp --nproc 2 --model mlp-deep --batch-size 4 --repeat 2 --warmup 0 "
+                  "--bucket-cap-mb 1 --profile --trace-file " +
+                  trace + " --graph-dot " + dot);
+  ASSERT_EQ(code, 0) << out;
+  const std::string text = read_file(trace);
+  for (const char* part :
+       {"\"traceEvents\"", "\"name\":\"rank 0\"", "\"name\":\"rank 1\"", "\"name\":\"forward\"",
+        "\"name\":\"backward\"", "\"name\":\"optimizer\"", "\"name\":\"bucket 0\"",
+        "\"name\":\"bucket 3\"", "\"cat\":\"comm\"", "\"pid\":1"}) {
+    EXPECT_NE(text.find(part), std::string::npos) << part;
+  }
+  const std::string graph = read_file(dot);
+  EXPECT_EQ(graph.rfind("digraph autograd {", 0), 0u) << graph.substr(0, 200);
+  EXPECT_NE(graph.find("layers.15.weight"), std::string::npos);
+  EXPECT_NE(graph.find("AddmmBackward"), std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+// Parity mode against the single-process path of the same tool: two ranks on halves of a batch
+// with plain SGD end where one process on the whole batch ends.
+TEST(DdpBench, ParityModeMatchesTheSingleProcessRun) {
+  const std::string dir = temp_dir("parity");
+  torch::manual_seed(3);
+  ddp::io::TensorMap inputs, whole;
+  for (int step = 0; step < 3; ++step) {
+    auto x = torch::randn({8, 512});
+    auto y = torch::randn({8, 512});
+    for (int r = 0; r < 2; ++r) {
+      inputs["x." + std::to_string(step) + "." + std::to_string(r)] = x.narrow(0, 4 * r, 4);
+      inputs["y." + std::to_string(step) + "." + std::to_string(r)] = y.narrow(0, 4 * r, 4);
+    }
+    whole["x." + std::to_string(step) + ".0"] = x;
+    whole["y." + std::to_string(step) + ".0"] = y;
+  }
+  ddp::io::save_safetensors(dir + "/inputs.safetensors", inputs);
+  ddp::io::save_safetensors(dir + "/whole.safetensors", whole);
+  const std::string common = kBench + " --model mlp-deep --lr 0.05 ";
+  auto [out1, code1] = run_command(common + "--ddp --nproc 2 --inputs " + dir +
+                                   "/inputs.safetensors --save-params " + dir + "/ddp.safetensors");
+  ASSERT_EQ(code1, 0) << out1;
+  auto [out2, code2] =
+      run_command(common + "--inputs " + dir + "/whole.safetensors --save-params " + dir +
+                  "/single.safetensors");
+  ASSERT_EQ(code2, 0) << out2;
+  const auto a = ddp::io::load_safetensors(dir + "/ddp.safetensors");
+  const auto b = ddp::io::load_safetensors(dir + "/single.safetensors");
+  ASSERT_EQ(a.size(), 32u);
+  for (const auto& [name, t] : b) {
+    const double rel = (a.at(name) - t).norm().item<double>() / t.norm().item<double>();
+    EXPECT_LT(rel, 1e-5) << name;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace

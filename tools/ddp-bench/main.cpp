@@ -1,0 +1,335 @@
+// ddp-bench: the benchmark harness (the seed's benchmarks/dynamo/distributed.py, natively). A step
+// is forward + loss + backward + SGD step, timed per iteration; rank 0 prints the result line and
+// "mean latency X ms across N runs". The flags and output are shared with
+// bench/reference/torch_ddp.py (docs/bench-protocol.md).
+
+#include <ATen/Parallel.h>
+#include <torch/cuda.h>
+#include <torch/optim/sgd.h>
+#include <unistd.h>
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <numeric>
+#include <sstream>
+
+#include "ddp/comm/init.hpp"
+#include "ddp/hooks/default_hooks.hpp"
+#include "ddp/hooks/powersgd_hook.hpp"
+#include "ddp/io/safetensors.hpp"
+#include "ddp/launch/spawn.hpp"
+#include "ddp/models/registry.hpp"
+#include "ddp/obs/chrome_trace.hpp"
+#include "ddp/obs/graph_dot.hpp"
+#include "ddp/parallel/distributed_data_parallel.hpp"
+
+namespace {
+
+struct Args {
+  std::string device = "cpu";
+  bool toy_model = false;
+  std::string model = "toy";
+  bool ddp = false;
+  bool fsdp = false;
+  int64_t batch_size = 32;
+  int repeat = 10;
+  int warmup = 3;
+  int nproc = 0;
+  int threads = 1;
+  double bucket_cap_mb = 25.0;
+  double first_bucket_cap_mb = 1.0;
+  std::string comm_hook = "allreduce";
+  bool no_graph_planning = false;
+  bool autocast_bf16 = false;
+  bool json = false;
+  bool verbose = false;
+  bool profile = false;
+  std::string trace_file = "profile.json";
+  std::string graph_dot;
+  std::string init_params;
+  std::string inputs;
+  std::string save_params;
+  double lr = 0.01;
+  int timeout_s = 300;
+};
+
+struct Stats {
+  double median = 0, mean = 0, min = 0;
+};
+
+Stats summarize(std::vector<double> ms) {
+  Stats s;
+  if (ms.empty()) return s;
+  std::sort(ms.begin(), ms.end());
+  const size_t n = ms.size();
+  s.median = n % 2 ? ms[n / 2] : (ms[n / 2 - 1] + ms[n / 2]) / 2;
+  s.mean = std::accumulate(ms.begin(), ms.end(), 0.0) / static_cast<double>(n);
+  s.min = ms.front();
+  return s;
+}
+
+// Distinct named parameters, registration order (tied weights once).
+std::vector<std::pair<std::string, torch::Tensor>> named_params(torch::nn::Module& m) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  std::vector<const c10::TensorImpl*> seen;
+  for (const auto& item : m.named_parameters()) {
+    const auto* impl = item.value().unsafeGetTensorImpl();
+    if (std::find(seen.begin(), seen.end(), impl) != seen.end()) continue;
+    seen.push_back(impl);
+    out.emplace_back(item.key(), item.value());
+  }
+  return out;
+}
+
+void load_params(torch::nn::Module& m, const std::string& path) {
+  const auto tensors = ddp::io::load_safetensors(path);
+  torch::NoGradGuard no_grad;
+  for (auto& [name, p] : named_params(m)) {
+    auto it = tensors.find(name);
+    TORCH_CHECK(it != tensors.end(), "ddp-bench: --init-params file '", path,
+                "' has no tensor for parameter '", name, "'");
+    TORCH_CHECK(it->second.sizes() == p.sizes(), "ddp-bench: --init-params: parameter '", name,
+                "' has shape ", p.sizes(), " but the file holds ", it->second.sizes());
+    p.copy_(it->second);
+  }
+}
+
+int run_worker(const Args& args) {
+  at::set_num_threads(args.threads);
+  ddp::comm::ProcessGroupPtr pg;
+  int rank = 0, world = 1;
+  if (args.ddp) {
+    ddp::comm::InitOptions init;
+    init.backend = args.device == "cuda" ? "nccl" : "gloo";
+    init.timeout = std::chrono::seconds(args.timeout_s);
+    pg = ddp::comm::init_process_group(init);
+    rank = pg->rank();
+    world = pg->world_size();
+  }
+  const bool lead = rank == 0;
+  const bool cuda = args.device == "cuda";
+  int local_rank = 0;
+  if (const char* lr = std::getenv("LOCAL_RANK")) local_rank = std::atoi(lr);
+  const torch::Device device = cuda ? torch::Device(torch::kCUDA, local_rank) : torch::kCPU;
+  auto sync = [&] {
+    if (cuda) torch::cuda::synchronize(local_rank);
+  };
+
+  auto w = ddp::models::make_workload(args.model);
+  if (!args.init_params.empty()) load_params(*w.ptr, args.init_params);
+  w.ptr->to(device);
+
+  // Batches: from --inputs (parity), or one deterministic batch per rank made before timing.
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
+  if (!args.inputs.empty()) {
+    const auto tensors = ddp::io::load_safetensors(args.inputs);
+    for (int step = 0;; ++step) {
+      const std::string suffix = "." + std::to_string(step) + "." + std::to_string(rank);
+      auto x = tensors.find("x" + suffix);
+      auto y = tensors.find("y" + suffix);
+      if (x == tensors.end()) break;
+      TORCH_CHECK(y != tensors.end(), "ddp-bench: --inputs file '", args.inputs, "' has x", suffix,
+                  " but no y", suffix);
+      batches.emplace_back(x->second.to(device), y->second.to(device));
+    }
+    TORCH_CHECK(!batches.empty(), "ddp-bench: --inputs file '", args.inputs,
+                "' has no batches for rank ", rank, " (expected tensors x.<step>.", rank, ")");
+  } else {
+    auto [x, y] = w.batch(rank * args.batch_size, args.batch_size);
+    batches.emplace_back(x.to(device), y.to(device));
+  }
+  const bool parity = !args.inputs.empty();
+  const int warmup = parity ? 0 : args.warmup;
+  const int timed = parity ? static_cast<int>(batches.size()) : args.repeat;
+
+  std::unique_ptr<ddp::DistributedDataParallel<torch::nn::AnyModule>> model;
+  if (args.ddp) {
+    ddp::DDPOptions options;
+    options.bucket_cap_mb = args.bucket_cap_mb;
+    options.first_bucket_cap_mb = args.first_bucket_cap_mb;
+    options.graph_planning = !args.no_graph_planning;
+    options.verbose = args.verbose;
+    model =
+        std::make_unique<ddp::DistributedDataParallel<torch::nn::AnyModule>>(w.module, pg, options);
+    if (args.comm_hook == "fp16") model->register_comm_hook(ddp::hooks::fp16_compress_hook(pg));
+    if (args.comm_hook == "bf16") model->register_comm_hook(ddp::hooks::bf16_compress_hook(pg));
+    if (args.comm_hook == "powersgd") model->register_comm_hook(ddp::hooks::powersgd_hook(pg));
+  }
+  std::vector<torch::Tensor> params;
+  for (auto& [name, p] : named_params(*w.ptr)) params.push_back(p);
+  torch::optim::SGD opt(params, torch::optim::SGDOptions(args.lr));
+  if (lead && args.verbose) {
+    int64_t numel = 0;
+    for (const auto& p : params) numel += p.numel();
+    std::cout << "ddp-bench: model " << args.model << ", " << numel << " parameters, world "
+              << world << ", device " << args.device << ", batch " << args.batch_size << " per rank"
+              << std::endl;
+  }
+
+  ddp::obs::ChromeTrace trace(rank);
+  std::vector<double> step_ms;
+  for (int i = 0; i < warmup + timed; ++i) {
+    const auto& [x, y] = batches[static_cast<size_t>(i) % batches.size()];
+    sync();
+    const int64_t t0 = ddp::obs::trace_now_ns();
+    opt.zero_grad();
+    torch::Tensor out = model ? model->forward(x) : w.module.forward(x);
+    torch::Tensor loss = w.loss(out, y);
+    sync();
+    const int64_t t1 = ddp::obs::trace_now_ns();
+    if (i == 0 && lead && !args.graph_dot.empty()) {
+      std::vector<std::string> names;
+      for (auto& [name, p] : named_params(*w.ptr)) names.push_back(name);
+      std::ofstream(args.graph_dot) << ddp::obs::autograd_graph_dot(loss, params, names);
+    }
+    loss.backward();
+    sync();
+    const int64_t t2 = ddp::obs::trace_now_ns();
+    opt.step();
+    sync();
+    const int64_t t3 = ddp::obs::trace_now_ns();
+    TORCH_CHECK(std::isfinite(loss.item<double>()),
+                "ddp-bench: the loss became non-finite at step ", i, " (learning rate ", args.lr,
+                "); lower --lr");
+    if (i >= warmup) step_ms.push_back(static_cast<double>(t3 - t0) / 1e6);
+    if (args.profile) {
+      trace.add({"forward", "compute", 0, t0, t1, i, -1});
+      trace.add({"backward", "compute", 0, t1, t2, i, -1});
+      trace.add({"optimizer", "compute", 0, t2, t3, i, -1});
+      if (model) trace.add_buckets(model->reducer().last_timeline(), model->bucket_plan(), i);
+    }
+  }
+
+  if (args.profile) {
+    if (pg) {
+      trace.write_merged(*pg, args.trace_file);
+    } else {
+      trace.write(args.trace_file);
+    }
+    if (lead) std::cerr << "ddp-bench: wrote trace " << args.trace_file << std::endl;
+  }
+  if (lead && !args.save_params.empty()) {
+    ddp::io::TensorMap out;
+    for (auto& [name, p] : named_params(*w.ptr)) out[name] = p.detach().cpu();
+    ddp::io::save_safetensors(args.save_params, out);
+  }
+  if (lead) {
+    const Stats s = summarize(step_ms);
+    char line[512];
+    if (args.json) {
+      std::snprintf(line, sizeof(line),
+                    "{\"model\":\"%s\",\"world\":%d,\"batch\":%lld,\"device\":\"%s\","
+                    "\"side\":\"ours\",\"median_ms\":%.3f,\"mean_ms\":%.3f,\"min_ms\":%.3f,"
+                    "\"repeat\":%d}",
+                    args.model.c_str(), world, static_cast<long long>(args.batch_size),
+                    args.device.c_str(), s.median, s.mean, s.min, timed);
+    } else {
+      std::snprintf(line, sizeof(line),
+                    "result model=%s world=%d batch=%lld device=%s side=ours median_ms=%.3f "
+                    "mean_ms=%.3f min_ms=%.3f repeat=%d",
+                    args.model.c_str(), world, static_cast<long long>(args.batch_size),
+                    args.device.c_str(), s.median, s.mean, s.min, timed);
+    }
+    std::cout << line << "\n";
+    if (args.verbose && model) std::cout << ddp::obs::format_summary(model->logging_data());
+    std::printf("mean latency %.3f ms across %d runs\n", s.mean, timed);
+    std::fflush(stdout);
+  }
+  if (pg) pg->barrier("end of benchmark");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  CLI::App app{"ddp-bench: DDP step-time benchmark (forward + loss + backward + SGD)"};
+  const auto names = ddp::models::workload_names();
+  app.add_option("--device", args.device, "cpu or cuda")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  app.add_flag("--toy-model", args.toy_model, "the seed Net(2000): same as --model toy");
+  app.add_option("--model", args.model, "model from the zoo")
+      ->check(CLI::IsMember(names))
+      ->capture_default_str();
+  app.add_flag("--ddp", args.ddp, "wrap the model in DistributedDataParallel");
+  app.add_flag("--fsdp", args.fsdp, "fully sharded (not implemented yet)");
+  app.add_option("--batch-size", args.batch_size, "samples per rank")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+      ->capture_default_str();
+  app.add_option("--repeat", args.repeat, "timed steps")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  app.add_option("--warmup", args.warmup, "untimed steps first")
+      ->check(CLI::Range(0, 1000000))
+      ->capture_default_str();
+  app.add_option("--nproc", args.nproc, "spawn N local workers")->check(CLI::Range(1, 64));
+  app.add_option("--threads", args.threads, "intra-op threads per process")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  app.add_option("--bucket-cap-mb", args.bucket_cap_mb, "bucket cap (MiB)")->capture_default_str();
+  app.add_option("--first-bucket-cap-mb", args.first_bucket_cap_mb, "first bucket cap (MiB)")
+      ->capture_default_str();
+  app.add_option("--comm-hook", args.comm_hook, "allreduce, fp16, bf16 or powersgd")
+      ->check(CLI::IsMember({"allreduce", "fp16", "bf16", "powersgd"}))
+      ->capture_default_str();
+  app.add_flag("--no-graph-planning", args.no_graph_planning,
+               "reverse-order buckets, rebuilt after iteration 1 (the seed's "
+               "--dynamo-no-optimize-ddp)");
+  app.add_flag("--autocast-bf16", args.autocast_bf16, "bf16 autocast (not implemented yet)");
+  app.add_flag("--json", args.json, "one JSON object per result");
+  app.add_flag("--verbose", args.verbose, "model, bucket table and runtime stats");
+  app.add_flag("--profile", args.profile, "write a Chrome trace");
+  app.add_option("--trace-file", args.trace_file, "Chrome trace path")->capture_default_str();
+  app.add_option("--graph-dot", args.graph_dot, "write the autograd graph as Graphviz DOT");
+  app.add_option("--init-params", args.init_params, "load parameters by name (safetensors)");
+  app.add_option("--inputs", args.inputs, "parity batches x.<step>.<rank>, y.<step>.<rank>");
+  app.add_option("--save-params", args.save_params, "rank 0 saves final parameters (safetensors)");
+  app.add_option("--lr", args.lr, "SGD learning rate")->capture_default_str();
+  app.add_option("--timeout-s", args.timeout_s, "collective timeout in seconds")
+      ->check(CLI::Range(1, 86400))
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  if (args.toy_model) args.model = "toy";
+
+  if (args.fsdp) {
+    std::cerr << "ddp-bench: --fsdp is not implemented yet" << std::endl;
+    return 2;
+  }
+  if (args.autocast_bf16) {
+    std::cerr << "ddp-bench: --autocast-bf16 is not implemented yet" << std::endl;
+    return 2;
+  }
+  try {
+    const bool worker = std::getenv("DDP_BENCH_WORKER") != nullptr ||
+                        (std::getenv("RANK") != nullptr && args.nproc == 0);
+    if (worker || !args.ddp) {
+      TORCH_CHECK(args.ddp || args.nproc <= 1, "ddp-bench: --nproc ", args.nproc,
+                  " needs --ddp (without it the plain model "
+                  "runs in one process, the world-1 baseline)");
+      return run_worker(args);
+    }
+    ddp::launch::SpawnOptions spawn;
+    spawn.nproc = args.nproc > 0 ? args.nproc : 1;
+    spawn.argv.push_back(ddp::launch::self_executable());
+    for (int i = 1; i < argc; ++i) spawn.argv.push_back(argv[i]);
+    spawn.env["DDP_BENCH_WORKER"] = "1";
+    spawn.timeout = std::chrono::hours(2);
+    const auto result = ddp::launch::spawn_local_workers(spawn);
+    if (!result.ok()) {
+      std::cerr << "ddp-bench: workers failed: " << result.describe() << std::endl;
+      return 1;
+    }
+    return 0;
+  } catch (const c10::Error& e) {
+    std::cerr << e.what_without_backtrace() << std::endl;
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "ddp-bench: " << e.what() << std::endl;
+    return 1;
+  }
+}
