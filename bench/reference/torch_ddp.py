@@ -1,0 +1,757 @@
+#!/usr/bin/python3
+"""PyTorch's own DistributedDataParallel on the models of libddp's zoo: the reference side of
+docs/bench-protocol.md (side=pytorch). Same flags, models, losses and output lines as ddp-bench, so
+bench/compare can run the two alternately and parse either.
+
+    bench/reference/torch_ddp.py --ddp --nproc 2 --model toy --batch-size 32
+    bench/reference/torch_ddp.py --model toy --batch-size 32              # world-1 baseline
+    bench/reference/torch_ddp.py --ddp --nproc 2 --model mlp-deep \\
+        --init-params init.safetensors --inputs inputs.safetensors --save-params out.safetensors
+
+--nproc N spawns N copies of this script on loopback (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+MASTER_PORT), because Debian's torchrun 1.13 does not start on Python 3.11; without --nproc the
+script runs as one worker of an external launcher's job (RANK etc. from the environment, or a
+world of one when there is none). Works with torch 1.13 (Gloo, CPU) and 2.x (NCCL, CUDA).
+
+The models mirror models/src/*.cpp: the same parameter names, shapes and registration order and
+the same math (checked by bench/compare --parity and tests/bench/test_reference.py). Flags this
+side has no use for (e.g. --no-graph-planning, --graph-dot) are accepted and reported, never an
+error, so that one command line serves both sides.
+"""
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import safetensors_io  # noqa: E402  (next to this file, not an installed package)
+
+MODELS = ("toy", "toy8k", "mlp-deep", "gpt-tiny", "gpt2-small", "gpt2-medium", "resnet-small")
+
+
+# ---------------------------------------------------------------------------------------------
+# Models: one class per C++ model, registering submodules in the C++ constructor's order.
+# ---------------------------------------------------------------------------------------------
+
+
+class Net(nn.Module):
+    """models/src/net.cpp: fc4(fc3(fc2(fc1(x)))), no activation."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, dim)
+        self.fc2 = nn.Linear(dim, dim)
+        self.fc3 = nn.Linear(dim, dim)
+        self.fc4 = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        return self.fc4(self.fc3(self.fc2(self.fc1(x))))
+
+
+class MLP(nn.Module):
+    """models/src/mlp.cpp: layers.0..layers.<depth-1>, ReLU between layers, none after the last.
+    The ReLUs are applied in forward, not stored in the Sequential, so layer i is layers.i."""
+
+    def __init__(self, width=512, depth=16):
+        super().__init__()
+        self.layers = nn.Sequential(*[nn.Linear(width, width) for _ in range(depth)])
+
+    def forward(self, x):
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            if i < last:
+                x = torch.relu(x)
+        return x
+
+
+class CausalSelfAttention(nn.Module):
+    """models/src/gpt.cpp's attention, written out (no fused kernel, as on the C++ side)."""
+
+    def __init__(self, d_model, n_heads):
+        super().__init__()
+        self.n_heads = n_heads
+        self.c_attn = nn.Linear(d_model, 3 * d_model)
+        self.c_proj = nn.Linear(d_model, d_model)
+
+    def forward(self, x):
+        batch, seq, width = x.shape
+        head_dim = width // self.n_heads
+        q, k, v = self.c_attn(x).split(width, dim=2)
+
+        def to_heads(t):
+            return t.view(batch, seq, self.n_heads, head_dim).transpose(1, 2)  # [B, H, T, hd]
+
+        q, k, v = to_heads(q), to_heads(k), to_heads(v)
+        att = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(head_dim))
+        future = torch.ones(seq, seq, dtype=torch.bool, device=x.device).triu(1)
+        att = att.masked_fill(future, float("-inf"))
+        att = torch.softmax(att, dim=-1)
+        y = torch.matmul(att, v)  # [B, H, T, hd]
+        y = y.transpose(1, 2).contiguous().view(batch, seq, width)
+        return self.c_proj(y)
+
+
+class GPTMLP(nn.Module):
+    def __init__(self, d_model):
+        super().__init__()
+        self.c_fc = nn.Linear(d_model, 4 * d_model)
+        self.c_proj = nn.Linear(4 * d_model, d_model)
+
+    def forward(self, x):
+        return self.c_proj(F.gelu(self.c_fc(x)))  # exact (erf) GELU, libtorch's default too
+
+
+class GPTBlock(nn.Module):
+    def __init__(self, d_model, n_heads):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(d_model)
+        self.attn = CausalSelfAttention(d_model, n_heads)
+        self.ln_2 = nn.LayerNorm(d_model)
+        self.mlp = GPTMLP(d_model)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """models/src/gpt.cpp's GPTImpl (untied): wte, wpe, h.<i>, ln_f, lm_head (no bias)."""
+
+    def __init__(self, vocab_size, seq_len, d_model, n_heads, n_layers):
+        super().__init__()
+        assert d_model % n_heads == 0, f"GPT: d_model {d_model} not divisible by n_heads {n_heads}"
+        self.seq_len = seq_len
+        self.wte = nn.Embedding(vocab_size, d_model)
+        self.wpe = nn.Embedding(seq_len, d_model)
+        self.h = nn.ModuleList([GPTBlock(d_model, n_heads) for _ in range(n_layers)])
+        self.ln_f = nn.LayerNorm(d_model)
+        self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
+        # GPT-2's init in modules() order, as the C++ constructor does it.
+        with torch.no_grad():
+            for m in self.modules():
+                if isinstance(m, nn.Linear):
+                    nn.init.normal_(m.weight, 0.0, 0.02)
+                    if m.bias is not None:
+                        nn.init.zeros_(m.bias)
+                elif isinstance(m, nn.Embedding):
+                    nn.init.normal_(m.weight, 0.0, 0.02)
+
+    def forward(self, idx):
+        seq = idx.size(1)
+        assert seq <= self.seq_len, f"GPT: input length {seq} exceeds seq_len {self.seq_len}"
+        positions = torch.arange(seq, dtype=torch.long, device=idx.device)
+        x = self.wte(idx) + self.wpe(positions)
+        for block in self.h:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+
+def _conv(cin, cout, kernel, stride):
+    return nn.Conv2d(cin, cout, kernel, stride=stride, padding=kernel // 2, bias=False)
+
+
+class BasicBlock(nn.Module):
+    """models/src/resnet.cpp's BasicBlock (torchvision's, with downsample registered last)."""
+
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = _conv(cin, cout, 3, stride)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = _conv(cout, cout, 3, 1)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.downsample = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(_conv(cin, cout, 1, stride), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        out = torch.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        shortcut = self.downsample(x) if self.downsample is not None else x
+        return torch.relu(out + shortcut)
+
+
+class ResNetSmall(nn.Module):
+    """models/src/resnet.cpp: torchvision's resnet18 with a 3x3 stride-1 stem and no max-pool."""
+
+    def __init__(self, num_classes=10, width=64):
+        super().__init__()
+        self.conv1 = _conv(3, width, 3, 1)
+        self.bn1 = nn.BatchNorm2d(width)
+
+        def layer(cin, cout, stride):
+            return nn.Sequential(BasicBlock(cin, cout, stride), BasicBlock(cout, cout, 1))
+
+        self.layer1 = layer(width, width, 1)
+        self.layer2 = layer(width, 2 * width, 2)
+        self.layer3 = layer(2 * width, 4 * width, 2)
+        self.layer4 = layer(4 * width, 8 * width, 2)
+        self.fc = nn.Linear(8 * width, num_classes)
+        with torch.no_grad():
+            for m in self.modules():
+                if isinstance(m, nn.Conv2d):
+                    nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+                elif isinstance(m, nn.BatchNorm2d):
+                    nn.init.ones_(m.weight)
+                    nn.init.zeros_(m.bias)
+
+    def forward(self, x):
+        y = torch.relu(self.bn1(self.conv1(x)))
+        y = self.layer4(self.layer3(self.layer2(self.layer1(y))))
+        y = F.adaptive_avg_pool2d(y, (1, 1)).flatten(1)
+        return self.fc(y)
+
+
+def _libtorch_linear_forward(self, x):
+    """nn.Linear.forward as libtorch 1.13's C++ torch::nn::Linear computes it
+    (torch/nn/functional/linear.h): addmm only for 2-d input, otherwise matmul then `+= bias`.
+    Python's F.linear flattens 3-d input into one addmm instead, so for [B, T, d] inputs (the GPT)
+    the two round differently once biases are non-zero: ~5e-7 relative in the gradients, equal
+    at a zero-bias init. Swapped in by --libtorch-linear, for bitwise parity with the C++ zoo."""
+    if x.dim() == 2 and self.bias is not None:
+        return torch.addmm(self.bias, x, self.weight.t())
+    out = x.matmul(self.weight.t())
+    if self.bias is not None:
+        out += self.bias
+    return out
+
+
+def regression_loss(out, y):
+    """registry.cpp's squared_error: summed over features, mean over the batch."""
+    return (out.to(y.dtype) - y).pow(2).sum(-1).mean()
+
+
+def token_loss(out, y):
+    """registry.cpp's token_cross_entropy: cross entropy over flattened logits, mean."""
+    return F.cross_entropy(out.reshape(-1, out.size(-1)), y.reshape(-1))
+
+
+# name -> (constructor, loss, input spec). Input spec: ("float", shape) with x, y ~ N(0, 1), or
+# ("tokens", seq, vocab) for int64 x and y, or ("image", classes) for float images, int64 labels.
+_GPT = dict(vocab_size=4096, seq_len=128, d_model=256, n_heads=4, n_layers=4)
+_GPT2_SMALL = dict(vocab_size=50304, seq_len=1024, d_model=768, n_heads=12, n_layers=12)
+_GPT2_MEDIUM = dict(vocab_size=50304, seq_len=1024, d_model=1024, n_heads=16, n_layers=24)
+SPECS = {
+    "toy": (lambda: Net(2000), regression_loss, ("float", 2000)),
+    "toy8k": (lambda: Net(8192), regression_loss, ("float", 8192)),
+    "mlp-deep": (lambda: MLP(512, 16), regression_loss, ("float", 512)),
+    "gpt-tiny": (lambda: GPT(**_GPT), token_loss, ("tokens", _GPT["seq_len"], _GPT["vocab_size"])),
+    "gpt2-small": (lambda: GPT(**_GPT2_SMALL), token_loss, ("tokens", 1024, 50304)),
+    "gpt2-medium": (lambda: GPT(**_GPT2_MEDIUM), token_loss, ("tokens", 1024, 50304)),
+    "resnet-small": (lambda: ResNetSmall(10, 64), token_loss, ("image", 10)),
+}
+
+
+def build_model(name):
+    return SPECS[name][0]()
+
+
+def loss_fn(name):
+    return SPECS[name][1]
+
+
+def random_batch(name, batch, generator=None, device="cpu"):
+    """A batch (x, y) of the model's input/target shapes and dtypes, random."""
+    spec = SPECS[name][2]
+    if spec[0] == "float":
+        d = spec[1]
+        x = torch.randn(batch, d, generator=generator)
+        y = torch.randn(batch, d, generator=generator)
+    elif spec[0] == "tokens":
+        seq, vocab = spec[1], spec[2]
+        x = torch.randint(0, vocab, (batch, seq), generator=generator)
+        y = torch.randint(0, vocab, (batch, seq), generator=generator)
+    else:
+        classes = spec[1]
+        x = torch.randn(batch, 3, 32, 32, generator=generator)
+        y = torch.randint(0, classes, (batch,), generator=generator)
+    return x.to(device), y.to(device)
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(
+        description="PyTorch DDP reference for libddp's ddp-bench (docs/bench-protocol.md)",
+        allow_abbrev=False,  # an unknown flag must never be taken for a prefix of a known one
+    )
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--toy-model", action="store_true", help="same as --model toy")
+    p.add_argument("--model", choices=MODELS, default="toy")
+    p.add_argument("--ddp", action="store_true", help="wrap in DistributedDataParallel")
+    p.add_argument("--fsdp", action="store_true", help="FSDP2 fully_shard per block (torch 2.x)")
+    p.add_argument("--batch-size", type=int, default=32, help="per rank")
+    p.add_argument("--repeat", type=int, default=10, help="timed steps")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    p.add_argument("--nproc", type=int, default=0, help="spawn N local workers")
+    p.add_argument("--threads", type=int, default=1, help="intra-op threads per process")
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    p.add_argument("--first-bucket-cap-mb", type=float, default=1.0)
+    p.add_argument("--comm-hook", choices=["allreduce", "fp16", "bf16", "powersgd"], default="allreduce")
+    p.add_argument("--autocast-bf16", action="store_true", help="forward and loss under bf16 autocast")
+    p.add_argument("--json", action="store_true", help="one JSON object per result line")
+    p.add_argument("--verbose", action="store_true")
+    p.add_argument("--profile", action="store_true", help="write a torch.profiler Chrome trace")
+    p.add_argument("--trace-file", default=None, help="trace path (default profile.json); implies --profile")
+    p.add_argument("--init-params", default=None, help="safetensors file of parameters by name")
+    p.add_argument("--inputs", default=None, help="safetensors file of x.<step>.<rank>, y.<step>.<rank>")
+    p.add_argument("--save-params", default=None, help="rank 0 writes the final parameters here")
+    p.add_argument("--lr", type=float, default=0.01, help="SGD learning rate (momentum 0)")
+    # Reference-only extras: PyTorch DDP's own knobs, for "best PyTorch option" runs.
+    p.add_argument("--bucket-view", action="store_true", help="gradient_as_bucket_view=True")
+    p.add_argument("--static-graph", action="store_true", help="static_graph=True")
+    p.add_argument("--find-unused-parameters", action="store_true")
+    p.add_argument("--libtorch-linear", action="store_true",
+                   help="Linear as the C++ frontend computes it (bitwise parity for GPT; slower)")
+    p.add_argument("--powersgd-rank", type=int, default=1, help="matrix_approximation_rank")
+    p.add_argument("--powersgd-start-iter", type=int, default=10,
+                   help="start_powerSGD_iter (10: ddp's default; PyTorch's own is 1000)")
+    p.add_argument("--timeout-s", type=int, default=300, help="collective timeout")
+    args, unknown = p.parse_known_args(argv)
+    if args.toy_model:
+        args.model = "toy"
+    if args.trace_file is not None:
+        args.profile = True
+    if args.trace_file is None:
+        args.trace_file = "profile.json"
+    for name in ("batch_size", "repeat", "threads"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.warmup < 0 or args.nproc < 0:
+        p.error("--warmup and --nproc must be >= 0")
+    if args.ddp and args.fsdp:
+        p.error("--ddp and --fsdp are exclusive")
+    return args, unknown
+
+
+# ---------------------------------------------------------------------------------------------
+# Launcher (--nproc)
+# ---------------------------------------------------------------------------------------------
+
+
+def free_port():
+    """A loopback TCP port that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def die_with_parent():
+    """preexec_fn: the child gets SIGTERM when its parent dies (Linux PR_SET_PDEATHSIG), so a
+    killed launcher never leaves workers behind (they would hold the port and the CPU)."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+    except OSError:
+        pass  # not Linux/glibc: workers still exit once their collectives fail
+
+
+def spawn(nproc, argv):
+    """Runs nproc copies of this script as the ranks of one job; returns the job's exit code.
+
+    Once a worker fails, the others get 10 s to notice (their collectives fail), then SIGTERM.
+    """
+    port = free_port()
+    procs = []
+    for rank in range(nproc):
+        env = dict(os.environ)
+        env.update(
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(nproc),
+            LOCAL_WORLD_SIZE=str(nproc),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            TORCH_DDP_REFERENCE_WORKER="1",
+        )
+        procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__)] + argv, env=env,
+                                      preexec_fn=die_with_parent))
+    code = 0
+    failed_at = None
+    try:
+        while any(p.poll() is None for p in procs):
+            for rank, p in enumerate(procs):
+                rc = p.poll()
+                if rc not in (None, 0) and code == 0:
+                    code = rc if rc > 0 else 1
+                    failed_at = time.monotonic()
+                    print(f"torch_ddp.py: rank {rank} exited with code {rc}", file=sys.stderr)
+            if failed_at is not None and time.monotonic() - failed_at > 10:
+                for p in procs:
+                    if p.poll() is None:
+                        p.terminate()
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        raise
+    for rank, p in enumerate(procs):
+        if p.returncode != 0 and code == 0:
+            code = p.returncode if p.returncode > 0 else 1
+            print(f"torch_ddp.py: rank {rank} exited with code {p.returncode}", file=sys.stderr)
+    return code
+
+
+# ---------------------------------------------------------------------------------------------
+# Worker
+# ---------------------------------------------------------------------------------------------
+
+
+def load_params(model, path):
+    """Copies tensors by name from a safetensors file into the model's parameters (and buffers,
+    where present). Every parameter must be in the file; names the model lacks are an error."""
+    tensors = safetensors_io.load_file(path)
+    params = dict(model.named_parameters())
+    buffers = dict(model.named_buffers())
+    missing = [n for n in params if n not in tensors]
+    unknown = [n for n in tensors if n not in params and n not in buffers]
+    if missing or unknown:
+        raise SystemExit(
+            f"torch_ddp.py: --init-params {path} does not match the model: "
+            f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
+            f"unknown {unknown[:5]}{'...' if len(unknown) > 5 else ''}"
+        )
+    with torch.no_grad():
+        for name, t in tensors.items():
+            dst = params.get(name, buffers.get(name))
+            if tuple(dst.shape) != tuple(t.shape):
+                raise SystemExit(
+                    f"torch_ddp.py: --init-params {path}: '{name}' has shape {list(t.shape)}, "
+                    f"the model's is {list(dst.shape)}"
+                )
+            dst.copy_(t.to(dst.dtype))
+
+
+def load_inputs(path, rank, device):
+    """The per-step batches of this rank from a parity inputs file: [(x, y), ...]."""
+    tensors = safetensors_io.load_file(path)
+    steps = sorted(int(m.group(1)) for n in tensors if (m := re.fullmatch(r"x\.(\d+)\.0", n)))
+    if steps != list(range(len(steps))) or not steps:
+        raise SystemExit(f"torch_ddp.py: --inputs {path}: need x.0.0, x.1.0, ... (found steps {steps})")
+    batches = []
+    for s in steps:
+        xn, yn = f"x.{s}.{rank}", f"y.{s}.{rank}"
+        if xn not in tensors or yn not in tensors:
+            raise SystemExit(f"torch_ddp.py: --inputs {path}: no {xn} / {yn} for rank {rank}")
+        batches.append((tensors[xn].to(device), tensors[yn].to(device)))
+    return batches
+
+
+def make_fsdp(model, name, device):
+    """FSDP2: fully_shard each block (GPT blocks, ResNet blocks, Linears of Net/MLP), then the root."""
+    fully_shard = None
+    # Any exception, not only ImportError: torch 1.13's fsdp package raises ValueError on import
+    # under Python 3.11 (a dataclass with a mutable default).
+    try:
+        from torch.distributed.fsdp import fully_shard  # torch >= 2.6
+    except Exception:
+        try:
+            from torch.distributed._composable.fsdp import fully_shard  # torch 2.4-2.5
+        except Exception:
+            pass
+    if fully_shard is None:
+        if dist.get_rank() == 0:
+            print(f"torch_ddp.py: --fsdp needs FSDP2 (torch >= 2.4); this is torch {torch.__version__}",
+                  file=sys.stderr)
+        sys.exit(2)
+    if isinstance(model, GPT):
+        units = list(model.h)
+    elif isinstance(model, ResNetSmall):
+        units = [b for layer in (model.layer1, model.layer2, model.layer3, model.layer4) for b in layer]
+    else:
+        units = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    for unit in units:
+        fully_shard(unit)
+    fully_shard(model)
+    return model
+
+
+def serialized(hook):
+    """Runs `hook` for one bucket at a time: each call first waits for the previous bucket's future.
+
+    PyTorch's powerSGD_hook issues its second and third collectives from future callbacks, which
+    run on the backend's threads, while the next bucket's hook issues its first collective from
+    the autograd thread. Over Gloo the two ranks can then issue collectives in different orders,
+    and Gloo aborts ("op.preamble.length <= op.nbytes", seen here in ~1 of 3 runs of mlp-deep with
+    2 buckets). Serializing buckets fixes the order at the cost of overlap between buckets.
+    """
+    previous = [None]
+
+    def serialized_hook(state, bucket):
+        if previous[0] is not None:
+            previous[0].wait()
+        previous[0] = hook(state, bucket)
+        return previous[0]
+
+    serialized_hook.__name__ = serialized_hook.__qualname__ = f"serialized_{hook.__name__}"
+    return serialized_hook
+
+
+def register_hook(model, args, device):
+    if args.comm_hook == "allreduce":
+        return None
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    if args.comm_hook == "fp16":
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        return None
+    if args.comm_hook == "bf16":
+        model.register_comm_hook(None, default_hooks.bf16_compress_hook)
+        return None
+    state = powerSGD_hook.PowerSGDState(
+        process_group=None,
+        matrix_approximation_rank=args.powersgd_rank,
+        start_powerSGD_iter=args.powersgd_start_iter,
+    )
+    hook = powerSGD_hook.powerSGD_hook
+    model.register_comm_hook(state, serialized(hook) if device.type == "cpu" else hook)
+    return state
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def merge_traces(parts, out_path):
+    """Concatenates per-rank Chrome traces into one file with a process track per rank.
+
+    Each rank's process ids are renumbered (rank * 1000 + i): torch 1.13 without Kineto writes
+    the same pid ("CPU functions") in every rank's trace, and Kineto's GPU pids are device
+    numbers, so the original ids would merge the ranks' tracks.
+    """
+    events = []
+    for rank, part in enumerate(parts):
+        with open(part) as f:
+            trace = json.load(f)
+        # Kineto writes {"traceEvents": [...], ...}; torch 1.13 without Kineto a bare list.
+        rank_events = trace if isinstance(trace, list) else trace.get("traceEvents", [])
+        pids = {}
+        for ev in rank_events:
+            if ev.get("ph") == "M" and ev.get("name") in ("process_name", "process_sort_index"):
+                continue  # replaced below
+            if "pid" in ev:
+                ev["pid"] = pids.setdefault(ev["pid"], rank * 1000 + len(pids))
+            events.append(ev)
+        for original, pid in pids.items():
+            name = f"rank {rank}" if len(pids) == 1 else f"rank {rank}: {original}"
+            events.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": name}})
+            events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": pid}})
+        os.remove(part)
+    with open(out_path, "w") as f:
+        json.dump({"traceEvents": events}, f)
+
+
+def worker(args, unknown):
+    torch.set_num_threads(args.threads)
+    distributed = args.ddp or args.fsdp
+    if distributed:
+        # Without a launcher (no RANK) a --ddp run is a world of one: DDP's overhead, no peers.
+        os.environ.setdefault("RANK", "0")
+        os.environ.setdefault("WORLD_SIZE", "1")
+        os.environ.setdefault("LOCAL_RANK", "0")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
+        rank = int(os.environ["RANK"])
+        world = int(os.environ["WORLD_SIZE"])
+        local_rank = int(os.environ["LOCAL_RANK"])
+    else:
+        rank, world, local_rank = 0, 1, 0
+    lead = rank == 0
+    if lead and unknown:
+        print(f"torch_ddp.py: ignoring flags the reference has no use for: {' '.join(unknown)}",
+              file=sys.stderr)
+
+    if args.comm_hook == "bf16" and args.device == "cpu" and args.ddp:
+        # Checked before any collective so that every rank leaves the same way.
+        if lead:
+            print("torch_ddp.py: --comm-hook bf16 is not supported on cpu: PyTorch's "
+                  "bf16_compress_hook requires NCCL, and Gloo (1.13) has no bfloat16 all-reduce",
+                  file=sys.stderr)
+        return 2
+    if args.device == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if distributed:
+        from datetime import timedelta
+
+        dist.init_process_group(
+            backend="nccl" if args.device == "cuda" else "gloo",
+            init_method="env://",
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=args.timeout_s),
+        )
+
+    if args.libtorch_linear:
+        nn.Linear.forward = _libtorch_linear_forward
+    # The same construction on every rank (DDP broadcasts rank 0's parameters anyway).
+    torch.manual_seed(1234)
+    model = build_model(args.model)
+    if args.init_params:
+        load_params(model, args.init_params)
+    model.to(device)
+    net = model  # what named_parameters() is read from at the end
+    if args.ddp:
+        if args.first_bucket_cap_mb != 1.0:
+            # DDP reads the first bucket's cap from this module attribute at construction (1.13 and
+            # 2.x alike); there is no constructor argument for it.
+            dist._DEFAULT_FIRST_BUCKET_BYTES = int(args.first_bucket_cap_mb * 1024 * 1024)
+        kwargs = {}
+        if args.bucket_cap_mb != 25.0:
+            # Only when asked: torch 2.x treats an explicit bucket_cap_mb differently from its
+            # default (None) when building the first buckets.
+            kwargs["bucket_cap_mb"] = args.bucket_cap_mb
+        model = torch.nn.parallel.DistributedDataParallel(
+            model,
+            device_ids=[local_rank] if device.type == "cuda" else None,
+            gradient_as_bucket_view=args.bucket_view,
+            static_graph=args.static_graph,
+            find_unused_parameters=args.find_unused_parameters,
+            **kwargs,
+        )
+        register_hook(model, args, device)
+    elif args.fsdp:
+        model = make_fsdp(model, args.model, device)
+    model.train()
+    lossf = loss_fn(args.model)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0)
+
+    if args.inputs:
+        batches = load_inputs(args.inputs, rank, device)
+        warmup, repeat = 0, len(batches)
+    else:
+        gen = torch.Generator().manual_seed(1000 + rank)
+        batches = [random_batch(args.model, args.batch_size, gen, device)]
+        warmup, repeat = args.warmup, args.repeat
+
+    if lead and args.verbose:
+        n = sum(p.numel() for p in net.parameters())
+        print(f"torch_ddp.py: torch {torch.__version__}, model {args.model}, {n} parameters in "
+              f"{len(list(net.parameters()))} tensors, world {world}, device {device}, "
+              f"{'DDP' if args.ddp else 'FSDP2' if args.fsdp else 'plain'}, comm hook {args.comm_hook}")
+
+    autocast = (
+        (lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16))
+        if args.autocast_bf16
+        else contextlib.nullcontext
+    )
+    rf = torch.autograd.profiler.record_function
+
+    def step(i):
+        x, y = batches[i % len(batches)]
+        opt.zero_grad()
+        with rf("forward"), autocast():
+            loss = lossf(model(x), y)
+        with rf("backward"):
+            loss.backward()
+        with rf("optimizer"):
+            opt.step()
+        return loss
+
+    for i in range(warmup):
+        step(i)
+    sync(device)
+    if distributed:
+        dist.barrier()
+
+    prof = None
+    if args.profile:
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        prof = torch.profiler.profile(activities=activities)
+        prof.__enter__()
+    times_ms = []
+    for i in range(repeat):
+        t0 = time.perf_counter()
+        step(i)
+        sync(device)
+        times_ms.append((time.perf_counter() - t0) * 1e3)
+    if prof is not None:
+        prof.__exit__(None, None, None)
+        part = f"{args.trace_file}.rank{rank}.part" if world > 1 else args.trace_file
+        prof.export_chrome_trace(part)
+        if world > 1:
+            dist.barrier()
+            if lead:
+                merge_traces([f"{args.trace_file}.rank{r}.part" for r in range(world)], args.trace_file)
+        if lead:
+            print(f"torch_ddp.py: wrote Chrome trace {args.trace_file} (torch.profiler, one process "
+                  f"track per rank)", file=sys.stderr)
+
+    if args.save_params:
+        if args.fsdp:
+            raise SystemExit("torch_ddp.py: --save-params with --fsdp is not supported")
+        if lead:
+            safetensors_io.save_file({n: p.detach() for n, p in net.named_parameters()}, args.save_params)
+
+    if lead:
+        median = statistics.median(times_ms)
+        mean = statistics.fmean(times_ms)
+        fields = {
+            "model": args.model,
+            "world": world,
+            "batch": args.batch_size if not args.inputs else int(batches[0][0].shape[0]),
+            "device": args.device,
+            "side": "pytorch",
+            "median_ms": round(median, 3),
+            "mean_ms": round(mean, 3),
+            "min_ms": round(min(times_ms), 3),
+            "repeat": repeat,
+        }
+        if args.json:
+            print(json.dumps(fields, separators=(",", ":")))
+        else:
+            print("result " + " ".join(
+                f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in fields.items()))
+        if args.verbose and args.ddp:
+            data = model._get_ddp_logging_data()
+            keep = ("bucket_sizes", "num_buckets_reduced", "rebuilt_bucket_sizes", "comm_hook",
+                    "avg_forward_compute_time", "avg_backward_compute_time",
+                    "avg_backward_comm_time", "avg_backward_compute_comm_overlap_time")
+            for k in keep:
+                if k in data:
+                    print(f"  ddp {k}: {data[k]}")
+        print(f"mean latency {mean:.3f} ms across {repeat} runs", flush=True)
+
+    if distributed:
+        dist.barrier()
+        dist.destroy_process_group()
+    return 0
+
+
+def main(argv):
+    args, unknown = parse_args(argv)
+    is_worker = os.environ.get("TORCH_DDP_REFERENCE_WORKER") == "1"
+    if not is_worker and args.nproc > 0 and (args.ddp or args.fsdp):
+        return spawn(args.nproc, argv)
+    if not is_worker and args.nproc > 1:
+        print("torch_ddp.py: --nproc without --ddp/--fsdp: running the plain model in one process "
+              "(the world-1 baseline)", file=sys.stderr)
+    return worker(args, unknown)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,183 @@
+#!/usr/bin/python3
+"""Tests of the Python side of the benchmark protocol: bench/reference/safetensors_io.py and
+bench/reference/torch_ddp.py (docs/bench-protocol.md). No C++ build needed.
+
+    /usr/bin/python3 -m unittest discover -s tests/bench -v      # ~1 min on 2 cores
+
+The C++ zoo's names and math are checked against these models by bench/compare --parity (both
+sides built); here the expected names are written out from models/include/ddp/models/*.hpp.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REF_DIR = os.path.join(ROOT, "bench", "reference")
+SCRIPT = os.path.join(REF_DIR, "torch_ddp.py")
+sys.path.insert(0, REF_DIR)
+
+import safetensors_io  # noqa: E402
+import torch_ddp  # noqa: E402
+
+
+def run_reference(*flags, timeout=300):
+    proc = subprocess.run([sys.executable, SCRIPT, *flags], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+    if proc.returncode != 0:
+        raise AssertionError(f"torch_ddp.py {' '.join(flags)} exited {proc.returncode}:\n"
+                             f"{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def rel_diff(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+class SafetensorsTest(unittest.TestCase):
+    def test_round_trip_keeps_dtypes_shapes_values_and_order(self):
+        tensors = {
+            "z.f32": torch.randn(3, 4),
+            "a.f64": torch.randn(2, dtype=torch.float64),
+            "m.f16": torch.randn(5, dtype=torch.float16),
+            "b.bf16": torch.randn(2, 3, dtype=torch.bfloat16),
+            "i64": torch.arange(7),
+            "i32": torch.arange(3, dtype=torch.int32),
+            "u8": torch.arange(4, dtype=torch.uint8),
+            "bool": torch.tensor([True, False, True]),
+            "scalar": torch.tensor(2.5),
+            "empty": torch.empty(0, 3),
+        }
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "t.safetensors")
+            safetensors_io.save_file(tensors, path, metadata={"k": "v"})
+            back = safetensors_io.load_file(path)
+            self.assertEqual(list(back), list(tensors))  # order kept, not sorted
+            for name, t in tensors.items():
+                self.assertEqual(back[name].dtype, t.dtype, name)
+                self.assertEqual(back[name].shape, t.shape, name)
+                self.assertTrue(torch.equal(back[name], t), name)
+            self.assertEqual(safetensors_io.load_metadata(path), {"k": "v"})
+            with open(path, "rb") as f:
+                n = int.from_bytes(f.read(8), "little")
+            self.assertEqual(n % 8, 0, "header padded to 8 bytes")
+
+    def test_truncated_file_is_an_error_naming_the_tensor(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "t.safetensors")
+            safetensors_io.save_file({"w": torch.randn(100)}, path)
+            with open(path, "r+b") as f:
+                f.truncate(os.path.getsize(path) - 4)
+            with self.assertRaisesRegex(ValueError, "'w'"):
+                safetensors_io.load_file(path)
+
+
+class ModelsTest(unittest.TestCase):
+    """Names, shapes and order as the C++ headers document them."""
+
+    def names(self, model):
+        return [n for n, _ in torch_ddp.build_model(model).named_parameters()]
+
+    def test_toy(self):
+        self.assertEqual(self.names("toy"), [f"fc{i}.{k}" for i in range(1, 5) for k in ("weight", "bias")])
+
+    def test_mlp_deep(self):
+        self.assertEqual(self.names("mlp-deep"),
+                         [f"layers.{i}.{k}" for i in range(16) for k in ("weight", "bias")])
+
+    def test_gpt_tiny(self):
+        block = ["ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
+                 "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
+                 "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"]
+        expected = (["wte.weight", "wpe.weight"] + [f"h.{i}.{n}" for i in range(4) for n in block]
+                    + ["ln_f.weight", "ln_f.bias", "lm_head.weight"])
+        self.assertEqual(self.names("gpt-tiny"), expected)
+
+    def test_resnet_small_uses_torchvision_names(self):
+        model = torch_ddp.build_model("resnet-small")
+        shapes = {n: list(p.shape) for n, p in model.named_parameters()}
+        names = list(shapes)
+        self.assertEqual(len(names), 62)
+        self.assertEqual(names[:6], ["conv1.weight", "bn1.weight", "bn1.bias", "layer1.0.conv1.weight",
+                                     "layer1.0.bn1.weight", "layer1.0.bn1.bias"])
+        self.assertEqual(names[-2:], ["fc.weight", "fc.bias"])
+        self.assertEqual(shapes["conv1.weight"], [64, 3, 3, 3])
+        self.assertEqual(shapes["layer2.0.downsample.0.weight"], [128, 64, 1, 1])
+        self.assertEqual(shapes["layer4.1.conv2.weight"], [512, 512, 3, 3])
+        self.assertEqual(shapes["fc.weight"], [10, 512])
+        self.assertNotIn("layer1.0.downsample.0.weight", shapes)
+        self.assertEqual(model(torch.randn(2, 3, 32, 32)).shape, (2, 10))
+
+    def test_gpt_attention_is_causal(self):
+        torch.manual_seed(0)
+        model = torch_ddp.build_model("gpt-tiny")
+        idx = torch.randint(0, 4096, (1, 16))
+        changed = idx.clone()
+        changed[0, 10:] = (changed[0, 10:] + 1) % 4096
+        with torch.no_grad():
+            a, b = model(idx), model(changed)
+        self.assertTrue(torch.equal(a[0, :10], b[0, :10]), "a later token changed an earlier logit")
+        self.assertFalse(torch.equal(a[0, 10:], b[0, 10:]))
+
+
+class RunTest(unittest.TestCase):
+    def test_result_lines_text_and_json(self):
+        proc = run_reference("--model", "mlp-deep", "--batch-size", "4", "--repeat", "2", "--warmup", "1",
+                             "--no-graph-planning", "--graph-dot", "g.dot")
+        lines = proc.stdout.strip().splitlines()
+        self.assertRegex(lines[-2], r"^result model=mlp-deep world=1 batch=4 device=cpu side=pytorch "
+                                    r"median_ms=\d+\.\d{3} mean_ms=\d+\.\d{3} min_ms=\d+\.\d{3} repeat=2$")
+        self.assertRegex(lines[-1], r"^mean latency \d+\.\d{3} ms across 2 runs$")
+        self.assertIn("--no-graph-planning", proc.stderr)  # accepted, reported as ignored
+        proc = run_reference("--model", "mlp-deep", "--batch-size", "4", "--repeat", "2", "--json",
+                             "--ddp", "--nproc", "2")
+        fields = json.loads(proc.stdout.strip().splitlines()[-2])
+        self.assertEqual((fields["world"], fields["side"], fields["repeat"]), (2, "pytorch", 2))
+        self.assertRegex(proc.stdout.strip().splitlines()[-1], r"^mean latency ")
+
+    def test_ddp_equals_single_process_on_the_concatenated_batch(self):
+        # The equivalence DDP promises (loss is a mean over the batch): 2 ranks x 4 samples for
+        # 2 steps match one process on the 8 samples. Also: two identical runs give identical bytes.
+        torch.manual_seed(0)
+        model = "mlp-deep"
+        init = {n: p.detach() for n, p in torch_ddp.build_model(model).named_parameters()}
+        gen = torch.Generator().manual_seed(1)
+        per_rank, joined = {}, {}
+        for step in range(2):
+            xs, ys = [], []
+            for rank in range(2):
+                x, y = torch_ddp.random_batch(model, 4, gen)
+                per_rank[f"x.{step}.{rank}"], per_rank[f"y.{step}.{rank}"] = x, y / 512 ** 0.5
+                xs.append(x)
+                ys.append(y / 512 ** 0.5)
+            joined[f"x.{step}.0"], joined[f"y.{step}.0"] = torch.cat(xs), torch.cat(ys)
+        with tempfile.TemporaryDirectory() as tmp:
+            f = {k: os.path.join(tmp, k + ".safetensors") for k in ("init", "ranks", "joined", "a", "b", "one")}
+            safetensors_io.save_file(init, f["init"])
+            safetensors_io.save_file(per_rank, f["ranks"])
+            safetensors_io.save_file(joined, f["joined"])
+            common = ["--model", model, "--init-params", f["init"], "--lr", "0.05"]
+            run_reference(*common, "--ddp", "--nproc", "2", "--inputs", f["ranks"], "--save-params", f["a"])
+            run_reference(*common, "--ddp", "--nproc", "2", "--inputs", f["ranks"], "--save-params", f["b"])
+            run_reference(*common, "--inputs", f["joined"], "--save-params", f["one"])
+            a, b, one = (safetensors_io.load_file(f[k]) for k in ("a", "b", "one"))
+        self.assertEqual(list(a), list(init))
+        for name in init:
+            self.assertTrue(torch.equal(a[name], b[name]), f"{name}: two identical runs differ")
+            self.assertGreater(rel_diff(a[name], init[name]), 0, f"{name} did not move")
+            # Equal up to 1e-5 of the update, or fp32 resolution of the parameter where the update
+            # is smaller than that (mlp-deep's first layers move by ~1e-7 of their norm).
+            err = (a[name].double() - one[name].double()).norm().item()
+            update = (one[name].double() - init[name].double()).norm().item()
+            floor = 1.2e-7 * init[name].double().norm().item()
+            self.assertLessEqual(err, 1e-5 * update + floor, f"{name}: err {err:.3g}, update {update:.3g}")
+
+
+if __name__ == "__main__":
+    unittest.main()
