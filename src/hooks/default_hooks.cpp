@@ -46,7 +46,7 @@ class CompressHook : public CommHook {
     auto work = pg_->allreduce_sum_async(compressed);
     at::Tensor buffer = bucket.buffer;
     return work->getFuture()->then(
-        [buffer](c10::ivalue::Future& done) mutable {
+        [buffer](c10::ivalue::Future& done) {
           buffer.copy_(first_tensor(done));  // casts back to the gradients' dtype
           return c10::IValue(buffer);
         },

@@ -10,7 +10,6 @@ sides built); here the expected names are written out from models/include/ddp/mo
 
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -21,6 +20,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REF_DIR = os.path.join(ROOT, "bench", "reference")
 SCRIPT = os.path.join(REF_DIR, "torch_ddp.py")
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, REF_DIR)
 
 import safetensors_io  # noqa: E402

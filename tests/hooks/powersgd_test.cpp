@@ -177,8 +177,8 @@ DDP_TEST_WORKER(powersgd_single_process) {
     options.use_error_feedback = false;
     auto hook = hooks::powersgd_hook(pg, options);
     // Orthonormal singular vectors from QR of random matrices.
-    const auto u = std::get<0>(torch::linalg::qr(torch::randn({24, 3}, torch::kDouble)));
-    const auto v = std::get<0>(torch::linalg::qr(torch::randn({16, 3}, torch::kDouble)));
+    const auto u = std::get<0>(at::linalg_qr(torch::randn({24, 3}, torch::kDouble)));
+    const auto v = std::get<0>(at::linalg_qr(torch::randn({16, 3}, torch::kDouble)));
     const auto sigma = torch::tensor({10.0, 3.0, 1.0}, torch::kDouble);
     const auto matrix = (u * sigma).mm(v.t()).to(torch::kFloat);
     const auto best = (u.narrow(1, 0, 1) * 10.0).mm(v.narrow(1, 0, 1).t()).to(torch::kFloat);
