@@ -9,10 +9,8 @@ namespace {
 
 torch::nn::Conv2d conv(int64_t in, int64_t out, int64_t kernel, int64_t stride) {
   // No bias: every conv is followed by a BatchNorm, whose shift makes a bias redundant.
-  return torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, kernel)
-                               .stride(stride)
-                               .padding(kernel / 2)
-                               .bias(false));
+  return torch::nn::Conv2d(
+      torch::nn::Conv2dOptions(in, out, kernel).stride(stride).padding(kernel / 2).bias(false));
 }
 
 }  // namespace
@@ -26,10 +24,9 @@ BasicBlockImpl::BasicBlockImpl(int64_t in_channels, int64_t out_channels, int64_
   conv2 = register_module("conv2", conv(out_channels, out_channels, 3, 1));
   bn2 = register_module("bn2", torch::nn::BatchNorm2d(out_channels));
   if (stride != 1 || in_channels != out_channels) {
-    downsample = register_module(
-        "downsample",
-        torch::nn::Sequential(conv(in_channels, out_channels, 1, stride),
-                              torch::nn::BatchNorm2d(out_channels)));
+    downsample = register_module("downsample",
+                                 torch::nn::Sequential(conv(in_channels, out_channels, 1, stride),
+                                                       torch::nn::BatchNorm2d(out_channels)));
   }
 }
 
@@ -41,8 +38,9 @@ torch::Tensor BasicBlockImpl::forward(const torch::Tensor& x) {
 }
 
 ResNetSmallImpl::ResNetSmallImpl(int64_t num_classes, int64_t width) {
-  TORCH_CHECK(num_classes > 0 && width > 0, "ResNetSmall: sizes must be positive, got num_classes=",
-              num_classes, " width=", width);
+  TORCH_CHECK(num_classes > 0 && width > 0,
+              "ResNetSmall: sizes must be positive, got num_classes=", num_classes,
+              " width=", width);
   // A 3x3 stride-1 stem instead of torchvision's 7x7 stride-2 conv and max-pool: at 32x32 those
   // would leave layer4 a 1x1 map.
   conv1 = register_module("conv1", conv(3, width, 3, 1));

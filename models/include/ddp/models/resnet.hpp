@@ -1,10 +1,11 @@
 #pragma once
 // ResNet-18 for 32x32 images (CIFAR-sized): torchvision's resnet18 with a 3x3 stride-1 stem and no
 // max-pool, so the 32x32 input reaches layer4 as 4x4 rather than 1x1. Parameter names are
-// torchvision's (conv1.weight, bn1.weight, layer1.0.conv1.weight, ..., layer2.0.downsample.0.weight,
-// ..., fc.weight, fc.bias), so checkpoints and bench/reference/torch_ddp.py line up by name. The
-// BatchNorm layers carry buffers (running_mean, running_var, num_batches_tracked), the one zoo
-// model at benchmark scale that exercises buffer broadcast.
+// torchvision's (conv1.weight, bn1.weight, layer1.0.conv1.weight, ...,
+// layer2.0.downsample.0.weight, ..., fc.weight, fc.bias), so checkpoints and
+// bench/reference/torch_ddp.py line up by name. The BatchNorm layers carry buffers (running_mean,
+// running_var, num_batches_tracked), the one zoo model at benchmark scale that exercises buffer
+// broadcast.
 
 #include <cstdint>
 
@@ -39,11 +40,11 @@ class BasicBlockImpl : public torch::nn::Module {
 TORCH_MODULE(BasicBlock);
 
 // conv1 (3 -> width, 3x3, stride 1, pad 1, no bias), bn1, relu; layer1..layer4 of two BasicBlocks
-// each with width, 2w, 4w, 8w channels (stride 2 at the first block of layers 2-4); adaptive average
-// pool to 1x1, flatten, fc Linear(8w, num_classes). 11.2 M parameters at the default width 64.
-// Convolutions are initialized as torchvision does (Kaiming normal, fan_out, ReLU), BatchNorms to
-// weight 1 / bias 0, fc by Linear's default; construction after torch::manual_seed(s) is
-// deterministic.
+// each with width, 2w, 4w, 8w channels (stride 2 at the first block of layers 2-4); adaptive
+// average pool to 1x1, flatten, fc Linear(8w, num_classes). 11.2 M parameters at the default
+// width 64. Convolutions are initialized as torchvision does (Kaiming normal, fan_out, ReLU),
+// BatchNorms to weight 1 / bias 0, fc by Linear's default; construction after torch::manual_seed(s)
+// is deterministic.
 class ResNetSmallImpl : public torch::nn::Module {
  public:
   // 10 classes: CIFAR-10's count. width 64: ResNet-18's; smaller widths keep CPU tests quick.
