@@ -1,0 +1,254 @@
+"""The benchmark model zoo on the PyTorch side: the same parameter names, shapes, registration
+order and math as the C++ zoo (models/include/ddp/models/), plus each model's loss and a random
+batch maker. Used by torch_ddp.py and bench/compare; see docs/bench-protocol.md."""
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+MODELS = ("toy", "toy8k", "mlp-deep", "gpt-tiny", "gpt2-small", "gpt2-medium", "resnet-small")
+
+
+# ---------------------------------------------------------------------------------------------
+# Models: one class per C++ model, registering submodules in the C++ constructor's order.
+# ---------------------------------------------------------------------------------------------
+
+
+class Net(nn.Module):
+    """models/src/net.cpp: fc4(fc3(fc2(fc1(x)))), no activation."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, dim)
+        self.fc2 = nn.Linear(dim, dim)
+        self.fc3 = nn.Linear(dim, dim)
+        self.fc4 = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        return self.fc4(self.fc3(self.fc2(self.fc1(x))))
+
+
+class MLP(nn.Module):
+    """models/src/mlp.cpp: layers.0..layers.<depth-1>, ReLU between layers, none after the last.
+    The ReLUs are applied in forward, not stored in the Sequential, so layer i is layers.i."""
+
+    def __init__(self, width=512, depth=16):
+        super().__init__()
+        self.layers = nn.Sequential(*[nn.Linear(width, width) for _ in range(depth)])
+
+    def forward(self, x):
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            if i < last:
+                x = torch.relu(x)
+        return x
+
+
+class CausalSelfAttention(nn.Module):
+    """models/src/gpt.cpp's attention, written out (no fused kernel, as on the C++ side)."""
+
+    def __init__(self, d_model, n_heads):
+        super().__init__()
+        self.n_heads = n_heads
+        self.c_attn = nn.Linear(d_model, 3 * d_model)
+        self.c_proj = nn.Linear(d_model, d_model)
+
+    def forward(self, x):
+        batch, seq, width = x.shape
+        head_dim = width // self.n_heads
+        q, k, v = self.c_attn(x).split(width, dim=2)
+
+        def to_heads(t):
+            return t.view(batch, seq, self.n_heads, head_dim).transpose(1, 2)  # [B, H, T, hd]
+
+        q, k, v = to_heads(q), to_heads(k), to_heads(v)
+        att = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(head_dim))
+        future = torch.ones(seq, seq, dtype=torch.bool, device=x.device).triu(1)
+        att = att.masked_fill(future, float("-inf"))
+        att = torch.softmax(att, dim=-1)
+        y = torch.matmul(att, v)  # [B, H, T, hd]
+        y = y.transpose(1, 2).contiguous().view(batch, seq, width)
+        return self.c_proj(y)
+
+
+class GPTMLP(nn.Module):
+    def __init__(self, d_model):
+        super().__init__()
+        self.c_fc = nn.Linear(d_model, 4 * d_model)
+        self.c_proj = nn.Linear(4 * d_model, d_model)
+
+    def forward(self, x):
+        return self.c_proj(F.gelu(self.c_fc(x)))  # exact (erf) GELU, libtorch's default too
+
+
+class GPTBlock(nn.Module):
+    def __init__(self, d_model, n_heads):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(d_model)
+        self.attn = CausalSelfAttention(d_model, n_heads)
+        self.ln_2 = nn.LayerNorm(d_model)
+        self.mlp = GPTMLP(d_model)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """models/src/gpt.cpp's GPTImpl (untied): wte, wpe, h.<i>, ln_f, lm_head (no bias)."""
+
+    def __init__(self, vocab_size, seq_len, d_model, n_heads, n_layers):
+        super().__init__()
+        assert d_model % n_heads == 0, f"GPT: d_model {d_model} not divisible by n_heads {n_heads}"
+        self.seq_len = seq_len
+        self.wte = nn.Embedding(vocab_size, d_model)
+        self.wpe = nn.Embedding(seq_len, d_model)
+        self.h = nn.ModuleList([GPTBlock(d_model, n_heads) for _ in range(n_layers)])
+        self.ln_f = nn.LayerNorm(d_model)
+        self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
+        # GPT-2's init in modules() order, as the C++ constructor does it.
+        with torch.no_grad():
+            for m in self.modules():
+                if isinstance(m, nn.Linear):
+                    nn.init.normal_(m.weight, 0.0, 0.02)
+                    if m.bias is not None:
+                        nn.init.zeros_(m.bias)
+                elif isinstance(m, nn.Embedding):
+                    nn.init.normal_(m.weight, 0.0, 0.02)
+
+    def forward(self, idx):
+        seq = idx.size(1)
+        assert seq <= self.seq_len, f"GPT: input length {seq} exceeds seq_len {self.seq_len}"
+        positions = torch.arange(seq, dtype=torch.long, device=idx.device)
+        x = self.wte(idx) + self.wpe(positions)
+        for block in self.h:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+
+def _conv(cin, cout, kernel, stride):
+    return nn.Conv2d(cin, cout, kernel, stride=stride, padding=kernel // 2, bias=False)
+
+
+class BasicBlock(nn.Module):
+    """models/src/resnet.cpp's BasicBlock (torchvision's, with downsample registered last)."""
+
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = _conv(cin, cout, 3, stride)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = _conv(cout, cout, 3, 1)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.downsample = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(_conv(cin, cout, 1, stride), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        out = torch.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        shortcut = self.downsample(x) if self.downsample is not None else x
+        return torch.relu(out + shortcut)
+
+
+class ResNetSmall(nn.Module):
+    """models/src/resnet.cpp: torchvision's resnet18 with a 3x3 stride-1 stem and no max-pool."""
+
+    def __init__(self, num_classes=10, width=64):
+        super().__init__()
+        self.conv1 = _conv(3, width, 3, 1)
+        self.bn1 = nn.BatchNorm2d(width)
+
+        def layer(cin, cout, stride):
+            return nn.Sequential(BasicBlock(cin, cout, stride), BasicBlock(cout, cout, 1))
+
+        self.layer1 = layer(width, width, 1)
+        self.layer2 = layer(width, 2 * width, 2)
+        self.layer3 = layer(2 * width, 4 * width, 2)
+        self.layer4 = layer(4 * width, 8 * width, 2)
+        self.fc = nn.Linear(8 * width, num_classes)
+        with torch.no_grad():
+            for m in self.modules():
+                if isinstance(m, nn.Conv2d):
+                    nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+                elif isinstance(m, nn.BatchNorm2d):
+                    nn.init.ones_(m.weight)
+                    nn.init.zeros_(m.bias)
+
+    def forward(self, x):
+        y = torch.relu(self.bn1(self.conv1(x)))
+        y = self.layer4(self.layer3(self.layer2(self.layer1(y))))
+        y = F.adaptive_avg_pool2d(y, (1, 1)).flatten(1)
+        return self.fc(y)
+
+
+def _libtorch_linear_forward(self, x):
+    """nn.Linear.forward as libtorch 1.13's C++ torch::nn::Linear computes it
+    (torch/nn/functional/linear.h): addmm only for 2-d input, otherwise matmul then `+= bias`.
+    Python's F.linear flattens 3-d input into one addmm instead, so for [B, T, d] inputs (the GPT)
+    the two round differently once biases are non-zero: ~5e-7 relative in the gradients, equal
+    at a zero-bias init. Swapped in by --libtorch-linear, for bitwise parity with the C++ zoo."""
+    if x.dim() == 2 and self.bias is not None:
+        return torch.addmm(self.bias, x, self.weight.t())
+    out = x.matmul(self.weight.t())
+    if self.bias is not None:
+        out += self.bias
+    return out
+
+
+def regression_loss(out, y):
+    """registry.cpp's squared_error: summed over features, mean over the batch."""
+    return (out.to(y.dtype) - y).pow(2).sum(-1).mean()
+
+
+def token_loss(out, y):
+    """registry.cpp's token_cross_entropy: cross entropy over flattened logits, mean."""
+    return F.cross_entropy(out.reshape(-1, out.size(-1)), y.reshape(-1))
+
+
+# name -> (constructor, loss, input spec). Input spec: ("float", shape) with x, y ~ N(0, 1), or
+# ("tokens", seq, vocab) for int64 x and y, or ("image", classes) for float images, int64 labels.
+_GPT = dict(vocab_size=4096, seq_len=128, d_model=256, n_heads=4, n_layers=4)
+_GPT2_SMALL = dict(vocab_size=50304, seq_len=1024, d_model=768, n_heads=12, n_layers=12)
+_GPT2_MEDIUM = dict(vocab_size=50304, seq_len=1024, d_model=1024, n_heads=16, n_layers=24)
+SPECS = {
+    "toy": (lambda: Net(2000), regression_loss, ("float", 2000)),
+    "toy8k": (lambda: Net(8192), regression_loss, ("float", 8192)),
+    "mlp-deep": (lambda: MLP(512, 16), regression_loss, ("float", 512)),
+    "gpt-tiny": (lambda: GPT(**_GPT), token_loss, ("tokens", _GPT["seq_len"], _GPT["vocab_size"])),
+    "gpt2-small": (lambda: GPT(**_GPT2_SMALL), token_loss, ("tokens", 1024, 50304)),
+    "gpt2-medium": (lambda: GPT(**_GPT2_MEDIUM), token_loss, ("tokens", 1024, 50304)),
+    "resnet-small": (lambda: ResNetSmall(10, 64), token_loss, ("image", 10)),
+}
+
+
+def build_model(name):
+    return SPECS[name][0]()
+
+
+def loss_fn(name):
+    return SPECS[name][1]
+
+
+def random_batch(name, batch, generator=None, device="cpu"):
+    """A batch (x, y) of the model's input/target shapes and dtypes, random."""
+    spec = SPECS[name][2]
+    if spec[0] == "float":
+        d = spec[1]
+        x = torch.randn(batch, d, generator=generator)
+        y = torch.randn(batch, d, generator=generator)
+    elif spec[0] == "tokens":
+        seq, vocab = spec[1], spec[2]
+        x = torch.randint(0, vocab, (batch, seq), generator=generator)
+        y = torch.randint(0, vocab, (batch, seq), generator=generator)
+    else:
+        classes = spec[1]
+        x = torch.randn(batch, 3, 32, 32, generator=generator)
+        y = torch.randint(0, classes, (batch,), generator=generator)
+    return x.to(device), y.to(device)
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
