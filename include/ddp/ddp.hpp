@@ -9,4 +9,4 @@
 #include "ddp/launch/spawn.hpp"
 #include "ddp/parallel/ddp_options.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
-#include "ddp/reducer/reducer.hpp"
+#include "ddp/reducer/reducer_runtime.hpp"

@@ -8,7 +8,7 @@
 
 #include <sstream>
 
-#include "ddp/reducer/reducer.hpp"
+#include "ddp/reducer/reducer_runtime.hpp"
 
 namespace ddp::reducer {
 
