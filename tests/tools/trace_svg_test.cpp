@@ -13,7 +13,7 @@
 #include <string>
 #include <tuple>
 
-#include <sys/wait.h>
+#include "support/run_command.hpp"
 
 namespace {
 
@@ -37,16 +37,8 @@ struct TempDir {
   std::string file(const std::string& name) const { return (path / name).string(); }
 };
 
-// Runs a command, returns its stdout+stderr and exit status.
-std::pair<std::string, int> run(const std::string& command) {
-  std::string out;
-  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return {"popen failed", -1};
-  std::array<char, 4096> buf{};
-  while (std::fgets(buf.data(), buf.size(), pipe) != nullptr) out += buf.data();
-  const int status = ::pclose(pipe);
-  return {out, WIFEXITED(status) ? WEXITSTATUS(status) : -1};
-}
+// The shared helper: stdout+stderr and exit status.
+auto run(const std::string& command) { return ddp::testing::run_command(command); }
 
 void write_text(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
 
