@@ -1,26 +1,108 @@
 #!/usr/bin/env bash
-# On the GPU machine: build libddp against its torch 2.x libtorch (CUDA, NCCL), run the tests that
-# need no Gloo (its torch ships no Gloo headers), and a 2-GPU NCCL training run. Logs go to $OUT.
+# On the GPU machine (the device tool's nvidia-h200-x2): build libddp against its torch 2.x libtorch
+# (CUDA, NCCL), run the tests that need no Gloo (its torch ships no Gloo headers) including the GPU
+# equivalence tests, then the benchmarks. Everything is logged under $OUT; a short summary is
+# printed last.
+#
+#   bash scripts/gpu-check.sh                 # build, tests, levers, table
+#   bash scripts/gpu-check.sh build tests     # only those stages
+#
+# Stages: build, tests, levers (ours only: each tuning lever against our default), table (bench/compare,
+# ours vs PyTorch in the same run, with the 1-GPU baselines), parity (C++ vs PyTorch parameters).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/gpu-check}"
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0  # NVLink multicast off, as the device notes require
-TORCH_PREFIX="$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')"
+export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# fp32 means fp32: an image may force TF32 on for cuBLAS; the equivalence tests need it off, and both
+# benchmark sides run with the same (default) setting.
+unset TORCH_ALLOW_TF32_CUBLAS_OVERRIDE
+stages="${*:-build tests levers table}"
+has() { [[ " $stages " == *" $1 "* ]]; }
+SUMMARY="$OUT/summary.txt"
+: >"$SUMMARY"
+note() { echo "$*" | tee -a "$SUMMARY"; }
+PY=python3
+BENCH=build-gpu/ddp-bench
+
 {
   nvidia-smi -L
-  python3 -c 'import torch;print("torch", torch.__version__, "cuda", torch.version.cuda)'
+  nvidia-smi topo -m
+  $PY -c 'import torch;print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(), "tf32", torch.backends.cuda.matmul.allow_tf32)'
+  env | grep -E '^(NCCL|TORCH|CUDA)' | sort
 } >"$OUT/machine.log" 2>&1
-start=$(date +%s)
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" \
-  >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
-cmake --build build-gpu -j "$(nproc)" >"$OUT/build.log" 2>&1 || { grep -E "error" -A5 "$OUT/build.log" | head -60; exit 1; }
-echo "build: $(( $(date +%s) - start )) s; warnings: $(grep -c 'warning:' "$OUT/build.log")"
-grep -E "libddp:" "$OUT/configure.log"
-build-gpu/tests/ddp_tests --gtest_filter='BucketPlan.*:Env.*:ReplicaCheck.*:Spawn.*' \
-  >"$OUT/unit-tests.log" 2>&1; echo "unit tests rc=$?"; tail -3 "$OUT/unit-tests.log"
-for model in net gpt; do
-  timeout 300 build-gpu/ddp-train --nproc 2 --device cuda --model "$model" --steps 50 \
-    --timeout-s 120 >"$OUT/train-$model.log" 2>&1
-  echo "ddp-train $model nccl rc=$?"; tail -2 "$OUT/train-$model.log"
-done
+
+if has build; then
+  TORCH_PREFIX="$($PY -c 'import torch;print(torch.utils.cmake_prefix_path)')"
+  start=$(date +%s)
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" \
+    >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+  cmake --build build-gpu -j "$(nproc)" >"$OUT/build.log" 2>&1 ||
+    { grep -E "error" -A5 "$OUT/build.log" | head -80; exit 1; }
+  note "build: $(($(date +%s) - start)) s; warnings: $(grep -c 'warning:' "$OUT/build.log")"
+  grep -E "libddp:" "$OUT/configure.log" | tee -a "$SUMMARY"
+fi
+
+if has tests; then
+  build-gpu/tests/ddp_tests \
+    --gtest_filter='BucketPlan.*:Env.*:ReplicaCheck.*:Spawn.*:AutocastGuard.*:Models/GpuEquivalence.*' \
+    >"$OUT/tests.log" 2>&1
+  note "tests rc=$?: $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/tests.log" | tr '\n' ' ')"
+  grep -E '^\[  FAILED  \]|relative error' "$OUT/tests.log" | head -20 | tee -a "$SUMMARY"
+  for model in net gpt; do
+    timeout 300 build-gpu/ddp-train --nproc 2 --device cuda --model "$model" --steps 50 \
+      --timeout-s 120 >"$OUT/train-$model.log" 2>&1
+    note "ddp-train $model nccl rc=$? ($(grep -ciE 'warn|error' "$OUT/train-$model.log") warning/error lines): $(tail -1 "$OUT/train-$model.log")"
+  done
+fi
+
+# model -> flags shared by both sides
+declare -A FLAGS=(
+  [toy]="--model toy --batch-size 64"
+  [toy8k]="--model toy8k --batch-size 256"
+  [gpt2-small]="--model gpt2-small --batch-size 8 --autocast-bf16"
+  [gpt2-medium]="--model gpt2-medium --batch-size 8 --autocast-bf16"
+)
+median() { grep -oE 'median_ms=[0-9.]+' "$1" | head -1 | cut -d= -f2; }
+
+if has levers; then
+  # Ours only, one run each: the default, then one lever at a time, and the 1-GPU baseline.
+  for model in ${LEVER_MODELS:-toy toy8k gpt2-small gpt2-medium}; do
+    flags="${FLAGS[$model]} --device cuda --repeat 20 --warmup 5"
+    run() {  # name, then extra flags; env may be set by the caller
+      local name="$1"; shift
+      timeout 240 "$BENCH" $flags "$@" >"$OUT/lever-$model-$name.log" 2>&1
+      printf '  %-16s %8s ms\n' "$name" "$(median "$OUT/lever-$model-$name.log")" | tee -a "$SUMMARY"
+    }
+    note "levers $model (median step ms, ours, 2 GPUs unless 1gpu)"
+    run 1gpu
+    run default --ddp --nproc 2
+    run cap100 --ddp --nproc 2 --bucket-cap-mb 100
+    run cap10 --ddp --nproc 2 --bucket-cap-mb 10
+    run bf16hook --ddp --nproc 2 --comm-hook bf16
+    run fp16hook --ddp --nproc 2 --comm-hook fp16
+    run overlap --ddp --nproc 2 --optimizer-overlap
+    NCCL_MAX_NCHANNELS=8 run nccl-ch8 --ddp --nproc 2
+    NCCL_MIN_NCHANNELS=32 run nccl-ch32 --ddp --nproc 2
+  done
+fi
+
+if has table; then
+  # The GPU table of docs/benchmarks.md: ours vs PyTorch in one run, A B alternated, with 1-GPU
+  # baselines (--single) for the scaling efficiency.
+  for model in ${TABLE_MODELS:-toy toy8k gpt2-small gpt2-medium}; do
+    timeout 580 $PY bench/compare --device cuda --nproc 2 --single --markdown \
+      --pairs "${PAIRS:-3}" --repeat 30 --warmup 5 --ours "$BENCH" --python $PY \
+      ${FLAGS[$model]} ${TABLE_ARGS:-} >"$OUT/table-$model.log" 2>&1
+    note "table $model rc=$?"; grep -E '^\|' "$OUT/table-$model.log" | tee -a "$SUMMARY"
+  done
+fi
+
+if has parity; then
+  timeout 300 $PY bench/compare --parity --device cuda --nproc 2 --ours "$BENCH" --python $PY \
+    --model toy,gpt-tiny >"$OUT/parity.log" 2>&1
+  note "parity rc=$?"; tail -6 "$OUT/parity.log" | tee -a "$SUMMARY"
+fi
+echo "=== summary ($SUMMARY)"
+cat "$SUMMARY"

@@ -83,8 +83,15 @@ ProcessGroupPtr init_process_group(const InitOptions& options) {
 #if DDP_HAVE_NCCL
     auto nccl_opts = c10d::ProcessGroupNCCL::Options::create();
     nccl_opts->timeout = options.timeout;
-    backend =
+    auto nccl =
         c10::make_intrusive<c10d::ProcessGroupNCCL>(store, world.rank, world.world_size, nccl_opts);
+    backend = nccl;
+    auto group = std::make_shared<ProcessGroup>(backend, store, world.rank, world.world_size,
+                                                options.backend, options.timeout);
+#if defined(DDP_NCCL_HAS_SHUTDOWN) && DDP_NCCL_HAS_SHUTDOWN
+    group->set_shutdown([nccl] { nccl->shutdown(); });
+#endif
+    return group;
 #else
     TORCH_CHECK(false,
                 "ddp: backend 'nccl' is not available in this build (libtorch has no CUDA); "

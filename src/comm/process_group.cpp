@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <cstdio>
 #include <exception>
 
 namespace ddp::comm {
@@ -20,6 +21,17 @@ ProcessGroup::ProcessGroup(c10::intrusive_ptr<detail::CollectiveBackend> backend
               " is outside world size ", world_size_);
 }
 
+ProcessGroup::~ProcessGroup() {
+  if (!shutdown_) return;
+  try {
+    shutdown_();
+  } catch (const std::exception& e) {
+    // A destructor must not throw; the process is ending its use of the group anyway.
+    std::fprintf(stderr, "ddp: shutting down the %s process group failed: %s\n",
+                 backend_name_.c_str(), e.what());
+  }
+}
+
 bool ProcessGroup::can_sum(at::ScalarType dtype) const {
   return !(backend_name_ == "gloo" && dtype == at::kBFloat16);
 }
@@ -30,6 +42,32 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce_sum_async(at::Tensor& ten
   opts.reduceOp = c10d::ReduceOp::SUM;
   opts.timeout = timeout_;
   return backend_->allreduce(tensors, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce_avg_async(at::Tensor& tensor) {
+  if (!reduces_avg()) {
+    tensor.div_(world_size_);
+    return allreduce_sum_async(tensor);
+  }
+  std::vector<at::Tensor> tensors{tensor};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = c10d::ReduceOp::AVG;
+  opts.timeout = timeout_;
+  return backend_->allreduce(tensors, opts);
+}
+
+void ProcessGroup::wait_on_stream(const c10::intrusive_ptr<c10d::Work>& work,
+                                  const std::string& what) const {
+  if (backend_name_ != "nccl") {
+    wait(work, what);
+    return;
+  }
+  try {
+    work->wait();  // no timeout argument: a stream dependency, not a host wait
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "ddp: ", what, " failed on rank ", rank_, " of ", world_size_,
+                " (collective timeout ", timeout_.count(), " ms): ", e.what());
+  }
 }
 
 void ProcessGroup::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what) const {

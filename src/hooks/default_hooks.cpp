@@ -18,8 +18,7 @@ class AllreduceHook : public CommHook {
  public:
   explicit AllreduceHook(comm::ProcessGroupPtr pg) : pg_(std::move(pg)) {}
   c10::intrusive_ptr<c10::ivalue::Future> run(GradBucket& bucket) override {
-    bucket.buffer.div_(pg_->world_size());
-    auto work = pg_->allreduce_sum_async(bucket.buffer);
+    auto work = pg_->allreduce_avg_async(bucket.buffer);
     return work->getFuture()->then(
         [](c10::ivalue::Future& done) { return c10::IValue(first_tensor(done)); },
         c10::TensorType::get());
@@ -35,15 +34,24 @@ class CompressHook : public CommHook {
   CompressHook(comm::ProcessGroupPtr pg, at::ScalarType wire, std::string name)
       : pg_(std::move(pg)), wire_(wire), name_(std::move(name)) {}
   c10::intrusive_ptr<c10::ivalue::Future> run(GradBucket& bucket) override {
-    // Divide before the cast: the average of fp16 values is in range wherever the values are,
-    // their sum over many ranks may not be.
-    at::Tensor compressed = bucket.buffer.div(pg_->world_size()).to(wire_);
-    if (!pg_->can_sum(wire_)) {
-      // Gloo has no bf16 sum: the values are rounded to the wire dtype and summed in fp32. Same
-      // rounding of each rank's contribution, no byte savings; NCCL sums bf16 natively.
-      compressed = compressed.to(at::kFloat);
+    c10::intrusive_ptr<c10d::Work> work;
+    if (pg_->reduces_avg()) {
+      // NCCL: one cast into a wire buffer kept per bucket (no allocation per step), and the
+      // average inside the reduction (each input pre-multiplied by 1/world size, so in range).
+      at::Tensor& wire = wire_buffer(bucket);
+      wire.copy_(bucket.buffer);
+      work = pg_->allreduce_avg_async(wire);
+    } else {
+      // Divide before the cast: the average of fp16 values is in range wherever the values are,
+      // their sum over many ranks may not be.
+      at::Tensor compressed = bucket.buffer.div(pg_->world_size()).to(wire_);
+      if (!pg_->can_sum(wire_)) {
+        // Gloo has no bf16 sum: the values are rounded to the wire dtype and summed in fp32.
+        // Same rounding of each rank's contribution, no byte savings; NCCL sums bf16 natively.
+        compressed = compressed.to(at::kFloat);
+      }
+      work = pg_->allreduce_sum_async(compressed);
     }
-    auto work = pg_->allreduce_sum_async(compressed);
     at::Tensor buffer = bucket.buffer;
     return work->getFuture()->then(
         [buffer](c10::ivalue::Future& done) {
@@ -55,9 +63,24 @@ class CompressHook : public CommHook {
   std::string name() const override { return name_; }
 
  private:
+  at::Tensor& wire_buffer(const GradBucket& bucket) {
+    if (wire_buffers_.size() <= bucket.index) wire_buffers_.resize(bucket.index + 1);
+    at::Tensor& wire = wire_buffers_[bucket.index];
+    // Remade only when the plan changed (rebuild after iteration 1 or graph planning).
+    if (!wire.defined() || wire.numel() != bucket.buffer.numel() ||
+        wire.device() != bucket.buffer.device()) {
+      wire = at::empty({bucket.buffer.numel()}, bucket.buffer.options().dtype(wire_));
+    }
+    return wire;
+  }
+
   comm::ProcessGroupPtr pg_;
   at::ScalarType wire_;
   std::string name_;
+  // Per bucket index: the compressed copy the all-reduce runs on. A bucket's buffer is reused only
+  // after its previous reduction was consumed (finish() of the previous iteration), so one each
+  // suffices.
+  std::vector<at::Tensor> wire_buffers_;
 };
 
 }  // namespace

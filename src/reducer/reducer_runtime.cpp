@@ -13,6 +13,7 @@
 
 #include "ddp/buckets/bucket_table.hpp"
 #include "ddp/reducer/graph_walk.hpp"
+#include "same_view.hpp"
 
 namespace ddp::reducer {
 
@@ -60,6 +61,9 @@ void wait_future(const c10::intrusive_ptr<c10::ivalue::Future>& future,
                   " ms): ", e.what());
     }
   }
+  // Completed: on the CPU this returns at once; a CUDA future completes when its work is enqueued,
+  // and wait() then makes the current streams wait on its events (no host wait).
+  future->wait();
 }
 
 const char* Reducer::state_name(State s) {
@@ -102,7 +106,12 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
   reachable_.assign(params_.size(), true);
   globally_used_.assign(params_.size(), true);
   saved_unused_grads_.resize(params_.size());
-  locally_used_ = at::zeros({static_cast<int64_t>(params_.size())}, at::kInt);
+  on_device_ = !params_.empty() && params_[0].is_cuda();
+  const auto used_count = static_cast<int64_t>(params_.size());
+  // Pinned, so the copy to the device at each synchronized backward is asynchronous.
+  locally_used_ = at::zeros({used_count}, at::TensorOptions(at::kInt).pinned_memory(on_device_));
+  used_buffer_ =
+      on_device_ ? at::zeros({used_count}, params_[0].options().dtype(at::kInt)) : locally_used_;
   build_plan(buckets::reverse_registration_order(params_.size()));
   num_plan_changes_ = 0;  // the initial plan is not a change
 
@@ -150,15 +159,6 @@ int64_t Reducer::now_ns() const {
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
-
-namespace {
-
-bool same_view(const at::Tensor& a, const at::Tensor& b) {
-  return a.defined() && b.defined() && a.data_ptr() == b.data_ptr() && a.sizes() == b.sizes() &&
-         a.strides() == b.strides() && a.scalar_type() == b.scalar_type();
-}
-
-}  // namespace
 
 void Reducer::build_plan(const std::vector<size_t>& order) {
   buckets::PlanOptions plan_options;
@@ -338,7 +338,7 @@ void Reducer::begin_sync_backward() {
     }
     // Every rank issues this collective at the same point (first gradient), before any bucket.
     // The map lives on the CPU; NCCL needs it on the parameters' device.
-    used_buffer_ = params_[0].is_cuda() ? locally_used_.to(params_[0].device()) : locally_used_;
+    if (on_device_) used_buffer_.copy_(locally_used_, /*non_blocking=*/true);
     used_work_ = pg_->allreduce_sum_async(used_buffer_);
     used_map_ready_ = false;
   } else {
@@ -428,9 +428,13 @@ void Reducer::launch(size_t b) {
     bucket.future = hook_->run(gb);
     TORCH_CHECK(bucket.future, "ddp: comm hook '", hook_->name(), "' returned no future");
     watch_completion(b, bucket.future);
+  } else if (divisor == pg_->world_size()) {
+    // NCCL averages inside the reduction; elsewhere this divides first (the sum of averages stays
+    // in range for low-precision dtypes).
+    bucket.work = pg_->allreduce_avg_async(bucket.buffer);
+    watch_completion(b, bucket.work->getFuture());
   } else {
-    // Divide before summing: the sum of averages stays in range for low-precision dtypes.
-    bucket.buffer.div_(divisor);
+    bucket.buffer.div_(divisor);  // join: only the ranks still training count
     bucket.work = pg_->allreduce_sum_async(bucket.buffer);
     watch_completion(b, bucket.work->getFuture());
   }

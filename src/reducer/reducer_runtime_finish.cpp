@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "ddp/reducer/reducer_runtime.hpp"
+#include "same_view.hpp"
 
 namespace ddp::reducer {
 
@@ -18,11 +19,6 @@ std::string join_names(const std::vector<std::string>& names) {
   std::ostringstream out;
   for (size_t i = 0; i < names.size(); ++i) out << (i ? ", " : "") << names[i];
   return out.str();
-}
-
-bool same_view(const at::Tensor& a, const at::Tensor& b) {
-  return a.defined() && b.defined() && a.data_ptr() == b.data_ptr() && a.sizes() == b.sizes() &&
-         a.strides() == b.strides() && a.scalar_type() == b.scalar_type();
 }
 
 at::Tensor future_tensor(const c10::intrusive_ptr<c10::ivalue::Future>& future) {
@@ -41,7 +37,10 @@ std::string bucket_what(size_t b, const buckets::Bucket& spec) {
 
 bool Reducer::bucket_completed(size_t b) const {
   const BucketState& bucket = buckets_[b];
-  if (bucket.future) return bucket.future->completed();
+  // A CUDA future is completed as soon as its work is enqueued, so it cannot say whether the
+  // device finished; such buckets are finished at the end of backward (see [Note: streams]).
+  // Work::isCompleted on NCCL polls the collective's end event.
+  if (bucket.future) return !on_device_ && bucket.future->completed();
   return bucket.work && bucket.work->isCompleted();
 }
 
@@ -80,7 +79,7 @@ void Reducer::finish(size_t b) {
     }
     bucket.future.reset();
   } else {
-    pg_->wait(bucket.work, bucket_what(b, spec));
+    pg_->wait_on_stream(bucket.work, bucket_what(b, spec));
     if (spec.sparse) sparse_result = bucket.work->result().at(0);
     bucket.work.reset();
   }
@@ -209,7 +208,7 @@ void Reducer::shadow_backward() {
       options_.find_unused_parameters || (options_.static_graph && num_sync_backwards_ == 0);
   if (map) {
     locally_used_.zero_();
-    used_buffer_ = params_[0].is_cuda() ? locally_used_.to(params_[0].device()) : locally_used_;
+    if (on_device_) used_buffer_.zero_();
     pg_->wait(pg_->allreduce_sum_async(used_buffer_), "join: all-reduce of the used-parameter map");
   }
   for (size_t b = 0; b < buckets_.size(); ++b) {

@@ -4,10 +4,14 @@
 #include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
 
+#include <cstdlib>
+#include <functional>
+#include <optional>
 #include <sstream>
 #include <unordered_set>
 
 #include "ddp/models/registry.hpp"
+#include "ddp/parallel/autocast.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
 #include "support/workers.hpp"
 
@@ -41,12 +45,29 @@ TrainResult snapshot(torch::nn::Module& m) {
   TrainResult r;
   std::vector<torch::Tensor> params;
   distinct_params(m, r.names, params);
-  for (auto& p : params) r.params.push_back(p.detach().clone());
+  for (auto& p : params) r.params.push_back(p.detach().cpu().clone());
   for (const auto& item : m.named_buffers()) {
     r.buffer_names.push_back(item.key());
-    r.buffers.push_back(item.value().detach().clone());
+    r.buffers.push_back(item.value().detach().cpu().clone());
   }
   return r;
+}
+
+torch::Device spec_device(const TrainSpec& spec) {
+  if (spec.device == "cpu") return torch::kCPU;
+  require(spec.device == "cuda", "unknown device " + spec.device);
+  const char* local_rank = std::getenv("LOCAL_RANK");
+  return torch::Device(torch::kCUDA, local_rank ? std::atoi(local_rank) : 0);
+}
+
+// Forward and loss, under bf16 autocast when the spec asks for it.
+torch::Tensor forward_loss(const TrainSpec& spec, models::Workload& w,
+                           const std::function<torch::Tensor(const torch::Tensor&)>& forward,
+                           const torch::Tensor& x, const torch::Tensor& y) {
+  const torch::Device device = spec_device(spec);
+  std::optional<parallel::AutocastGuard> autocast;
+  if (spec.autocast_bf16) autocast.emplace(device.type(), torch::kBFloat16);
+  return w.loss(forward(x.to(device)), y.to(device));
 }
 
 bool has_batchnorm(torch::nn::Module& m) {
@@ -62,9 +83,11 @@ TrainResult train_single(const TrainSpec& spec, int world) {
   models::WorkloadOptions wopts;
   wopts.dim = spec.dim;
   auto w = models::make_workload(spec.model, wopts);
+  w.ptr->to(spec_device(spec));
   std::vector<std::string> names;
   std::vector<torch::Tensor> params;
   distinct_params(*w.ptr, names, params);
+  auto plain = [&](const torch::Tensor& x) { return w.module.forward(x); };
   auto opt = make_optimizer(spec, params);
   const bool per_shard = has_batchnorm(*w.ptr);
   const int64_t shard = spec.global_batch / world;
@@ -74,7 +97,7 @@ TrainResult train_single(const TrainSpec& spec, int world) {
     for (int micro = 0; micro < spec.micro_batches; ++micro, offset += spec.global_batch) {
       if (!per_shard) {
         auto [x, y] = w.batch(offset, spec.global_batch);
-        w.loss(w.module.forward(x), y).backward();
+        forward_loss(spec, w, plain, x, y).backward();
         continue;
       }
       // BatchNorm: each shard is normalized with its own statistics; running stats end as rank
@@ -88,7 +111,7 @@ TrainResult train_single(const TrainSpec& spec, int world) {
           for (size_t i = 0; i < buffers.size(); ++i) buffers[i].copy_(saved[i]);
         }
         auto [x, y] = w.batch(offset + r * shard, shard);
-        (w.loss(w.module.forward(x), y) / world).backward();
+        (forward_loss(spec, w, plain, x, y) / world).backward();
       }
     }
     opt->step();
@@ -101,11 +124,13 @@ TrainResult train_ddp(const TrainSpec& spec, comm::ProcessGroupPtr pg,
   models::WorkloadOptions wopts;
   wopts.dim = spec.dim;
   auto w = models::make_workload(spec.model, wopts);
+  w.ptr->to(spec_device(spec));
   if (pg->rank() != 0) {
     torch::NoGradGuard no_grad;
     for (auto& p : w.ptr->parameters()) p.add_(0.25 * pg->rank());
   }
   parallel::DistributedDataParallel<torch::nn::AnyModule> model(w.module, pg, options);
+  auto wrapped = [&](const torch::Tensor& x) { return model(x); };
   auto opt = make_optimizer(spec, model.parameters());
   const int64_t shard = spec.global_batch / pg->world_size();
   int64_t offset = 0;
@@ -115,13 +140,20 @@ TrainResult train_ddp(const TrainSpec& spec, comm::ProcessGroupPtr pg,
       auto [x, y] = w.batch(offset + pg->rank() * shard, shard);
       if (micro + 1 < spec.micro_batches) {
         auto guard = model.no_sync();
-        w.loss(model(x), y).backward();
+        forward_loss(spec, w, wrapped, x, y).backward();
       } else {
-        w.loss(model(x), y).backward();
+        forward_loss(spec, w, wrapped, x, y).backward();
       }
     }
     opt->step();
   }
+  return snapshot(*w.ptr);
+}
+
+TrainResult initial_params(const TrainSpec& spec) {
+  models::WorkloadOptions wopts;
+  wopts.dim = spec.dim;
+  auto w = models::make_workload(spec.model, wopts);
   return snapshot(*w.ptr);
 }
 

@@ -24,6 +24,9 @@ struct TrainSpec {
   // micro_batches-1 under no_sync and the last synchronized. The oracle sums the micro-batch
   // losses.
   int micro_batches = 1;
+  // "cpu", or "cuda": the model and batches on cuda:<LOCAL_RANK> (the oracle on the same GPU).
+  std::string device = "cpu";
+  bool autocast_bf16 = false;  // forward and loss under bf16 autocast
 };
 
 struct TrainResult {
@@ -42,6 +45,9 @@ TrainResult train_single(const TrainSpec& spec, int world);
 // result also checks that construction broadcasts rank 0's state.
 TrainResult train_ddp(const TrainSpec& spec, comm::ProcessGroupPtr pg,
                       const parallel::DDPOptions& options);
+
+// The workload's parameters as constructed (before any training step), on the CPU.
+TrainResult initial_params(const TrainSpec& spec);
 
 // Per tensor, ||a - b|| / ||b|| <= rtol, and b is not all zeros; throws naming the first tensor
 // that differs and by how much.

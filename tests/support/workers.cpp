@@ -57,9 +57,10 @@ int maybe_run_worker() {
   }
 }
 
-comm::ProcessGroupPtr worker_process_group(std::chrono::milliseconds timeout) {
+comm::ProcessGroupPtr worker_process_group(std::chrono::milliseconds timeout,
+                                           const std::string& backend) {
   comm::InitOptions options;
-  options.backend = "gloo";
+  options.backend = backend;
   options.timeout = timeout;
   return comm::init_process_group(options);
 }

@@ -35,7 +35,8 @@ int maybe_run_worker();
 
 // Worker side: a Gloo process group from the environment; every collective bounded by `timeout`.
 comm::ProcessGroupPtr worker_process_group(
-    std::chrono::milliseconds timeout = std::chrono::seconds(60));
+    std::chrono::milliseconds timeout = std::chrono::seconds(60),
+    const std::string& backend = "gloo");
 // A value the parent passed through run_workers' env (throws if absent and no fallback).
 std::string worker_env(const std::string& key, const std::string& fallback = "\x01");
 

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <iostream>
 #include <numeric>
+#include <optional>
 #include <sstream>
 
 #include "ddp/comm/init.hpp"
@@ -25,6 +26,7 @@
 #include "ddp/models/registry.hpp"
 #include "ddp/obs/chrome_trace.hpp"
 #include "ddp/obs/graph_dot.hpp"
+#include "ddp/parallel/autocast.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
 
 namespace {
@@ -45,6 +47,7 @@ struct Args {
   std::string comm_hook = "allreduce";
   bool no_graph_planning = false;
   bool autocast_bf16 = false;
+  bool optimizer_overlap = false;
   bool json = false;
   bool verbose = false;
   bool profile = false;
@@ -118,6 +121,12 @@ int run_worker(const Args& args) {
   auto sync = [&] {
     if (cuda) torch::cuda::synchronize(local_rank);
   };
+  // Per-phase times need a device synchronization between phases, which would also stop the host
+  // from running ahead of the device; only --profile pays for them. A step is timed from a
+  // synchronized start to a synchronized end, as the PyTorch side does.
+  auto phase_sync = [&] {
+    if (args.profile) sync();
+  };
 
   auto w = ddp::models::make_workload(args.model);
   if (!args.init_params.empty()) load_params(*w.ptr, args.init_params);
@@ -162,6 +171,15 @@ int run_worker(const Args& args) {
   std::vector<torch::Tensor> params;
   for (auto& [name, p] : named_params(*w.ptr)) params.push_back(p);
   torch::optim::SGD opt(params, torch::optim::SGDOptions(args.lr));
+  if (args.optimizer_overlap) {
+    TORCH_CHECK(model, "ddp-bench: --optimizer-overlap needs --ddp");
+    // Each parameter's SGD step runs inside backward once its bucket is reduced; opt.step() then
+    // finds no work (the gradients are consumed, see below).
+    model->set_optimizer_in_backward([&](const torch::Tensor& p) {
+      return std::make_unique<torch::optim::SGD>(std::vector<torch::Tensor>{p},
+                                                 torch::optim::SGDOptions(args.lr));
+    });
+  }
   if (lead && args.verbose) {
     int64_t numel = 0;
     for (const auto& p : params) numel += p.numel();
@@ -177,9 +195,14 @@ int run_worker(const Args& args) {
     sync();
     const int64_t t0 = ddp::obs::trace_now_ns();
     opt.zero_grad();
-    torch::Tensor out = model ? model->forward(x) : w.module.forward(x);
-    torch::Tensor loss = w.loss(out, y);
-    sync();
+    torch::Tensor loss;
+    {
+      std::optional<ddp::parallel::AutocastGuard> autocast;
+      if (args.autocast_bf16) autocast.emplace(device.type(), torch::kBFloat16);
+      torch::Tensor out = model ? model->forward(x) : w.module.forward(x);
+      loss = w.loss(out, y);
+    }
+    phase_sync();
     const int64_t t1 = ddp::obs::trace_now_ns();
     if (i == 0 && lead && !args.graph_dot.empty()) {
       std::vector<std::string> names;
@@ -187,9 +210,9 @@ int run_worker(const Args& args) {
       std::ofstream(args.graph_dot) << ddp::obs::autograd_graph_dot(loss, params, names);
     }
     loss.backward();
-    sync();
+    phase_sync();
     const int64_t t2 = ddp::obs::trace_now_ns();
-    opt.step();
+    if (!args.optimizer_overlap) opt.step();
     sync();
     const int64_t t3 = ddp::obs::trace_now_ns();
     TORCH_CHECK(std::isfinite(loss.item<double>()),
@@ -280,7 +303,10 @@ int main(int argc, char** argv) {
   app.add_flag("--no-graph-planning", args.no_graph_planning,
                "reverse-order buckets, rebuilt after iteration 1 (the seed's "
                "--dynamo-no-optimize-ddp)");
-  app.add_flag("--autocast-bf16", args.autocast_bf16, "bf16 autocast (not implemented yet)");
+  app.add_flag("--autocast-bf16", args.autocast_bf16,
+               "forward and loss under bf16 autocast (parameters and gradients stay fp32)");
+  app.add_flag("--optimizer-overlap", args.optimizer_overlap,
+               "run each parameter's SGD step inside backward as soon as its bucket is reduced");
   app.add_flag("--json", args.json, "one JSON object per result");
   app.add_flag("--verbose", args.verbose, "model, bucket table and runtime stats");
   app.add_flag("--profile", args.profile, "write a Chrome trace");
@@ -298,10 +324,6 @@ int main(int argc, char** argv) {
 
   if (args.fsdp) {
     std::cerr << "ddp-bench: --fsdp is not implemented yet" << std::endl;
-    return 2;
-  }
-  if (args.autocast_bf16) {
-    std::cerr << "ddp-bench: --autocast-bf16 is not implemented yet" << std::endl;
     return 2;
   }
   try {

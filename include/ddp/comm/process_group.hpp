@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,6 +22,11 @@ class ProcessGroup {
   ProcessGroup(c10::intrusive_ptr<detail::CollectiveBackend> backend,
                c10::intrusive_ptr<c10d::Store> store, int rank, int world_size,
                std::string backend_name, std::chrono::milliseconds timeout);
+  // Runs the shutdown set by init (NCCL: flushes and destroys the communicators and stops their
+  // watchdog, what destroy_process_group does in Python), so a process exits without warnings.
+  ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
 
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
@@ -34,6 +40,12 @@ class ProcessGroup {
   // Asynchronous in-place sum over all ranks. Collectives must be issued in the same order on every
   // rank; the caller keeps that order.
   c10::intrusive_ptr<c10d::Work> allreduce_sum_async(at::Tensor& tensor);
+  // Asynchronous in-place average. NCCL divides inside the reduction (ncclAvg: each input is
+  // pre-multiplied by 1/world size, so no separate pass over the tensor and no overflow of low
+  // precision sums); other backends divide first, then sum.
+  c10::intrusive_ptr<c10d::Work> allreduce_avg_async(at::Tensor& tensor);
+  // Whether the average is done inside the collective (NCCL).
+  bool reduces_avg() const { return backend_name_ == "nccl"; }
 
   // Blocking forms; each waits at most timeout() and names `what` in its error.
   void allreduce_sum(at::Tensor& tensor, const std::string& what);
@@ -43,6 +55,15 @@ class ProcessGroup {
 
   // Waits for `work` at most timeout(); rethrows its failure with `what` and the timeout named.
   void wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what) const;
+  // Orders what the caller runs next after `work`, blocking the host as little as the backend
+  // allows. NCCL: the caller's current CUDA stream waits on the collective's end event and the host
+  // goes on at once (a bounded host wait there would be a device synchronization per bucket); the
+  // timeout is enforced by NCCL's watchdog, which ends the process naming the collective. Gloo: the
+  // bounded host wait of wait().
+  void wait_on_stream(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what) const;
+
+  // Called once by the destructor (init sets it for NCCL).
+  void set_shutdown(std::function<void()> shutdown) { shutdown_ = std::move(shutdown); }
 
   // Unique per-process counter for store keys, so that repeated exchanges do not collide.
   int64_t next_exchange_id() { return exchange_id_++; }
@@ -54,7 +75,8 @@ class ProcessGroup {
   int world_size_;
   std::string backend_name_;
   std::chrono::milliseconds timeout_;
-  int64_t exchange_id_ = 0;  // advances identically on every rank: exchanges are collective
+  int64_t exchange_id_ = 0;         // advances identically on every rank: exchanges are collective
+  std::function<void()> shutdown_;  // empty: nothing to shut down (Gloo)
 };
 
 using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;

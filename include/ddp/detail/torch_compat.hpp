@@ -27,6 +27,14 @@
 #define DDP_HAVE_NCCL 0
 #endif
 
+// Autocast: 2.4 replaced the CUDA-only calls (set_enabled, set_autocast_gpu_dtype) by calls that
+// take the device type (set_autocast_enabled, set_autocast_dtype); the old ones warn since.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+#define DDP_AUTOCAST_PER_DEVICE_API 1
+#else
+#define DDP_AUTOCAST_PER_DEVICE_API 0
+#endif
+
 namespace ddp::detail {
 
 #if TORCH_VERSION_MAJOR >= 2

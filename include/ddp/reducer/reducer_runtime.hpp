@@ -17,6 +17,20 @@
 //   comm                     allreduce(b0) --->|allreduce(b1) --->|
 //                            ^ b0 full              ^ b1 full
 //   finish = wait, write the averaged gradients back, run the per-parameter optimizer (overlap)
+//
+// [Note: streams] On CUDA the reducer launches no kernel of its own on a side stream and never
+// synchronizes the device. Gradients are copied into their bucket on the stream that produced them
+// (the autograd engine's current stream for the device). ProcessGroupNCCL runs each all-reduce on
+// its own communication stream after an event recorded on that compute stream, so the reduction
+// starts when the bucket's last gradient is written, while the compute stream goes on with the
+// rest of backward. finish() makes the compute stream wait on the all-reduce's end event
+// (ProcessGroup::wait_on_stream), at the end of backward or, with the optimizer in backward, only
+// for buckets whose event has already fired (Work::isCompleted polls it): compute never waits on
+// communication it does not consume.
+//
+//   compute  |bwd fc4|copy|bwd fc3..fc2|copy|bwd fc1|copy|   wait(e0) wait(e1) wait(e2)|optimizer
+//   nccl            \__allreduce b0__/   \__allreduce b1__/  \__ b2 __/
+//                   ^ event: b0 written   (each all-reduce records an end event e_b)
 
 #include <ATen/core/Tensor.h>
 
@@ -164,6 +178,9 @@ class Reducer {
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::vector<uintptr_t> hook_keys_;
 
+  // The parameters live on a CUDA device: collectives are ordered with streams (see
+  // [Note: streams]), and host waits are avoided on the hot path.
+  bool on_device_ = false;
   mutable std::mutex mutex_;  // hooks and the callback may run on autograd worker threads
   State state_ = State::kIdle;
   bool planned_ = false;                // graph planning or reverse order has been settled
@@ -177,8 +194,11 @@ class Reducer {
   std::vector<bool> static_globally_used_;
   // Per parameter: had a gradient from any backward since the last synchronized one (no_sync steps
   // included). All-reduced to decide which parameters were used on no rank.
-  at::Tensor locally_used_;  // int32 on the CPU; written by index from hooks
-  at::Tensor used_buffer_;  // what the used-map all-reduce runs on (locally_used_ or a device copy)
+  at::Tensor
+      locally_used_;  // int32 on the CPU (pinned when on_device_); written by index from hooks
+  // What the used-map all-reduce runs on: locally_used_ itself, or (on_device_) a device tensor
+  // made once and filled by an asynchronous copy from the pinned map.
+  at::Tensor used_buffer_;
   c10::intrusive_ptr<c10d::Work> used_work_;  // launched at first hook; null when not needed
   std::vector<bool> globally_used_;  // valid after wait_used_map(); all true without the map
   bool used_map_ready_ = false;

@@ -1,0 +1,87 @@
+// DDP on CUDA with NCCL against single-GPU training on the global batch, run on the device machine
+// by scripts/gpu-check.sh (skipped where CUDA or enough GPUs are missing, as on CI).
+//  - fp32 (TF32 off, libtorch's default): parameters after K steps within 1e-5 of the oracle's,
+//    and so are the updates (final - initial), the stricter measure.
+//  - bf16 autocast: the updates within bf16 tolerance. Kernels differ with the batch size, so a
+//    product rounded to bf16 can differ by one unit (2^-8) between a rank's half batch and the
+//    oracle's whole batch; a wrong reduction (a sum, a missing bucket) is off by 50-100%.
+
+#include <gtest/gtest.h>
+#include <torch/cuda.h>
+
+#include <sstream>
+
+#include "support/oracle.hpp"
+#include "support/workers.hpp"
+
+namespace ddp::testing {
+namespace {
+
+std::vector<torch::Tensor> updates(const TrainResult& final_state, const TrainResult& initial) {
+  std::vector<torch::Tensor> out;
+  for (size_t i = 0; i < final_state.params.size(); ++i) {
+    out.push_back(final_state.params[i].to(torch::kDouble) - initial.params[i].to(torch::kDouble));
+  }
+  return out;
+}
+
+DDP_TEST_WORKER(gpu_equivalence) {
+  auto pg = worker_process_group(std::chrono::seconds(120), "nccl");
+  TrainSpec spec;
+  spec.model = worker_env("DDP_TEST_MODEL");
+  spec.device = "cuda";
+  spec.autocast_bf16 = worker_env("DDP_TEST_AUTOCAST", "0") == "1";
+  spec.optimizer = "sgd";
+  spec.global_batch = 16;
+  spec.steps = 4;
+  const double tol = spec.autocast_bf16 ? 2e-2 : 1e-5;
+  const TrainResult initial = initial_params(spec);
+  const TrainResult oracle = train_single(spec, pg->world_size());
+  for (bool view : {true, false}) {
+    parallel::DDPOptions options;
+    options.gradient_as_bucket_view = view;
+    const TrainResult got = train_ddp(spec, pg, options);
+    std::ostringstream ctx;
+    ctx << spec.model << (spec.autocast_bf16 ? " bf16-autocast" : " fp32") << " view=" << view
+        << " rank " << pg->rank() << "/" << pg->world_size();
+    require(got.names == oracle.names, ctx.str() + ": parameter names differ");
+    if (!spec.autocast_bf16) require_close(got.names, got.params, oracle.params, tol, ctx.str());
+    require_close(got.names, updates(got, initial), updates(oracle, initial), tol,
+                  ctx.str() + " updates");
+  }
+}
+
+struct Case {
+  std::string model;
+  bool autocast;
+  int world;
+};
+
+class GpuEquivalence : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GpuEquivalence, MatchesSingleGpuTrainingOnTheGlobalBatch) {
+  const Case c = GetParam();
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  if (static_cast<int>(torch::cuda::device_count()) < c.world) {
+    GTEST_SKIP() << "needs " << c.world << " GPUs, found " << torch::cuda::device_count();
+  }
+  const auto result = run_workers("gpu_equivalence", c.world,
+                                  {{"DDP_TEST_MODEL", c.model},
+                                   {"DDP_TEST_AUTOCAST", c.autocast ? "1" : "0"},
+                                   {"NCCL_NVLS_ENABLE", "0"}},
+                                  std::chrono::seconds(240));
+  EXPECT_TRUE(result.ok()) << result.describe();
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, GpuEquivalence,
+                         ::testing::Values(Case{"net", false, 1}, Case{"net", false, 2},
+                                           Case{"gpt-tiny", false, 1}, Case{"gpt-tiny", false, 2},
+                                           Case{"gpt-tiny", true, 1}, Case{"gpt-tiny", true, 2}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return info.param.model.substr(0, 3) +
+                                  (info.param.autocast ? "_bf16" : "_fp32") + "_world" +
+                                  std::to_string(info.param.world);
+                         });
+
+}  // namespace
+}  // namespace ddp::testing
