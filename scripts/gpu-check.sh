@@ -104,5 +104,9 @@ if has parity; then
     --model toy,gpt-tiny >"$OUT/parity.log" 2>&1
   note "parity rc=$?"; tail -6 "$OUT/parity.log" | tee -a "$SUMMARY"
 fi
+grep -E '^torch|max relative error' "$OUT/machine.log" "$OUT/tests.log" 2>/dev/null | sed 's/^[^:]*://' >>"$SUMMARY"
+# The device tool returns a handful of files: everything goes back as one archive.
+tar -czf "$OUT/gpu-check-logs.tgz" -C "$OUT" --exclude gpu-check-logs.tgz . &&
+  find "$OUT" -type f ! -name gpu-check-logs.tgz ! -name summary.txt -delete
 echo "=== summary ($SUMMARY)"
 cat "$SUMMARY"
