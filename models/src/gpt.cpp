@@ -12,6 +12,18 @@
 
 namespace ddp::models {
 
+namespace {
+
+// ATen's linear, which Python's nn.Linear calls: a contiguous [B, T, d] input becomes one addmm
+// with the bias fused in. The C++ frontend's Linear::forward runs matmul and then adds the bias,
+// one more kernel and pass over the output (measured on an H200: gpt2-medium 4.5% slower per step
+// than the same model in Python), and rounds differently from the Python model (7e-7 on CPU).
+torch::Tensor linear(const torch::nn::Linear& m, const torch::Tensor& x) {
+  return at::linear(x, m->weight, m->bias);
+}
+
+}  // namespace
+
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& config)
     : n_heads_(config.n_heads) {
   c_attn = register_module("c_attn", torch::nn::Linear(config.d_model, 3 * config.d_model));
@@ -24,7 +36,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   const int64_t width = x.size(2);
   const int64_t head_dim = width / n_heads_;
 
-  auto qkv = c_attn(x).split(width, /*dim=*/2);
+  auto qkv = linear(c_attn, x).split(width, /*dim=*/2);
   auto to_heads = [&](const torch::Tensor& t) {
     return t.view({batch, seq, n_heads_, head_dim}).transpose(1, 2);  // [B, H, T, hd]
   };
@@ -41,7 +53,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   att = torch::softmax(att, /*dim=*/-1);
   auto y = torch::matmul(att, v);  // [B, H, T, hd]
   y = y.transpose(1, 2).contiguous().view({batch, seq, width});
-  return c_proj(y);
+  return linear(c_proj, y);
 }
 
 GPTMLPImpl::GPTMLPImpl(const GPTConfig& config) {
@@ -49,7 +61,9 @@ GPTMLPImpl::GPTMLPImpl(const GPTConfig& config) {
   c_proj = register_module("c_proj", torch::nn::Linear(4 * config.d_model, config.d_model));
 }
 
-torch::Tensor GPTMLPImpl::forward(const torch::Tensor& x) { return c_proj(torch::gelu(c_fc(x))); }
+torch::Tensor GPTMLPImpl::forward(const torch::Tensor& x) {
+  return linear(c_proj, torch::gelu(linear(c_fc, x)));
+}
 
 GPTBlockImpl::GPTBlockImpl(const GPTConfig& config) {
   ln_1 = register_module("ln_1", torch::nn::LayerNorm(std::vector<int64_t>{config.d_model}));
@@ -109,7 +123,7 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& idx) {
   const auto positions = torch::arange(seq, idx.options().dtype(torch::kLong));
   auto x = wte(idx) + wpe(positions);  // [B, T, d] + [T, d]
   for (const auto& block : *h) x = block->as<GPTBlockImpl>()->forward(x);
-  return lm_head(ln_f(x));
+  return linear(lm_head, ln_f(x));
 }
 
 }  // namespace ddp::models
