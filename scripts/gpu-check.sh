@@ -7,7 +7,7 @@
 #   bash scripts/gpu-check.sh                 # build, tests, levers, table
 #   bash scripts/gpu-check.sh build tests     # only those stages
 #
-# Stages: build, tests, final (the documented table), levers (ours only: each tuning lever against our default), table (bench/compare,
+# Stages: build, tests, final (the documented table), overlap, levers (ours only: each tuning lever against our default), table (bench/compare,
 # ours vs PyTorch in the same run, with the 1-GPU baselines), parity (C++ vs PyTorch parameters).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -118,6 +118,20 @@ if has final; then
   TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 compare table-toy8k-tf32-bf16 50 --pairs 2 ${FLAGS[toy8k]} \
     --ours-args="--comm-hook bf16"
   compare table-toy8k-bf16 50 --pairs 2 ${FLAGS[toy8k]} --ours-args="--comm-hook bf16"
+fi
+
+if has overlap; then
+  # The optimizer-overlap lever where communication is exposed (toy8k with TF32): each bucket's SGD
+  # runs on the compute stream as soon as its all-reduce's event fires, while later buckets are
+  # still on the wire.
+  t0=$SECONDS
+  for hook in allreduce bf16; do
+    TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 timeout 80 $PY bench/compare --device cuda --nproc 2 \
+      --markdown --repeat 30 --warmup 5 --pairs 2 --ours "$BENCH" --python $PY ${FLAGS[toy8k]} \
+      --ours-args="--optimizer-overlap --comm-hook $hook" >"$OUT/overlap-toy8k-tf32-$hook.log" 2>&1
+    note "overlap-toy8k-tf32-$hook rc=$?"
+    grep -E '^\| [a-z]' "$OUT/overlap-toy8k-tf32-$hook.log" | tee -a "$SUMMARY"
+  done
 fi
 
 if has parity; then
