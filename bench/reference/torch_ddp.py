@@ -39,8 +39,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import safetensors_io  # noqa: E402  (next to this file, not an installed package)
 
-from zoo import (GPT, MODELS, ResNetSmall, build_model, loss_fn, random_batch,  # noqa: E402,F401
-                 _libtorch_linear_forward)
+from zoo import GPT, MODELS, ResNetSmall, build_model, loss_fn, random_batch  # noqa: E402,F401
 
 # ---------------------------------------------------------------------------------------------
 
@@ -76,8 +75,6 @@ def parse_args(argv):
     p.add_argument("--bucket-view", action="store_true", help="gradient_as_bucket_view=True")
     p.add_argument("--static-graph", action="store_true", help="static_graph=True")
     p.add_argument("--find-unused-parameters", action="store_true")
-    p.add_argument("--libtorch-linear", action="store_true",
-                   help="Linear as the C++ frontend computes it (bitwise parity for GPT; slower)")
     p.add_argument("--powersgd-rank", type=int, default=1, help="matrix_approximation_rank")
     p.add_argument("--powersgd-start-iter", type=int, default=10,
                    help="start_powerSGD_iter (10: ddp's default; PyTorch's own is 1000)")
@@ -363,8 +360,6 @@ def worker(args, unknown):
             timeout=timedelta(seconds=args.timeout_s),
         )
 
-    if args.libtorch_linear:
-        nn.Linear.forward = _libtorch_linear_forward
     # The same construction on every rank (DDP broadcasts rank 0's parameters anyway).
     torch.manual_seed(1234)
     model = build_model(args.model)

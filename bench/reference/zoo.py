@@ -184,20 +184,6 @@ class ResNetSmall(nn.Module):
         return self.fc(y)
 
 
-def _libtorch_linear_forward(self, x):
-    """nn.Linear.forward as libtorch 1.13's C++ torch::nn::Linear computes it
-    (torch/nn/functional/linear.h): addmm only for 2-d input, otherwise matmul then `+= bias`.
-    Python's F.linear flattens 3-d input into one addmm instead, so for [B, T, d] inputs (the GPT)
-    the two round differently once biases are non-zero: ~5e-7 relative in the gradients, equal
-    at a zero-bias init. Swapped in by --libtorch-linear, for bitwise parity with the C++ zoo."""
-    if x.dim() == 2 and self.bias is not None:
-        return torch.addmm(self.bias, x, self.weight.t())
-    out = x.matmul(self.weight.t())
-    if self.bias is not None:
-        out += self.bias
-    return out
-
-
 def regression_loss(out, y):
     """registry.cpp's squared_error: summed over features, mean over the batch."""
     return (out.to(y.dtype) - y).pow(2).sum(-1).mean()

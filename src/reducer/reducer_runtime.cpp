@@ -444,6 +444,10 @@ void Reducer::watch_completion(size_t b, const c10::intrusive_ptr<c10::ivalue::F
   // Stats only: when the communication itself ended (finish() may run much later).
   auto done = std::make_shared<std::atomic<int64_t>>(-1);
   buckets_[b].comm_done_ns = done;
+  // A CUDA future completes when its work is enqueued, not when the device ran it: a host
+  // timestamp from its callback would be the launch time again. Left unknown (-1) on the GPU,
+  // where a device profiler gives the real spans.
+  if (on_device_) return;
   const int64_t start = timeline_.backward_start_ns;
   future->addCallback([done, start](c10::ivalue::Future&) {
     done->store(std::chrono::duration_cast<std::chrono::nanoseconds>(
