@@ -1,0 +1,88 @@
+#pragma once
+// Training checkpoints: everything needed to continue a run so that it ends with the parameters
+// an uninterrupted run would have, bit for bit.
+//
+//   <root>/step-<N>/model.safetensors   parameters and buffers by name
+//                  /optim.safetensors   SGD momentum buffers or Adam exp_avg/exp_avg_sq/step
+//                  /rng.safetensors     the CPU generator's state (CUDA's is not saved)
+//                  /manifest.json       step, data position, world size, and each file's size
+//                                       and SHA-256; written last (checkpoint_manifest.hpp)
+//
+// Writing is atomic: the files go to <root>/.tmp-step-<N>-<pid>/, each fsynced, the manifest last;
+// the directory is then renamed to step-<N> (atomically exchanged with an existing step-<N>) and
+// <root> is fsynced. A crash leaves either the previous checkpoints or the new complete one, plus
+// at most a .tmp-step-* directory that the next save removes. Only after that are older step-*
+// directories beyond `keep` deleted.
+//
+// Replicated state (data parallel): rank 0 writes, every rank loads. The caller makes the ranks
+// agree that a save is complete (a barrier after save_checkpoint) and which one to load (rank 0
+// picks, then broadcasts); this layer touches files only.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include "ddp/io/checkpoint_manifest.hpp"
+
+namespace ddp::io {
+
+struct CheckpointOptions {
+  // Directory holding the step-<N> directories; created on the first save. Required.
+  std::string root;
+  // Complete checkpoints kept after a save, the new one included; default 3, so that one corrupt
+  // or unwanted checkpoint still leaves two to fall back on. 0 keeps all.
+  int keep = 3;
+  // This process's rank: only rank 0 writes (the state is replicated); other ranks return from
+  // save_checkpoint at once. Default 0, a single process.
+  int rank = 0;
+  // Processes of the run, recorded in the manifest; loading at another world size is refused
+  // until sharded checkpoints exist. Default 1.
+  int world_size = 1;
+};
+
+// The live objects a checkpoint is taken from and restored into.
+struct TrainingState {
+  torch::nn::Module* model = nullptr;            // required: parameters and buffers
+  torch::optim::Optimizer* optimizer = nullptr;  // optional: SGD or Adam; null saves none
+  int64_t step = 0;                              // steps completed; load sets it
+  int64_t data_position = 0;                     // caller's data cursor; load sets it
+};
+
+// "<root>/step-<step>".
+std::string checkpoint_dir(const std::string& root, int64_t step);
+
+// Writes <root>/step-<state.step>/ as described above, then deletes old checkpoints beyond
+// options.keep. Returns the directory on rank 0, "" on the other ranks (which write nothing).
+// On failure throws c10::Error; the existing checkpoints are untouched.
+std::string save_checkpoint(const CheckpointOptions& options, const TrainingState& state);
+
+// Checks `dir`'s manifest and every file's size and SHA-256; throws c10::Error naming the file
+// and what is wrong ("ddp: checkpoint <dir>/model.safetensors is corrupt: sha256 <got> !=
+// manifest <want>").
+Manifest verify_checkpoint(const std::string& dir);
+
+// Loads the checkpoint in `dir` (verified first) into state.model, state.optimizer (when not null;
+// the checkpoint must then hold that kind of optimizer's state) and the CPU generator; sets
+// state.step and state.data_position. Throws, changing nothing, when the checkpoint is corrupt or
+// was written at a world size other than `world_size` (the message names both).
+Manifest load_checkpoint(const std::string& dir, int world_size, TrainingState& state);
+
+// step-<N> directories under root (complete or not), highest step first; [] if root is absent.
+struct CheckpointEntry {
+  int64_t step = 0;
+  std::string dir;
+};
+std::vector<CheckpointEntry> list_checkpoints(const std::string& root);
+
+// The highest-step checkpoint under root that verifies (manifest valid, every file's size and
+// checksum as listed). One that does not is skipped with a line on stderr saying why ("ddp:
+// warning: skipping checkpoint ...: <reason>"), so an older intact one is used. nullopt when none
+// verifies. This is what ddp-train --resume uses: continuing from an older good checkpoint beats
+// stopping, and the warning says which one was passed over.
+std::optional<CheckpointEntry> find_latest_checkpoint(const std::string& root);
+
+}  // namespace ddp::io

@@ -1,0 +1,120 @@
+#include "ddp/io/checkpoint_manifest.hpp"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <c10/util/Exception.h>
+#include <nlohmann/json.hpp>
+
+#include "ddp/io/checkpoint_fs.hpp"
+
+namespace ddp::io {
+namespace {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+constexpr const char* kFormatName = "ddp-checkpoint";
+
+std::string manifest_path(const std::string& dir) {
+  return (fs::path(dir) / "manifest.json").string();
+}
+
+// The field `key` of `j`, of JSON type `T`; a missing or mistyped field names itself.
+template <typename T>
+T field(const json& j, const char* key, const std::string& path) {
+  const auto it = j.find(key);
+  TORCH_CHECK(it != j.end(), "ddp: checkpoint manifest ", path, " is invalid: field \"", key,
+              "\" is missing");
+  try {
+    return it->get<T>();
+  } catch (const json::exception&) {
+    TORCH_CHECK(false, "ddp: checkpoint manifest ", path, " is invalid: field \"", key,
+                "\" has the wrong type (", it->type_name(), "): ", it->dump());
+  }
+}
+
+}  // namespace
+
+std::string manifest_to_json(const Manifest& m) {
+  json files = json::array();
+  for (const ManifestFile& f : m.files)
+    files.push_back({{"name", f.name}, {"bytes", f.bytes}, {"sha256", f.sha256}});
+  const json j = {{"format", kFormatName},
+                  {"format_version", m.format_version},
+                  {"step", m.step},
+                  {"data_position", m.data_position},
+                  {"world_size", m.world_size},
+                  {"optimizer", m.optimizer},
+                  // CUDA generators are not captured: the CPU build has none, and the CUDA build
+                  // draws no random numbers in the training paths we checkpoint.
+                  {"rng", {{"cpu", "rng.safetensors"}, {"cuda", "not saved"}}},
+                  {"files", files}};
+  return j.dump(2) + "\n";
+}
+
+Manifest read_manifest(const std::string& dir) {
+  const std::string path = manifest_path(dir);
+  std::ifstream in(path, std::ios::binary);
+  TORCH_CHECK(in.is_open(), "ddp: checkpoint ", dir,
+              " is incomplete: manifest.json is missing (a checkpoint is complete only once its "
+              "manifest is written)");
+  std::stringstream text;
+  text << in.rdbuf();
+  json j;
+  try {
+    j = json::parse(text.str());
+  } catch (const json::parse_error& e) {
+    TORCH_CHECK(false, "ddp: checkpoint manifest ", path, " is corrupt: not valid JSON (", e.what(),
+                ")");
+  }
+  TORCH_CHECK(j.is_object(), "ddp: checkpoint manifest ", path, " is invalid: not a JSON object");
+  TORCH_CHECK(field<std::string>(j, "format", path) == kFormatName, "ddp: checkpoint manifest ",
+              path, " is invalid: format is not \"", kFormatName, "\"");
+  Manifest m;
+  m.format_version = field<int>(j, "format_version", path);
+  TORCH_CHECK(m.format_version == kCheckpointFormatVersion, "ddp: checkpoint manifest ", path,
+              " has format version ", m.format_version, "; this libddp reads version ",
+              kCheckpointFormatVersion);
+  m.step = field<int64_t>(j, "step", path);
+  m.data_position = field<int64_t>(j, "data_position", path);
+  m.world_size = field<int>(j, "world_size", path);
+  m.optimizer = field<std::string>(j, "optimizer", path);
+  const json files = field<json>(j, "files", path);
+  TORCH_CHECK(files.is_array(), "ddp: checkpoint manifest ", path,
+              " is invalid: \"files\" is not a list");
+  for (const json& f : files) {
+    TORCH_CHECK(f.is_object(), "ddp: checkpoint manifest ", path,
+                " is invalid: an entry of \"files\" is not an object: ", f.dump());
+    ManifestFile file;
+    file.name = field<std::string>(f, "name", path);
+    file.bytes = field<uint64_t>(f, "bytes", path);
+    file.sha256 = field<std::string>(f, "sha256", path);
+    // A name with a separator could point outside the checkpoint directory.
+    TORCH_CHECK(!file.name.empty() && file.name.find('/') == std::string::npos &&
+                    file.name != "." && file.name != "..",
+                "ddp: checkpoint manifest ", path, " is invalid: file name '", file.name,
+                "' is not a plain file name");
+    m.files.push_back(std::move(file));
+  }
+  return m;
+}
+
+void verify_manifest_files(const std::string& dir, const Manifest& manifest) {
+  for (const ManifestFile& f : manifest.files) {
+    const std::string path = (fs::path(dir) / f.name).string();
+    std::error_code ec;
+    const uint64_t bytes = fs::file_size(path, ec);
+    TORCH_CHECK(!ec, "ddp: checkpoint ", path, " is missing: ", ec.message(),
+                " (the manifest lists it with ", f.bytes, " bytes)");
+    // Size first: a truncated file is named as such without reading it.
+    TORCH_CHECK(bytes == f.bytes, "ddp: checkpoint ", path, " is corrupt: ", bytes,
+                " bytes != manifest ", f.bytes, " bytes (truncated or overwritten)");
+    const std::string sha = sha256_file(path);
+    TORCH_CHECK(sha == f.sha256, "ddp: checkpoint ", path, " is corrupt: sha256 ", sha,
+                " != manifest ", f.sha256);
+  }
+}
+
+}  // namespace ddp::io

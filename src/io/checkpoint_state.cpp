@@ -1,0 +1,225 @@
+#include "ddp/io/checkpoint_state.hpp"
+
+#include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <type_traits>
+#include <unordered_map>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/util/Exception.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/sgd.h>
+
+namespace ddp::io {
+namespace {
+
+// [Note: optimizer state keys] libtorch keys Optimizer::state() by parameter identity: 1.13 by
+// the string c10::guts::to_string(TensorImpl*) (an ostream's rendering of the pointer), 2.x by the
+// TensorImpl* itself. Choosing by the map's key_type compiles against both without testing the
+// torch version, which stays in ddp/detail/torch_compat.hpp.
+template <typename Map>
+typename Map::key_type state_key(const at::Tensor& param) {
+  using Key = typename Map::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream out;
+    out << param.unsafeGetTensorImpl();
+    return out.str();
+  } else {
+    return static_cast<Key>(param.unsafeGetTensorImpl());
+  }
+}
+
+using StateMap = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>;
+
+// Optimizer parameters are named by the model: the first name under which each appears.
+std::unordered_map<const c10::TensorImpl*, std::string> parameter_names(
+    const torch::nn::Module& model) {
+  std::unordered_map<const c10::TensorImpl*, std::string> names;
+  for (const auto& item : model.named_parameters())
+    names.emplace(item.value().unsafeGetTensorImpl(), item.key());
+  return names;
+}
+
+const std::string& name_of(const std::unordered_map<const c10::TensorImpl*, std::string>& names,
+                           const at::Tensor& param, size_t group, size_t index) {
+  const auto it = names.find(param.unsafeGetTensorImpl());
+  TORCH_CHECK(it != names.end(), "ddp: checkpoint: parameter ", index, " of optimizer group ",
+              group, " (shape ", param.sizes(),
+              ") is not a parameter of the model; a checkpoint names optimizer state by the "
+              "model's parameter names, so build the optimizer from model->parameters()");
+  return it->second;
+}
+
+// `t` as the state of `param`: same shape, on the parameter's device and dtype, a private copy.
+at::Tensor state_like(const at::Tensor& t, const at::Tensor& param, const std::string& key,
+                      const std::string& source) {
+  TORCH_CHECK(t.sizes() == param.sizes(), "ddp: checkpoint ", source, ": optimizer state '", key,
+              "' has shape ", t.sizes(), " but the parameter has shape ", param.sizes());
+  return t.to(param.device(), param.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
+}
+
+}  // namespace
+
+TensorMap model_tensors(const torch::nn::Module& model) {
+  TensorMap out;
+  for (const auto& item : model.named_parameters()) out[item.key()] = item.value().detach();
+  for (const auto& item : model.named_buffers()) out[item.key()] = item.value().detach();
+  return out;
+}
+
+namespace {
+
+std::map<std::string, at::Tensor> model_targets(const torch::nn::Module& model) {
+  std::map<std::string, at::Tensor> targets;
+  for (const auto& item : model.named_parameters()) targets[item.key()] = item.value();
+  for (const auto& item : model.named_buffers()) targets[item.key()] = item.value();
+  return targets;
+}
+
+}  // namespace
+
+void check_model_tensors(const torch::nn::Module& model, const TensorMap& tensors,
+                         const std::string& source) {
+  const auto targets = model_targets(model);
+  for (const auto& [name, target] : targets) {
+    const auto it = tensors.find(name);
+    TORCH_CHECK(it != tensors.end(), "ddp: checkpoint ", source, " has no tensor '", name,
+                "' that the model has (", tensors.size(),
+                " tensors in the file): was it saved from another model?");
+    TORCH_CHECK(it->second.sizes() == target.sizes(), "ddp: checkpoint ", source, ": tensor '",
+                name, "' has shape ", it->second.sizes(), " but the model's has shape ",
+                target.sizes());
+    TORCH_CHECK(it->second.scalar_type() == target.scalar_type(), "ddp: checkpoint ", source,
+                ": tensor '", name, "' has dtype ", it->second.scalar_type(),
+                " but the model's has dtype ", target.scalar_type());
+  }
+  for (const auto& [name, t] : tensors)
+    TORCH_CHECK(targets.count(name) == 1, "ddp: checkpoint ", source, " has tensor '", name,
+                "' that the model does not have: was it saved from another model?");
+}
+
+void load_model_tensors(torch::nn::Module& model, const TensorMap& tensors,
+                        const std::string& source) {
+  // Every check before the first copy: a refused checkpoint leaves the model as it was.
+  check_model_tensors(model, tensors, source);
+  torch::NoGradGuard no_grad;
+  for (auto& [name, target] : model_targets(model)) target.copy_(tensors.at(name));
+}
+
+std::string optimizer_kind(const torch::optim::Optimizer& optimizer) {
+  if (dynamic_cast<const torch::optim::SGD*>(&optimizer) != nullptr) return "sgd";
+  if (dynamic_cast<const torch::optim::Adam*>(&optimizer) != nullptr) return "adam";
+  TORCH_CHECK(false,
+              "ddp: checkpoint: only torch::optim::SGD and torch::optim::Adam state can be saved; "
+              "this optimizer is neither");
+}
+
+TensorMap optimizer_tensors(torch::optim::Optimizer& optimizer, const torch::nn::Module& model) {
+  const std::string kind = optimizer_kind(optimizer);
+  const auto names = parameter_names(model);
+  StateMap& state = optimizer.state();
+  TensorMap out;
+  const auto& groups = optimizer.param_groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (size_t i = 0; i < groups[g].params().size(); ++i) {
+      const at::Tensor& p = groups[g].params()[i];
+      const std::string& name = name_of(names, p, g, i);
+      const auto it = state.find(state_key<StateMap>(p));
+      if (it == state.end()) continue;  // not stepped yet
+      if (kind == "sgd") {
+        const auto& s = static_cast<const torch::optim::SGDParamState&>(*it->second);
+        if (s.momentum_buffer().defined())
+          out[name + ".momentum_buffer"] = s.momentum_buffer().detach();
+      } else {
+        const auto& s = static_cast<const torch::optim::AdamParamState&>(*it->second);
+        out[name + ".step"] = at::scalar_tensor(int64_t(s.step()), at::kLong);
+        out[name + ".exp_avg"] = s.exp_avg().detach();
+        out[name + ".exp_avg_sq"] = s.exp_avg_sq().detach();
+        if (s.max_exp_avg_sq().defined())
+          out[name + ".max_exp_avg_sq"] = s.max_exp_avg_sq().detach();
+      }
+    }
+  }
+  return out;
+}
+
+void load_optimizer_tensors(torch::optim::Optimizer& optimizer, const torch::nn::Module& model,
+                            const TensorMap& tensors, const std::string& source) {
+  const std::string kind = optimizer_kind(optimizer);
+  const auto names = parameter_names(model);
+  std::set<std::string> used;
+  const auto take = [&](const std::string& key) -> const at::Tensor* {
+    const auto it = tensors.find(key);
+    if (it == tensors.end()) return nullptr;
+    used.insert(key);
+    return &it->second;
+  };
+  const auto require = [&](const std::string& key) -> const at::Tensor& {
+    const at::Tensor* t = take(key);
+    TORCH_CHECK(t != nullptr, "ddp: checkpoint ", source, " is missing optimizer state '", key,
+                "'");
+    return *t;
+  };
+  // Built aside and swapped in at the end: a refused file leaves the optimizer as it was.
+  StateMap fresh;
+  const auto& groups = optimizer.param_groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (size_t i = 0; i < groups[g].params().size(); ++i) {
+      const at::Tensor& p = groups[g].params()[i];
+      const std::string& name = name_of(names, p, g, i);
+      if (kind == "sgd") {
+        const at::Tensor* buf = take(name + ".momentum_buffer");
+        if (buf == nullptr) continue;
+        auto s = std::make_unique<torch::optim::SGDParamState>();
+        s->momentum_buffer(state_like(*buf, p, name + ".momentum_buffer", source));
+        fresh[state_key<StateMap>(p)] = std::move(s);
+      } else {
+        const at::Tensor* step = take(name + ".step");
+        if (step == nullptr) continue;
+        TORCH_CHECK(step->numel() == 1 && step->scalar_type() == at::kLong, "ddp: checkpoint ",
+                    source, ": optimizer state '", name, ".step' is not an int64 scalar");
+        auto s = std::make_unique<torch::optim::AdamParamState>();
+        s->step(step->item<int64_t>());
+        s->exp_avg(state_like(require(name + ".exp_avg"), p, name + ".exp_avg", source));
+        s->exp_avg_sq(state_like(require(name + ".exp_avg_sq"), p, name + ".exp_avg_sq", source));
+        if (const at::Tensor* m = take(name + ".max_exp_avg_sq"))
+          s->max_exp_avg_sq(state_like(*m, p, name + ".max_exp_avg_sq", source));
+        fresh[state_key<StateMap>(p)] = std::move(s);
+      }
+    }
+  }
+  for (const auto& [key, t] : tensors)
+    TORCH_CHECK(used.count(key) == 1, "ddp: checkpoint ", source, " has optimizer state '", key,
+                "' that matches no parameter of this ", kind,
+                " optimizer: was it saved from another model or optimizer?");
+  optimizer.state() = std::move(fresh);
+}
+
+TensorMap rng_tensors() {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return {{"cpu", gen.get_state()}};
+}
+
+void check_rng_tensors(const TensorMap& tensors, const std::string& source) {
+  const auto it = tensors.find("cpu");
+  TORCH_CHECK(it != tensors.end(), "ddp: checkpoint ", source, " has no 'cpu' generator state");
+  const at::Tensor current = rng_tensors().at("cpu");
+  TORCH_CHECK(
+      it->second.scalar_type() == current.scalar_type() && it->second.numel() == current.numel(),
+      "ddp: checkpoint ", source, ": the 'cpu' generator state has ", it->second.numel(),
+      " elements of ", it->second.scalar_type(), ", this libtorch's has ", current.numel(), " of ",
+      current.scalar_type());
+}
+
+void load_rng_tensors(const TensorMap& tensors, const std::string& source) {
+  check_rng_tensors(tensors, source);
+  const auto it = tensors.find("cpu");
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(it->second);
+}
+
+}  // namespace ddp::io
