@@ -9,6 +9,7 @@
 #include <unistd.h>
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -17,6 +18,9 @@
 #include "ddp/comm/init.hpp"
 #include "ddp/hooks/default_hooks.hpp"
 #include "ddp/hooks/powersgd_hook.hpp"
+#include "ddp/io/checkpoint.hpp"
+#include "ddp/io/checkpoint_state.hpp"
+#include "ddp/io/torch_save.hpp"
 #include "ddp/launch/spawn.hpp"
 #include "ddp/models/registry.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
@@ -46,9 +50,38 @@ struct Args {
   int timeout_s = 300;
   int threads = 1;
   bool verbose = false;
+  std::string checkpoint_dir;  // "": no checkpoints
+  int checkpoint_every = 0;    // steps between checkpoints; 0: never
+  int keep_checkpoints = 3;
+  bool resume = false;
+  std::string save_weights;  // "": none; ".pt"/".pth": torch.save format, else safetensors
+  int fail_at_step = 0;      // test hook; 0: never
+  int fail_rank = 0;
 };
 
 bool under_launcher() { return std::getenv("RANK") != nullptr; }
+
+// Set by a launcher that restarts failed workers (ddp-run): > 0 on every restart.
+int restart_count() {
+  const char* value = std::getenv("DDP_RESTART_COUNT");
+  return value != nullptr ? std::atoi(value) : 0;
+}
+
+// Checkpoint flags that cannot work together, refused before any process starts.
+void check_checkpoint_flags(const Args& args) {
+  const bool uses = args.checkpoint_every > 0 || args.resume;
+  TORCH_CHECK(!uses || !args.checkpoint_dir.empty(),
+              "--checkpoint-every and --resume need --checkpoint-dir DIR");
+  if (args.checkpoint_dir.empty()) return;
+  // Resuming must end bit-for-bit where an uninterrupted run ends; state we cannot capture is
+  // refused rather than silently lost.
+  TORCH_CHECK(!args.optimizer_overlap,
+              "--checkpoint-dir cannot be combined with --optimizer-overlap: the per-parameter "
+              "optimizers live inside DDP and their state is not checkpointed");
+  TORCH_CHECK(args.comm_hook != "powersgd",
+              "--checkpoint-dir cannot be combined with --comm-hook powersgd: its error-feedback "
+              "state is not checkpointed, so a resumed run would differ");
+}
 
 int run_worker(const Args& args) {
   at::set_num_threads(args.threads);
@@ -110,11 +143,58 @@ int run_worker(const Args& args) {
               << " per worker" << std::endl;
   }
 
+  const int64_t global_batch = args.batch_size * pg->world_size();
+  // Step `step` trains on samples [(step - 1) * global_batch, step * global_batch): a pure
+  // function of the step and the rank, so a resumed run sees the batches an uninterrupted one does.
+  ddp::io::TrainingState state;
+  state.model = w.ptr.get();
+  state.optimizer = opt.get();
+  int first_step = 1;
+  if (!args.checkpoint_dir.empty() && (args.resume || restart_count() > 0)) {
+    // Rank 0 picks the latest checkpoint that verifies (skipping corrupt ones with a warning),
+    // then every rank loads that same one: ranks never disagree about where they resume.
+    auto chosen = torch::full({1}, int64_t{-1}, torch::kLong);
+    if (lead) {
+      if (auto latest = ddp::io::find_latest_checkpoint(args.checkpoint_dir))
+        chosen.fill_(latest->step);
+    }
+    chosen = chosen.to(device);
+    pg->broadcast(chosen, 0, "checkpoint choice broadcast");
+    const int64_t resume_step = chosen.cpu().item<int64_t>();
+    if (resume_step >= 0) {
+      const std::string dir = ddp::io::checkpoint_dir(args.checkpoint_dir, resume_step);
+      ddp::io::load_checkpoint(dir, pg->world_size(), state);
+      TORCH_CHECK(state.data_position == state.step * global_batch, "checkpoint ", dir,
+                  " had consumed ", state.data_position, " samples at step ", state.step,
+                  ", but this run's global batch of ", global_batch, " gives ",
+                  state.step * global_batch, ": resume with the --batch-size of the saved run");
+      first_step = int(state.step) + 1;
+      if (lead)
+        std::cout << "ddp-train: resumed from " << dir << " at step " << state.step << std::endl;
+    } else if (lead) {
+      std::cout << "ddp-train: no checkpoint in " << args.checkpoint_dir << ", starting fresh"
+                << std::endl;
+    }
+  }
+
+  ddp::io::CheckpointOptions ckpt;
+  ckpt.root = args.checkpoint_dir;
+  ckpt.keep = args.keep_checkpoints;
+  ckpt.rank = pg->rank();
+  ckpt.world_size = pg->world_size();
+
   ddp::tools::Progress progress(args.steps, lead && ::isatty(STDOUT_FILENO), 20);
   const auto start = std::chrono::steady_clock::now();
   double first_loss = 0, last_loss = 0;
-  const int64_t global_batch = args.batch_size * pg->world_size();
-  for (int step = 1; step <= args.steps; ++step) {
+  for (int step = first_step; step <= args.steps; ++step) {
+    if (step == args.fail_at_step && pg->rank() == args.fail_rank && restart_count() == 0) {
+      // A crash, not a shutdown: no destructors, no barrier; the other ranks fail on their
+      // collective timeout or are stopped by the launcher.
+      std::cout.flush();
+      std::cerr << "ddp-train: --fail-at-step " << step << ": rank " << pg->rank()
+                << " exits with code 3 (test hook)" << std::endl;
+      std::_Exit(3);
+    }
     const int64_t offset = (step - 1) * global_batch + pg->rank() * args.batch_size;
     auto [x_cpu, y_cpu] = w.batch(offset, args.batch_size);
     auto x = x_cpu.to(device);
@@ -129,18 +209,31 @@ int run_worker(const Args& args) {
     last_loss = shown.cpu().item<double>() / pg->world_size();
     TORCH_CHECK(std::isfinite(last_loss), "the loss became ", last_loss, " at step ", step,
                 " (learning rate ", lr, "); lower --lr");
-    if (step == 1) first_loss = last_loss;
+    if (step == first_step) first_loss = last_loss;
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (lead) progress.update(step, last_loss, step / secs);
+    if (lead) progress.update(step, last_loss, (step - first_step + 1) / secs);
+    if (args.checkpoint_every > 0 && step % args.checkpoint_every == 0) {
+      state.step = step;
+      state.data_position = step * global_batch;
+      const std::string dir = ddp::io::save_checkpoint(ckpt, state);
+      // Nobody goes on (or may be restarted from it) before rank 0 has the checkpoint complete.
+      pg->barrier("checkpoint barrier");
+      if (lead && args.verbose) std::cout << "ddp-train: checkpoint " << dir << std::endl;
+    }
   }
   if (lead) {
     progress.finish();
     if (args.verbose) std::cout << ddp::obs::format_summary(model.logging_data());
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::cout << "ddp-train: loss " << first_loss << " -> " << last_loss << " in " << args.steps
-              << " steps (" << secs << " s, " << args.steps / secs << " steps/s)" << std::endl;
+    const int ran = std::max(0, args.steps - first_step + 1);
+    std::cout << "ddp-train: loss " << first_loss << " -> " << last_loss << " in " << ran
+              << " steps (" << secs << " s, " << ran / secs << " steps/s)" << std::endl;
+    if (!args.save_weights.empty()) {
+      ddp::io::save_weights(args.save_weights, ddp::io::model_tensors(*w.ptr));
+      std::cout << "ddp-train: weights written to " << args.save_weights << std::endl;
+    }
   }
   pg->barrier("final barrier");
   return 0;
@@ -194,9 +287,32 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
       ->capture_default_str();
   app.add_flag("--verbose", args.verbose, "print the bucket table and runtime stats");
+  app.add_option("--checkpoint-dir", args.checkpoint_dir,
+                 "directory of step-<N> checkpoints (written by rank 0, read by every rank)");
+  app.add_option("--checkpoint-every", args.checkpoint_every,
+                 "write a checkpoint every N steps (0: never)")
+      ->check(CLI::Range(0, 1000000))
+      ->capture_default_str();
+  app.add_option("--keep-checkpoints", args.keep_checkpoints,
+                 "keep the last K checkpoints (0: all)")
+      ->check(CLI::Range(0, 1000000))
+      ->capture_default_str();
+  app.add_flag("--resume", args.resume,
+               "continue from the latest valid checkpoint in --checkpoint-dir, if any (also done "
+               "when DDP_RESTART_COUNT > 0)");
+  app.add_option("--save-weights", args.save_weights,
+                 "write the final weights: PATH.pt/.pth in torch.save format, else safetensors");
+  app.add_option("--fail-at-step", args.fail_at_step,
+                 "test hook: --fail-rank exits with code 3 at this step unless DDP_RESTART_COUNT "
+                 "> 0 (0: never)")
+      ->check(CLI::Range(0, 1000000));
+  app.add_option("--fail-rank", args.fail_rank, "the rank --fail-at-step ends")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   try {
+    check_checkpoint_flags(args);
     if (std::getenv("DDP_TRAIN_WORKER") != nullptr || (under_launcher() && args.nproc == 0)) {
       return run_worker(args);
     }
