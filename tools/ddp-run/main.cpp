@@ -1,0 +1,209 @@
+// ddp-run: a torchrun-compatible launcher. It starts this node's workers with the torchrun
+// environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, plus
+// GROUP_RANK and DDP_RESTART_COUNT), prefixes their output lines with the rank, stops the group
+// when one worker fails, restarts it up to --max-restarts times, and forwards SIGINT/SIGTERM.
+//
+//   ddp-run --nproc-per-node 2 -- ddp-train --steps 100
+//
+// The rendezvous is the programs' own: rank 0 serves the TCPStore at MASTER_ADDR:MASTER_PORT
+// (ddp::comm::init_process_group does this), so ddp-run needs no store of its own.
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <CLI/CLI.hpp>
+
+#include <c10/util/Exception.h>
+
+#include <chrono>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "ddp/launch/spawn.hpp"
+#include "line_relay.hpp"
+#include "worker_group.hpp"
+
+namespace {
+
+struct Args {
+  int nproc_per_node = 1;  // torchrun's default
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;  // 0: a free loopback port per attempt (single node only)
+  int max_restarts = 0;
+  double grace_s = 10;
+  double timeout_s = 0;  // 0: no bound on the job
+  bool no_python = false;
+  std::vector<std::string> command;  // after `--`
+};
+
+constexpr int kUsageError = 2;  // bad flags, as CLI tools and argparse (torchrun) do
+
+constexpr const char* kNoProgram =
+    "no program to run: put it after `--`, as in ddp-run --nproc-per-node 2 -- PROGRAM [ARGS...]";
+
+// Our own lines go out whole, in one write, like the workers' (see line_relay.hpp).
+void say(const std::string& message) {
+  ddp::run::write_all(STDERR_FILENO, "ddp-run: " + message + "\n");
+}
+
+int usage_error(const std::string& message) {
+  say(message);
+  return kUsageError;
+}
+
+std::string format(double v) {
+  std::ostringstream out;
+  out << v;
+  return out.str();
+}
+
+// Checks what CLI11 cannot express alone; returns the message, or "" when the flags are usable.
+std::string check_args(const Args& a, bool port_given) {
+  if (a.nproc_per_node < 1) {
+    return "--nproc-per-node must be at least 1, got " + std::to_string(a.nproc_per_node);
+  }
+  if (a.nnodes < 1) return "--nnodes must be at least 1, got " + std::to_string(a.nnodes);
+  if (a.node_rank < 0 || a.node_rank >= a.nnodes) {
+    return "--node-rank must be in [0, --nnodes), got --node-rank " + std::to_string(a.node_rank) +
+           " with --nnodes " + std::to_string(a.nnodes);
+  }
+  if (port_given && (a.master_port < 1 || a.master_port > 65535)) {
+    return "--master-port must be in 1..65535, got " + std::to_string(a.master_port);
+  }
+  if (!port_given && a.nnodes > 1) {
+    // Each node would pick a different free port: the nodes must agree on rank 0's.
+    return "--master-port is required when --nnodes is greater than 1 (every node must use the "
+           "port of rank 0's store)";
+  }
+  if (a.max_restarts < 0) {
+    return "--max-restarts must be at least 0, got " + std::to_string(a.max_restarts);
+  }
+  if (!(a.grace_s >= 0)) return "--grace-s must be at least 0, got " + format(a.grace_s);
+  if (a.command.empty()) {
+    return kNoProgram;
+  }
+  return "";
+}
+
+// Our output is the workers' only way out, and a pipe must not land on fd 0-2: a launcher started
+// with a closed stdout would otherwise hand a worker's pipe its stdout number.
+void open_standard_fds() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) < 0) ::open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+  }
+}
+
+template <typename T>
+std::chrono::milliseconds to_ms(T seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
+}
+
+int run(const Args& a, bool port_given) {
+  using ddp::run::GroupResult;
+  ddp::run::install_signal_handlers();
+  std::optional<ddp::run::Clock::time_point> deadline;
+  if (a.timeout_s > 0) deadline = ddp::run::Clock::now() + to_ms(a.timeout_s);
+  for (int attempt = 0;; ++attempt) {
+    ddp::run::GroupOptions g;
+    g.argv = a.command;
+    g.nproc_per_node = a.nproc_per_node;
+    g.nnodes = a.nnodes;
+    g.node_rank = a.node_rank;
+    g.master_addr = a.master_addr;
+    // A fresh port per attempt: the failed attempt's store may still hold (or TIME_WAIT) its own.
+    g.master_port =
+        port_given ? static_cast<uint16_t>(a.master_port) : ddp::launch::find_free_port();
+    g.restart_count = attempt;
+    g.grace = to_ms(a.grace_s);
+    g.deadline = deadline;
+    const GroupResult r = ddp::run::run_worker_group(g);
+    switch (r.kind) {
+      case GroupResult::Kind::kSucceeded:
+        return 0;
+      case GroupResult::Kind::kSignalled:
+        return 128 + r.signal;  // as a shell reports a command killed by that signal
+      case GroupResult::Kind::kTimedOut:
+        return 1;
+      case GroupResult::Kind::kWorkerFailed:
+        break;
+    }
+    if (ddp::run::received_signal() != 0) return 128 + ddp::run::received_signal();
+    if (attempt >= a.max_restarts) return 1;
+    if (deadline && ddp::run::Clock::now() >= *deadline) {
+      say("timed out (--timeout-s); not restarting");
+      return 1;
+    }
+    say("restarting the group (restart " + std::to_string(attempt + 1) + " of " +
+        std::to_string(a.max_restarts) + ")");
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  open_standard_fds();
+  // Everything after the first `--` is the worker command, never our flags: a program's own
+  // --timeout-s must not be taken for ddp-run's.
+  int flags_end = argc;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--") == 0) {
+      flags_end = i;
+      break;
+    }
+  }
+  Args a;
+  for (int i = flags_end + 1; i < argc; ++i) a.command.push_back(argv[i]);
+
+  CLI::App app{
+      "ddp-run: start N workers per node with the torchrun environment (RANK, LOCAL_RANK, "
+      "WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, GROUP_RANK, DDP_RESTART_COUNT)"};
+  app.footer("Everything after `--` is the worker command: ddp-run [FLAGS] -- PROGRAM [ARGS...]");
+  // torchrun spells its flags both ways; so do we, so that its command lines work unchanged.
+  app.add_option("--nproc-per-node,--nproc_per_node", a.nproc_per_node, "workers on this node")
+      ->capture_default_str();
+  app.add_option("--nnodes", a.nnodes, "nodes in the job")->capture_default_str();
+  app.add_option("--node-rank,--node_rank", a.node_rank, "this node's index, 0..nnodes-1")
+      ->capture_default_str();
+  app.add_option("--master-addr,--master_addr", a.master_addr, "address of rank 0's node")
+      ->capture_default_str();
+  auto* port = app.add_option("--master-port,--master_port", a.master_port,
+                              "rank 0's store port (default: a free port; required with "
+                              "--nnodes > 1)");
+  app.add_option("--max-restarts,--max_restarts", a.max_restarts,
+                 "restart the local group this many times after a failure")
+      ->capture_default_str();
+  app.add_option("--grace-s", a.grace_s, "seconds between SIGTERM and SIGKILL when stopping")
+      ->capture_default_str();
+  app.add_flag("--no-python,--no_python", a.no_python,
+               "accepted for torchrun compatibility: PROGRAM is always run directly");
+  auto* timeout = app.add_option("--timeout-s", a.timeout_s,
+                                 "bound on the whole job in seconds (default: none)");
+  try {
+    app.parse(flags_end, argv);
+  } catch (const CLI::ExtrasError& e) {
+    // `ddp-run --nproc-per-node 2 prog`: a word CLI11 cannot place, and no `--` before it.
+    if (flags_end == argc) return usage_error(kNoProgram);
+    return app.exit(e) == 0 ? 0 : kUsageError;
+  } catch (const CLI::ParseError& e) {
+    // --help exits 0; anything else prints the message naming the flag and the --help hint.
+    return app.exit(e) == 0 ? 0 : kUsageError;
+  }
+  if (timeout->count() > 0 && !(a.timeout_s > 0)) {
+    return usage_error("--timeout-s must be greater than 0, got " + format(a.timeout_s));
+  }
+  const std::string bad = check_args(a, port->count() > 0);
+  if (!bad.empty()) return usage_error(bad);
+
+  try {
+    return run(a, port->count() > 0);
+  } catch (const c10::Error& e) {
+    say(e.what_without_backtrace());
+    return 1;
+  } catch (const std::exception& e) {
+    say(e.what());
+    return 1;
+  }
+}
