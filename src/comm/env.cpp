@@ -39,13 +39,27 @@ std::string require(const EnvLookup& env, const std::string& name, const std::st
 
 WorldInfo world_info_from_env(const EnvLookup& env) {
   WorldInfo info;
-  const std::string world = require(env, "WORLD_SIZE", "the number of workers, an integer >= 1");
-  info.world_size = static_cast<int>(parse_int("WORLD_SIZE", world, 1, 1 << 20));
+  // Which launcher's names to read: torchrun's when RANK is set (ddp-run and torchrun set it,
+  // and a user may set it by hand under any launcher), else OpenMPI's, else Slurm's.
+  std::string rank_var = "RANK", world_var = "WORLD_SIZE", local_var = "LOCAL_RANK";
+  if (!env("RANK") && env("OMPI_COMM_WORLD_RANK")) {
+    info.launcher = "openmpi";
+    rank_var = "OMPI_COMM_WORLD_RANK";
+    world_var = "OMPI_COMM_WORLD_SIZE";
+    local_var = "OMPI_COMM_WORLD_LOCAL_RANK";
+  } else if (!env("RANK") && env("SLURM_PROCID")) {
+    info.launcher = "slurm";
+    rank_var = "SLURM_PROCID";
+    world_var = "SLURM_NTASKS";
+    local_var = "SLURM_LOCALID";
+  }
+  const std::string world = require(env, world_var, "the number of workers, an integer >= 1");
+  info.world_size = static_cast<int>(parse_int(world_var, world, 1, 1 << 20));
   const std::string rank =
-      require(env, "RANK", "this worker's rank, an integer in [0, WORLD_SIZE)");
-  info.rank = static_cast<int>(parse_int("RANK", rank, 0, info.world_size - 1));
-  if (auto local = env("LOCAL_RANK")) {
-    info.local_rank = static_cast<int>(parse_int("LOCAL_RANK", *local, 0, info.world_size - 1));
+      require(env, rank_var, "this worker's rank, an integer in [0, " + world_var + ")");
+  info.rank = static_cast<int>(parse_int(rank_var, rank, 0, info.world_size - 1));
+  if (auto local = env(local_var)) {
+    info.local_rank = static_cast<int>(parse_int(local_var, *local, 0, info.world_size - 1));
   }
   info.master_addr = require(env, "MASTER_ADDR", "the host name or address of rank 0");
   TORCH_CHECK(!info.master_addr.empty(),

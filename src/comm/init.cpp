@@ -20,17 +20,19 @@ namespace ddp::comm {
 namespace {
 
 c10::intrusive_ptr<c10d::Store> make_store(const WorldInfo& world,
-                                           std::chrono::milliseconds timeout) {
+                                           std::chrono::milliseconds timeout,
+                                           bool progress_client = false) {
   // Under torchrun the agent already serves a store on MASTER_PORT and says so with
   // TORCHELASTIC_USE_AGENT_STORE; every worker is then a client, under the restart's prefix.
   const char* agent_store = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
   const bool use_agent_store = agent_store != nullptr && std::string(agent_store) == "True";
   c10d::TCPStoreOptions opts;
   opts.port = world.master_port;
-  opts.isServer = world.rank == 0 && !use_agent_store;
+  opts.isServer = world.rank == 0 && !use_agent_store && !progress_client;
   opts.numWorkers = static_cast<size_t>(world.world_size);
-  opts.waitWorkers =
-      true;  // rank 0 returns only when every rank has joined: a missing one times out
+  // Rank 0 returns only when every rank has joined: a missing one times out. The progress client
+  // connects after the rendezvous and waits for nobody.
+  opts.waitWorkers = !progress_client;
   opts.timeout = timeout;
   try {
     auto store = c10::make_intrusive<c10d::TCPStore>(world.master_addr, opts);
@@ -43,6 +45,15 @@ c10::intrusive_ptr<c10d::Store> make_store(const WorldInfo& world,
                 " failed on rank ", world.rank, " of ", world.world_size, " (timeout ",
                 timeout.count(), " ms): ", e.what());
   }
+}
+
+// A second connection to the same store for the collective-progress heartbeat: a TCPStore client
+// serializes its operations, so a heartbeat sharing the main connection would stall behind a long
+// store wait of the main thread and go silent exactly when it matters. World size 1: none.
+c10::intrusive_ptr<c10d::Store> progress_store(const WorldInfo& world,
+                                               std::chrono::milliseconds timeout) {
+  if (world.world_size == 1) return {};
+  return make_store(world, timeout, /*progress_client=*/true);
 }
 
 #if DDP_HAVE_GLOO
@@ -66,7 +77,11 @@ ProcessGroupPtr init_process_group(const InitOptions& options) {
   const WorldInfo world = options.world ? *options.world : world_info_from_env(process_env());
   TORCH_CHECK(options.timeout.count() > 0, "ddp: InitOptions::timeout must be positive, got ",
               options.timeout.count(), " ms");
-  auto store = make_store(world, options.timeout);
+  const auto rendezvous_timeout = options.rendezvous_timeout.value_or(options.timeout);
+  TORCH_CHECK(rendezvous_timeout.count() > 0,
+              "ddp: InitOptions::rendezvous_timeout must be positive, got ",
+              rendezvous_timeout.count(), " ms");
+  auto store = make_store(world, rendezvous_timeout);
   c10::intrusive_ptr<detail::CollectiveBackend> backend;
   if (options.backend == "gloo") {
 #if DDP_HAVE_GLOO
@@ -86,8 +101,10 @@ ProcessGroupPtr init_process_group(const InitOptions& options) {
     auto nccl =
         c10::make_intrusive<c10d::ProcessGroupNCCL>(store, world.rank, world.world_size, nccl_opts);
     backend = nccl;
+    store->setTimeout(options.timeout);
     auto group = std::make_shared<ProcessGroup>(backend, store, world.rank, world.world_size,
-                                                options.backend, options.timeout);
+                                                options.backend, options.timeout,
+                                                progress_store(world, options.timeout));
 #if defined(DDP_NCCL_HAS_SHUTDOWN) && DDP_NCCL_HAS_SHUTDOWN
     group->set_shutdown([nccl] { nccl->shutdown(); });
 #endif
@@ -100,8 +117,12 @@ ProcessGroupPtr init_process_group(const InitOptions& options) {
   } else {
     TORCH_CHECK(false, "ddp: unknown backend '", options.backend, "': expected 'gloo' or 'nccl'");
   }
+  // Once the backend has connected (Gloo exchanges addresses through the store, still under the
+  // rendezvous bound), the store's own waits (replica check, exchanges) use the collective timeout.
+  store->setTimeout(options.timeout);
   return std::make_shared<ProcessGroup>(backend, store, world.rank, world.world_size,
-                                        options.backend, options.timeout);
+                                        options.backend, options.timeout,
+                                        progress_store(world, options.timeout));
 }
 
 }  // namespace ddp::comm

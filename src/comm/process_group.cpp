@@ -3,13 +3,15 @@
 #include <c10/util/Exception.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 
 namespace ddp::comm {
 
 ProcessGroup::ProcessGroup(c10::intrusive_ptr<detail::CollectiveBackend> backend,
                            c10::intrusive_ptr<c10d::Store> store, int rank, int world_size,
-                           std::string backend_name, std::chrono::milliseconds timeout)
+                           std::string backend_name, std::chrono::milliseconds timeout,
+                           c10::intrusive_ptr<c10d::Store> progress_store)
     : backend_(std::move(backend)),
       store_(std::move(store)),
       rank_(rank),
@@ -19,7 +21,28 @@ ProcessGroup::ProcessGroup(c10::intrusive_ptr<detail::CollectiveBackend> backend
   TORCH_CHECK(backend_, "ddp: ProcessGroup needs a c10d backend");
   TORCH_CHECK(world_size_ >= 1 && rank_ >= 0 && rank_ < world_size_, "ddp: rank ", rank_,
               " is outside world size ", world_size_);
+  long interval_ms = 1000;
+  if (const char* text = std::getenv("DDP_HEARTBEAT_MS")) interval_ms = std::atol(text);
+  TORCH_CHECK(interval_ms > 0, "ddp: DDP_HEARTBEAT_MS must be a positive number of ms, got '",
+              std::getenv("DDP_HEARTBEAT_MS"), "'");
+  progress_ = std::make_unique<CollectiveProgress>(std::move(progress_store), rank_, world_size_,
+                                                   std::chrono::milliseconds(interval_ms));
 }
+
+c10::intrusive_ptr<c10d::Work> ProcessGroup::issued(c10::intrusive_ptr<c10d::Work> work,
+                                                    const std::string& op) {
+  progress_->issued(work.get(), op);
+  return work;
+}
+
+namespace {
+
+std::string elements(const at::Tensor& t) {
+  return std::to_string(t.numel()) + " " + std::string(c10::toString(t.scalar_type())) +
+         " elements";
+}
+
+}  // namespace
 
 ProcessGroup::~ProcessGroup() {
   if (!shutdown_) return;
@@ -41,7 +64,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce_sum_async(at::Tensor& ten
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d::ReduceOp::SUM;
   opts.timeout = timeout_;
-  return backend_->allreduce(tensors, opts);
+  return issued(backend_->allreduce(tensors, opts), "all-reduce (sum) of " + elements(tensor));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce_avg_async(at::Tensor& tensor) {
@@ -53,7 +76,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce_avg_async(at::Tensor& ten
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d::ReduceOp::AVG;
   opts.timeout = timeout_;
-  return backend_->allreduce(tensors, opts);
+  return issued(backend_->allreduce(tensors, opts), "all-reduce (average) of " + elements(tensor));
 }
 
 void ProcessGroup::wait_on_stream(const c10::intrusive_ptr<c10d::Work>& work,
@@ -66,8 +89,10 @@ void ProcessGroup::wait_on_stream(const c10::intrusive_ptr<c10d::Work>& work,
     work->wait();  // no timeout argument: a stream dependency, not a host wait
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "ddp: ", what, " failed on rank ", rank_, " of ", world_size_,
-                " (collective timeout ", timeout_.count(), " ms): ", e.what());
+                " (collective timeout ", timeout_.count(), " ms", progress_->report(work.get()),
+                "): ", e.what());
   }
+  progress_->done(work.get());
 }
 
 void ProcessGroup::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what) const {
@@ -76,11 +101,12 @@ void ProcessGroup::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::s
   try {
     work->wait(timeout_);
   } catch (const std::exception& e) {
-    TORCH_CHECK(
-        false, "ddp: ", what, " failed on rank ", rank_, " of ", world_size_,
-        " (collective timeout ", timeout_.count(),
-        " ms; another rank may have died, hung, or issued different collectives): ", e.what());
+    TORCH_CHECK(false, "ddp: ", what, " failed on rank ", rank_, " of ", world_size_,
+                " (collective timeout ", timeout_.count(),
+                " ms; another rank may have died, hung, or issued different collectives",
+                progress_->report(work.get()), "): ", e.what());
   }
+  progress_->done(work.get());
 }
 
 void ProcessGroup::allreduce_sum(at::Tensor& tensor, const std::string& what) {
@@ -92,7 +118,9 @@ void ProcessGroup::broadcast(at::Tensor& tensor, int root, const std::string& wh
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
   opts.timeout = timeout_;
-  wait(backend_->broadcast(tensors, opts), what);
+  wait(issued(backend_->broadcast(tensors, opts),
+              "broadcast from rank " + std::to_string(root) + " of " + elements(tensor)),
+       what);
 }
 
 std::vector<at::Tensor> ProcessGroup::allgather(const at::Tensor& tensor, const std::string& what) {
@@ -101,14 +129,15 @@ std::vector<at::Tensor> ProcessGroup::allgather(const at::Tensor& tensor, const 
   std::vector<at::Tensor> inputs{tensor};
   c10d::AllgatherOptions opts;
   opts.timeout = timeout_;
-  wait(backend_->allgather(outputs, inputs, opts), what);
+  wait(issued(backend_->allgather(outputs, inputs, opts), "all-gather of " + elements(tensor)),
+       what);
   return outputs[0];
 }
 
 void ProcessGroup::barrier(const std::string& what) {
   c10d::BarrierOptions opts;
   opts.timeout = timeout_;
-  wait(backend_->barrier(opts), what);
+  wait(issued(backend_->barrier(opts), "barrier"), what);
 }
 
 }  // namespace ddp::comm

@@ -35,7 +35,8 @@ class GradReadyHook : public torch::autograd::FunctionPostHook {
 };
 
 void wait_future(const c10::intrusive_ptr<c10::ivalue::Future>& future,
-                 std::chrono::milliseconds timeout, const std::string& what) {
+                 std::chrono::milliseconds timeout, const std::string& what,
+                 const comm::ProcessGroup* pg) {
   struct Signal {
     std::mutex mutex;
     std::condition_variable cv;
@@ -51,14 +52,14 @@ void wait_future(const c10::intrusive_ptr<c10::ivalue::Future>& future,
   const bool done = signal->cv.wait_for(lock, timeout, [&] { return signal->done; });
   TORCH_CHECK(done, "ddp: ", what, " did not complete within the collective timeout (",
               timeout.count(),
-              " ms); another rank may have died, hung, or issued different "
-              "collectives");
+              " ms; another rank may have died, hung, or issued different collectives",
+              pg ? pg->progress_report() : std::string(), ")");
   if (future->hasError()) {
     try {
       std::rethrow_exception(future->exception_ptr());
     } catch (const std::exception& e) {
-      TORCH_CHECK(false, "ddp: ", what, " failed (collective timeout ", timeout.count(),
-                  " ms): ", e.what());
+      TORCH_CHECK(false, "ddp: ", what, " failed (collective timeout ", timeout.count(), " ms",
+                  pg ? pg->progress_report() : std::string(), "): ", e.what());
     }
   }
   // Completed: on the CPU this returns at once; a CUDA future completes when its work is enqueued,

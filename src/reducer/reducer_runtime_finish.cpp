@@ -68,7 +68,7 @@ void Reducer::finish(size_t b) {
   at::Tensor sparse_result;
   if (bucket.future) {
     wait_future(bucket.future, pg_->timeout(),
-                bucket_what(b, spec) + " by comm hook '" + hook_->name() + "'");
+                bucket_what(b, spec) + " by comm hook '" + hook_->name() + "'", pg_.get());
     const at::Tensor result = future_tensor(bucket.future);
     TORCH_CHECK(result.numel() == bucket.buffer.numel(), "ddp: comm hook '", hook_->name(),
                 "' returned ", result.numel(), " elements for bucket ", b, " of ",
@@ -219,7 +219,7 @@ void Reducer::shadow_backward() {
     launch(b);
     if (buckets_[b].future) {
       wait_future(buckets_[b].future, pg_->timeout(),
-                  "join: shadow " + bucket_what(b, plan_.buckets[b]));
+                  "join: shadow " + bucket_what(b, plan_.buckets[b]), pg_.get());
       buckets_[b].future.reset();
     } else {
       pg_->wait(buckets_[b].work, "join: shadow " + bucket_what(b, plan_.buckets[b]));

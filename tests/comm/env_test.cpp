@@ -41,6 +41,62 @@ TEST(Env, ReadsTheTorchrunVariables) {
   EXPECT_EQ(info.master_port, 29511);
 }
 
+TEST(Env, ReadsOpenMpiRankSizeAndLocalRank) {
+  const WorldInfo info = world_info_from_env(env_of({{"OMPI_COMM_WORLD_RANK", "4"},
+                                                     {"OMPI_COMM_WORLD_SIZE", "6"},
+                                                     {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                                                     {"MASTER_ADDR", "node0"},
+                                                     {"MASTER_PORT", "29600"}}));
+  EXPECT_EQ(info.launcher, "openmpi");
+  EXPECT_EQ(info.rank, 4);
+  EXPECT_EQ(info.world_size, 6);
+  EXPECT_EQ(info.local_rank, 1);
+  EXPECT_EQ(info.master_addr, "node0");
+  EXPECT_EQ(info.master_port, 29600);
+}
+
+TEST(Env, ReadsSlurmProcIdTasksAndLocalId) {
+  const WorldInfo info = world_info_from_env(env_of({{"SLURM_PROCID", "5"},
+                                                     {"SLURM_NTASKS", "8"},
+                                                     {"SLURM_LOCALID", "3"},
+                                                     {"MASTER_ADDR", "10.1.2.3"},
+                                                     {"MASTER_PORT", "29700"}}));
+  EXPECT_EQ(info.launcher, "slurm");
+  EXPECT_EQ(info.rank, 5);
+  EXPECT_EQ(info.world_size, 8);
+  EXPECT_EQ(info.local_rank, 3);
+  EXPECT_EQ(info.master_addr, "10.1.2.3");
+}
+
+TEST(Env, TorchrunVariablesWinOverMpiAndSlurm) {
+  auto vars = kGood;
+  vars["OMPI_COMM_WORLD_RANK"] = "0";
+  vars["OMPI_COMM_WORLD_SIZE"] = "1";
+  vars["SLURM_PROCID"] = "0";
+  vars["SLURM_NTASKS"] = "1";
+  const WorldInfo info = world_info_from_env(env_of(vars));
+  EXPECT_EQ(info.launcher, "torchrun");
+  EXPECT_EQ(info.rank, 2);
+  EXPECT_EQ(info.world_size, 3);
+}
+
+TEST(Env, MpiAndSlurmErrorsNameTheirOwnVariables) {
+  EXPECT_NE(error_of({{"OMPI_COMM_WORLD_RANK", "0"}, {"MASTER_ADDR", "a"}, {"MASTER_PORT", "1"}})
+                .find("environment variable OMPI_COMM_WORLD_SIZE is not set"),
+            std::string::npos);
+  EXPECT_NE(error_of({{"SLURM_PROCID", "9"},
+                      {"SLURM_NTASKS", "4"},
+                      {"MASTER_ADDR", "a"},
+                      {"MASTER_PORT", "1"}})
+                .find("environment variable SLURM_PROCID='9' is invalid: expected an integer in "
+                      "[0, 3]"),
+            std::string::npos);
+  // Under srun the master must still be given: the error says which variable.
+  EXPECT_NE(error_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"MASTER_PORT", "1"}})
+                .find("environment variable MASTER_ADDR is not set"),
+            std::string::npos);
+}
+
 TEST(Env, LocalRankDefaultsToZero) {
   auto vars = kGood;
   vars.erase("LOCAL_RANK");

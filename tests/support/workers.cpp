@@ -1,5 +1,7 @@
 #include "support/workers.hpp"
 
+#include <algorithm>
+
 #include <ATen/Parallel.h>
 
 #include <cstdlib>
@@ -61,6 +63,10 @@ comm::ProcessGroupPtr worker_process_group(std::chrono::milliseconds timeout,
                                            const std::string& backend) {
   comm::InitOptions options;
   options.backend = backend;
+  // Workers may start seconds apart on a loaded 2-core machine; a short collective timeout (what
+  // timeout tests use) must not also bound the rendezvous.
+  options.rendezvous_timeout =
+      std::max<std::chrono::milliseconds>(timeout, std::chrono::seconds(60));
   options.timeout = timeout;
   return comm::init_process_group(options);
 }

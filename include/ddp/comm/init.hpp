@@ -3,6 +3,7 @@
 // (CPU) or NCCL (CUDA) process group. PyTorch's init_process_group("env://"), natively.
 
 #include <chrono>
+#include <optional>
 #include <string>
 
 #include "ddp/comm/env.hpp"
@@ -17,6 +18,10 @@ struct InitOptions {
   // One bound for every collective and for the rendezvous. Default 5 minutes, as PyTorch: long
   // enough for a slow first step, short enough that a dead rank ends the job instead of hanging it.
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  // Bound for the rendezvous alone (every rank reaching the store); unset: `timeout`. Workers of
+  // one job may start seconds apart (a loaded machine, a slow node), while a short collective
+  // timeout is what detects a dead rank quickly: the two are separate knobs, as in torchrun.
+  std::optional<std::chrono::milliseconds> rendezvous_timeout;
   // Where the worker is; default: read from the environment (RANK, WORLD_SIZE, ...).
   std::optional<WorldInfo> world;
 };

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "ddp/comm/collective_progress.hpp"
 #include "ddp/detail/torch_compat.hpp"
 
 namespace ddp::comm {
@@ -19,9 +20,12 @@ class ProcessGroup {
  public:
   // `backend` is the concrete c10d process group; `store` is the rendezvous store it was made
   // with (kept for out-of-band exchange such as the replica check).
+  // `progress_store`: a separate connection to the store for the desync heartbeat (see
+  // [Note: sequence numbers]); null: no heartbeat, errors still compare what the ranks published.
   ProcessGroup(c10::intrusive_ptr<detail::CollectiveBackend> backend,
                c10::intrusive_ptr<c10d::Store> store, int rank, int world_size,
-               std::string backend_name, std::chrono::milliseconds timeout);
+               std::string backend_name, std::chrono::milliseconds timeout,
+               c10::intrusive_ptr<c10d::Store> progress_store = {});
   // Runs the shutdown set by init (NCCL: flushes and destroys the communicators and stops their
   // watchdog, what destroy_process_group does in Python), so a process exits without warnings.
   ~ProcessGroup();
@@ -65,6 +69,11 @@ class ProcessGroup {
   // Called once by the destructor (init sets it for NCCL).
   void set_shutdown(std::function<void()> shutdown) { shutdown_ = std::move(shutdown); }
 
+  // Desync detection (see [Note: sequence numbers]): collectives issued so far by this rank, and
+  // who is behind, for an error about the newest one (a comm hook's future timed out).
+  int64_t collectives_issued() const { return progress_->count(); }
+  std::string progress_report() const { return progress_->report(nullptr); }
+
   // Unique per-process counter for store keys, so that repeated exchanges do not collide.
   int64_t next_exchange_id() { return exchange_id_++; }
 
@@ -77,6 +86,9 @@ class ProcessGroup {
   std::chrono::milliseconds timeout_;
   int64_t exchange_id_ = 0;         // advances identically on every rank: exchanges are collective
   std::function<void()> shutdown_;  // empty: nothing to shut down (Gloo)
+  // Numbers every collective and publishes this rank's count (heartbeat); never null.
+  std::unique_ptr<CollectiveProgress> progress_;
+  c10::intrusive_ptr<c10d::Work> issued(c10::intrusive_ptr<c10d::Work> work, const std::string& op);
 };
 
 using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;

@@ -214,8 +214,10 @@ class Reducer {
   IterationTimeline timeline_;
 };
 
-// Waits for `future` at most `timeout`; rethrows its error or names `what` and the timeout.
+// Waits for `future` at most `timeout`; rethrows its error or names `what` and the timeout, and
+// with `pg` which rank is behind (see [Note: sequence numbers]).
 void wait_future(const c10::intrusive_ptr<c10::ivalue::Future>& future,
-                 std::chrono::milliseconds timeout, const std::string& what);
+                 std::chrono::milliseconds timeout, const std::string& what,
+                 const comm::ProcessGroup* pg = nullptr);
 
 }  // namespace ddp::reducer

@@ -1,0 +1,73 @@
+#pragma once
+// CollectiveProgress: the sequence numbers behind desync detection.
+//
+// [Note: sequence numbers] Every collective a ProcessGroup issues gets the next number (1, 2, ...)
+// on this rank; collectives match across ranks by order, so on a healthy job the n-th collective
+// of every rank is the same one. A heartbeat thread publishes "<issued> <unix ms>" under
+// ddp/progress/<rank> in the rendezvous store every `interval`. When a wait fails (timeout, dead
+// peer), report() publishes this rank's state at once, reads every rank's, and says who is behind
+// and at which collective: "rank 1 is behind: it issued 7 collectives (last report 0.2 s ago),
+// this rank waits on #8". A rank whose report is older than 3 intervals is named as dead or stuck
+// outside collectives.
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "ddp/detail/torch_compat.hpp"
+
+namespace ddp::comm {
+
+class CollectiveProgress {
+ public:
+  // `interval`: how often the heartbeat publishes; default 1 s (DDP_HEARTBEAT_MS overrides it in
+  // init), cheap next to any collective timeout. World size 1 starts no thread.
+  CollectiveProgress(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size,
+                     std::chrono::milliseconds interval);
+  ~CollectiveProgress();
+  CollectiveProgress(const CollectiveProgress&) = delete;
+  CollectiveProgress& operator=(const CollectiveProgress&) = delete;
+
+  // Numbers `work` (the next sequence number) and remembers `op` ("all-reduce of 64 float
+  // elements") until done() or report().
+  int64_t issued(const c10d::Work* work, const std::string& op);
+  void done(const c10d::Work* work);
+  // Collectives issued so far by this rank.
+  int64_t count() const;
+  // After `work` failed: "; collective #8 of rank 0 (all-reduce ...); rank 1 is behind: ...", to
+  // go inside the error's parenthesis. Bounded: reads only keys that exist, never waits for a rank.
+  // `work` null: about the newest collective this rank issued.
+  std::string report(const c10d::Work* work);
+
+  // Pure: the text report() builds from the ranks' published states. `states[r]` is
+  // "<issued> <unix ms>" or empty when rank r never published; `now_ms` the reader's clock.
+  static std::string describe(int64_t waiting_on, const std::string& op, int rank,
+                              const std::vector<std::string>& states, int64_t now_ms,
+                              std::chrono::milliseconds interval);
+
+ private:
+  void publish();
+  void heartbeat_loop();
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  int rank_;
+  int world_size_;
+  std::chrono::milliseconds interval_;
+  mutable std::mutex mutex_;
+  int64_t issued_ = 0;  // collectives issued by this rank; only grows
+  // Issued and not yet waited for, by sequence number: (work, description). Works waited for
+  // elsewhere (a comm hook's future) never call done(): only the newest kMaxPending are kept.
+  static constexpr size_t kMaxPending = 1024;
+  std::map<int64_t, std::pair<const c10d::Work*, std::string>> pending_;
+  std::condition_variable stop_cv_;
+  bool stop_ = false;
+  std::thread heartbeat_;
+};
+
+}  // namespace ddp::comm

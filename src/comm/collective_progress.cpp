@@ -1,0 +1,151 @@
+#include "ddp/comm/collective_progress.hpp"
+
+#include <cstdio>
+#include <iterator>
+#include <sstream>
+
+namespace ddp::comm {
+
+namespace {
+
+std::string key_of(int rank) { return "ddp/progress/" + std::to_string(rank); }
+
+int64_t unix_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+CollectiveProgress::CollectiveProgress(c10::intrusive_ptr<c10d::Store> store, int rank,
+                                       int world_size, std::chrono::milliseconds interval)
+    : store_(std::move(store)), rank_(rank), world_size_(world_size), interval_(interval) {
+  if (world_size_ > 1 && store_) heartbeat_ = std::thread([this] { heartbeat_loop(); });
+}
+
+CollectiveProgress::~CollectiveProgress() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  stop_cv_.notify_all();
+  if (heartbeat_.joinable()) heartbeat_.join();
+}
+
+int64_t CollectiveProgress::issued(const c10d::Work* work, const std::string& op) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const int64_t seq = ++issued_;
+  pending_[seq] = {work, op};
+  if (pending_.size() > kMaxPending) pending_.erase(pending_.begin());
+  return seq;
+}
+
+void CollectiveProgress::done(const c10d::Work* work) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  // Newest first: the work waited for is almost always among the last few issued.
+  for (auto it = pending_.rbegin(); it != pending_.rend(); ++it) {
+    if (it->second.first == work) {
+      pending_.erase(std::next(it).base());
+      return;
+    }
+  }
+}
+
+int64_t CollectiveProgress::count() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return issued_;
+}
+
+void CollectiveProgress::publish() {
+  int64_t issued;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    issued = issued_;
+  }
+  const std::string value = std::to_string(issued) + " " + std::to_string(unix_ms());
+  store_->set(key_of(rank_), std::vector<uint8_t>(value.begin(), value.end()));
+}
+
+void CollectiveProgress::heartbeat_loop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stop_) {
+    lock.unlock();
+    try {
+      publish();
+    } catch (const std::exception&) {
+      // The store is gone (rank 0 exited first at the end of a job): nothing left to report to.
+      return;
+    }
+    lock.lock();
+    stop_cv_.wait_for(lock, interval_, [this] { return stop_; });
+  }
+}
+
+std::string CollectiveProgress::describe(int64_t waiting_on, const std::string& op, int rank,
+                                         const std::vector<std::string>& states, int64_t now_ms,
+                                         std::chrono::milliseconds interval) {
+  std::ostringstream out;
+  out << "; collective #" << waiting_on << " of rank " << rank;
+  if (!op.empty()) out << " (" << op << ")";
+  std::ostringstream behind, stale;
+  for (size_t r = 0; r < states.size(); ++r) {
+    if (static_cast<int>(r) == rank) continue;
+    if (states[r].empty()) {
+      behind << "; rank " << r << " never reported (it did not start, or died before its first "
+             << "collective)";
+      continue;
+    }
+    int64_t issued = 0, stamp = 0;
+    std::istringstream(states[r]) >> issued >> stamp;
+    const double age_s = static_cast<double>(now_ms - stamp) / 1000.0;
+    char age[32];
+    std::snprintf(age, sizeof(age), "%.1f", age_s < 0 ? 0.0 : age_s);
+    const bool silent = now_ms - stamp > 3 * interval.count();
+    if (issued < waiting_on) {
+      behind << "; rank " << r << " is behind: it issued " << issued
+             << " collectives, this rank waits on #" << waiting_on << " (last report " << age
+             << " s ago" << (silent ? ": it is dead or stuck outside collectives" : "") << ")";
+    } else if (silent) {
+      stale << "; rank " << r << " reached #" << issued << " but last reported " << age
+            << " s ago (dead or stuck)";
+    }
+  }
+  const std::string who = behind.str() + stale.str();
+  out << (who.empty() ? "; every rank reached this collective (a peer may have failed in it)"
+                      : who);
+  return out.str();
+}
+
+std::string CollectiveProgress::report(const c10d::Work* work) {
+  int64_t seq = 0;
+  std::string op;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    seq = issued_;
+    for (auto it = pending_.rbegin(); it != pending_.rend(); ++it) {
+      if (work == nullptr || it->second.first == work) {
+        seq = it->first;
+        op = it->second.second;
+        break;
+      }
+    }
+  }
+  if (world_size_ == 1 || !store_) return "; collective #" + std::to_string(seq);
+  std::vector<std::string> states(static_cast<size_t>(world_size_));
+  try {
+    publish();
+    for (int r = 0; r < world_size_; ++r) {
+      // check() does not wait: a rank that never published is reported as such.
+      if (!store_->check({key_of(r)})) continue;
+      const auto bytes = store_->get(key_of(r));
+      states[static_cast<size_t>(r)] = std::string(bytes.begin(), bytes.end());
+    }
+  } catch (const std::exception& e) {
+    return "; collective #" + std::to_string(seq) + (op.empty() ? "" : " (" + op + ")") +
+           "; the store could not be read to compare ranks: " + e.what();
+  }
+  return describe(seq, op, rank_, states, unix_ms(), interval_);
+}
+
+}  // namespace ddp::comm
