@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <sstream>
 #include <string>
@@ -542,6 +543,47 @@ TEST(DdpRun, TrainsWithDdpTrain) {
   EXPECT_NE(f.out.find("[rank 0] ddp-train: model mlp"), std::string::npos) << f.out;
   EXPECT_NE(f.out.find("world size 2, backend gloo"), std::string::npos) << f.out;
   EXPECT_NE(f.out.find("[rank 0] ddp-train: loss "), std::string::npos) << f.out;
+}
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// The restart test: rank 1 dies at step 7 (after the step-5 checkpoint); ddp-run stops
+// rank 0, restarts the group with DDP_RESTART_COUNT=1, the workers resume from step 5, and the
+// final parameters equal an uninterrupted run's, bit for bit.
+TEST(DdpRun, MaxRestartsResumesFromTheCheckpointAndEqualsAnUninterruptedRun) {
+  TempDir dir;
+  const std::vector<std::string> train = {DDP_TRAIN_PATH, "--model",     "mlp", "--steps",
+                                          "10",           "--timeout-s", "60"};
+  auto args = [&](std::vector<std::string> launcher, std::vector<std::string> extra) {
+    launcher.push_back("--");
+    launcher.insert(launcher.end(), train.begin(), train.end());
+    launcher.insert(launcher.end(), extra.begin(), extra.end());
+    return launcher;
+  };
+  const auto straight = ddp_run(
+      args({"--nproc-per-node", "2"}, {"--save-weights", dir / "straight.safetensors"}), dir);
+  ASSERT_EQ(straight.code, 0) << straight.out << straight.err;
+  const auto restarted = wait_ddp_run(
+      start_ddp_run(
+          args({"--nproc-per-node", "2", "--max-restarts", "1"},
+               {"--checkpoint-dir", dir / "ckpt", "--checkpoint-every", "5", "--fail-at-step", "7",
+                "--fail-rank", "1", "--save-weights", dir / "restarted.safetensors"}),
+          dir, "restart"),
+      150s);
+  ASSERT_EQ(restarted.code, 0) << restarted.out << restarted.err;
+  const std::string all = restarted.out + restarted.err;
+  EXPECT_NE(all.find("ddp-run: rank 1 exited with code 3"), std::string::npos) << all;
+  EXPECT_NE(all.find("ddp-run: restarting the group (restart 1 of 1)"), std::string::npos) << all;
+  EXPECT_NE(all.find("[rank 0] ddp-train: resumed from " + (dir / "ckpt") + "/step-5 at step 5"),
+            std::string::npos)
+      << all;
+  const std::string a = file_bytes(dir / "straight.safetensors");
+  ASSERT_FALSE(a.empty());
+  EXPECT_TRUE(a == file_bytes(dir / "restarted.safetensors"))
+      << "the restarted run's final parameters differ from the uninterrupted run's";
 }
 
 // Two ddp-runs on one machine as two nodes: rank 0's store (at --master-port) joins them.
