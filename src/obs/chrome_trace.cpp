@@ -32,11 +32,19 @@ namespace {
 
 nlohmann::json events(const std::vector<TraceSpan>& spans, int rank, int64_t origin_ns) {
   nlohmann::json out = nlohmann::json::array();
-  out.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank},
+  out.push_back({{"name", "process_name"},
+                 {"ph", "M"},
+                 {"pid", rank},
                  {"args", {{"name", "rank " + std::to_string(rank)}}}});
-  out.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank}, {"tid", 0},
+  out.push_back({{"name", "thread_name"},
+                 {"ph", "M"},
+                 {"pid", rank},
+                 {"tid", 0},
                  {"args", {{"name", "compute"}}}});
-  out.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank}, {"tid", 1},
+  out.push_back({{"name", "thread_name"},
+                 {"ph", "M"},
+                 {"pid", rank},
+                 {"tid", 1},
                  {"args", {{"name", "comm"}}}});
   for (const auto& s : spans) {
     nlohmann::json args = nlohmann::json::object();
@@ -83,7 +91,8 @@ void ChromeTrace::write_merged(comm::ProcessGroup& pg, const std::string& path) 
   // clock per host, so ranks on one host line up exactly.
   const std::string prefix = "ddp/trace/" + std::to_string(pg.next_exchange_id()) + "/";
   const std::string mine = events(spans_, rank_, 0).dump();
-  pg.store().set(prefix + std::to_string(pg.rank()), std::vector<uint8_t>(mine.begin(), mine.end()));
+  pg.store().set(prefix + std::to_string(pg.rank()),
+                 std::vector<uint8_t>(mine.begin(), mine.end()));
   if (pg.rank() == 0) {
     std::vector<nlohmann::json> per_rank;
     double origin_us = std::numeric_limits<double>::max();

@@ -28,7 +28,8 @@ std::string autograd_graph_dot(const at::Tensor& root, const std::vector<at::Ten
       auto it = name_of.find(acc->variable.unsafeGetTensorImpl());
       const std::string label = it != name_of.end() ? it->second : "leaf";
       out << "  n" << k << " [shape=box, style=filled, fillcolor=\"#cfe8ff\", label=\"" << label
-          << "\\n" << acc->variable.sizes() << "\"];\n";
+          << "\\n"
+          << acc->variable.sizes() << "\"];\n";
     } else {
       out << "  n" << k << " [label=\"" << n->name() << "\"];\n";
     }

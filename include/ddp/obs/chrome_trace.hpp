@@ -15,9 +15,9 @@
 namespace ddp::obs {
 
 struct TraceSpan {
-  std::string name;  // "forward", "backward", "optimizer", "bucket 3", ...
-  std::string cat;   // "compute" or "comm"
-  int lane = 0;      // 0 compute, 1 comm
+  std::string name;      // "forward", "backward", "optimizer", "bucket 3", ...
+  std::string cat;       // "compute" or "comm"
+  int lane = 0;          // 0 compute, 1 comm
   int64_t start_ns = 0;  // steady clock, absolute (shared by processes on one host)
   int64_t end_ns = 0;
   int64_t step = -1;   // training step, -1 if none
