@@ -12,24 +12,14 @@
 #include "ddp/io/checkpoint.hpp"
 #include "ddp/io/torch_save.hpp"
 #include "support/run_command.hpp"
+#include "support/temp_dir.hpp"
 
 namespace {
 
+using ddp::testing::TempDir;
+
 namespace fs = std::filesystem;
 using ddp::testing::run_command;
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "ddp_resume_XXXXXX").string();
-    path = ::mkdtemp(pattern.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
 
 // mlp trains in well under a second per step here; 10 steps, checkpoints every 5.
 std::string train(const std::string& optimizer, const std::string& flags, int nproc = 2) {

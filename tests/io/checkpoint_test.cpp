@@ -19,28 +19,17 @@
 #include "ddp/io/checkpoint_state.hpp"
 #include "ddp/models/registry.hpp"
 #include "support/run_command.hpp"
+#include "support/temp_dir.hpp"
 #include "support/workers.hpp"
 
 namespace {
+
+using ddp::testing::TempDir;
 
 namespace fs = std::filesystem;
 using ddp::io::CheckpointOptions;
 using ddp::io::TensorMap;
 using ddp::io::TrainingState;
-
-// A fresh directory under the temp dir, removed with everything in it.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "ddp_checkpoint_XXXXXX").string();
-    path = ::mkdtemp(pattern.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string str() const { return path.string(); }
-};
 
 std::string error_of(const std::function<void()>& fn) {
   try {

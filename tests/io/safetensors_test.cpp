@@ -13,28 +13,17 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include "support/temp_dir.hpp"
 
 namespace {
+
+using ddp::testing::TempDir;
 
 namespace fs = std::filesystem;
 using ddp::io::load_safetensors;
 using ddp::io::load_safetensors_metadata;
 using ddp::io::save_safetensors;
 using ddp::io::TensorMap;
-
-// A fresh directory under /tmp, removed with everything in it.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "ddp_safetensors_XXXXXX").string();
-    path = ::mkdtemp(pattern.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
 
 // The message of the c10::Error `fn` throws, or "" when it throws none.
 std::string error_of(const std::function<void()>& fn) {

@@ -13,25 +13,14 @@
 #include <c10/util/Exception.h>
 
 #include "support/run_command.hpp"
+#include "support/temp_dir.hpp"
 
 namespace {
 
+using ddp::testing::TempDir;
+
 namespace fs = std::filesystem;
 using ddp::io::TensorMap;
-
-// A private directory for the files both sides write, removed with everything in it.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "ddp_torch_save_XXXXXX").string();
-    path = ::mkdtemp(pattern.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
 
 std::string error_of(const std::function<void()>& fn) {
   try {

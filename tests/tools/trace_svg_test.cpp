@@ -14,8 +14,11 @@
 #include <tuple>
 
 #include "support/run_command.hpp"
+#include "support/temp_dir.hpp"
 
 namespace {
+
+using ddp::testing::TempDir;
 
 namespace fs = std::filesystem;
 
@@ -23,19 +26,6 @@ namespace fs = std::filesystem;
 // [kLeftMargin, width - kRightMargin], time 0 is the earliest event's start.
 constexpr double kLeftMargin = 140;
 constexpr double kRightMargin = 30;
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "ddp_trace_svg_XXXXXX").string();
-    path = ::mkdtemp(pattern.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
 
 // The shared helper: stdout+stderr and exit status.
 auto run(const std::string& command) { return ddp::testing::run_command(command); }
