@@ -33,7 +33,16 @@ CollectiveProgress::~CollectiveProgress() {
   if (heartbeat_.joinable()) heartbeat_.join();
 }
 
-int64_t CollectiveProgress::issued(const c10d::Work* work, const std::string& op) {
+std::string CollectiveOp::describe() const {
+  std::string text = kind;
+  if (root >= 0) text += " from rank " + std::to_string(root);
+  if (numel >= 0) {
+    text += " of " + std::to_string(numel) + " " + c10::toString(dtype) + " elements";
+  }
+  return text;
+}
+
+int64_t CollectiveProgress::issued(const c10d::Work* work, const CollectiveOp& op) {
   std::lock_guard<std::mutex> lock(mutex_);
   const int64_t seq = ++issued_;
   pending_[seq] = {work, op};
@@ -126,7 +135,7 @@ std::string CollectiveProgress::report(const c10d::Work* work) {
     for (auto it = pending_.rbegin(); it != pending_.rend(); ++it) {
       if (work == nullptr || it->second.first == work) {
         seq = it->first;
-        op = it->second.second;
+        op = it->second.second.describe();
         break;
       }
     }

@@ -30,19 +30,10 @@ ProcessGroup::ProcessGroup(c10::intrusive_ptr<detail::CollectiveBackend> backend
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::issued(c10::intrusive_ptr<c10d::Work> work,
-                                                    const std::string& op) {
+                                                    const CollectiveOp& op) {
   progress_->issued(work.get(), op);
   return work;
 }
-
-namespace {
-
-std::string elements(const at::Tensor& t) {
-  return std::to_string(t.numel()) + " " + std::string(c10::toString(t.scalar_type())) +
-         " elements";
-}
-
-}  // namespace
 
 ProcessGroup::~ProcessGroup() {
   if (!shutdown_) return;
@@ -64,7 +55,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce_sum_async(at::Tensor& ten
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d::ReduceOp::SUM;
   opts.timeout = timeout_;
-  return issued(backend_->allreduce(tensors, opts), "all-reduce (sum) of " + elements(tensor));
+  return issued(backend_->allreduce(tensors, opts),
+                {"all-reduce (sum)", tensor.numel(), tensor.scalar_type()});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce_avg_async(at::Tensor& tensor) {
@@ -76,7 +68,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce_avg_async(at::Tensor& ten
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d::ReduceOp::AVG;
   opts.timeout = timeout_;
-  return issued(backend_->allreduce(tensors, opts), "all-reduce (average) of " + elements(tensor));
+  return issued(backend_->allreduce(tensors, opts),
+                {"all-reduce (average)", tensor.numel(), tensor.scalar_type()});
 }
 
 void ProcessGroup::wait_on_stream(const c10::intrusive_ptr<c10d::Work>& work,
@@ -119,7 +112,7 @@ void ProcessGroup::broadcast(at::Tensor& tensor, int root, const std::string& wh
   opts.rootRank = root;
   opts.timeout = timeout_;
   wait(issued(backend_->broadcast(tensors, opts),
-              "broadcast from rank " + std::to_string(root) + " of " + elements(tensor)),
+              {"broadcast", tensor.numel(), tensor.scalar_type(), root}),
        what);
 }
 
@@ -129,7 +122,8 @@ std::vector<at::Tensor> ProcessGroup::allgather(const at::Tensor& tensor, const 
   std::vector<at::Tensor> inputs{tensor};
   c10d::AllgatherOptions opts;
   opts.timeout = timeout_;
-  wait(issued(backend_->allgather(outputs, inputs, opts), "all-gather of " + elements(tensor)),
+  wait(issued(backend_->allgather(outputs, inputs, opts),
+              {"all-gather", tensor.numel(), tensor.scalar_type()}),
        what);
   return outputs[0];
 }
@@ -137,7 +131,7 @@ std::vector<at::Tensor> ProcessGroup::allgather(const at::Tensor& tensor, const 
 void ProcessGroup::barrier(const std::string& what) {
   c10d::BarrierOptions opts;
   opts.timeout = timeout_;
-  wait(issued(backend_->barrier(opts), "barrier"), what);
+  wait(issued(backend_->barrier(opts), {"barrier"}), what);
 }
 
 }  // namespace ddp::comm

@@ -48,8 +48,8 @@ TEST(CollectiveProgress, EveryRankPresentMeansTheFailureIsInTheCollective) {
 
 TEST(CollectiveProgress, NumbersCollectivesInIssueOrder) {
   CollectiveProgress progress(c10::intrusive_ptr<c10d::Store>(), 0, 1, kInterval);
-  EXPECT_EQ(progress.issued(nullptr, "a"), 1);
-  EXPECT_EQ(progress.issued(nullptr, "b"), 2);
+  EXPECT_EQ(progress.issued(nullptr, {"a"}), 1);
+  EXPECT_EQ(progress.issued(nullptr, {"b"}), 2);
   EXPECT_EQ(progress.count(), 2);
   EXPECT_EQ(progress.report(nullptr), "; collective #2");
 }

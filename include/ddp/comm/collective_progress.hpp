@@ -24,6 +24,17 @@
 
 namespace ddp::comm {
 
+// What a collective was, kept cheaply on the hot path and put into words only for an error.
+struct CollectiveOp {
+  const char* kind = "";  // "all-reduce (sum)", "broadcast", ...: a string literal
+  int64_t numel = -1;     // elements of its tensor; -1: none (barrier)
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  int root = -1;  // broadcast's source rank; -1: none
+
+  // "all-reduce (sum) of 4 Float elements", "broadcast from rank 0 of 8 Long elements".
+  std::string describe() const;
+};
+
 class CollectiveProgress {
  public:
   // `interval`: how often the heartbeat publishes; default 1 s (DDP_HEARTBEAT_MS overrides it in
@@ -34,9 +45,8 @@ class CollectiveProgress {
   CollectiveProgress(const CollectiveProgress&) = delete;
   CollectiveProgress& operator=(const CollectiveProgress&) = delete;
 
-  // Numbers `work` (the next sequence number) and remembers `op` ("all-reduce of 64 float
-  // elements") until done() or report().
-  int64_t issued(const c10d::Work* work, const std::string& op);
+  // Numbers `work` (the next sequence number) and remembers `op` until done() or report().
+  int64_t issued(const c10d::Work* work, const CollectiveOp& op);
   void done(const c10d::Work* work);
   // Collectives issued so far by this rank.
   int64_t count() const;
@@ -64,7 +74,7 @@ class CollectiveProgress {
   // Issued and not yet waited for, by sequence number: (work, description). Works waited for
   // elsewhere (a comm hook's future) never call done(): only the newest kMaxPending are kept.
   static constexpr size_t kMaxPending = 1024;
-  std::map<int64_t, std::pair<const c10d::Work*, std::string>> pending_;
+  std::map<int64_t, std::pair<const c10d::Work*, CollectiveOp>> pending_;
   std::condition_variable stop_cv_;
   bool stop_ = false;
   std::thread heartbeat_;

@@ -69,9 +69,8 @@ class ProcessGroup {
   // Called once by the destructor (init sets it for NCCL).
   void set_shutdown(std::function<void()> shutdown) { shutdown_ = std::move(shutdown); }
 
-  // Desync detection (see [Note: sequence numbers]): collectives issued so far by this rank, and
-  // who is behind, for an error about the newest one (a comm hook's future timed out).
-  int64_t collectives_issued() const { return progress_->count(); }
+  // Desync detection (see [Note: sequence numbers]): who is behind, for an error about the
+  // newest collective (a comm hook's future timed out).
   std::string progress_report() const { return progress_->report(nullptr); }
 
   // Unique per-process counter for store keys, so that repeated exchanges do not collide.
@@ -88,7 +87,8 @@ class ProcessGroup {
   std::function<void()> shutdown_;  // empty: nothing to shut down (Gloo)
   // Numbers every collective and publishes this rank's count (heartbeat); never null.
   std::unique_ptr<CollectiveProgress> progress_;
-  c10::intrusive_ptr<c10d::Work> issued(c10::intrusive_ptr<c10d::Work> work, const std::string& op);
+  c10::intrusive_ptr<c10d::Work> issued(c10::intrusive_ptr<c10d::Work> work,
+                                        const CollectiveOp& op);
 };
 
 using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
