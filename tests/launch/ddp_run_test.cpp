@@ -26,34 +26,17 @@
 
 #include "ddp/launch/spawn.hpp"
 #include "support/run_command.hpp"
+#include "support/temp_dir.hpp"
 
 extern char** environ;
 
 namespace {
 
+using ddp::testing::TempDir;
+
 using Clock = std::chrono::steady_clock;
 using ddp::testing::read_file;
 using namespace std::chrono_literals;
-
-// A private directory for one test's files (pids, FIFOs, output), removed afterwards.
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string templ = std::string(base ? base : "/tmp") + "/ddp-run-test.XXXXXX";
-    if (::mkdtemp(templ.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = templ;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
 
 // Polls `done` until it holds or `bound` passes. Polling stands in for an event the test cannot
 // wait on directly (a file appearing, a process vanishing); the bound keeps a bug from hanging.
@@ -86,8 +69,8 @@ Launched start_ddp_run(const std::vector<std::string>& args, const TempDir& dir,
                        const std::string& tag = "run",
                        const std::map<std::string, std::string>& env = {}) {
   Launched l;
-  l.out_path = dir / (tag + ".out");
-  l.err_path = dir / (tag + ".err");
+  l.out_path = dir.file(tag + ".out");
+  l.err_path = dir.file(tag + ".err");
   // Everything the child needs is built before fork: the test binary may have threads.
   std::vector<std::string> argv_s = {DDP_RUN_PATH};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
@@ -148,7 +131,7 @@ std::vector<std::string> sh(std::vector<std::string> flags, const std::string& s
 
 // Shell snippet: the worker records its pid as $D/pid.$RANK, atomically (rename).
 std::string record_pid(const TempDir& dir) {
-  return "D='" + dir.path() + "'; echo $$ > \"$D/pid.$RANK.tmp\" && mv \"$D/pid.$RANK.tmp\" " +
+  return "D='" + dir.str() + "'; echo $$ > \"$D/pid.$RANK.tmp\" && mv \"$D/pid.$RANK.tmp\" " +
          "\"$D/pid.$RANK\"; ";
 }
 
@@ -157,14 +140,14 @@ std::vector<pid_t> wait_for_pids(const TempDir& dir, const std::vector<int>& ran
   const bool all = wait_until(
       [&] {
         for (int r : ranks) {
-          if (!std::filesystem::exists(dir / ("pid." + std::to_string(r)))) return false;
+          if (!std::filesystem::exists(dir.file("pid." + std::to_string(r)))) return false;
         }
         return true;
       },
       30s);
   if (!all) return {};
   std::vector<pid_t> pids;
-  for (int r : ranks) pids.push_back(std::stoi(read_file(dir / ("pid." + std::to_string(r)))));
+  for (int r : ranks) pids.push_back(std::stoi(read_file(dir.file("pid." + std::to_string(r)))));
   return pids;
 }
 
@@ -188,7 +171,7 @@ void reap_leftovers(const std::vector<pid_t>& pids) {
 // A FIFO a worker blocks on (`read x < fifo`) until the test releases it: the worker proceeds on
 // the test's event, not on a timer.
 std::string make_gate(const TempDir& dir) {
-  const std::string path = dir / "gate";
+  const std::string path = dir.file("gate");
   if (::mkfifo(path.c_str(), 0600) != 0) throw std::runtime_error("mkfifo failed");
   return path;
 }
@@ -411,7 +394,7 @@ TEST_P(DdpRunSignal, ReachesEveryWorkerAndNoWorkerRemains) {
   EXPECT_EQ(f.code, 128 + sig) << f.err;
   EXPECT_NE(f.err.find("ddp-run: got signal " + std::to_string(sig)), std::string::npos) << f.err;
   for (int r = 0; r < 2; ++r) {
-    EXPECT_EQ(read_file(dir / ("sig." + std::to_string(r))), "got\n") << "rank " << r;
+    EXPECT_EQ(read_file(dir.file("sig." + std::to_string(r))), "got\n") << "rank " << r;
     EXPECT_TRUE(process_gone(pids[r])) << "rank " << r;
   }
 }
@@ -475,9 +458,9 @@ TEST(DdpRun, TheJobTimeoutStopsEveryWorker) {
 
 TEST(DdpRun, AProgramThatCannotRunIsReported) {
   TempDir dir;
-  const auto f = ddp_run({"--", dir / "no-such-program"}, dir);
+  const auto f = ddp_run({"--", dir.file("no-such-program")}, dir);
   EXPECT_EQ(f.code, 1) << f.err;
-  EXPECT_NE(f.err.find("[rank 0] ddp-run: cannot run " + (dir / "no-such-program") +
+  EXPECT_NE(f.err.find("[rank 0] ddp-run: cannot run " + dir.file("no-such-program") +
                        ": No such file or directory\n"),
             std::string::npos)
       << f.err;
@@ -496,12 +479,12 @@ TEST_P(DdpRunBadFlags, AreRefusedWithTheFlagNamed) {
   // The program would leave a file if it ever ran.
   auto args = GetParam().args;
   for (auto& a : args) {
-    if (a == "PROGRAM") a = "touch '" + (dir / "ran") + "'";
+    if (a == "PROGRAM") a = "touch '" + dir.file("ran") + "'";
   }
   const auto f = ddp_run(args, dir);
   EXPECT_EQ(f.code, 2) << f.err;
   EXPECT_NE(f.err.find(GetParam().error), std::string::npos) << f.err;
-  EXPECT_FALSE(std::filesystem::exists(dir / "ran")) << "a worker started despite bad flags";
+  EXPECT_FALSE(std::filesystem::exists(dir.file("ran"))) << "a worker started despite bad flags";
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -564,25 +547,25 @@ TEST(DdpRun, MaxRestartsResumesFromTheCheckpointAndEqualsAnUninterruptedRun) {
     return launcher;
   };
   const auto straight = ddp_run(
-      args({"--nproc-per-node", "2"}, {"--save-weights", dir / "straight.safetensors"}), dir);
+      args({"--nproc-per-node", "2"}, {"--save-weights", dir.file("straight.safetensors")}), dir);
   ASSERT_EQ(straight.code, 0) << straight.out << straight.err;
   const auto restarted = wait_ddp_run(
       start_ddp_run(
           args({"--nproc-per-node", "2", "--max-restarts", "1"},
-               {"--checkpoint-dir", dir / "ckpt", "--checkpoint-every", "5", "--fail-at-step", "7",
-                "--fail-rank", "1", "--save-weights", dir / "restarted.safetensors"}),
+               {"--checkpoint-dir", dir.file("ckpt"), "--checkpoint-every", "5", "--fail-at-step",
+                "7", "--fail-rank", "1", "--save-weights", dir.file("restarted.safetensors")}),
           dir, "restart"),
       150s);
   ASSERT_EQ(restarted.code, 0) << restarted.out << restarted.err;
   const std::string all = restarted.out + restarted.err;
   EXPECT_NE(all.find("ddp-run: rank 1 exited with code 3"), std::string::npos) << all;
   EXPECT_NE(all.find("ddp-run: restarting the group (restart 1 of 1)"), std::string::npos) << all;
-  EXPECT_NE(all.find("[rank 0] ddp-train: resumed from " + (dir / "ckpt") + "/step-5 at step 5"),
+  EXPECT_NE(all.find("[rank 0] ddp-train: resumed from " + dir.file("ckpt") + "/step-5 at step 5"),
             std::string::npos)
       << all;
-  const std::string a = file_bytes(dir / "straight.safetensors");
+  const std::string a = file_bytes(dir.file("straight.safetensors"));
   ASSERT_FALSE(a.empty());
-  EXPECT_TRUE(a == file_bytes(dir / "restarted.safetensors"))
+  EXPECT_TRUE(a == file_bytes(dir.file("restarted.safetensors")))
       << "the restarted run's final parameters differ from the uninterrupted run's";
 }
 
