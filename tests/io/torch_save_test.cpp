@@ -12,6 +12,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include "support/pytorch_required.hpp"
 #include "support/run_command.hpp"
 #include "support/temp_dir.hpp"
 
@@ -32,13 +33,6 @@ std::string error_of(const std::function<void()>& fn) {
 }
 
 // Whether /usr/bin/python3 can import torch (Debian's python3-torch); the interop tests need it.
-bool python_has_torch() {
-  static const bool has =
-      ::access("/usr/bin/python3", X_OK) == 0 &&
-      ddp::testing::run_command("/usr/bin/python3 -c 'import torch'").second == 0;
-  return has;
-}
-
 // Runs a Python program (written to a file in `dir`, so no shell quoting) and returns its output.
 std::pair<std::string, int> python(const TempDir& dir, const std::string& program) {
   const std::string script = dir.file("script.py");
@@ -87,7 +81,8 @@ TEST(TorchSave, ExtensionPicksTheFormat) {
 }
 
 TEST(TorchSave, PythonTorchLoadReadsOurs) {
-  if (!python_has_torch()) GTEST_SKIP() << "/usr/bin/python3 has no torch (python3-torch)";
+  DDP_REQUIRE_PYTORCH(ddp::testing::python_has_torch(),
+                      "/usr/bin/python3 has no torch (python3-torch)");
   TempDir dir;
   ddp::io::save_torch(dir.file("ours.pt"), sample_tensors());
   const auto [out, code] = python(dir, R"(
@@ -110,7 +105,8 @@ print('python read ok')
 }
 
 TEST(TorchSave, WeLoadPythonTorchSave) {
-  if (!python_has_torch()) GTEST_SKIP() << "/usr/bin/python3 has no torch (python3-torch)";
+  DDP_REQUIRE_PYTORCH(ddp::testing::python_has_torch(),
+                      "/usr/bin/python3 has no torch (python3-torch)");
   TempDir dir;
   const auto [out, code] = python(dir, R"(
 import torch

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "ddp/launch/spawn.hpp"
+#include "support/pytorch_required.hpp"
 #include "support/run_command.hpp"
 
 namespace {
@@ -70,9 +71,10 @@ TEST(DdpTrain, MissingLauncherVariableIsNamed) {
 }
 
 // An external launcher: torchrun (Debian's python3-torch) sets the environment, ddp-train runs as
-// one worker per process. Skipped where torchrun is not installed.
+// one worker per process. Needs torchrun (see support/pytorch_required.hpp).
 TEST(DdpTrain, RunsUnderTorchrunNoPython) {
-  if (::access("/usr/bin/torchrun", X_OK) != 0) GTEST_SKIP() << "torchrun is not installed";
+  DDP_REQUIRE_PYTORCH(::access("/usr/bin/torchrun", X_OK) == 0,
+                      "torchrun is not installed (python3-torch)");
   const std::string port = std::to_string(ddp::launch::find_free_port());
   const auto [out, code] =
       // -r 1 -t 1: Debian's torchrun 1.13 on Python 3.11 fails to parse the default "0" for
