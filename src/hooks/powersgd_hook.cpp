@@ -39,6 +39,7 @@ namespace {
 // (n x rank) and Q (m x rank) live in the bucket's packed P and Q memory.
 struct MatrixSlot {
   at::Tensor matrix;  // n x m view into bucket.buffer
+  size_t param = 0;   // index into bucket.params
   int64_t rank = 0;   // min(n, m, matrix_approximation_rank)
   int64_t p_offset = 0;
   int64_t q_offset = 0;
@@ -65,6 +66,16 @@ struct BucketState {
   std::vector<int64_t> offsets;
   std::vector<int64_t> lengths;
   std::vector<int64_t> rows;  // shape[0] of each parameter, -1 for 0-D and 1-D ones
+  // Which parameter each slot holds, to carry residual and Q over a plan change (see
+  // [Note: plan changes]). Identity only: never dereferenced.
+  std::vector<const c10::TensorImpl*> param_ids;
+  // Per compressed matrix: its parameter and where its Q lives in q_memory.
+  struct QSlot {
+    const c10::TensorImpl* param;
+    int64_t offset;
+    int64_t numel;
+  };
+  std::vector<QSlot> q_slots;
   // With error feedback: bucket-sized; input minus output of the last compressed iteration.
   // Undefined until the bucket is first compressed (then it is zero, as PyTorch's).
   at::Tensor residual;
@@ -109,6 +120,7 @@ class PowerSGDHook final : public CommHook {
     check_bucket(bucket);
     if (bucket.iteration < options_.start_powerSGD_iter) return warmup_->run(bucket);
     std::lock_guard<std::mutex> lock(mutex_);  // state_ is shared by all buckets
+    if (bucket.plan_epoch != plan_epoch_) carry_over_plan_change(bucket.plan_epoch);
     BucketSplit parts = split(bucket);
     BucketState& state = state_for(bucket, parts);  // a layout error keeps the old state
     try {
@@ -157,7 +169,7 @@ class PowerSGDHook final : public CommHook {
         const int64_t m = param.numel() / n;
         const int64_t rank = std::min({n, m, options_.matrix_approximation_rank});
         if (should_compress(n, m, rank, options_.min_compression_rate)) {
-          out.matrices.push_back({flat.view({n, m}), rank, out.p_numel, out.q_numel});
+          out.matrices.push_back({flat.view({n, m}), i, rank, out.p_numel, out.q_numel});
           out.p_numel += n * rank;
           out.q_numel += m * rank;
           continue;
@@ -180,6 +192,12 @@ class PowerSGDHook final : public CommHook {
       state.offsets = bucket.offsets;
       state.lengths = bucket.lengths;
       state.rows = row_counts(bucket);
+      for (const auto& param : bucket.params)
+        state.param_ids.push_back(param.unsafeGetTensorImpl());
+      for (const auto& slot : split.matrices) {
+        state.q_slots.push_back({bucket.params[slot.param].unsafeGetTensorImpl(), slot.q_offset,
+                                 slot.matrix.size(1) * slot.rank});
+      }
       const int64_t sent = split.uncompressed_numel + split.p_numel + split.q_numel;
       obs::log(obs::LogLevel::kInfo, pg_->rank(),
                "powersgd: bucket " + std::to_string(bucket.index) + ": " +
@@ -203,6 +221,46 @@ class PowerSGDHook final : public CommHook {
     return state;
   }
 
+  // [Note: plan changes] The Reducer may change its bucket plan once (graph planning at the first
+  // forward, or without it the rebuild after iteration 1 from the observed order), so a bucket
+  // index can come back holding other parameters at other offsets. PyTorch asks for
+  // start_powerSGD_iter >= 2 to avoid meeting this; here each parameter's residual and Q move with
+  // the parameter: they are cut out of the old buckets' state, keyed by the parameter, and put
+  // into the new buckets' state when those are first compressed. The result is what it would have
+  // been had the parameter been in its new bucket from the start.
+  void carry_over_plan_change(int64_t epoch) {
+    for (auto& [index, state] : state_) {
+      if (state.residual.defined()) {
+        for (size_t i = 0; i < state.param_ids.size(); ++i) {
+          carried_residual_[state.param_ids[i]] =
+              state.residual.narrow(0, state.offsets[i], state.lengths[i]).clone();
+        }
+      }
+      if (state.q_initialized) {
+        for (const auto& slot : state.q_slots) {
+          carried_q_[slot.param] = state.q_memory.narrow(0, slot.offset, slot.numel).clone();
+        }
+      }
+    }
+    state_.clear();
+    plan_epoch_ = epoch;
+  }
+
+  // A new bucket's first compressed iteration after a plan change: the residual its parameters
+  // had in their old buckets (zeros for any without one). Undefined when nothing was carried.
+  at::Tensor carried_residual(const GradBucket& bucket) {
+    if (carried_residual_.empty()) return {};
+    at::Tensor residual;
+    for (size_t i = 0; i < bucket.params.size(); ++i) {
+      auto it = carried_residual_.find(bucket.params[i].unsafeGetTensorImpl());
+      if (it == carried_residual_.end()) continue;
+      if (!residual.defined()) residual = at::zeros_like(bucket.buffer);
+      residual.narrow(0, bucket.offsets[i], bucket.lengths[i]).copy_(it->second);
+      carried_residual_.erase(it);
+    }
+    return residual;
+  }
+
   // Fills every Q of the bucket from a CPU generator seeded with (seed, bucket index, iteration):
   // the same values on every rank, in matrix order, whatever device the bucket is on.
   void randomize(const GradBucket& bucket, const std::vector<at::Tensor>& qs) const {
@@ -223,6 +281,7 @@ class PowerSGDHook final : public CommHook {
     // Error feedback: M_input = gradient + residual; the residual slot keeps M_input until the
     // output is known, then becomes M_input - output.
     if (options_.use_error_feedback) {
+      if (!state.residual.defined()) state.residual = carried_residual(bucket);
       if (state.residual.defined()) {
         buffer.add_(state.residual);
         state.residual.copy_(buffer);
@@ -257,6 +316,14 @@ class PowerSGDHook final : public CommHook {
         qs.push_back(state.q_memory.narrow(0, slot.q_offset, m * slot.rank).view({m, slot.rank}));
       }
       if (!options_.warm_start || !state.q_initialized) randomize(bucket, qs);
+      if (options_.warm_start && !state.q_initialized) {
+        for (size_t i = 0; i < qs.size(); ++i) {  // a plan change keeps each matrix's Q
+          auto it = carried_q_.find(bucket.params[parts.matrices[i].param].unsafeGetTensorImpl());
+          if (it == carried_q_.end() || it->second.numel() != qs[i].numel()) continue;
+          qs[i].view({-1}).copy_(it->second);
+          carried_q_.erase(it);
+        }
+      }
       for (const auto& q : qs) orthogonalize(q, options_.orthogonalization_epsilon);
 
       // 2. P = M Q, all-reduced (summed: orthogonalization removes any common scale).
@@ -301,8 +368,13 @@ class PowerSGDHook final : public CommHook {
   PowerSGDOptions options_;
   CommHookPtr warmup_;  // the plain average for iterations before start_powerSGD_iter
   std::mutex mutex_;
-  // Per bucket index; filled on a bucket's first compressed iteration, kept for the hook's life.
+  // Per bucket index; filled on a bucket's first compressed iteration, kept until the plan
+  // changes (see [Note: plan changes]).
   std::unordered_map<size_t, BucketState> state_;
+  int64_t plan_epoch_ = 0;  // the GradBucket::plan_epoch state_ was made for
+  // Per parameter, between a plan change and its new bucket's first compressed iteration.
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> carried_residual_;
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> carried_q_;
 };
 
 }  // namespace

@@ -18,7 +18,8 @@ using Model = parallel::DistributedDataParallel<torch::nn::AnyModule>;
 std::vector<torch::Tensor> grads_with(comm::ProcessGroupPtr pg, hooks::CommHookPtr hook) {
   auto w = models::make_workload("net", {32});
   parallel::DDPOptions options;
-  options.first_bucket_cap_mb = options.bucket_cap_mb = 0.002;  // several buckets
+  options.reducer.buckets.first_bucket_cap_bytes = options.reducer.buckets.bucket_cap_bytes =
+      buckets::mib_bytes(0.002);  // several buckets
   Model model(w.module, pg, options);
   if (hook) model.register_comm_hook(hook);
   auto [x, y] = w.batch(pg->rank() * 4, 4);
@@ -146,6 +147,66 @@ TEST_P(PowerSGDTraining, FinalLossWithinAFactorOfAllreduce) {
   EXPECT_TRUE(result.ok()) << result.describe();
 }
 INSTANTIATE_TEST_SUITE_P(WorldSizes, PowerSGDTraining, ::testing::Values(2, 3));
+
+// PowerSGD from iteration 0 without graph planning, on a model used in the opposite order of its
+// registration: the plan starts in reverse registration order and is rebuilt after iteration 1
+// from the observed order, under live PowerSGD state. Only `late.weight` (16x16) is compressed
+// ((16 + 16) * 1 * 2 < 256; early's 16x2 is not), so its Q draw and the packed average of the
+// rest do not depend on bucket layout: the run must end where the same run with graph planning
+// (the observed order from iteration 0, no rebuild) ends, up to the all-reduces' summation order.
+struct LateEarlyImpl : torch::nn::Module {
+  LateEarlyImpl() {
+    late = register_module("late", torch::nn::Linear(16, 16));  // registered first, used last
+    early = register_module("early", torch::nn::Linear(2, 16));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return late(torch::relu(early(x))); }
+  torch::nn::Linear late{nullptr}, early{nullptr};
+};
+TORCH_MODULE(LateEarly);
+
+DDP_TEST_WORKER(powersgd_after_rebuild) {
+  auto pg = worker_process_group();
+  auto train = [&](bool graph_planning) {
+    torch::manual_seed(5);
+    LateEarly net;
+    parallel::DDPOptions options;
+    options.graph_planning = graph_planning;
+    parallel::DistributedDataParallel<LateEarly> model(net, pg, options);
+    hooks::PowerSGDOptions o;
+    o.start_powerSGD_iter = 0;
+    model.register_comm_hook(hooks::powersgd_hook(pg, o));
+    torch::optim::SGD opt(model.parameters(), torch::optim::SGDOptions(0.05));
+    for (int step = 0; step < 5; ++step) {
+      torch::manual_seed(100 * step + pg->rank());
+      auto x = torch::randn({8, 2});
+      auto y = torch::randn({8, 16});
+      opt.zero_grad();
+      torch::mse_loss(model(x), y).backward();
+      opt.step();
+    }
+    std::vector<torch::Tensor> params;
+    for (const auto& p : model.parameters()) params.push_back(p.detach().clone());
+    return std::make_pair(params, model.reducer().num_plan_changes());
+  };
+  const auto [rebuilt, rebuilds] = train(false);
+  const auto [planned, plan_changes] = train(true);
+  require(rebuilds == 1,
+          "without graph planning the plan must be rebuilt once, got " + std::to_string(rebuilds));
+  require(plan_changes == 1,
+          "graph planning must set the plan once, got " + std::to_string(plan_changes));
+  for (size_t i = 0; i < rebuilt.size(); ++i) {
+    const double err = ((rebuilt[i] - planned[i]).norm() / planned[i].norm()).item<double>();
+    require(err < 1e-5, "parameter " + std::to_string(i) + " differs between the rebuilt and " +
+                            "planned runs: relative error " + std::to_string(err));
+  }
+}
+
+class PowerSGDRebuild : public ::testing::TestWithParam<int> {};
+TEST_P(PowerSGDRebuild, StartIterZeroSurvivesThePostIterationOneRebuild) {
+  const auto result = run_workers("powersgd_after_rebuild", GetParam());
+  EXPECT_TRUE(result.ok()) << result.describe();
+}
+INSTANTIATE_TEST_SUITE_P(WorldSizes, PowerSGDRebuild, ::testing::Values(1, 2, 3));
 
 }  // namespace
 }  // namespace ddp::testing

@@ -24,6 +24,11 @@ struct GradBucket {
   std::vector<int64_t> lengths;    // element count of each
   bool is_last = false;            // the last bucket of this backward
   int64_t iteration = 0;           // synchronized backwards completed before this one
+  // Which bucket plan this bucket belongs to: 0 for the first, +1 each time the plan changes
+  // (graph planning at the first forward, or the rebuild after iteration 1). A hook that keeps
+  // state per bucket index must re-key it when the epoch changes: the same index may now hold
+  // other parameters at other offsets.
+  int64_t plan_epoch = 0;
   // The gradient of parameter i as a tensor shaped like it: a view into `buffer`.
   at::Tensor gradient(size_t i) const;
 };

@@ -30,8 +30,10 @@ struct PowerSGDOptions {
   // strongest compression; raise by factors of 2 (1, 2, 4, ...) until accuracy is acceptable.
   int64_t matrix_approximation_rank = 1;
   // Plain all-reduce (average) while bucket.iteration < this. Default 10, PyTorch's: early training
-  // is the most sensitive to biased gradients; PyTorch suggests ~10% of the training steps. 0 is
-  // allowed (our Reducer never rebuilds buckets, the reason PyTorch insists on >= 2).
+  // is the most sensitive to biased gradients; PyTorch suggests ~10% of the training steps. 0 and 1
+  // are allowed: PyTorch insists on >= 2 because its buckets are rebuilt after iteration 1; ours
+  // may be too (without graph planning), and the hook then carries each parameter's residual and
+  // Q into its new bucket (GradBucket::plan_epoch; [Note: plan changes] in the source).
   int64_t start_powerSGD_iter = 10;
   // A matrix n x m is compressed only if (n + m) * r * rate < n * m (strict, as PyTorch's
   // _should_compress): below that the matmuls and extra round trip cost more than the bytes saved.
@@ -56,8 +58,9 @@ struct PowerSGDOptions {
 };
 
 // The PowerSGD hook for one model's buckets: it keeps per-bucket-index state (residual, P, Q), so
-// each DistributedDataParallel needs its own. A bucket whose layout changes under an index is an
-// error, not a silent reset. Throws (TORCH_CHECK) on a null `pg` or out-of-range options.
+// each DistributedDataParallel needs its own. A bucket whose layout changes under an index within
+// one plan epoch is an error, not a silent reset. Throws (TORCH_CHECK) on a null `pg` or
+// out-of-range options.
 CommHookPtr powersgd_hook(comm::ProcessGroupPtr pg, PowerSGDOptions options = {});
 
 // In place: makes the columns of the 2-D floating-point `matrix` orthonormal, column by column
