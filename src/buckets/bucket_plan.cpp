@@ -107,4 +107,16 @@ BucketPlan plan_buckets(const std::vector<ParamSpec>& params, const PlanOptions&
   return plan;
 }
 
+void describe(const PlanOptions& options, const std::string& prefix,
+              std::vector<std::pair<std::string, std::string>>& out) {
+  out.emplace_back(prefix + "first_bucket_cap_bytes",
+                   std::to_string(options.first_bucket_cap_bytes));
+  out.emplace_back(prefix + "bucket_cap_bytes", std::to_string(options.bucket_cap_bytes));
+}
+
+size_t mib_bytes(double mib) {
+  TORCH_CHECK(mib > 0, "ddp: a bucket cap must be a positive number of MiB, got ", mib);
+  return static_cast<size_t>(mib * static_cast<double>(kMiB));
+}
+
 }  // namespace ddp::buckets

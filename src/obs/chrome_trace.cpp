@@ -16,7 +16,7 @@ int64_t trace_now_ns() {
       .count();
 }
 
-void ChromeTrace::add_buckets(const reducer::IterationTimeline& t, const buckets::BucketPlan& plan,
+void ChromeTrace::add_buckets(const obs::IterationTimeline& t, const buckets::BucketPlan& plan,
                               int64_t step) {
   for (size_t b = 0; b < t.bucket_launch_ns.size() && b < plan.buckets.size(); ++b) {
     const int64_t launch = t.bucket_launch_ns[b];

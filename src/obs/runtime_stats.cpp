@@ -11,8 +11,7 @@ bool should_sample(int64_t iteration, int64_t every) {
   return iteration >= 1 && (iteration <= 10 || (every > 0 && iteration % every == 0));
 }
 
-IterationStats stats_from_timeline(const reducer::IterationTimeline& t,
-                                   int64_t forward_compute_ns) {
+IterationStats stats_from_timeline(const obs::IterationTimeline& t, int64_t forward_compute_ns) {
   IterationStats s;
   s.iteration = t.iteration;
   s.forward_compute_ns = forward_compute_ns;

@@ -13,15 +13,11 @@
 #include "ddp/obs/log.hpp"
 #include "ddp/parallel/replica_check.hpp"
 #include "ddp/planner/ready_order.hpp"
+#include "ddp/reducer/graph_walk.hpp"
 
 namespace ddp::parallel {
 
 namespace {
-
-size_t mib_to_bytes(double mib, const char* field) {
-  TORCH_CHECK(mib > 0, "ddp: DDPOptions::", field, " must be positive, got ", mib);
-  return static_cast<size_t>(mib * static_cast<double>(buckets::kMiB));
-}
 
 // Broadcasts `tensors` from `root`, one flat collective per dtype instead of one per tensor.
 void broadcast_coalesced(comm::ProcessGroup& pg, const std::vector<torch::Tensor>& tensors,
@@ -68,14 +64,6 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
   TORCH_CHECK(pg_, "ddp: DistributedDataParallel needs a process group");
   TORCH_CHECK(options_.stats_every >= 1, "ddp: DDPOptions::stats_every must be at least 1, got ",
               options_.stats_every);
-  reducer::ReducerOptions reducer_options;
-  reducer_options.gradient_as_bucket_view = options_.gradient_as_bucket_view;
-  reducer_options.find_unused_parameters = options_.find_unused_parameters;
-  reducer_options.static_graph = options_.static_graph;
-  reducer_options.bucket_cap_bytes = mib_to_bytes(options_.bucket_cap_mb, "bucket_cap_mb");
-  reducer_options.first_bucket_cap_bytes =
-      mib_to_bytes(options_.first_bucket_cap_mb, "first_bucket_cap_mb");
-
   std::set<std::string> ignore(options_.params_to_ignore.begin(), options_.params_to_ignore.end());
   std::set<std::string> known;
   // Tied weights are registered under several names; C++ named_parameters() does not deduplicate,
@@ -119,8 +107,9 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
   state.insert(state.end(), buffers_.begin(), buffers_.end());
   broadcast_coalesced(*pg_, state, 0, "broadcast of rank 0's parameters and buffers");
 
-  reducer_ = std::make_unique<reducer::Reducer>(grad_params, param_names_, pg_, reducer_options,
+  reducer_ = std::make_unique<reducer::Reducer>(grad_params, param_names_, pg_, options_.reducer,
                                                 expect_sparse);
+  reducer_->add_listener(&timeline_, "the stats timeline");
   const bool show =
       pg_->rank() == 0 && (options_.verbose || obs::log_level() >= obs::LogLevel::kInfo);
   if (show) {
@@ -147,8 +136,13 @@ void DistributedDataParallelBase::register_comm_hook(hooks::CommHookPtr hook) {
 }
 
 void DistributedDataParallelBase::set_optimizer_in_backward(
-    const reducer::ParamOptimizerFactory& factory) {
-  reducer_->set_optimizer_in_backward(factory);
+    const optim::ParamOptimizerFactory& factory) {
+  TORCH_CHECK(!reducer_->backward_ran(),
+              "ddp: set_optimizer_in_backward must be called before the first backward");
+  TORCH_CHECK(!optimizer_in_backward_, "ddp: the optimizer in backward is already set");
+  auto listener = std::make_unique<optim::OptimizerInBackward>(reducer_->params(), factory);
+  reducer_->add_listener(listener.get(), "set_optimizer_in_backward");
+  optimizer_in_backward_ = std::move(listener);
 }
 
 void DistributedDataParallelBase::zero_grad() {
@@ -187,7 +181,7 @@ void DistributedDataParallelBase::post_forward(const std::vector<torch::Tensor>&
     reducer_->prepare_for_local_backward();
     return;
   }
-  const bool walk = options_.find_unused_parameters || options_.static_graph ||
+  const bool walk = options_.reducer.find_unused_parameters || options_.reducer.static_graph ||
                     (options_.graph_planning && reducer_->awaiting_plan());
   TORCH_CHECK(!walk || !outputs.empty(),
               "ddp: find_unused_parameters, static_graph and graph planning need the forward to "
@@ -195,7 +189,9 @@ void DistributedDataParallelBase::post_forward(const std::vector<torch::Tensor>&
   if (options_.graph_planning && reducer_->awaiting_plan()) {
     reducer_->set_predicted_order(planner::predict_ready_order(outputs, reducer_->params()));
   }
-  reducer_->prepare_for_backward(outputs);
+  reducer_->prepare_for_backward(reducer_->needs_walk()
+                                     ? reducer::reachable_params(outputs, reducer_->params())
+                                     : std::vector<bool>{});
   last_forward_ns_ = now_ns() - forward_start_ns_;
   ++iterations_;
 }
@@ -205,7 +201,7 @@ void DistributedDataParallelBase::collect_stats() {
   if (done == stats_collected_through_) return;
   stats_collected_through_ = done;
   if (!obs::should_sample(done, options_.stats_every)) return;
-  samples_.push_back(obs::stats_from_timeline(reducer_->last_timeline(), last_forward_ns_));
+  samples_.push_back(obs::stats_from_timeline(timeline_.last(), last_forward_ns_));
   if (samples_.size() > 64) samples_.erase(samples_.begin());  // bounded memory in long runs
 }
 
@@ -216,16 +212,7 @@ obs::LoggingData DistributedDataParallelBase::logging_data() {
   d.world_size = pg_->world_size();
   d.backend = pg_->backend_name();
   d.comm_hook = reducer_->comm_hook_name();
-  auto flag = [](bool b) { return std::string(b ? "true" : "false"); };
-  d.options = {{"broadcast_buffers", flag(options_.broadcast_buffers)},
-               {"find_unused_parameters", flag(options_.find_unused_parameters)},
-               {"static_graph", flag(options_.static_graph)},
-               {"graph_planning", flag(options_.graph_planning)},
-               {"gradient_as_bucket_view", flag(options_.gradient_as_bucket_view)},
-               {"bucket_cap_mb", std::to_string(options_.bucket_cap_mb)},
-               {"first_bucket_cap_mb", std::to_string(options_.first_bucket_cap_mb)},
-               {"params_to_ignore", std::to_string(options_.params_to_ignore.size())},
-               {"stats_every", std::to_string(options_.stats_every)}};
+  for (const auto& [name, value] : describe(options_)) d.options[name] = value;
   for (const auto& b : reducer_->plan().buckets) d.bucket_sizes.push_back(b.bytes);
   d.param_names = param_names_;
   d.iterations = reducer_->num_synchronized_backwards();

@@ -55,7 +55,7 @@ DDP_TEST_WORKER(gpu_equivalence) {
   const TrainResult oracle = train_single(spec, pg->world_size());
   for (bool view : {true, false}) {
     parallel::DDPOptions options;
-    options.gradient_as_bucket_view = view;
+    options.reducer.gradient_as_bucket_view = view;
     const TrainResult got = train_ddp(spec, pg, options);
     std::ostringstream ctx;
     ctx << spec.model << (spec.autocast_bf16 ? " bf16-autocast" : " fp32") << " view=" << view

@@ -20,7 +20,7 @@ TEST(RuntimeStats, SamplesTheFirstTenThenEveryNth) {
 }
 
 TEST(RuntimeStats, OverlapIsTheMergedCommBeforeComputeEnds) {
-  reducer::IterationTimeline t;
+  obs::IterationTimeline t;
   t.iteration = 3;
   t.param_ready_ns = {100, 250, -1, 400};  // compute ends at 400
   t.bucket_launch_ns = {120, 260, 410};
@@ -39,7 +39,8 @@ DDP_TEST_WORKER(logging_data) {
   models::Net net(64);
   parallel::DDPOptions options;
   options.stats_every = 4;
-  options.first_bucket_cap_mb = options.bucket_cap_mb = 0.02;
+  options.reducer.buckets.first_bucket_cap_bytes = options.reducer.buckets.bucket_cap_bytes =
+      buckets::mib_bytes(0.02);
   parallel::DistributedDataParallel<models::Net> model(net, pg, options);
   auto x = torch::randn({8, 64});
   for (int i = 0; i < 13; ++i) model(x).pow(2).mean().backward();

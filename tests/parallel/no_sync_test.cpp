@@ -20,8 +20,9 @@ DDP_TEST_WORKER(no_sync) {
   const TrainResult oracle = train_single(spec, pg->world_size());
   for (bool view : {true, false}) {
     parallel::DDPOptions options;
-    options.gradient_as_bucket_view = view;
-    options.first_bucket_cap_mb = options.bucket_cap_mb = 1e-3;
+    options.reducer.gradient_as_bucket_view = view;
+    options.reducer.buckets.first_bucket_cap_bytes = options.reducer.buckets.bucket_cap_bytes =
+        buckets::mib_bytes(1e-3);
     const TrainResult got = train_ddp(spec, pg, options);
     std::ostringstream ctx;
     ctx << "no_sync " << spec.model << " view=" << view << " rank " << pg->rank();

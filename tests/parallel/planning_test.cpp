@@ -27,7 +27,7 @@ std::vector<std::string> plan_names(Model& m) {
 
 // The order the gradients actually became ready in the last backward.
 std::vector<std::string> observed_names(Model& m) {
-  const auto tl = m.reducer().last_timeline();
+  const auto tl = m.last_timeline();
   std::vector<size_t> idx(tl.param_ready_ns.size());
   std::iota(idx.begin(), idx.end(), size_t{0});
   std::stable_sort(idx.begin(), idx.end(),
@@ -48,7 +48,8 @@ DDP_TEST_WORKER(planning) {
     auto w = models::make_workload("out-of-order");
     parallel::DDPOptions options;
     options.graph_planning = planning;
-    options.first_bucket_cap_mb = options.bucket_cap_mb = 1e-6;  // a bucket per parameter
+    options.reducer.buckets.first_bucket_cap_bytes = options.reducer.buckets.bucket_cap_bytes =
+        buckets::mib_bytes(1e-6);  // a bucket per parameter
     Model model(w.module, pg, options);
     require(plan_names(model) == kReverse, "the initial plan must be reverse registration order");
     torch::optim::SGD opt(model.parameters(), 0.05);
@@ -92,7 +93,8 @@ DDP_TEST_WORKER(planning_equivalence) {
   for (bool planning : {true, false}) {
     parallel::DDPOptions options;
     options.graph_planning = planning;
-    options.first_bucket_cap_mb = options.bucket_cap_mb = 1e-3;
+    options.reducer.buckets.first_bucket_cap_bytes = options.reducer.buckets.bucket_cap_bytes =
+        buckets::mib_bytes(1e-3);
     const TrainResult got = train_ddp(spec, pg, options);
     require_close(got.names, got.params, oracle.params, 1e-5,
                   std::string("planning ") + (planning ? "on" : "off"));

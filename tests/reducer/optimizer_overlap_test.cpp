@@ -29,7 +29,8 @@ DDP_TEST_WORKER(optimizer_overlap) {
     for (bool overlap : {false, true}) {
       auto w = models::make_workload("mlp", {24});
       parallel::DDPOptions options;
-      options.first_bucket_cap_mb = options.bucket_cap_mb = 0.001;  // a bucket per layer
+      options.reducer.buckets.first_bucket_cap_bytes = options.reducer.buckets.bucket_cap_bytes =
+          buckets::mib_bytes(0.001);  // a bucket per layer
       Model model(w.module, pg, options);
       std::unique_ptr<torch::optim::Optimizer> opt;
       if (overlap) {

@@ -18,13 +18,14 @@ DDP_TEST_WORKER(overlap) {
   auto pg = worker_process_group();
   models::Net net(1024);
   parallel::DDPOptions options;
-  options.first_bucket_cap_mb = options.bucket_cap_mb = 2;
+  options.reducer.buckets.first_bucket_cap_bytes = options.reducer.buckets.bucket_cap_bytes =
+      buckets::mib_bytes(2);
   parallel::DistributedDataParallel<models::Net> model(net, pg, options);
   require(model.bucket_plan().buckets.size() == 4, "expected one bucket per layer");
   auto x = torch::randn({32, 1024});
   for (int step = 0; step < 2; ++step) {
     model(x).pow(2).mean().backward();
-    const auto tl = model.reducer().last_timeline();
+    const auto tl = model.last_timeline();
     const int64_t last_ready =
         *std::max_element(tl.param_ready_ns.begin(), tl.param_ready_ns.end());
     require(tl.bucket_launch_ns[0] >= 0, "bucket 0 was not launched");

@@ -18,7 +18,7 @@ DDP_TEST_WORKER(static_graph) {
   spec.steps = 4;
   const TrainResult oracle = train_single(spec, pg->world_size());
   parallel::DDPOptions options;
-  options.static_graph = true;
+  options.reducer.static_graph = true;
   const TrainResult got = train_ddp(spec, pg, options);
   require_close(got.names, got.params, oracle.params, 1e-5, "static_graph");
 }
@@ -45,7 +45,7 @@ DDP_TEST_WORKER(static_graph_changes) {
   auto pg = worker_process_group();
   auto module = std::make_shared<Switchable>();
   parallel::DDPOptions options;
-  options.static_graph = true;
+  options.reducer.static_graph = true;
   parallel::DistributedDataParallel<std::shared_ptr<Switchable>> model(module, pg, options);
   auto x = torch::randn({2, 4});
   model(x).sum().backward();  // iteration 1: b unused, recorded

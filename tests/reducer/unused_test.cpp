@@ -22,9 +22,10 @@ DDP_TEST_WORKER(unused_branch) {
       spec.micro_batches = micro;
       const TrainResult oracle = train_single(spec, pg->world_size());
       parallel::DDPOptions options;
-      options.find_unused_parameters = true;
-      options.gradient_as_bucket_view = view;
-      options.first_bucket_cap_mb = options.bucket_cap_mb = 1e-6;
+      options.reducer.find_unused_parameters = true;
+      options.reducer.gradient_as_bucket_view = view;
+      options.reducer.buckets.first_bucket_cap_bytes = options.reducer.buckets.bucket_cap_bytes =
+          buckets::mib_bytes(1e-6);
       const TrainResult got = train_ddp(spec, pg, options);
       const std::string ctx = "unused-branch view=" + std::to_string(view) +
                               " micro=" + std::to_string(micro) + " rank " +
@@ -36,7 +37,7 @@ DDP_TEST_WORKER(unused_branch) {
   // The gradient state of a parameter no rank used.
   auto w = models::make_workload("unused-branch");
   parallel::DDPOptions options;
-  options.find_unused_parameters = true;
+  options.reducer.find_unused_parameters = true;
   parallel::DistributedDataParallel<torch::nn::AnyModule> model(w.module, pg, options);
   auto [x, y] = w.batch(pg->rank() * 4, 4);
   w.loss(model(x), y).backward();
@@ -64,7 +65,7 @@ DDP_TEST_WORKER(find_unused_many_steps) {
   spec.model = "unused-branch";
   spec.steps = 6;
   parallel::DDPOptions options;
-  options.find_unused_parameters = true;
+  options.reducer.find_unused_parameters = true;
   const TrainResult oracle = train_single(spec, pg->world_size());
   const TrainResult got = train_ddp(spec, pg, options);
   require_close(got.names, got.params, oracle.params, 1e-5, "six steps");

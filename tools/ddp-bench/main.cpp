@@ -18,9 +18,8 @@
 #include <optional>
 #include <sstream>
 
+#include "common/ddp_flags.hpp"
 #include "ddp/comm/init.hpp"
-#include "ddp/hooks/default_hooks.hpp"
-#include "ddp/hooks/powersgd_hook.hpp"
 #include "ddp/io/safetensors.hpp"
 #include "ddp/launch/spawn.hpp"
 #include "ddp/models/registry.hpp"
@@ -42,14 +41,11 @@ struct Args {
   int warmup = 3;
   int nproc = 0;
   int threads = 1;
-  double bucket_cap_mb = 25.0;
-  double first_bucket_cap_mb = 1.0;
   std::string comm_hook = "allreduce";
-  bool no_graph_planning = false;
+  ddp::DDPOptions options;  // the DDP flags (tools/common) write here; --verbose too
   bool autocast_bf16 = false;
   bool optimizer_overlap = false;
   bool json = false;
-  bool verbose = false;
   bool profile = false;
   std::string trace_file = "profile.json";
   std::string graph_dot;
@@ -157,16 +153,9 @@ int run_worker(const Args& args) {
 
   std::unique_ptr<ddp::DistributedDataParallel<torch::nn::AnyModule>> model;
   if (args.ddp) {
-    ddp::DDPOptions options;
-    options.bucket_cap_mb = args.bucket_cap_mb;
-    options.first_bucket_cap_mb = args.first_bucket_cap_mb;
-    options.graph_planning = !args.no_graph_planning;
-    options.verbose = args.verbose;
-    model =
-        std::make_unique<ddp::DistributedDataParallel<torch::nn::AnyModule>>(w.module, pg, options);
-    if (args.comm_hook == "fp16") model->register_comm_hook(ddp::hooks::fp16_compress_hook(pg));
-    if (args.comm_hook == "bf16") model->register_comm_hook(ddp::hooks::bf16_compress_hook(pg));
-    if (args.comm_hook == "powersgd") model->register_comm_hook(ddp::hooks::powersgd_hook(pg));
+    model = std::make_unique<ddp::DistributedDataParallel<torch::nn::AnyModule>>(w.module, pg,
+                                                                                 args.options);
+    if (auto hook = ddp::tools::make_comm_hook(args.comm_hook, pg)) model->register_comm_hook(hook);
   }
   std::vector<torch::Tensor> params;
   for (auto& [name, p] : named_params(*w.ptr)) params.push_back(p);
@@ -180,7 +169,7 @@ int run_worker(const Args& args) {
                                                  torch::optim::SGDOptions(args.lr));
     });
   }
-  if (lead && args.verbose) {
+  if (lead && args.options.verbose) {
     int64_t numel = 0;
     for (const auto& p : params) numel += p.numel();
     std::cout << "ddp-bench: model " << args.model << ", " << numel << " parameters, world "
@@ -223,7 +212,7 @@ int run_worker(const Args& args) {
       trace.add({"forward", "compute", 0, t0, t1, i, -1});
       trace.add({"backward", "compute", 0, t1, t2, i, -1});
       trace.add({"optimizer", "compute", 0, t2, t3, i, -1});
-      if (model) trace.add_buckets(model->reducer().last_timeline(), model->bucket_plan(), i);
+      if (model) trace.add_buckets(model->last_timeline(), model->bucket_plan(), i);
     }
   }
 
@@ -258,7 +247,7 @@ int run_worker(const Args& args) {
                     args.device.c_str(), s.median, s.mean, s.min, timed);
     }
     std::cout << line << "\n";
-    if (args.verbose && model) std::cout << ddp::obs::format_summary(model->logging_data());
+    if (args.options.verbose && model) std::cout << ddp::obs::format_summary(model->logging_data());
     std::printf("mean latency %.3f ms across %d runs\n", s.mean, timed);
     std::fflush(stdout);
   }
@@ -294,21 +283,14 @@ int main(int argc, char** argv) {
   app.add_option("--threads", args.threads, "intra-op threads per process")
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
-  app.add_option("--bucket-cap-mb", args.bucket_cap_mb, "bucket cap (MiB)")->capture_default_str();
-  app.add_option("--first-bucket-cap-mb", args.first_bucket_cap_mb, "first bucket cap (MiB)")
-      ->capture_default_str();
-  app.add_option("--comm-hook", args.comm_hook, "allreduce, fp16, bf16 or powersgd")
-      ->check(CLI::IsMember({"allreduce", "fp16", "bf16", "powersgd"}))
-      ->capture_default_str();
-  app.add_flag("--no-graph-planning", args.no_graph_planning,
-               "reverse-order buckets, rebuilt after iteration 1 (the seed's "
-               "--dynamo-no-optimize-ddp)");
+  ddp::tools::add_ddp_flags(app, args.options);
+  ddp::tools::add_comm_hook_flag(app, args.comm_hook);
   app.add_flag("--autocast-bf16", args.autocast_bf16,
                "forward and loss under bf16 autocast (parameters and gradients stay fp32)");
   app.add_flag("--optimizer-overlap", args.optimizer_overlap,
                "run each parameter's SGD step inside backward as soon as its bucket is reduced");
   app.add_flag("--json", args.json, "one JSON object per result");
-  app.add_flag("--verbose", args.verbose, "model, bucket table and runtime stats");
+  app.add_flag("--verbose", args.options.verbose, "model, bucket table and runtime stats");
   app.add_flag("--profile", args.profile, "write a Chrome trace");
   app.add_option("--trace-file", args.trace_file, "Chrome trace path")->capture_default_str();
   app.add_option("--graph-dot", args.graph_dot, "write the autograd graph as Graphviz DOT");

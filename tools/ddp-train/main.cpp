@@ -15,9 +15,8 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "common/ddp_flags.hpp"
 #include "ddp/comm/init.hpp"
-#include "ddp/hooks/default_hooks.hpp"
-#include "ddp/hooks/powersgd_hook.hpp"
 #include "ddp/io/checkpoint.hpp"
 #include "ddp/io/checkpoint_state.hpp"
 #include "ddp/io/torch_save.hpp"
@@ -38,18 +37,11 @@ struct Args {
   std::string optimizer = "sgd";
   std::string backend = "";  // "": gloo on cpu, nccl on cuda
   std::string device = "cpu";
-  double bucket_cap_mb = 25.0;
-  double first_bucket_cap_mb = 1.0;
-  bool no_bucket_view = false;
-  bool find_unused = false;
-  bool static_graph = false;
-  bool no_graph_planning = false;
   bool optimizer_overlap = false;
   std::string comm_hook = "allreduce";
-  int64_t stats_every = 100;
+  ddp::DDPOptions ddp;  // the DDP flags (tools/common) write here; --verbose too
   int timeout_s = 300;
   int threads = 1;
-  bool verbose = false;
   std::string checkpoint_dir;  // "": no checkpoints
   int checkpoint_every = 0;    // steps between checkpoints; 0: never
   int keep_checkpoints = 3;
@@ -100,24 +92,8 @@ int run_worker(const Args& args) {
   wopts.dim = args.dim;
   auto w = ddp::models::make_workload(args.model, wopts);
   w.ptr->to(device);
-  ddp::DDPOptions options;
-  options.bucket_cap_mb = args.bucket_cap_mb;
-  options.first_bucket_cap_mb = args.first_bucket_cap_mb;
-  options.gradient_as_bucket_view = !args.no_bucket_view;
-  options.find_unused_parameters = args.find_unused;
-  options.static_graph = args.static_graph;
-  options.graph_planning = !args.no_graph_planning;
-  options.stats_every = args.stats_every;
-  options.verbose = args.verbose;
-  ddp::DistributedDataParallel<torch::nn::AnyModule> model(w.module, pg, options);
-
-  if (args.comm_hook == "fp16") {
-    model.register_comm_hook(ddp::hooks::fp16_compress_hook(pg));
-  } else if (args.comm_hook == "bf16") {
-    model.register_comm_hook(ddp::hooks::bf16_compress_hook(pg));
-  } else if (args.comm_hook == "powersgd") {
-    model.register_comm_hook(ddp::hooks::powersgd_hook(pg));
-  }
+  ddp::DistributedDataParallel<torch::nn::AnyModule> model(w.module, pg, args.ddp);
+  if (auto hook = ddp::tools::make_comm_hook(args.comm_hook, pg)) model.register_comm_hook(hook);
   const double lr = args.lr > 0 ? args.lr : w.lr;
   auto make_optimizer =
       [&](const std::vector<torch::Tensor>& params) -> std::unique_ptr<torch::optim::Optimizer> {
@@ -219,12 +195,12 @@ int run_worker(const Args& args) {
       const std::string dir = ddp::io::save_checkpoint(ckpt, state);
       // Nobody goes on (or may be restarted from it) before rank 0 has the checkpoint complete.
       pg->barrier("checkpoint barrier");
-      if (lead && args.verbose) std::cout << "ddp-train: checkpoint " << dir << std::endl;
+      if (lead && args.ddp.verbose) std::cout << "ddp-train: checkpoint " << dir << std::endl;
     }
   }
   if (lead) {
     progress.finish();
-    if (args.verbose) std::cout << ddp::obs::format_summary(model.logging_data());
+    if (args.ddp.verbose) std::cout << ddp::obs::format_summary(model.logging_data());
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const int ran = std::max(0, args.steps - first_step + 1);
@@ -266,27 +242,15 @@ int main(int argc, char** argv) {
   app.add_option("--device", args.device, "cpu or cuda")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
-  app.add_option("--bucket-cap-mb", args.bucket_cap_mb, "bucket cap (MiB)")->capture_default_str();
-  app.add_option("--first-bucket-cap-mb", args.first_bucket_cap_mb, "first bucket cap (MiB)")
-      ->capture_default_str();
-  app.add_flag("--no-bucket-view", args.no_bucket_view, "copy gradients instead of bucket views");
-  app.add_flag("--find-unused-parameters", args.find_unused, "allow parameters without gradients");
+  ddp::tools::add_ddp_flags(app, args.ddp);
   app.add_option("--timeout-s", args.timeout_s, "collective timeout in seconds")
       ->check(CLI::Range(1, 86400))
       ->capture_default_str();
   app.add_option("--threads", args.threads, "intra-op threads per worker")->capture_default_str();
-  app.add_flag("--static-graph", args.static_graph, "the set of used parameters never changes");
-  app.add_flag("--no-graph-planning", args.no_graph_planning,
-               "bucket in reverse order, rebuild after iteration 1 (PyTorch eager's way)");
   app.add_flag("--optimizer-overlap", args.optimizer_overlap,
                "step each parameter's optimizer inside backward, once its bucket is reduced");
-  app.add_option("--comm-hook", args.comm_hook, "allreduce, fp16, bf16 or powersgd")
-      ->check(CLI::IsMember({"allreduce", "fp16", "bf16", "powersgd"}))
-      ->capture_default_str();
-  app.add_option("--stats-every", args.stats_every, "sample runtime stats every N iterations")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
-      ->capture_default_str();
-  app.add_flag("--verbose", args.verbose, "print the bucket table and runtime stats");
+  ddp::tools::add_comm_hook_flag(app, args.comm_hook);
+  app.add_flag("--verbose", args.ddp.verbose, "print the bucket table and runtime stats");
   app.add_option("--checkpoint-dir", args.checkpoint_dir,
                  "directory of step-<N> checkpoints (written by rank 0, read by every rank)");
   app.add_option("--checkpoint-every", args.checkpoint_every,

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ddp::buckets {
@@ -62,6 +63,14 @@ struct BucketPlan {
 // Sparse parameters get a bucket each. Buckets are ordered by the position of their first
 // parameter in `order`.
 BucketPlan plan_buckets(const std::vector<ParamSpec>& params, const PlanOptions& options);
+
+// (name, value) for the caps (the order is the reducer's business, not an option), names prefixed
+// with `prefix`.
+void describe(const PlanOptions& options, const std::string& prefix,
+              std::vector<std::pair<std::string, std::string>>& out);
+
+// `mib` MiB in bytes (fractions allowed: tests use caps of a few KB); must be positive.
+size_t mib_bytes(double mib);
 
 // The order plan_buckets uses when PlanOptions::order is empty: n-1, ..., 0.
 std::vector<size_t> reverse_registration_order(size_t n);

@@ -10,7 +10,7 @@
 
 #include "ddp/buckets/bucket_plan.hpp"
 #include "ddp/comm/process_group.hpp"
-#include "ddp/reducer/timeline.hpp"
+#include "ddp/obs/timeline.hpp"
 
 namespace ddp::obs {
 
@@ -29,7 +29,7 @@ class ChromeTrace {
   explicit ChromeTrace(int rank) : rank_(rank) {}
   void add(TraceSpan span) { spans_.push_back(std::move(span)); }
   // The communication spans of one synchronized backward, from the reducer's timeline.
-  void add_buckets(const reducer::IterationTimeline& timeline, const buckets::BucketPlan& plan,
+  void add_buckets(const obs::IterationTimeline& timeline, const buckets::BucketPlan& plan,
                    int64_t step);
   const std::vector<TraceSpan>& spans() const { return spans_; }
   // This rank's events as a JSON array (ts/dur in microseconds from `origin_ns`).

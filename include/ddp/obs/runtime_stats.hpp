@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "ddp/reducer/timeline.hpp"
+#include "ddp/obs/timeline.hpp"
 
 namespace ddp::obs {
 
@@ -25,7 +25,7 @@ struct IterationStats {
 // Sampled: iterations 1..10, then every `every`-th.
 bool should_sample(int64_t iteration, int64_t every);
 
-IterationStats stats_from_timeline(const reducer::IterationTimeline& timeline,
+IterationStats stats_from_timeline(const obs::IterationTimeline& timeline,
                                    int64_t forward_compute_ns);
 
 struct LoggingData {

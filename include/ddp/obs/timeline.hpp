@@ -1,11 +1,12 @@
 #pragma once
-// What happened in the last synchronized backward, in steady-clock nanoseconds relative to the end
-// of its forward (backward_start_ns, absolute). Kept by the Reducer for tests (overlap) and stats.
+// What happened in one synchronized backward, in steady-clock nanoseconds relative to the end of
+// its forward (backward_start_ns, absolute). A plain type on the ground floor: the recorder fills
+// it from the reducer's events (obs/timeline_recorder.hpp), stats and traces read it.
 
 #include <cstdint>
 #include <vector>
 
-namespace ddp::reducer {
+namespace ddp::obs {
 
 struct IterationTimeline {
   int64_t iteration = 0;                  // 1-based synchronized-backward count
@@ -17,4 +18,4 @@ struct IterationTimeline {
   int64_t finalize_ns = 0;              // when the end-of-backward callback finished
 };
 
-}  // namespace ddp::reducer
+}  // namespace ddp::obs

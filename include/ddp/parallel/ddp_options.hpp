@@ -2,28 +2,24 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "ddp/reducer/reducer_options.hpp"
 
 namespace ddp::parallel {
 
+// One options model: DDPOptions holds ReducerOptions, which holds buckets::PlanOptions; nothing is
+// copied between layers. describe() lists every field (dotted name -> value text) for
+// logging_data(), --verbose and docs/options.md (a test keeps the page and this list in step).
 struct DDPOptions {
   // Default true, as PyTorch: rank 0's buffers (e.g. BatchNorm running stats) are broadcast before
   // each synchronized forward, so every rank normalizes with the same statistics at eval time.
   bool broadcast_buffers = true;
-  // Default false, as PyTorch: see ReducerOptions::find_unused_parameters.
-  bool find_unused_parameters = false;
-  // Default false, as PyTorch: see ReducerOptions::static_graph.
-  bool static_graph = false;
   // Default true: predict the gradient-ready order from the autograd graph at the first forward and
   // bucket by it from iteration 1 (the dynamo DDPOptimizer's idea). False: PyTorch eager's way,
   // reverse registration order, then one rebuild after iteration 1 from rank 0's observed order.
   bool graph_planning = true;
-  // Default true: param.grad aliases the flat bucket; no copies, less memory.
-  bool gradient_as_bucket_view = true;
-  // Default 25, as PyTorch: cap of every bucket after the first, in MiB.
-  double bucket_cap_mb = 25.0;
-  // Default 1, as PyTorch: cap of the first bucket, in MiB; small so communication starts early.
-  double first_bucket_cap_mb = 1.0;
   // Default empty: qualified names of parameters and buffers that are neither broadcast, checked
   // across ranks, nor reduced (rank-local state, as PyTorch's _set_params_and_buffers_to_ignore).
   std::vector<std::string> params_to_ignore;
@@ -32,7 +28,15 @@ struct DDPOptions {
   // Default false: when true, rank 0 prints the bucket table whenever the plan changes
   // (DDP_LOG_LEVEL=info does the same).
   bool verbose = false;
+  // The gradient path: bucket views, unused parameters, static graph and the bucket caps
+  // (reducer.buckets.first_bucket_cap_bytes 1 MiB, reducer.buckets.bucket_cap_bytes 25 MiB, as
+  // PyTorch). See reducer/reducer_options.hpp.
+  reducer::ReducerOptions reducer;
 };
+
+// Every option of `options` as (dotted name, value), in declaration order, nested options
+// included: "broadcast_buffers" -> "true", "reducer.buckets.bucket_cap_bytes" -> "26214400".
+std::vector<std::pair<std::string, std::string>> describe(const DDPOptions& options);
 
 struct JoinOptions {
   // Default true, as PyTorch: gradients are divided by the initial world size even when fewer

@@ -24,6 +24,8 @@
 #include "ddp/comm/process_group.hpp"
 #include "ddp/hooks/comm_hook.hpp"
 #include "ddp/obs/runtime_stats.hpp"
+#include "ddp/obs/timeline_recorder.hpp"
+#include "ddp/optim/optimizer_in_backward.hpp"
 #include "ddp/parallel/ddp_options.hpp"
 #include "ddp/reducer/reducer_runtime.hpp"
 
@@ -72,7 +74,7 @@ class DistributedDataParallelBase {
   // Optimizer overlap: each parameter's optimizer steps as soon as its bucket is reduced, inside
   // backward. `factory` makes the optimizer of one parameter (e.g. SGD over {p}). Once, before the
   // first backward; then do not call step() on an optimizer of your own.
-  void set_optimizer_in_backward(const reducer::ParamOptimizerFactory& factory);
+  void set_optimizer_in_backward(const optim::ParamOptimizerFactory& factory);
   // Zeroes every parameter's gradient in place (keeps bucket views).
   void zero_grad();
 
@@ -83,6 +85,8 @@ class DistributedDataParallelBase {
 
   // Runtime stats and configuration (PyTorch's _get_ddp_logging_data).
   obs::LoggingData logging_data();
+  // The last synchronized backward's timeline (gradient-ready, launch and finish times).
+  obs::IterationTimeline last_timeline() const { return timeline_.last(); }
 
  protected:
   void pre_forward();
@@ -99,6 +103,9 @@ class DistributedDataParallelBase {
   std::vector<torch::Tensor> all_params_;  // every distinct parameter not ignored (broadcast set)
   std::vector<torch::Tensor> buffers_;
   std::vector<std::string> buffer_names_;
+  // Listeners on the reducer's events; declared before reducer_ so they outlive it.
+  obs::TimelineRecorder timeline_;
+  std::unique_ptr<optim::OptimizerInBackward> optimizer_in_backward_;
   std::unique_ptr<reducer::Reducer> reducer_;
   bool require_sync_ = true;  // false inside no_sync()
   // Join state: inside join(), every synchronized forward first all-reduces "still training".

@@ -2,6 +2,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "ddp/buckets/bucket_plan.hpp"
 
@@ -19,13 +22,15 @@ struct ReducerOptions {
   // first iteration records it and later ones skip the graph walk and the used-map all-reduce. A
   // later change of that set is an error that says so.
   bool static_graph = false;
-  // The plan starts in reverse registration order and is rebuilt once, after iteration 1, from the
-  // order rank 0 observed, unless Reducer::set_predicted_order supplies the order at the first
-  // forward (graph planning, done by DistributedDataParallel).
-  // Default 1 MiB, as PyTorch: a small first bucket starts communication early in backward.
-  size_t first_bucket_cap_bytes = buckets::kMiB;
-  // Default 25 MiB, as PyTorch: amortizes per-collective latency.
-  size_t bucket_cap_bytes = 25 * buckets::kMiB;
+  // Bucket caps (PyTorch's defaults: 1 MiB first, 25 MiB after). The plan starts in reverse
+  // registration order and is rebuilt once, after iteration 1, from the order rank 0 observed,
+  // unless Reducer::set_predicted_order supplies the order at the first forward (graph planning,
+  // done by DistributedDataParallel); `buckets.order` is set by the reducer, not by users.
+  buckets::PlanOptions buckets;
 };
+
+// (name, value) for every field, names prefixed with `prefix` (e.g. "reducer.").
+void describe(const ReducerOptions& options, const std::string& prefix,
+              std::vector<std::pair<std::string, std::string>>& out);
 
 }  // namespace ddp::reducer

@@ -1,0 +1,33 @@
+#pragma once
+// TimelineRecorder: a listener on the reducer's events that keeps the last synchronized
+// backward's IterationTimeline, for runtime stats (logging_data), Chrome traces and tests of
+// overlap. The host timestamps are taken here, not on the reducer's path: without a recorder the
+// gradient path reads no clock per gradient or bucket.
+
+#include <cstdint>
+#include <mutex>
+
+#include "ddp/obs/timeline.hpp"
+#include "ddp/reducer/reducer_events.hpp"
+
+namespace ddp::obs {
+
+class TimelineRecorder : public reducer::ReducerListener {
+ public:
+  void backward_started(const reducer::BackwardStarted& event) override;
+  void grad_ready(size_t param, bool used) override;
+  void bucket_launched(size_t bucket) override;
+  void bucket_finished(const reducer::BucketFinished& event) override;
+  void iteration_finished(int64_t iteration) override;
+
+  // A copy of the last completed synchronized backward's timeline (empty before the first).
+  IterationTimeline last() const;
+
+ private:
+  int64_t since_start() const;
+  mutable std::mutex mutex_;   // events come on the autograd thread, last() on the user's
+  IterationTimeline current_;  // being filled
+  IterationTimeline last_;     // the last completed one
+};
+
+}  // namespace ddp::obs

@@ -1,0 +1,130 @@
+#pragma once
+// BucketRuntime: executes one bucket plan's communication. It counts ready gradients per bucket,
+// launches a bucket's reduction the moment its last gradient is ready (strictly in plan order, so
+// every rank issues the same collectives in the same order), and finishes them in that order.
+// It owns no parameters and no autograd state: the Reducer tells it what is ready and writes the
+// results back.
+//
+// The gradient's path, one synchronized backward:
+//
+//   Reducer (grad in its GradLayout slot) -> register_grad_ready(p) --pending[b] hits 0-->
+//   launch(b) in plan order -> in_flight_ (FIFO of launched, unfinished buckets) ->
+//   finish_next(): bounded wait (or a stream dependency on NCCL), hook result copied into the
+//   bucket -> Reducer writes back and tells its listeners
+//
+// Host-side work on the hot path, per gradient: one counter decrement (under the Reducer's
+// mutex). Per bucket: one c10d call (or one comm-hook call), one small heap node in in_flight_,
+// and on the CPU a future callback that takes a host timestamp (stats only; skipped on CUDA). At
+// finish on Gloo, a bounded host wait; on NCCL, Work::wait() with no timeout, which only makes the
+// current stream wait on the collective's end event. A CUDA-graph capture will have to do without
+// the timestamp callback, the host wait and the heap nodes (a fixed ring would do).
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddp/buckets/bucket_plan.hpp"
+#include "ddp/buckets/grad_layout.hpp"
+#include "ddp/comm/process_group.hpp"
+#include "ddp/hooks/comm_hook.hpp"
+
+namespace ddp::reducer {
+
+// How a bucket is reduced.
+enum class Reduction {
+  kAllReduce,  // every rank gets the whole average (REPLICATE, DDP)
+};
+
+class BucketRuntime {
+ public:
+  // `params`, `plan` and `layout` must outlive the runtime (the Reducer owns them and replaces the
+  // plan, layout and runtime together when the plan changes). `params` are what a comm hook sees
+  // as GradBucket::params (hooks key their state by them). `hook`: null for the built-in average.
+  BucketRuntime(const std::vector<at::Tensor>& params, const buckets::BucketPlan& plan,
+                const buckets::GradLayout& layout, comm::ProcessGroupPtr pg, Reduction reduction,
+                hooks::CommHookPtr hook, int64_t plan_epoch);
+  BucketRuntime(const BucketRuntime&) = delete;
+  BucketRuntime& operator=(const BucketRuntime&) = delete;
+
+  // Begins a synchronized backward: every bucket waits for all its gradients again.
+  // `iteration`: synchronized backwards completed before this one (GradBucket::iteration).
+  // `divisor`: what the average divides by; 0: the group size (join passes fewer ranks).
+  void start_sync(int64_t iteration, int64_t divisor);
+
+  // A sparse parameter's gradient for this iteration (a sparse bucket holds no flat storage).
+  void set_sparse_grad(size_t bucket, at::Tensor grad) {
+    buckets_[bucket].sparse = std::move(grad);
+  }
+
+  // Parameter p's gradient is final and in its slot. Launches every bucket that is now complete
+  // and whose predecessors are launched. Returns how many were launched: they are
+  // [launched() - n, launched()).
+  size_t register_grad_ready(size_t param);
+  size_t launched() const { return next_launch_; }
+
+  // The oldest launched bucket not yet finished; false when none is in flight.
+  bool has_in_flight() const { return !in_flight_.empty(); }
+  // Whether that bucket's reduction already completed (no wait needed). A CUDA hook future
+  // completes when enqueued, so it never counts as completed here (finished at the end instead).
+  bool next_completed() const;
+
+  struct Finished {
+    size_t bucket = 0;
+    at::Tensor sparse_result;   // sparse bucket: the reduced gradient
+    int64_t comm_done_ns = -1;  // see BucketFinished::comm_done_ns
+  };
+  // Waits (bounded by the group's timeout) for the oldest in-flight bucket, puts a comm hook's
+  // result into the bucket's storage, and returns it. Errors name the bucket and, for a timeout,
+  // which rank is behind.
+  Finished finish_next();
+
+  // Drops whatever is in flight without waiting (after an error, or at the end of an iteration).
+  void reset();
+
+  // Join: issues the collectives a synchronized backward would, over zeros, and waits for them.
+  void shadow_sync(int64_t iteration);
+
+ private:
+  struct BucketState {
+    size_t pending = 0;  // gradients not yet ready this iteration; launch when it reaches 0
+    at::Tensor sparse;   // sparse bucket: this iteration's (coalesced) gradient
+    c10::intrusive_ptr<c10d::Work> work;             // built-in or sparse reduction
+    c10::intrusive_ptr<c10::ivalue::Future> future;  // comm-hook reduction
+    // When the reduction completed (from the comm thread's callback); stats only.
+    std::shared_ptr<std::atomic<int64_t>> comm_done_ns;
+  };
+
+  void launch(size_t bucket);
+  void watch_completion(size_t bucket, const c10::intrusive_ptr<c10::ivalue::Future>& future);
+  hooks::GradBucket grad_bucket(size_t bucket) const;
+  std::string what(size_t bucket) const;
+
+  const std::vector<at::Tensor>& params_;
+  const buckets::BucketPlan& plan_;
+  const buckets::GradLayout& layout_;
+  comm::ProcessGroupPtr pg_;
+  Reduction reduction_;
+  hooks::CommHookPtr hook_;
+  int64_t plan_epoch_;
+  bool on_device_ = false;  // CUDA buckets: waits are stream dependencies, no host timestamps
+  std::vector<BucketState> buckets_;
+  int64_t iteration_ = 0;
+  int64_t divisor_ = 0;           // this iteration's; 0: the group size
+  size_t next_launch_ = 0;        // buckets [0, next_launch_) are launched this iteration
+  std::deque<size_t> in_flight_;  // launched, not yet finished, in launch order
+};
+
+// Waits for `future` at most `timeout`; rethrows its error or names `what` and the timeout, and
+// with `pg` which rank is behind (see [Note: sequence numbers]).
+void wait_future(const c10::intrusive_ptr<c10::ivalue::Future>& future,
+                 std::chrono::milliseconds timeout, const std::string& what,
+                 const comm::ProcessGroup* pg = nullptr);
+
+}  // namespace ddp::reducer

@@ -1,0 +1,51 @@
+#include "ddp/reducer/autograd_hooks.hpp"
+
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+namespace ddp::reducer {
+
+namespace {
+
+class GradReadyHook : public torch::autograd::FunctionPostHook {
+ public:
+  GradReadyHook(const std::function<void(size_t)>* on_ready, size_t index)
+      : on_ready_(on_ready), index_(index) {}
+  torch::autograd::variable_list operator()(
+      const torch::autograd::variable_list& outputs,
+      const torch::autograd::variable_list& /*inputs*/) override {
+    (*on_ready_)(index_);
+    return outputs;
+  }
+
+ private:
+  const std::function<void(size_t)>* on_ready_;  // outlives the hook: ~AutogradHooks removes it
+  size_t index_;
+};
+
+}  // namespace
+
+AutogradHooks::AutogradHooks(const std::vector<at::Tensor>& params,
+                             const std::vector<std::string>& names,
+                             std::function<void(size_t)> on_ready)
+    : on_ready_(std::move(on_ready)) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto acc = torch::autograd::impl::grad_accumulator(params[i]);
+    TORCH_CHECK(acc, "ddp: parameter '", names[i], "' has no gradient accumulator");
+    keys_.push_back(acc->add_post_hook(std::make_unique<GradReadyHook>(&on_ready_, i)));
+    accumulators_.push_back(std::move(acc));
+  }
+}
+
+AutogradHooks::~AutogradHooks() {
+  for (size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(keys_[i]);
+}
+
+void AutogradHooks::at_end_of_backward(std::function<void()> fn) {
+  torch::autograd::Engine::get_default_engine().queue_callback(std::move(fn));
+}
+
+}  // namespace ddp::reducer

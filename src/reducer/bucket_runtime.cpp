@@ -1,0 +1,243 @@
+#include "ddp/reducer/bucket_runtime.hpp"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+
+namespace ddp::reducer {
+
+namespace {
+
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+at::Tensor future_tensor(const c10::intrusive_ptr<c10::ivalue::Future>& future) {
+  const c10::IValue& value = future->value();
+  if (value.isTensor()) return value.toTensor();
+  return value.toTensorVector().at(0);
+}
+
+}  // namespace
+
+void wait_future(const c10::intrusive_ptr<c10::ivalue::Future>& future,
+                 std::chrono::milliseconds timeout, const std::string& what,
+                 const comm::ProcessGroup* pg) {
+  struct Signal {
+    std::mutex mutex;
+    std::condition_variable cv;
+    bool done = false;
+  };
+  auto signal = std::make_shared<Signal>();
+  future->addCallback([signal](c10::ivalue::Future&) {
+    std::lock_guard<std::mutex> lock(signal->mutex);
+    signal->done = true;
+    signal->cv.notify_all();
+  });
+  std::unique_lock<std::mutex> lock(signal->mutex);
+  const bool done = signal->cv.wait_for(lock, timeout, [&] { return signal->done; });
+  TORCH_CHECK(done, "ddp: ", what, " did not complete within the collective timeout (",
+              timeout.count(),
+              " ms; another rank may have died, hung, or issued different collectives",
+              pg ? pg->progress_report() : std::string(), ")");
+  if (future->hasError()) {
+    try {
+      std::rethrow_exception(future->exception_ptr());
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "ddp: ", what, " failed (collective timeout ", timeout.count(), " ms",
+                  pg ? pg->progress_report() : std::string(), "): ", e.what());
+    }
+  }
+  // Completed: on the CPU this returns at once; a CUDA future completes when its work is enqueued,
+  // and wait() then makes the current streams wait on its events (no host wait).
+  future->wait();
+}
+
+BucketRuntime::BucketRuntime(const std::vector<at::Tensor>& params, const buckets::BucketPlan& plan,
+                             const buckets::GradLayout& layout, comm::ProcessGroupPtr pg,
+                             Reduction reduction, hooks::CommHookPtr hook, int64_t plan_epoch)
+    : params_(params),
+      plan_(plan),
+      layout_(layout),
+      pg_(std::move(pg)),
+      reduction_(reduction),
+      hook_(std::move(hook)),
+      plan_epoch_(plan_epoch),
+      buckets_(plan.buckets.size()) {
+  TORCH_CHECK(pg_, "ddp: BucketRuntime needs a process group");
+  TORCH_CHECK(layout_.num_buckets() == plan_.buckets.size(), "ddp: BucketRuntime: the layout has ",
+              layout_.num_buckets(), " buckets, the plan ", plan_.buckets.size());
+  on_device_ = !plan_.buckets.empty() && plan_.buckets[0].device.is_cuda();
+}
+
+std::string BucketRuntime::what(size_t b) const {
+  const buckets::Bucket& spec = plan_.buckets[b];
+  std::string text = "reduction of gradient bucket " + std::to_string(b) + " (" +
+                     std::to_string(spec.params.size()) + " parameters, " +
+                     std::to_string(spec.bytes) + " bytes)";
+  if (hook_ && !spec.sparse) text += " by comm hook '" + hook_->name() + "'";
+  return text;
+}
+
+void BucketRuntime::start_sync(int64_t iteration, int64_t divisor) {
+  TORCH_CHECK(in_flight_.empty(), "ddp: a synchronized backward started with ", in_flight_.size(),
+              " bucket(s) of the previous one unfinished");
+  iteration_ = iteration;
+  divisor_ = divisor;
+  next_launch_ = 0;
+  for (size_t b = 0; b < buckets_.size(); ++b) buckets_[b].pending = plan_.buckets[b].params.size();
+}
+
+size_t BucketRuntime::register_grad_ready(size_t param) {
+  const size_t b = plan_.bucket_of[param];
+  TORCH_CHECK(buckets_[b].pending > 0, "ddp: bucket ", b, " over-counted (parameter '",
+              plan_.buckets[b].params.empty() ? std::string("?") : std::to_string(param), "')");
+  if (--buckets_[b].pending != 0) return 0;
+  // Strict plan order: a full bucket waits for the buckets before it, so every rank issues the
+  // same collectives in the same order even when gradients arrive in different orders.
+  size_t launched = 0;
+  while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
+    launch(next_launch_++);
+    ++launched;
+  }
+  return launched;
+}
+
+hooks::GradBucket BucketRuntime::grad_bucket(size_t b) const {
+  const buckets::Bucket& spec = plan_.buckets[b];
+  hooks::GradBucket gb;
+  gb.index = b;
+  gb.buffer = layout_.data(b);
+  gb.offsets = spec.offsets;
+  for (size_t p : spec.params) {
+    gb.params.push_back(params_[p]);
+    gb.lengths.push_back(params_[p].numel());
+  }
+  gb.is_last = b + 1 == buckets_.size();
+  gb.iteration = iteration_;
+  gb.plan_epoch = plan_epoch_;
+  return gb;
+}
+
+void BucketRuntime::launch(size_t b) {
+  BucketState& bucket = buckets_[b];
+  const int64_t divisor = divisor_ > 0 ? divisor_ : pg_->world_size();
+  switch (reduction_) {
+    case Reduction::kAllReduce:
+      if (plan_.buckets[b].sparse) {
+        // Sparse gradients travel as (indices, values); Gloo's sparse all-reduce returns a new
+        // tensor.
+        bucket.sparse = bucket.sparse.div(divisor);
+        bucket.work = pg_->allreduce_sum_async(bucket.sparse);
+        watch_completion(b, bucket.work->getFuture());
+      } else if (hook_) {
+        hooks::GradBucket gb = grad_bucket(b);
+        bucket.future = hook_->run(gb);
+        TORCH_CHECK(bucket.future, "ddp: comm hook '", hook_->name(), "' returned no future");
+        watch_completion(b, bucket.future);
+      } else if (divisor == pg_->world_size()) {
+        // NCCL averages inside the reduction; elsewhere this divides first (the sum of averages
+        // stays in range for low-precision dtypes).
+        at::Tensor storage = layout_.storage(b);
+        bucket.work = pg_->allreduce_avg_async(storage);
+        watch_completion(b, bucket.work->getFuture());
+      } else {
+        at::Tensor storage = layout_.storage(b);
+        storage.div_(divisor);  // join: only the ranks still training count
+        bucket.work = pg_->allreduce_sum_async(storage);
+        watch_completion(b, bucket.work->getFuture());
+      }
+      break;
+  }
+  in_flight_.push_back(b);
+}
+
+void BucketRuntime::watch_completion(size_t b,
+                                     const c10::intrusive_ptr<c10::ivalue::Future>& future) {
+  auto done = std::make_shared<std::atomic<int64_t>>(-1);
+  buckets_[b].comm_done_ns = done;
+  // A CUDA future completes when its work is enqueued, not when the device ran it: a host
+  // timestamp from its callback would be the launch time again. Left unknown (-1) on the GPU.
+  if (on_device_) return;
+  future->addCallback([done](c10::ivalue::Future&) { done->store(steady_ns()); });
+}
+
+bool BucketRuntime::next_completed() const {
+  if (in_flight_.empty()) return false;
+  const BucketState& bucket = buckets_[in_flight_.front()];
+  // Work::isCompleted on NCCL polls the collective's end event.
+  if (bucket.future) return !on_device_ && bucket.future->completed();
+  return bucket.work && bucket.work->isCompleted();
+}
+
+BucketRuntime::Finished BucketRuntime::finish_next() {
+  TORCH_CHECK(!in_flight_.empty(), "ddp: finish_next with no bucket in flight");
+  const size_t b = in_flight_.front();
+  in_flight_.pop_front();
+  BucketState& bucket = buckets_[b];
+  Finished out;
+  out.bucket = b;
+  if (bucket.future) {
+    auto future = std::move(bucket.future);
+    bucket.future.reset();
+    wait_future(future, pg_->timeout(), what(b), pg_.get());
+    const at::Tensor result = future_tensor(future);
+    const at::Tensor& data = layout_.data(b);
+    TORCH_CHECK(result.numel() == data.numel(), "ddp: comm hook '", hook_->name(), "' returned ",
+                result.numel(), " elements for bucket ", b, " of ", data.numel());
+    if (result.data_ptr() != data.data_ptr()) {
+      at::NoGradGuard no_grad;
+      at::Tensor target = data;
+      target.copy_(result);
+    }
+  } else {
+    auto work = std::move(bucket.work);
+    bucket.work.reset();
+    pg_->wait_on_stream(work, what(b));
+    if (plan_.buckets[b].sparse) out.sparse_result = work->result().at(0);
+  }
+  bucket.sparse.reset();
+  if (bucket.comm_done_ns) out.comm_done_ns = bucket.comm_done_ns->load();
+  return out;
+}
+
+void BucketRuntime::reset() {
+  in_flight_.clear();
+  next_launch_ = 0;
+  divisor_ = 0;
+  for (auto& b : buckets_) {
+    b.work.reset();
+    b.future.reset();
+    b.sparse.reset();
+  }
+}
+
+void BucketRuntime::shadow_sync(int64_t iteration) {
+  at::NoGradGuard no_grad;
+  start_sync(iteration, 0);
+  // The same collectives, in the same order, as the bucket launches of a synchronized backward.
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    TORCH_CHECK(!plan_.buckets[b].sparse, "ddp: join does not support sparse gradients (bucket ", b,
+                ")");
+    at::Tensor storage = layout_.storage(b);
+    storage.zero_();
+    launch(b);
+    in_flight_.pop_back();
+    BucketState& bucket = buckets_[b];
+    if (bucket.future) {
+      wait_future(bucket.future, pg_->timeout(), "join: shadow " + what(b), pg_.get());
+      bucket.future.reset();
+    } else {
+      pg_->wait(bucket.work, "join: shadow " + what(b));
+      bucket.work.reset();
+    }
+  }
+  reset();
+}
+
+}  // namespace ddp::reducer

@@ -1,0 +1,50 @@
+// The one options model: describe() reaches every nested field, and docs/options.md lists each
+// field under its dotted name with its default value.
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+
+#include "ddp/parallel/ddp_options.hpp"
+
+namespace ddp::testing {
+namespace {
+
+TEST(Options, DescribeReachesNestedFields) {
+  parallel::DDPOptions options;
+  options.reducer.static_graph = true;
+  options.reducer.buckets.bucket_cap_bytes = 12345;
+  options.params_to_ignore = {"a.weight", "b"};
+  std::map<std::string, std::string> d;
+  for (const auto& [name, value] : parallel::describe(options)) {
+    EXPECT_TRUE(d.emplace(name, value).second) << "duplicate option name " << name;
+  }
+  EXPECT_EQ(d.size(), 10u);
+  EXPECT_EQ(d.at("reducer.static_graph"), "true");
+  EXPECT_EQ(d.at("reducer.find_unused_parameters"), "false");
+  EXPECT_EQ(d.at("reducer.buckets.bucket_cap_bytes"), "12345");
+  EXPECT_EQ(d.at("reducer.buckets.first_bucket_cap_bytes"), "1048576");
+  EXPECT_EQ(d.at("params_to_ignore"), "[a.weight,b]");
+  EXPECT_EQ(d.at("stats_every"), "100");
+}
+
+TEST(Options, DocsListEveryOption) {
+  std::ifstream file(std::string(DDP_SOURCE_DIR) + "/docs/options.md");
+  ASSERT_TRUE(file) << "cannot read docs/options.md";
+  std::stringstream text;
+  text << file.rdbuf();
+  const std::string docs = text.str();
+  for (const auto& [name, value] : parallel::describe(parallel::DDPOptions{})) {
+    // A table row: | `name` | <default> ...
+    const std::string row = "| `" + name + "` | " + value;
+    EXPECT_NE(docs.find(row), std::string::npos)
+        << "docs/options.md has no row starting '" << row << "' (option " << name << ", default "
+        << value << ")";
+  }
+}
+
+}  // namespace
+}  // namespace ddp::testing

@@ -1,0 +1,69 @@
+#include "ddp_flags.hpp"
+
+#include <c10/util/Exception.h>
+
+#include "ddp/buckets/bucket_plan.hpp"
+#include "ddp/hooks/default_hooks.hpp"
+#include "ddp/hooks/powersgd_hook.hpp"
+
+namespace ddp::tools {
+
+namespace {
+std::string mib_text(size_t bytes) {
+  std::ostringstream out;
+  out << static_cast<double>(bytes) / static_cast<double>(buckets::kMiB);
+  return out.str();
+}
+}  // namespace
+
+void add_ddp_flags(CLI::App& app, parallel::DDPOptions& options) {
+  auto& caps = options.reducer.buckets;
+  app.add_option_function<double>(
+         "--bucket-cap-mb", [&caps](double mb) { caps.bucket_cap_bytes = buckets::mib_bytes(mb); },
+         "bucket cap (MiB)")
+      ->check(CLI::PositiveNumber)
+      ->default_str(mib_text(caps.bucket_cap_bytes));
+  app.add_option_function<double>(
+         "--first-bucket-cap-mb",
+         [&caps](double mb) { caps.first_bucket_cap_bytes = buckets::mib_bytes(mb); },
+         "first bucket cap (MiB)")
+      ->check(CLI::PositiveNumber)
+      ->default_str(mib_text(caps.first_bucket_cap_bytes));
+  app.add_flag_callback(
+      "--no-bucket-view", [&options] { options.reducer.gradient_as_bucket_view = false; },
+      "copy gradients instead of bucket views");
+  app.add_flag_callback(
+      "--find-unused-parameters", [&options] { options.reducer.find_unused_parameters = true; },
+      "allow parameters without gradients");
+  app.add_flag_callback(
+      "--static-graph", [&options] { options.reducer.static_graph = true; },
+      "the set of used parameters never changes");
+  app.add_flag_callback(
+      "--no-graph-planning", [&options] { options.graph_planning = false; },
+      "bucket in reverse order, rebuild after iteration 1 (PyTorch eager's way; the seed's "
+      "--dynamo-no-optimize-ddp)");
+  app.add_option("--stats-every", options.stats_every, "sample runtime stats every N iterations")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
+      ->capture_default_str();
+}
+
+const std::vector<std::string>& comm_hook_names() {
+  static const std::vector<std::string> names = {"allreduce", "fp16", "bf16", "powersgd"};
+  return names;
+}
+
+void add_comm_hook_flag(CLI::App& app, std::string& name) {
+  app.add_option("--comm-hook", name, "allreduce, fp16, bf16 or powersgd")
+      ->check(CLI::IsMember(comm_hook_names()))
+      ->capture_default_str();
+}
+
+hooks::CommHookPtr make_comm_hook(const std::string& name, comm::ProcessGroupPtr pg) {
+  if (name == "allreduce") return nullptr;
+  if (name == "fp16") return hooks::fp16_compress_hook(std::move(pg));
+  if (name == "bf16") return hooks::bf16_compress_hook(std::move(pg));
+  if (name == "powersgd") return hooks::powersgd_hook(std::move(pg));
+  TORCH_CHECK(false, "unknown comm hook '", name, "': expected allreduce, fp16, bf16 or powersgd");
+}
+
+}  // namespace ddp::tools
