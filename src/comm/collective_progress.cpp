@@ -8,7 +8,8 @@ namespace ddp::comm {
 
 namespace {
 
-std::string key_of(int rank) { return "ddp/progress/" + std::to_string(rank); }
+// Under the group's store prefix ("ddp/world/progress/1"): each group numbers its own collectives.
+std::string key_of(int rank) { return "progress/" + std::to_string(rank); }
 
 int64_t unix_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(

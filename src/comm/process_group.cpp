@@ -1,32 +1,63 @@
 #include "ddp/comm/process_group.hpp"
 
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
-#include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include "ddp/obs/log.hpp"
 
 namespace ddp::comm {
 
-ProcessGroup::ProcessGroup(c10::intrusive_ptr<detail::CollectiveBackend> backend,
-                           c10::intrusive_ptr<c10d::Store> store, int rank, int world_size,
-                           std::string backend_name, std::chrono::milliseconds timeout,
-                           c10::intrusive_ptr<c10d::Store> progress_store)
-    : backend_(std::move(backend)),
-      store_(std::move(store)),
-      rank_(rank),
-      world_size_(world_size),
-      backend_name_(std::move(backend_name)),
-      timeout_(timeout) {
-  TORCH_CHECK(backend_, "ddp: ProcessGroup needs a c10d backend");
-  TORCH_CHECK(world_size_ >= 1 && rank_ >= 0 && rank_ < world_size_, "ddp: rank ", rank_,
-              " is outside world size ", world_size_);
+namespace {
+
+std::chrono::milliseconds heartbeat_interval() {
   long interval_ms = 1000;
   if (const char* text = std::getenv("DDP_HEARTBEAT_MS")) interval_ms = std::atol(text);
   TORCH_CHECK(interval_ms > 0, "ddp: DDP_HEARTBEAT_MS must be a positive number of ms, got '",
               std::getenv("DDP_HEARTBEAT_MS"), "'");
-  progress_ = std::make_unique<CollectiveProgress>(std::move(progress_store), rank_, world_size_,
-                                                   std::chrono::milliseconds(interval_ms));
+  return std::chrono::milliseconds(interval_ms);
+}
+
+}  // namespace
+
+ProcessGroupPtr ProcessGroup::create(Config config, c10::intrusive_ptr<c10d::Store> root_store,
+                                     c10::intrusive_ptr<c10d::Store> progress_root) {
+  TORCH_CHECK(config.make_backend, "ddp: ProcessGroup::create needs Config::make_backend");
+  TORCH_CHECK(root_store, "ddp: ProcessGroup::create needs a store");
+  auto store = c10::make_intrusive<c10d::PrefixStore>(config.prefix, root_store);
+  MadeBackend made = config.make_backend(store, config.rank, config.size);
+  return std::make_shared<ProcessGroup>(std::move(made), std::move(config), std::move(root_store),
+                                        std::move(progress_root));
+}
+
+ProcessGroup::ProcessGroup(MadeBackend backend, Config config,
+                           c10::intrusive_ptr<c10d::Store> root_store,
+                           c10::intrusive_ptr<c10d::Store> progress_root)
+    : made_(std::move(backend)),
+      config_(std::move(config)),
+      traits_(traits(config_.backend)),
+      root_store_(std::move(root_store)),
+      progress_root_(std::move(progress_root)),
+      timeout_(config_.timeout) {
+  TORCH_CHECK(made_.backend, "ddp: ProcessGroup needs a c10d backend");
+  TORCH_CHECK(root_store_, "ddp: ProcessGroup needs a store");
+  TORCH_CHECK(config_.size >= 1 && config_.rank >= 0 && config_.rank < config_.size, "ddp: rank ",
+              config_.rank, " is outside world size ", config_.size);
+  TORCH_CHECK(
+      config_.global_ranks.empty() || static_cast<int>(config_.global_ranks.size()) == config_.size,
+      "ddp: ProcessGroup '", config_.prefix, "' has ", config_.size, " ranks but ",
+      config_.global_ranks.size(), " global ranks");
+  TORCH_CHECK(!config_.prefix.empty(), "ddp: ProcessGroup needs a store prefix");
+  store_ = c10::make_intrusive<c10d::PrefixStore>(config_.prefix, root_store_);
+  c10::intrusive_ptr<c10d::Store> progress_store;
+  if (progress_root_) {
+    progress_store = c10::make_intrusive<c10d::PrefixStore>(config_.prefix, progress_root_);
+  }
+  progress_ = std::make_unique<CollectiveProgress>(std::move(progress_store), config_.rank,
+                                                   config_.size, heartbeat_interval());
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::issued(c10::intrusive_ptr<c10d::Work> work,
@@ -36,18 +67,40 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::issued(c10::intrusive_ptr<c10d::Wor
 }
 
 ProcessGroup::~ProcessGroup() {
-  if (!shutdown_) return;
+  progress_.reset();  // stop the heartbeat before the backend goes
+  if (!made_.shutdown) return;
   try {
-    shutdown_();
+    made_.shutdown();
   } catch (const std::exception& e) {
     // A destructor must not throw; the process is ending its use of the group anyway.
-    std::fprintf(stderr, "ddp: shutting down the %s process group failed: %s\n",
-                 backend_name_.c_str(), e.what());
+    obs::log(obs::LogLevel::kWarn, global_rank(),
+             std::string("ddp: shutting down the ") + backend_name() + " process group '" +
+                 config_.prefix + "' failed: " + e.what());
   }
 }
 
+int ProcessGroup::global_rank(int group_rank) const {
+  TORCH_CHECK(group_rank >= 0 && group_rank < config_.size, "ddp: group rank ", group_rank,
+              " is outside group '", config_.prefix, "' of ", config_.size, " ranks");
+  if (config_.global_ranks.empty()) return group_rank;
+  return config_.global_ranks[static_cast<size_t>(group_rank)];
+}
+
+std::vector<int> ProcessGroup::global_ranks() const {
+  std::vector<int> ranks;
+  for (int r = 0; r < config_.size; ++r) ranks.push_back(global_rank(r));
+  return ranks;
+}
+
+c10::Device ProcessGroup::device() const {
+  if (traits_.device_type == c10::DeviceType::CPU) return c10::Device(c10::kCPU);
+  // The device guard registry answers without CUDA headers; it is the device the caller's
+  // CUDA calls (and NCCL's communicator for this process) use now.
+  return c10::impl::getDeviceGuardImpl(traits_.device_type)->getDevice();
+}
+
 bool ProcessGroup::can_sum(at::ScalarType dtype) const {
-  return !(backend_name_ == "gloo" && dtype == at::kBFloat16);
+  return traits_.sums_bf16 || dtype != at::kBFloat16;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce_sum_async(at::Tensor& tensor) {
@@ -55,33 +108,33 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce_sum_async(at::Tensor& ten
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d::ReduceOp::SUM;
   opts.timeout = timeout_;
-  return issued(backend_->allreduce(tensors, opts),
+  return issued(made_.backend->allreduce(tensors, opts),
                 {"all-reduce (sum)", tensor.numel(), tensor.scalar_type()});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce_avg_async(at::Tensor& tensor) {
   if (!reduces_avg()) {
-    tensor.div_(world_size_);
+    tensor.div_(world_size());
     return allreduce_sum_async(tensor);
   }
   std::vector<at::Tensor> tensors{tensor};
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d::ReduceOp::AVG;
   opts.timeout = timeout_;
-  return issued(backend_->allreduce(tensors, opts),
+  return issued(made_.backend->allreduce(tensors, opts),
                 {"all-reduce (average)", tensor.numel(), tensor.scalar_type()});
 }
 
 void ProcessGroup::wait_on_stream(const c10::intrusive_ptr<c10d::Work>& work,
                                   const std::string& what) const {
-  if (backend_name_ != "nccl") {
+  if (!traits_.waits_on_stream) {
     wait(work, what);
     return;
   }
   try {
     work->wait();  // no timeout argument: a stream dependency, not a host wait
   } catch (const std::exception& e) {
-    TORCH_CHECK(false, "ddp: ", what, " failed on rank ", rank_, " of ", world_size_,
+    TORCH_CHECK(false, "ddp: ", what, " failed on rank ", rank(), " of ", world_size(),
                 " (collective timeout ", timeout_.count(), " ms", progress_->report(work.get()),
                 "): ", e.what());
   }
@@ -94,7 +147,7 @@ void ProcessGroup::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::s
   try {
     work->wait(timeout_);
   } catch (const std::exception& e) {
-    TORCH_CHECK(false, "ddp: ", what, " failed on rank ", rank_, " of ", world_size_,
+    TORCH_CHECK(false, "ddp: ", what, " failed on rank ", rank(), " of ", world_size(),
                 " (collective timeout ", timeout_.count(),
                 " ms; another rank may have died, hung, or issued different collectives",
                 progress_->report(work.get()), "): ", e.what());
@@ -111,18 +164,18 @@ void ProcessGroup::broadcast(at::Tensor& tensor, int root, const std::string& wh
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
   opts.timeout = timeout_;
-  wait(issued(backend_->broadcast(tensors, opts),
+  wait(issued(made_.backend->broadcast(tensors, opts),
               {"broadcast", tensor.numel(), tensor.scalar_type(), root}),
        what);
 }
 
 std::vector<at::Tensor> ProcessGroup::allgather(const at::Tensor& tensor, const std::string& what) {
   std::vector<std::vector<at::Tensor>> outputs(1);
-  for (int r = 0; r < world_size_; ++r) outputs[0].push_back(at::empty_like(tensor));
+  for (int r = 0; r < world_size(); ++r) outputs[0].push_back(at::empty_like(tensor));
   std::vector<at::Tensor> inputs{tensor};
   c10d::AllgatherOptions opts;
   opts.timeout = timeout_;
-  wait(issued(backend_->allgather(outputs, inputs, opts),
+  wait(issued(made_.backend->allgather(outputs, inputs, opts),
               {"all-gather", tensor.numel(), tensor.scalar_type()}),
        what);
   return outputs[0];
@@ -131,7 +184,33 @@ std::vector<at::Tensor> ProcessGroup::allgather(const at::Tensor& tensor, const 
 void ProcessGroup::barrier(const std::string& what) {
   c10d::BarrierOptions opts;
   opts.timeout = timeout_;
-  wait(issued(backend_->barrier(opts), {"barrier"}), what);
+  wait(issued(made_.backend->barrier(opts), {"barrier"}), what);
+}
+
+ProcessGroupPtr ProcessGroup::new_group(const std::vector<int>& members, const std::string& name) {
+  TORCH_CHECK(config_.make_backend, "ddp: process group '", config_.prefix,
+              "' cannot make sub-groups (it was built without a backend factory)");
+  TORCH_CHECK(!name.empty(), "ddp: new_group needs a name (its store prefix under '",
+              config_.prefix, "')");
+  Config sub = config_;
+  sub.prefix = config_.prefix + "/" + name;
+  sub.size = static_cast<int>(members.size());
+  sub.rank = -1;
+  sub.global_ranks.clear();
+  std::vector<bool> seen(static_cast<size_t>(world_size()), false);
+  for (size_t i = 0; i < members.size(); ++i) {
+    const int m = members[i];
+    TORCH_CHECK(m >= 0 && m < world_size() && !seen[static_cast<size_t>(m)], "ddp: new_group '",
+                name, "': member ", m, " is ",
+                (m >= 0 && m < world_size() ? "listed twice" : "outside the group"), " (group '",
+                config_.prefix, "' has ", world_size(), " ranks)");
+    seen[static_cast<size_t>(m)] = true;
+    if (m == rank()) sub.rank = static_cast<int>(i);
+    sub.global_ranks.push_back(global_rank(m));
+  }
+  TORCH_CHECK(sub.rank >= 0, "ddp: new_group '", name, "': rank ", rank(),
+              " is not a member; only members create a sub-group");
+  return create(std::move(sub), root_store_, progress_root_);
 }
 
 }  // namespace ddp::comm

@@ -88,8 +88,8 @@ void ChromeTrace::write(const std::string& path) const {
 
 void ChromeTrace::write_merged(comm::ProcessGroup& pg, const std::string& path) const {
   // Absolute times travel (ns as text); rank 0 picks the common origin. The steady clock is one
-  // clock per host, so ranks on one host line up exactly.
-  const std::string prefix = "ddp/trace/" + std::to_string(pg.next_exchange_id()) + "/";
+  // clock per host, so ranks on one host line up exactly. Keys are under the group's store prefix.
+  const std::string prefix = "trace/" + std::to_string(pg.next_exchange_id()) + "/";
   const std::string mine = events(spans_, rank_, 0).dump();
   pg.store().set(prefix + std::to_string(pg.rank()),
                  std::vector<uint8_t>(mine.begin(), mine.end()));

@@ -10,6 +10,7 @@
 #include <unordered_set>
 
 #include "ddp/buckets/bucket_table.hpp"
+#include "ddp/comm/control_scalars.hpp"
 #include "ddp/obs/log.hpp"
 #include "ddp/parallel/replica_check.hpp"
 #include "ddp/planner/ready_order.hpp"
@@ -165,11 +166,9 @@ void DistributedDataParallelBase::pre_forward() {
   if (joining_) {
     TORCH_CHECK(require_sync_, "ddp: no_sync() inside join() is not supported");
     // Ranks still training say 1, joined ranks 0: the sum is the divisor's candidate.
-    at::Tensor active = at::ones({1}, at::kInt);
-    if (!all_params_.empty() && all_params_[0].is_cuda())
-      active = active.to(all_params_[0].device());
+    at::Tensor active = comm::control_tensor(*pg_, {1}, at::kInt);
     pg_->allreduce_sum(active, "join: all-reduce of the active-rank count");
-    const int64_t n = active.cpu().item<int>();
+    const int64_t n = comm::read_scalar(active);
     if (!join_options_.divide_by_initial_world_size) reducer_->set_divisor_for_next_backward(n);
   }
   if (options_.broadcast_buffers && require_sync_) sync_buffers();
@@ -237,22 +236,19 @@ void DistributedDataParallelBase::join(const std::function<void()>& train_loop,
   // Shadow the ranks still training: each of their iterations is [active count, buffers, used
   // map, buckets]; we answer with 0 and zeros until the count is 0 everywhere.
   while (true) {
-    at::Tensor active = at::zeros({1}, at::kInt);
-    if (!all_params_.empty() && all_params_[0].is_cuda())
-      active = active.to(all_params_[0].device());
+    at::Tensor active = comm::control_tensor(*pg_, {0}, at::kInt);
     pg_->allreduce_sum(active, "join: all-reduce of the active-rank count");
-    if (active.cpu().item<int>() == 0) break;
+    if (comm::read_scalar(active) == 0) break;
     if (options_.broadcast_buffers) sync_buffers();
     reducer_->shadow_backward();
   }
   // The rank that trained longest holds the final state (its optimizer saw every step).
-  at::Tensor mine = at::tensor({iterations_ - start_iterations}, at::kLong);
-  if (!all_params_.empty() && all_params_[0].is_cuda()) mine = mine.to(all_params_[0].device());
+  const at::Tensor mine = comm::control_tensor(*pg_, {iterations_ - start_iterations});
   const auto counts = pg_->allgather(mine, "join: all-gather of iteration counts");
   int authority = 0;
   int64_t best = -1;
   for (int r = 0; r < pg_->world_size(); ++r) {
-    const int64_t c = counts[r].cpu().item<int64_t>();
+    const int64_t c = comm::read_scalar(counts[static_cast<size_t>(r)]);
     if (c >= best) {
       best = c;
       authority = r;

@@ -73,8 +73,9 @@ std::vector<std::string> decode(const std::vector<uint8_t>& bytes) {
 
 void verify_replicas(comm::ProcessGroup& pg, const std::vector<std::string>& signature) {
   // The store rather than a collective: signatures have different lengths on mismatched ranks,
-  // and the store lets every rank see every other rank's full text.
-  const std::string prefix = "ddp/replica_check/" + std::to_string(pg.next_exchange_id()) + "/";
+  // and the store lets every rank see every other rank's full text. Keys are under the group's
+  // store prefix (pg.store() is scoped), so sub-groups checking at once never read each other's.
+  const std::string prefix = "replica_check/" + std::to_string(pg.next_exchange_id()) + "/";
   const std::string text = encode(signature);
   pg.store().set(prefix + std::to_string(pg.rank()),
                  std::vector<uint8_t>(text.begin(), text.end()));

@@ -73,6 +73,16 @@ BucketRuntime::BucketRuntime(const std::vector<at::Tensor>& params, const bucket
   TORCH_CHECK(layout_.num_buckets() == plan_.buckets.size(), "ddp: BucketRuntime: the layout has ",
               layout_.num_buckets(), " buckets, the plan ", plan_.buckets.size());
   on_device_ = !plan_.buckets.empty() && plan_.buckets[0].device.is_cuda();
+  if (reduction_ == Reduction::kReduceScatter) {
+    TORCH_CHECK(!hook_, "ddp: a reduce-scatter reduction takes no comm hook (got '", hook_->name(),
+                "')");
+    for (size_t b = 0; b < plan_.buckets.size(); ++b) {
+      TORCH_CHECK(!plan_.buckets[b].sparse,
+                  "ddp: a reduce-scatter reduction cannot reduce the "
+                  "sparse bucket ",
+                  b, "; sparse gradients are all-reduced");
+    }
+  }
 }
 
 std::string BucketRuntime::what(size_t b) const {
@@ -153,6 +163,17 @@ void BucketRuntime::launch(size_t b) {
         watch_completion(b, bucket.work->getFuture());
       }
       break;
+    case Reduction::kReduceScatter: {
+      at::Tensor storage = layout_.storage(b);
+      if (divisor == pg_->world_size()) {
+        bucket.scatter = pg_->reduce_scatter_async(storage, comm::ReduceOp::kAvg);
+      } else {
+        storage.div_(divisor);
+        bucket.scatter = pg_->reduce_scatter_async(storage, comm::ReduceOp::kSum);
+      }
+      watch_completion(b, bucket.scatter.work()->getFuture());
+      break;
+    }
   }
   in_flight_.push_back(b);
 }
@@ -172,6 +193,7 @@ bool BucketRuntime::next_completed() const {
   const BucketState& bucket = buckets_[in_flight_.front()];
   // Work::isCompleted on NCCL polls the collective's end event.
   if (bucket.future) return !on_device_ && bucket.future->completed();
+  if (bucket.scatter.work()) return bucket.scatter.work()->isCompleted();
   return bucket.work && bucket.work->isCompleted();
 }
 
@@ -195,6 +217,9 @@ BucketRuntime::Finished BucketRuntime::finish_next() {
       at::Tensor target = data;
       target.copy_(result);
     }
+  } else if (reduction_ == Reduction::kReduceScatter) {
+    out.shard = bucket.scatter.wait_on_stream(what(b));
+    bucket.scatter = comm::PendingCollective();
   } else {
     auto work = std::move(bucket.work);
     bucket.work.reset();
@@ -212,6 +237,7 @@ void BucketRuntime::reset() {
   divisor_ = 0;
   for (auto& b : buckets_) {
     b.work.reset();
+    b.scatter = comm::PendingCollective();
     b.future.reset();
     b.sparse.reset();
   }
@@ -232,6 +258,9 @@ void BucketRuntime::shadow_sync(int64_t iteration) {
     if (bucket.future) {
       wait_future(bucket.future, pg_->timeout(), "join: shadow " + what(b), pg_.get());
       bucket.future.reset();
+    } else if (reduction_ == Reduction::kReduceScatter) {
+      bucket.scatter.wait("join: shadow " + what(b));
+      bucket.scatter = comm::PendingCollective();
     } else {
       pg_->wait(bucket.work, "join: shadow " + what(b));
       bucket.work.reset();

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "ddp/buckets/bucket_table.hpp"
+#include "ddp/comm/control_scalars.hpp"
 
 namespace ddp::reducer {
 
@@ -155,14 +156,10 @@ std::vector<size_t> Reducer::agree_on_order(std::vector<size_t> order, const std
   // Rank 0's order wins: data-dependent control flow could make ranks see different orders,
   // and buckets must be identical everywhere.
   if (pg_->world_size() == 1 || order.empty()) return order;
-  at::Tensor t = at::empty({static_cast<int64_t>(order.size())}, at::kLong);
-  for (size_t i = 0; i < order.size(); ++i)
-    t.data_ptr<int64_t>()[i] = static_cast<int64_t>(order[i]);
-  if (params_[0].is_cuda()) t = t.to(params_[0].device());
+  at::Tensor t = comm::control_tensor(*pg_, std::vector<int64_t>(order.begin(), order.end()));
   pg_->broadcast(t, 0, what);
-  t = t.cpu();
-  for (size_t i = 0; i < order.size(); ++i)
-    order[i] = static_cast<size_t>(t.data_ptr<int64_t>()[i]);
+  const std::vector<int64_t> agreed = comm::read_scalars(t);
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<size_t>(agreed[i]);
   return order;
 }
 

@@ -4,11 +4,12 @@
 // [Note: sequence numbers] Every collective a ProcessGroup issues gets the next number (1, 2, ...)
 // on this rank; collectives match across ranks by order, so on a healthy job the n-th collective
 // of every rank is the same one. A heartbeat thread publishes "<issued> <unix ms>" under
-// ddp/progress/<rank> in the rendezvous store every `interval`. When a wait fails (timeout, dead
-// peer), report() publishes this rank's state at once, reads every rank's, and says who is behind
-// and at which collective: "rank 1 is behind: it issued 7 collectives (last report 0.2 s ago),
-// this rank waits on #8". A rank whose report is older than 3 intervals is named as dead or stuck
-// outside collectives.
+// progress/<rank> in the group's store (so under its prefix: ddp/world/progress/1) every
+// `interval`; each group numbers its own collectives. When a wait fails (timeout, dead peer),
+// report() publishes this rank's state at once, reads every rank's, and says who is behind and at
+// which collective: "rank 1 is behind: it issued 7 collectives (last report 0.2 s ago), this rank
+// waits on #8". Ranks are the group's. A rank whose report is older than 3 intervals is named as
+// dead or stuck outside collectives.
 
 #include <ATen/core/Tensor.h>
 
@@ -37,6 +38,7 @@ struct CollectiveOp {
 
 class CollectiveProgress {
  public:
+  // `store`: the group's (prefixed) store; `rank`, `world_size`: in the group.
   // `interval`: how often the heartbeat publishes; default 1 s (DDP_HEARTBEAT_MS overrides it in
   // init), cheap next to any collective timeout. World size 1 starts no thread.
   CollectiveProgress(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size,

@@ -12,9 +12,10 @@
 namespace ddp::comm {
 
 struct InitOptions {
-  // "gloo" (CPU tensors) or "nccl" (CUDA tensors; only in a CUDA build). Default gloo: it works
-  // everywhere, and CI has no GPU.
-  std::string backend = "gloo";
+  // "gloo" (CPU tensors) or "nccl" (CUDA tensors; only in a CUDA build), parsed by
+  // parse_backend (backend.hpp); text, so that a tool's --backend flag passes straight through.
+  // Default gloo: it works everywhere, and CI has no GPU.
+  std::string backend = backend_name(Backend::kGloo);
   // One bound for every collective and for the rendezvous. Default 5 minutes, as PyTorch: long
   // enough for a slow first step, short enough that a dead rank ends the job instead of hanging it.
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
@@ -26,7 +27,8 @@ struct InitOptions {
   std::optional<WorldInfo> world;
 };
 
-// Creates the process group. Fails with a message naming the variable, backend or peer at fault.
+// Creates the world process group (store prefix "ddp/world"): the rendezvous of rendezvous.hpp,
+// then the backend. Fails with a message naming the variable, backend or peer at fault.
 ProcessGroupPtr init_process_group(const InitOptions& options = {});
 
 }  // namespace ddp::comm

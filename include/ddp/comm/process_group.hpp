@@ -2,8 +2,32 @@
 // ddp::comm::ProcessGroup: the collectives libddp needs, over a c10d backend (Gloo or NCCL), with
 // one timeout for all of them. Every wait is bounded: a dead or hung rank becomes an error that
 // names the collective and the timeout, never a hang.
+//
+// A group is the world (init_process_group) or a sub-group of it (new_group, DeviceMesh). rank()
+// and world_size() are this process's place in the group; global_rank() maps a group rank back
+// to the world. Every group owns a store prefix ("ddp/world" for the world, "<parent>/<name>" for
+// a sub-group) and store() is scoped to it, so two groups sharing one rendezvous store never read
+// each other's keys (progress, replica check, trace merge, the backend's own rendezvous).
+//
+// [Note: flat collectives] reduce_scatter and all_gather work on flat tensors split by the even
+// split rule of flat_shards.hpp (chunk = ceil(N / W); the last shards shorter or empty).
+//   Even split (N == W * chunk), backend with flat collectives (NCCL): one c10d call
+//   (`_reduce_scatter_base`, `_allgather_base`) straight on the caller's tensors, no copies.
+//   Uneven split, same backends: the input is copied into a zero-padded W * chunk buffer
+//   (reduce-scatter: N elements copied, W * chunk - N < W zeros; all-gather: the shard padded to
+//   chunk and the gathered W * chunk copied back into the N-element output, one extra pass of N).
+//   Gloo (1.13 refuses both with "does not support reduce_scatter" / "_allgather_base"):
+//   - reduce-scatter is an all-reduce of a full-size temporary copy of the input, of which this
+//     rank keeps its slice (a view, no further copy). On the wire that is 2(W-1)/W * N elements
+//     per rank instead of (W-1)/W * N: twice a native reduce-scatter; in memory one N-element
+//     temporary that lives as long as the result (the result is a view into it).
+//   - all-gather is a list all-gather whose outputs are views of one W * chunk buffer (Gloo copies
+//     into them from its own flat buffer: one extra pass over W * chunk on the host); the wire
+//     bytes are those of a native all-gather ((W-1)/W * padded N per rank). The even case with a
+//     contiguous output gathers straight into it; otherwise one more copy of N into the output.
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <chrono>
 #include <functional>
@@ -11,32 +35,108 @@
 #include <string>
 #include <vector>
 
+#include "ddp/comm/backend.hpp"
 #include "ddp/comm/collective_progress.hpp"
+#include "ddp/comm/flat_shards.hpp"
 #include "ddp/detail/torch_compat.hpp"
 
 namespace ddp::comm {
 
+class ProcessGroup;
+using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
+
+// How reduce_scatter combines the ranks' inputs.
+enum class ReduceOp { kSum, kAvg };
+
+// An issued reduce_scatter or all_gather: its c10d work and the tensor that holds the result once
+// waited for. Wait exactly once, with wait() or wait_on_stream(), before reading result(); the
+// group that issued it must outlive it.
+class PendingCollective {
+ public:
+  PendingCollective() = default;
+  // The result: this rank's shard (reduce_scatter) or the whole flat tensor (all_gather).
+  at::Tensor wait(const std::string& what);
+  // As ProcessGroup::wait_on_stream: NCCL orders the caller's current stream after the
+  // collective (and after the copy out of a padded buffer), the host goes on at once.
+  at::Tensor wait_on_stream(const std::string& what);
+  // The tensor the result will be in; valid to read only after a wait.
+  const at::Tensor& result() const { return result_; }
+  const c10::intrusive_ptr<c10d::Work>& work() const { return work_; }
+
+ private:
+  friend class ProcessGroup;
+  const ProcessGroup* group_ = nullptr;
+  c10::intrusive_ptr<c10d::Work> work_;
+  at::Tensor result_;
+  // Runs after the wait, on the caller's current stream: the copy out of a padded buffer (uneven
+  // all-gather); empty when the result is written in place.
+  std::function<void()> finish_;
+  at::Tensor finish_after_wait();
+};
+
+// Makes the c10d backend of a group over `store` (already under the group's prefix). `shutdown`
+// (may be empty) runs when the group is destroyed.
+struct MadeBackend {
+  c10::intrusive_ptr<detail::CollectiveBackend> backend;
+  std::function<void()> shutdown;
+};
+using BackendFactory =
+    std::function<MadeBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size)>;
+
 class ProcessGroup {
  public:
-  // `backend` is the concrete c10d process group; `store` is the rendezvous store it was made
-  // with (kept for out-of-band exchange such as the replica check).
-  // `progress_store`: a separate connection to the store for the desync heartbeat (see
-  // [Note: sequence numbers]); null: no heartbeat, errors still compare what the ranks published.
-  ProcessGroup(c10::intrusive_ptr<detail::CollectiveBackend> backend,
-               c10::intrusive_ptr<c10d::Store> store, int rank, int world_size,
-               std::string backend_name, std::chrono::milliseconds timeout,
-               c10::intrusive_ptr<c10d::Store> progress_store = {});
-  // Runs the shutdown set by init (NCCL: flushes and destroys the communicators and stops their
+  // Who the group is; init_process_group and new_group fill it.
+  struct Config {
+    Backend backend = Backend::kGloo;
+    int rank = 0;  // this process's rank in the group, 0..size-1
+    int size = 1;  // ranks in the group
+    // The global rank of each member, indexed by group rank; empty: the identity (the world).
+    std::vector<int> global_ranks;
+    // This group's store prefix; every key it writes lives under "<prefix>/". Default: the world's.
+    std::string prefix = "ddp/world";
+    // Bound of every collective and store wait. Default 5 minutes, as PyTorch.
+    std::chrono::milliseconds timeout = std::chrono::minutes(5);
+    // Makes this backend again for sub-groups (new_group, DeviceMesh); empty: none can be made.
+    BackendFactory make_backend;
+  };
+
+  // Makes the group's backend with config.make_backend over PrefixStore(config.prefix,
+  // root_store), then the group. `root_store`: the rendezvous store, unprefixed. `progress_root`:
+  // a separate connection to it for the desync heartbeat (see [Note: sequence numbers]); null: no
+  // heartbeat, errors still compare what the ranks published.
+  static ProcessGroupPtr create(Config config, c10::intrusive_ptr<c10d::Store> root_store,
+                                c10::intrusive_ptr<c10d::Store> progress_root = {});
+
+  // A group over an existing backend (tests, callers that made their own c10d group); the store
+  // is still scoped to config.prefix.
+  ProcessGroup(MadeBackend backend, Config config, c10::intrusive_ptr<c10d::Store> root_store,
+               c10::intrusive_ptr<c10d::Store> progress_root = {});
+  // Runs the backend's shutdown (NCCL: flushes and destroys the communicators and stops their
   // watchdog, what destroy_process_group does in Python), so a process exits without warnings.
   ~ProcessGroup();
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
 
-  int rank() const { return rank_; }
-  int world_size() const { return world_size_; }
-  const std::string& backend_name() const { return backend_name_; }
+  // This process's rank in the group and the group's size.
+  int rank() const { return config_.rank; }
+  int world_size() const { return config_.size; }
+  // The global (world) rank of group rank `group_rank`; the world group: the identity.
+  int global_rank(int group_rank) const;
+  // This process's global rank.
+  int global_rank() const { return global_rank(rank()); }
+  // The global rank of every member, by group rank.
+  std::vector<int> global_ranks() const;
+
+  Backend backend() const { return config_.backend; }
+  const char* backend_name() const { return comm::backend_name(config_.backend); }
+  const BackendTraits& backend_traits() const { return traits_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
+  // This group's store: keys are scoped under prefix().
   c10d::Store& store() { return *store_; }
+  const std::string& prefix() const { return config_.prefix; }
+  // The device collectives run on: CPU for Gloo, the current CUDA device for NCCL (read at the
+  // call: a process that selects its GPU after init gets that one). See control_scalars.hpp.
+  c10::Device device() const;
 
   // Whether the backend can sum tensors of `dtype` (Gloo in libtorch 1.13 has no bfloat16 sum).
   bool can_sum(at::ScalarType dtype) const;
@@ -49,12 +149,25 @@ class ProcessGroup {
   // precision sums); other backends divide first, then sum.
   c10::intrusive_ptr<c10d::Work> allreduce_avg_async(at::Tensor& tensor);
   // Whether the average is done inside the collective (NCCL).
-  bool reduces_avg() const { return backend_name_ == "nccl"; }
+  bool reduces_avg() const { return traits_.reduces_avg; }
+
+  // Reduce-scatter of a flat tensor: every rank passes the same numel N; the result is this
+  // rank's shard of the sum or average, FlatShards{N, world_size()}.length(rank()) elements
+  // (possibly 0). `input` is not modified. Costs per backend: [Note: flat collectives].
+  PendingCollective reduce_scatter_async(const at::Tensor& input, ReduceOp op);
+  // All-gather into a flat tensor: `shard` is this rank's shard of `output` under the even split
+  // rule (FlatShards{output.numel(), world_size()}.length(rank()) elements, possibly 0); every
+  // rank passes an `output` of the same numel and dtype, written in rank order.
+  PendingCollective all_gather_async(const at::Tensor& shard, at::Tensor output);
+  // The same into a new flat tensor of `numel` elements.
+  PendingCollective all_gather_async(const at::Tensor& shard, int64_t numel);
 
   // Blocking forms; each waits at most timeout() and names `what` in its error.
   void allreduce_sum(at::Tensor& tensor, const std::string& what);
   void broadcast(at::Tensor& tensor, int root, const std::string& what);
   std::vector<at::Tensor> allgather(const at::Tensor& tensor, const std::string& what);
+  at::Tensor reduce_scatter(const at::Tensor& input, ReduceOp op, const std::string& what);
+  at::Tensor all_gather(const at::Tensor& shard, int64_t numel, const std::string& what);
   void barrier(const std::string& what);
 
   // Waits for `work` at most timeout(); rethrows its failure with `what` and the timeout named.
@@ -66,8 +179,15 @@ class ProcessGroup {
   // bounded host wait of wait().
   void wait_on_stream(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what) const;
 
-  // Called once by the destructor (init sets it for NCCL).
-  void set_shutdown(std::function<void()> shutdown) { shutdown_ = std::move(shutdown); }
+  // The sub-group of this group's ranks `members` (group ranks of this group; their order gives
+  // the sub-group's ranks), with store prefix "<prefix()>/<name>". Collective over the members
+  // only: each calls it with the same arguments, and `name` must be unique among this group's
+  // sub-groups (DeviceMesh uses "mesh<id>/<dim>/<index>"). This rank must be a member. The
+  // backend's connection setup is bounded by timeout().
+  ProcessGroupPtr new_group(const std::vector<int>& members, const std::string& name);
+
+  // Replaces the backend's shutdown (run once by the destructor).
+  void set_shutdown(std::function<void()> shutdown) { made_.shutdown = std::move(shutdown); }
 
   // Desync detection (see [Note: sequence numbers]): who is behind, for an error about the
   // newest collective (a comm hook's future timed out).
@@ -77,20 +197,20 @@ class ProcessGroup {
   int64_t next_exchange_id() { return exchange_id_++; }
 
  private:
-  c10::intrusive_ptr<detail::CollectiveBackend> backend_;
-  c10::intrusive_ptr<c10d::Store> store_;
-  int rank_;
-  int world_size_;
-  std::string backend_name_;
+  MadeBackend made_;
+  Config config_;
+  BackendTraits traits_;
+  c10::intrusive_ptr<c10d::Store> root_store_;     // unprefixed: sub-groups prefix it themselves
+  c10::intrusive_ptr<c10d::Store> progress_root_;  // unprefixed heartbeat connection; may be null
+  c10::intrusive_ptr<c10d::Store> store_;          // PrefixStore(prefix, root_store_)
   std::chrono::milliseconds timeout_;
-  int64_t exchange_id_ = 0;         // advances identically on every rank: exchanges are collective
-  std::function<void()> shutdown_;  // empty: nothing to shut down (Gloo)
+  int64_t exchange_id_ = 0;  // advances identically on every rank: exchanges are collective
   // Numbers every collective and publishes this rank's count (heartbeat); never null.
   std::unique_ptr<CollectiveProgress> progress_;
   c10::intrusive_ptr<c10d::Work> issued(c10::intrusive_ptr<c10d::Work> work,
                                         const CollectiveOp& op);
+  PendingCollective pending(c10::intrusive_ptr<c10d::Work> work, at::Tensor result,
+                            std::function<void()> finish = {}) const;
 };
-
-using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
 
 }  // namespace ddp::comm

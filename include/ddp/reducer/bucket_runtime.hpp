@@ -39,7 +39,10 @@ namespace ddp::reducer {
 
 // How a bucket is reduced.
 enum class Reduction {
-  kAllReduce,  // every rank gets the whole average (REPLICATE, DDP)
+  kAllReduce,      // every rank gets the whole average (REPLICATE, DDP)
+  kReduceScatter,  // each rank gets its shard of the average (FULLY_SHARD): Finished::shard.
+                   // Dense buckets and the built-in average only; the layout should be padded to
+                   // a multiple of the group size (LayoutOptions) so the split is even.
 };
 
 class BucketRuntime {
@@ -78,6 +81,7 @@ class BucketRuntime {
   struct Finished {
     size_t bucket = 0;
     at::Tensor sparse_result;   // sparse bucket: the reduced gradient
+    at::Tensor shard;           // kReduceScatter: this rank's shard of the bucket's average
     int64_t comm_done_ns = -1;  // see BucketFinished::comm_done_ns
   };
   // Waits (bounded by the group's timeout) for the oldest in-flight bucket, puts a comm hook's
@@ -97,6 +101,7 @@ class BucketRuntime {
     at::Tensor sparse;   // sparse bucket: this iteration's (coalesced) gradient
     c10::intrusive_ptr<c10d::Work> work;             // built-in or sparse reduction
     c10::intrusive_ptr<c10::ivalue::Future> future;  // comm-hook reduction
+    comm::PendingCollective scatter;                 // kReduceScatter
     // When the reduction completed (from the comm thread's callback); stats only.
     std::shared_ptr<std::atomic<int64_t>> comm_done_ns;
   };
