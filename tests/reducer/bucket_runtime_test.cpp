@@ -18,11 +18,11 @@ using reducer::Reduction;
 
 // Three parameters of 5, 6 and 4 elements; caps of 1 byte put each in its own bucket, large caps
 // all in one. Rank r's gradient of parameter p, element i: r * 100 + p * 10 + i.
-struct Setup {
+struct RuntimeFixture {
   std::vector<torch::Tensor> params = {torch::zeros({5}), torch::zeros({3, 2}), torch::zeros({4})};
   buckets::BucketPlan plan;
   buckets::GradLayout layout;
-  Setup(bool one_bucket, int64_t pad, int rank) {
+  RuntimeFixture(bool one_bucket, int64_t pad, int rank) {
     std::vector<buckets::ParamSpec> specs;
     for (size_t p = 0; p < params.size(); ++p) {
       specs.push_back({"p" + std::to_string(p), params[p].numel(), torch::kFloat, torch::kCPU});
@@ -55,7 +55,7 @@ DDP_TEST_WORKER(bucket_runtime_reductions) {
   auto pg = worker_process_group();
   const int world = pg->world_size();
   {  // All-reduce, a bucket per parameter (plan order: p2, p1, p0), gradients ready p0 first.
-    Setup s(/*one_bucket=*/false, 1, pg->rank());
+    RuntimeFixture s(/*one_bucket=*/false, 1, pg->rank());
     require(s.plan.buckets.size() == 3, "expected 3 buckets");
     BucketRuntime runtime(s.params, s.plan, s.layout, pg, Reduction::kAllReduce, nullptr, 0);
     runtime.start_sync(0, 0);
@@ -72,7 +72,7 @@ DDP_TEST_WORKER(bucket_runtime_reductions) {
     require(!runtime.has_in_flight(), "nothing left in flight");
   }
   {  // Reduce-scatter of one bucket of 15 elements padded to a multiple of the world size.
-    Setup s(/*one_bucket=*/true, world, pg->rank());
+    RuntimeFixture s(/*one_bucket=*/true, world, pg->rank());
     const int64_t padded = (15 + world - 1) / world * world;
     require(s.layout.storage(0).numel() == padded, "storage is padded to a multiple of the world");
     require(s.layout.data(0).numel() == 15, "data excludes the padding");
@@ -99,7 +99,7 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, BucketRuntimeTest, ::testing::Values(1, 2, 
                          [](const auto& info) { return "world" + std::to_string(info.param); });
 
 TEST(GradLayout, SlotsAliasTheStorageAndPaddingStaysZero) {
-  Setup s(/*one_bucket=*/true, 4, 0);
+  RuntimeFixture s(/*one_bucket=*/true, 4, 0);
   EXPECT_EQ(s.layout.storage(0).numel(), 16);
   EXPECT_EQ(s.layout.storage(0)[15].item<float>(), 0.f);
   for (size_t p = 0; p < 3; ++p) {
