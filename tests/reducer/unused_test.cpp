@@ -5,6 +5,7 @@
 #include "ddp/models/registry.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
 #include "support/oracle.hpp"
+#include "support/test_nets.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::testing {
@@ -34,7 +35,7 @@ DDP_TEST_WORKER(unused_branch) {
     }
   }
   // The gradient state of a parameter no rank used.
-  auto w = models::make_workload("unused-branch");
+  auto w = make_test_workload("unused-branch");
   parallel::DDPOptions options;
   options.find_unused_parameters = true;
   parallel::DistributedDataParallel<torch::nn::AnyModule> model(w.module, pg, options);
