@@ -12,7 +12,7 @@
 #include <condition_variable>
 
 #include "ddp/buckets/bucket_table.hpp"
-#include "ddp/reducer/graph_walk.hpp"
+#include "ddp/planner/reachability.hpp"
 #include "same_view.hpp"
 
 namespace ddp::reducer {
@@ -237,7 +237,7 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
               "ddp: forward called while a backward is running (state: ", state_name(state_), ")");
   const bool first_iteration = num_sync_backwards_ == 0;
   const bool walk = options_.find_unused_parameters || (options_.static_graph && first_iteration);
-  if (walk) reachable_ = reachable_params(outputs, params_);
+  if (walk) reachable_ = planner::reachable_params(outputs, params_);
   planned_ = true;  // from now on only the post-iteration-1 rebuild may change the plan
   forward_end_ns_ = now_ns();
   state_ = State::kPreparedSync;
