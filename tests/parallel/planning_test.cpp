@@ -8,6 +8,7 @@
 #include "ddp/models/registry.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
 #include "support/oracle.hpp"
+#include "support/param_names.hpp"
 #include "support/test_nets.hpp"
 #include "support/workers.hpp"
 
@@ -80,7 +81,8 @@ TEST_P(Planning, PredictedOrderMatchesObservedAndRebuildWorks) {
   const auto result = run_workers("planning", GetParam());
   EXPECT_TRUE(result.ok()) << result.describe();
 }
-INSTANTIATE_TEST_SUITE_P(WorldSizes, Planning, ::testing::Values(1, 2, 3));
+INSTANTIATE_TEST_SUITE_P(WorldSizes, Planning, ::testing::Values(1, 2, 3),
+                         ddp::testing::world_name);
 
 // Equivalence with the single-process oracle on the out-of-order model, planning on and off.
 DDP_TEST_WORKER(planning_equivalence) {

@@ -5,6 +5,7 @@
 #include "ddp/models/registry.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
 #include "support/oracle.hpp"
+#include "support/param_names.hpp"
 #include "support/test_nets.hpp"
 #include "support/workers.hpp"
 
@@ -55,7 +56,7 @@ TEST_P(Unused, UnusedBranchWithFindUnusedParameters) {
   EXPECT_TRUE(result.ok()) << result.describe();
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, Unused, ::testing::Values(1, 2, 3));
+INSTANTIATE_TEST_SUITE_P(WorldSizes, Unused, ::testing::Values(1, 2, 3), ddp::testing::world_name);
 
 // The used-parameter map is all-reduced every iteration next to the buckets; over several steps
 // the collectives must stay matched and the result exact.
