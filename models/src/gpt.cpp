@@ -8,7 +8,7 @@
 #include <torch/nn/init.h>
 #include <torch/utils.h>
 
-#include "replace_parameter.hpp"
+#include "ddp/models/replace_parameter.hpp"
 
 namespace ddp::models {
 

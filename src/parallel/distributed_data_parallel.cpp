@@ -13,8 +13,8 @@
 #include "ddp/comm/control_scalars.hpp"
 #include "ddp/obs/log.hpp"
 #include "ddp/parallel/replica_check.hpp"
+#include "ddp/planner/reachability.hpp"
 #include "ddp/planner/ready_order.hpp"
-#include "ddp/reducer/graph_walk.hpp"
 
 namespace ddp::parallel {
 
@@ -189,7 +189,7 @@ void DistributedDataParallelBase::post_forward(const std::vector<torch::Tensor>&
     reducer_->set_predicted_order(planner::predict_ready_order(outputs, reducer_->params()));
   }
   reducer_->prepare_for_backward(reducer_->needs_walk()
-                                     ? reducer::reachable_params(outputs, reducer_->params())
+                                     ? planner::reachable_params(outputs, reducer_->params())
                                      : std::vector<bool>{});
   last_forward_ns_ = now_ns() - forward_start_ns_;
   ++iterations_;

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "ddp/comm/collective_progress.hpp"
+#include "support/param_names.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::testing {
@@ -92,7 +93,7 @@ TEST_P(Desync, TheErrorNamesTheRankThatIsBehind) {
   EXPECT_TRUE(result.ok()) << result.describe();
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, Desync, ::testing::Values(2, 3));
+INSTANTIATE_TEST_SUITE_P(WorldSizes, Desync, ::testing::Values(2, 3), ddp::testing::world_name);
 
 }  // namespace
 }  // namespace ddp::testing

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "ddp/comm/process_group.hpp"
+#include "support/param_names.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::testing {
@@ -35,7 +36,8 @@ TEST_P(Collectives, ClosedFormResults) {
   EXPECT_TRUE(result.ok()) << result.describe();
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, Collectives, ::testing::Values(1, 2, 3));
+INSTANTIATE_TEST_SUITE_P(WorldSizes, Collectives, ::testing::Values(1, 2, 3),
+                         ddp::testing::world_name);
 
 // Rank 1 stays alive but never joins the all-reduce; rank 0 must fail within its 2 s timeout
 // with a message that says so, then release rank 1 through the store.

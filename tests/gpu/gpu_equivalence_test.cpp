@@ -79,6 +79,11 @@ struct Case {
   int world;
 };
 
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.model << (c.autocast ? " under bf16 autocast" : " in fp32") << " at world size "
+      << c.world;
+}
+
 class GpuEquivalence : public ::testing::TestWithParam<Case> {};
 
 TEST_P(GpuEquivalence, MatchesSingleGpuTrainingOnTheGlobalBatch) {

@@ -7,6 +7,7 @@
 #include "ddp/models/registry.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
 #include "support/oracle.hpp"
+#include "support/param_names.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::testing {
@@ -80,7 +81,7 @@ TEST_P(Hooks, BuiltinsMatchAllreduceAndUserHookIsHonoured) {
   const auto result = run_workers("builtin_hooks", GetParam());
   EXPECT_TRUE(result.ok()) << result.describe();
 }
-INSTANTIATE_TEST_SUITE_P(WorldSizes, Hooks, ::testing::Values(1, 2, 3));
+INSTANTIATE_TEST_SUITE_P(WorldSizes, Hooks, ::testing::Values(1, 2, 3), ddp::testing::world_name);
 
 DDP_TEST_WORKER(hook_after_backward) {
   auto pg = worker_process_group();
@@ -146,7 +147,8 @@ TEST_P(PowerSGDTraining, FinalLossWithinAFactorOfAllreduce) {
   const auto result = run_workers("powersgd_training", GetParam());
   EXPECT_TRUE(result.ok()) << result.describe();
 }
-INSTANTIATE_TEST_SUITE_P(WorldSizes, PowerSGDTraining, ::testing::Values(2, 3));
+INSTANTIATE_TEST_SUITE_P(WorldSizes, PowerSGDTraining, ::testing::Values(2, 3),
+                         ddp::testing::world_name);
 
 // PowerSGD from iteration 0 without graph planning, on a model used in the opposite order of its
 // registration: the plan starts in reverse registration order and is rebuilt after iteration 1
@@ -206,7 +208,8 @@ TEST_P(PowerSGDRebuild, StartIterZeroSurvivesThePostIterationOneRebuild) {
   const auto result = run_workers("powersgd_after_rebuild", GetParam());
   EXPECT_TRUE(result.ok()) << result.describe();
 }
-INSTANTIATE_TEST_SUITE_P(WorldSizes, PowerSGDRebuild, ::testing::Values(1, 2, 3));
+INSTANTIATE_TEST_SUITE_P(WorldSizes, PowerSGDRebuild, ::testing::Values(1, 2, 3),
+                         ddp::testing::world_name);
 
 }  // namespace
 }  // namespace ddp::testing

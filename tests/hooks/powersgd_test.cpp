@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ddp/hooks/powersgd_hook.hpp"
+#include "support/param_names.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::testing {
@@ -100,7 +101,11 @@ TEST_P(Orthogonalize, GivesOrthonormalColumnsSpanningTheInput) {
 INSTANTIATE_TEST_SUITE_P(Shapes, Orthogonalize,
                          ::testing::Values(std::make_pair(1, 1), std::make_pair(10, 1),
                                            std::make_pair(10, 3), std::make_pair(64, 4),
-                                           std::make_pair(7, 7)));
+                                           std::make_pair(7, 7)),
+                         [](const auto& info) {
+                           return std::to_string(info.param.first) + "x" +
+                                  std::to_string(info.param.second);
+                         });
 
 TEST(PowerSGD, OrthogonalizeFloatAndEpsilon) {
   torch::manual_seed(3);
@@ -361,7 +366,8 @@ TEST_P(PowerSGDWorld, PlanChangeCarriesResidualAndQWithEachParameter) {
   EXPECT_TRUE(result.ok()) << result.describe();
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, PowerSGDWorld, ::testing::Values(1, 2, 3));
+INSTANTIATE_TEST_SUITE_P(WorldSizes, PowerSGDWorld, ::testing::Values(1, 2, 3),
+                         ddp::testing::world_name);
 
 // ---- Error feedback --------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@
 #include "ddp/models/registry.hpp"
 #include "support/run_command.hpp"
 #include "support/temp_dir.hpp"
+#include "support/test_nets.hpp"
 #include "support/workers.hpp"
 
 namespace {
@@ -47,7 +48,7 @@ struct Trainer {
   int64_t batch = 8;
 
   explicit Trainer(const std::string& optimizer, const std::string& model = "batchnorm")
-      : w(ddp::models::make_workload(model)) {
+      : w(ddp::testing::make_test_workload(model)) {
     if (optimizer == "adam") {
       opt = std::make_unique<torch::optim::Adam>(w.ptr->parameters(),
                                                  torch::optim::AdamOptions(0.01));

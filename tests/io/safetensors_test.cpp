@@ -255,6 +255,8 @@ std::vector<Corruption> corruptions() {
   };
 }
 
+void PrintTo(const Corruption& c, std::ostream* os) { *os << c.name; }
+
 class SafetensorsCorrupt : public ::testing::TestWithParam<Corruption> {};
 
 TEST_P(SafetensorsCorrupt, IsRefusedWithTheFileAndTheProblem) {

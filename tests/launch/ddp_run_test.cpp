@@ -12,6 +12,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -19,12 +21,14 @@
 #include <functional>
 #include <iterator>
 #include <map>
+#include <ostream>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "ddp/launch/spawn.hpp"
+#include "support/param_names.hpp"
 #include "support/run_command.hpp"
 #include "support/temp_dir.hpp"
 
@@ -244,7 +248,8 @@ TEST_P(DdpRunWorldSize, EveryWorkerSeesTheTorchrunEnvironment) {
   EXPECT_EQ(lines(f.out).size(), static_cast<size_t>(2 * n)) << f.out;
 }
 
-INSTANTIATE_TEST_SUITE_P(DdpRun, DdpRunWorldSize, ::testing::Values(1, 2, 3));
+INSTANTIATE_TEST_SUITE_P(DdpRun, DdpRunWorldSize, ::testing::Values(1, 2, 3),
+                         ddp::testing::world_name);
 
 TEST(DdpRun, SecondNodeOffsetsRanksByNodeRank) {
   TempDir dir;
@@ -399,7 +404,10 @@ TEST_P(DdpRunSignal, ReachesEveryWorkerAndNoWorkerRemains) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(DdpRun, DdpRunSignal, ::testing::Values(SIGTERM, SIGINT));
+INSTANTIATE_TEST_SUITE_P(DdpRun, DdpRunSignal, ::testing::Values(SIGTERM, SIGINT),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return std::string(info.param == SIGTERM ? "SIGTERM" : "SIGINT");
+                         });
 
 TEST(DdpRun, SigkillOfTheLauncherTakesTheWorkersWithIt) {
   TempDir dir;
@@ -472,6 +480,43 @@ struct BadFlags {
   std::string error;
 };
 
+void PrintTo(const BadFlags& f, std::ostream* os) {
+  *os << "ddp-run";
+  for (const auto& a : f.args) *os << ' ' << a;
+}
+
+// The flags before the program as a test name: --nnodes 2 --node-rank 2 -> nnodes_2_node_rank_2;
+// a bare "--" with nothing after it is "dashdash", a negative number "minus1".
+std::string bad_flags_name(const ::testing::TestParamInfo<BadFlags>& info) {
+  std::vector<std::string> args = info.param.args;
+  const std::vector<std::string> program = {"--", "/bin/sh", "-c", "PROGRAM"};
+  if (args.size() >= program.size() &&
+      std::equal(program.begin(), program.end(), args.end() - program.size())) {
+    args.resize(args.size() - program.size());
+  }
+  std::string name;
+  for (const auto& a : args) {
+    std::string word = a;
+    if (word == "--") {
+      word = "dashdash";
+    } else if (word.size() > 1 && word[0] == '-' &&
+               std::isdigit(static_cast<unsigned char>(word[1]))) {
+      word = "minus" + word.substr(1);
+    }
+    for (char c : word) {
+      const bool keep = std::isalnum(static_cast<unsigned char>(c));
+      if (keep) {
+        name += c;
+      } else if (!name.empty() && name.back() != '_') {
+        name += '_';
+      }
+    }
+    if (!name.empty() && name.back() != '_') name += '_';
+  }
+  while (!name.empty() && name.back() == '_') name.pop_back();
+  return name;
+}
+
 class DdpRunBadFlags : public ::testing::TestWithParam<BadFlags> {};
 
 TEST_P(DdpRunBadFlags, AreRefusedWithTheFlagNamed) {
@@ -515,7 +560,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadFlags{{"--grace-s", "-1", "--", "/bin/sh", "-c", "PROGRAM"},
                  "ddp-run: --grace-s must be at least 0, got -1\n"},
         BadFlags{{"--nproc-per-node", "two", "--", "/bin/sh", "-c", "PROGRAM"}, "--nproc-per-node"},
-        BadFlags{{"--bogus", "--", "/bin/sh", "-c", "PROGRAM"}, "--bogus"}));
+        BadFlags{{"--bogus", "--", "/bin/sh", "-c", "PROGRAM"}, "--bogus"}),
+    bad_flags_name);
 
 TEST(DdpRun, TrainsWithDdpTrain) {
   TempDir dir;

@@ -5,6 +5,7 @@
 #include "ddp/models/net.hpp"
 #include "ddp/obs/runtime_stats.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
+#include "support/param_names.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::obs {
@@ -73,7 +74,8 @@ TEST_P(LoggingDataTest, SampledStatsAndConfiguration) {
   const auto result = testing::run_workers("logging_data", GetParam());
   EXPECT_TRUE(result.ok()) << result.describe();
 }
-INSTANTIATE_TEST_SUITE_P(WorldSizes, LoggingDataTest, ::testing::Values(1, 2, 3));
+INSTANTIATE_TEST_SUITE_P(WorldSizes, LoggingDataTest, ::testing::Values(1, 2, 3),
+                         ddp::testing::world_name);
 
 }  // namespace
 }  // namespace ddp::obs

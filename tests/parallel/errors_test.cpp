@@ -6,6 +6,7 @@
 #include "ddp/comm/init.hpp"
 #include "ddp/models/registry.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
+#include "support/test_nets.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::testing {
@@ -31,7 +32,7 @@ void require_contains(const std::string& text, const std::string& part, const st
 // it and the flag, at the end of that backward, and no rank hangs.
 DDP_TEST_WORKER(unused_without_flag) {
   auto pg = worker_process_group();
-  auto w = models::make_workload("unused-branch");
+  auto w = make_test_workload("unused-branch");
   parallel::DistributedDataParallel<torch::nn::AnyModule> model(w.module, pg);
   auto [x, y] = w.batch(0, 4);
   const std::string error = message_of([&] { w.loss(model(x), y).backward(); });

@@ -5,6 +5,7 @@
 #include "ddp/models/registry.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
 #include "support/oracle.hpp"
+#include "support/param_names.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::testing {
@@ -73,7 +74,7 @@ TEST_P(Join, UnevenInputsMatchTheOracleForBothDivisors) {
   const auto result = run_workers("join", GetParam());
   EXPECT_TRUE(result.ok()) << result.describe();
 }
-INSTANTIATE_TEST_SUITE_P(WorldSizes, Join, ::testing::Values(1, 2, 3));
+INSTANTIATE_TEST_SUITE_P(WorldSizes, Join, ::testing::Values(1, 2, 3), ddp::testing::world_name);
 
 }  // namespace
 }  // namespace ddp::testing

@@ -6,9 +6,10 @@
 #include <numeric>
 
 #include "ddp/models/registry.hpp"
-#include "ddp/models/small_models.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
 #include "support/oracle.hpp"
+#include "support/param_names.hpp"
+#include "support/test_nets.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::testing {
@@ -45,7 +46,7 @@ const std::vector<std::string> kReverse = {"fc3.bias",   "fc3.weight", "fc2.bias
 DDP_TEST_WORKER(planning) {
   auto pg = worker_process_group();
   for (bool planning : {true, false}) {
-    auto w = models::make_workload("out-of-order");
+    auto w = make_test_workload("out-of-order");
     parallel::DDPOptions options;
     options.graph_planning = planning;
     options.reducer.buckets.first_bucket_cap_bytes = options.reducer.buckets.bucket_cap_bytes =
@@ -81,7 +82,8 @@ TEST_P(Planning, PredictedOrderMatchesObservedAndRebuildWorks) {
   const auto result = run_workers("planning", GetParam());
   EXPECT_TRUE(result.ok()) << result.describe();
 }
-INSTANTIATE_TEST_SUITE_P(WorldSizes, Planning, ::testing::Values(1, 2, 3));
+INSTANTIATE_TEST_SUITE_P(WorldSizes, Planning, ::testing::Values(1, 2, 3),
+                         ddp::testing::world_name);
 
 // Equivalence with the single-process oracle on the out-of-order model, planning on and off.
 DDP_TEST_WORKER(planning_equivalence) {
@@ -112,7 +114,7 @@ TEST(Planning, EquivalenceAcrossTheRebuild) {
 // are; buffers are never in buckets.
 DDP_TEST_WORKER(ignore_and_buffers) {
   auto pg = worker_process_group();
-  auto w = models::make_workload("batchnorm");
+  auto w = make_test_workload("batchnorm");
   {
     torch::NoGradGuard no_grad;
     for (auto& p : w.ptr->parameters()) p.add_(0.5 * pg->rank());

@@ -4,6 +4,7 @@
 
 #include "ddp/parallel/distributed_data_parallel.hpp"
 #include "ddp/parallel/replica_check.hpp"
+#include "support/param_names.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::parallel {
@@ -63,7 +64,7 @@ TEST_P(Mismatch, ShapeMismatchAcrossRanksNamesTheParameter) {
   EXPECT_TRUE(result.ok()) << result.describe();
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, Mismatch, ::testing::Values(2, 3));
+INSTANTIATE_TEST_SUITE_P(WorldSizes, Mismatch, ::testing::Values(2, 3), ddp::testing::world_name);
 
 }  // namespace
 }  // namespace ddp::parallel

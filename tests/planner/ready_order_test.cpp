@@ -18,7 +18,7 @@
 
 #include "ddp/models/gpt.hpp"
 #include "ddp/models/net.hpp"
-#include "ddp/models/small_models.hpp"
+#include "support/test_nets.hpp"
 
 namespace ddp::planner {
 namespace {
@@ -93,7 +93,7 @@ Forward net_forward() {
 }
 
 Forward out_of_order_forward() {
-  auto net = std::make_shared<models::OutOfOrderNetImpl>(16);
+  auto net = std::make_shared<ddp::testing::OutOfOrderNetImpl>(16);
   auto out = net->forward(torch::randn({4, 16}));
   return collect(net, out);
 }
@@ -122,13 +122,13 @@ Forward gpt_tied_forward() {
 }
 
 Forward tied_forward() {
-  auto net = std::make_shared<models::TiedNetImpl>(32, 16);
+  auto net = std::make_shared<ddp::testing::TiedNetImpl>(32, 16);
   auto out = net->forward(torch::randint(0, 32, {4}, torch::kLong));
   return collect(net, out);
 }
 
 Forward unused_branch_forward() {
-  auto net = std::make_shared<models::UnusedBranchNetImpl>(16);
+  auto net = std::make_shared<ddp::testing::UnusedBranchNetImpl>(16);
   auto out = net->forward(torch::randn({4, 16}));
   return collect(net, out);
 }

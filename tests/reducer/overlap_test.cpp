@@ -6,6 +6,7 @@
 
 #include "ddp/models/net.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
+#include "support/param_names.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::testing {
@@ -61,7 +62,7 @@ TEST_P(Overlap, FirstBucketLaunchesBeforeTheLastGradient) {
   EXPECT_TRUE(result.ok()) << result.describe();
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, Overlap, ::testing::Values(2, 3));
+INSTANTIATE_TEST_SUITE_P(WorldSizes, Overlap, ::testing::Values(2, 3), ddp::testing::world_name);
 
 }  // namespace
 }  // namespace ddp::testing

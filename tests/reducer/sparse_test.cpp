@@ -4,6 +4,7 @@
 
 #include "ddp/parallel/distributed_data_parallel.hpp"
 #include "support/oracle.hpp"
+#include "support/param_names.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::testing {
@@ -74,7 +75,7 @@ TEST_P(Sparse, EmbeddingWithSparseGradientsMatchesTheOracle) {
   const auto result = run_workers("sparse", GetParam());
   EXPECT_TRUE(result.ok()) << result.describe();
 }
-INSTANTIATE_TEST_SUITE_P(WorldSizes, Sparse, ::testing::Values(1, 2, 3));
+INSTANTIATE_TEST_SUITE_P(WorldSizes, Sparse, ::testing::Values(1, 2, 3), ddp::testing::world_name);
 
 }  // namespace
 }  // namespace ddp::testing

@@ -4,6 +4,7 @@
 
 #include "ddp/parallel/distributed_data_parallel.hpp"
 #include "support/oracle.hpp"
+#include "support/param_names.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::testing {
@@ -28,7 +29,8 @@ TEST_P(StaticGraph, MatchesTheOracle) {
   const auto result = run_workers("static_graph", GetParam());
   EXPECT_TRUE(result.ok()) << result.describe();
 }
-INSTANTIATE_TEST_SUITE_P(WorldSizes, StaticGraph, ::testing::Values(1, 2, 3));
+INSTANTIATE_TEST_SUITE_P(WorldSizes, StaticGraph, ::testing::Values(1, 2, 3),
+                         ddp::testing::world_name);
 
 // A module whose branch is switched on after the first iteration.
 struct Switchable : torch::nn::Module {

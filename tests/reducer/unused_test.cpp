@@ -5,6 +5,8 @@
 #include "ddp/models/registry.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
 #include "support/oracle.hpp"
+#include "support/param_names.hpp"
+#include "support/test_nets.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::testing {
@@ -35,7 +37,7 @@ DDP_TEST_WORKER(unused_branch) {
     }
   }
   // The gradient state of a parameter no rank used.
-  auto w = models::make_workload("unused-branch");
+  auto w = make_test_workload("unused-branch");
   parallel::DDPOptions options;
   options.reducer.find_unused_parameters = true;
   parallel::DistributedDataParallel<torch::nn::AnyModule> model(w.module, pg, options);
@@ -55,7 +57,7 @@ TEST_P(Unused, UnusedBranchWithFindUnusedParameters) {
   EXPECT_TRUE(result.ok()) << result.describe();
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, Unused, ::testing::Values(1, 2, 3));
+INSTANTIATE_TEST_SUITE_P(WorldSizes, Unused, ::testing::Values(1, 2, 3), ddp::testing::world_name);
 
 // The used-parameter map is all-reduced every iteration next to the buckets; over several steps
 // the collectives must stay matched and the result exact.

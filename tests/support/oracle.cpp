@@ -13,6 +13,7 @@
 #include "ddp/models/registry.hpp"
 #include "ddp/parallel/autocast.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
+#include "support/test_nets.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::testing {
@@ -82,7 +83,7 @@ bool has_batchnorm(torch::nn::Module& m) {
 TrainResult train_single(const TrainSpec& spec, int world) {
   models::WorkloadOptions wopts;
   wopts.dim = spec.dim;
-  auto w = models::make_workload(spec.model, wopts);
+  auto w = make_test_workload(spec.model, wopts);
   w.ptr->to(spec_device(spec));
   std::vector<std::string> names;
   std::vector<torch::Tensor> params;
@@ -123,7 +124,7 @@ TrainResult train_ddp(const TrainSpec& spec, comm::ProcessGroupPtr pg,
                       const parallel::DDPOptions& options) {
   models::WorkloadOptions wopts;
   wopts.dim = spec.dim;
-  auto w = models::make_workload(spec.model, wopts);
+  auto w = make_test_workload(spec.model, wopts);
   w.ptr->to(spec_device(spec));
   if (pg->rank() != 0) {
     torch::NoGradGuard no_grad;
@@ -153,7 +154,7 @@ TrainResult train_ddp(const TrainSpec& spec, comm::ProcessGroupPtr pg,
 TrainResult initial_params(const TrainSpec& spec) {
   models::WorkloadOptions wopts;
   wopts.dim = spec.dim;
-  auto w = models::make_workload(spec.model, wopts);
+  auto w = make_test_workload(spec.model, wopts);
   return snapshot(*w.ptr);
 }
 

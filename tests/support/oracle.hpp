@@ -14,7 +14,7 @@
 namespace ddp::testing {
 
 struct TrainSpec {
-  std::string model = "net";      // a ddp::models workload name
+  std::string model = "net";      // a workload name (make_test_workload)
   int64_t dim = 0;                // workload width; 0 = its default
   std::string optimizer = "sgd";  // "sgd" (momentum 0.9) or "adam"
   int steps = 3;

@@ -24,9 +24,9 @@
 #include "ddp/launch/spawn.hpp"
 #include "ddp/models/registry.hpp"
 #include "ddp/obs/chrome_trace.hpp"
-#include "ddp/obs/graph_dot.hpp"
 #include "ddp/parallel/autocast.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
+#include "ddp/planner/graph_dot.hpp"
 
 namespace {
 
@@ -196,7 +196,7 @@ int run_worker(const Args& args) {
     if (i == 0 && lead && !args.graph_dot.empty()) {
       std::vector<std::string> names;
       for (auto& [name, p] : named_params(*w.ptr)) names.push_back(name);
-      std::ofstream(args.graph_dot) << ddp::obs::autograd_graph_dot(loss, params, names);
+      std::ofstream(args.graph_dot) << ddp::planner::autograd_graph_dot(loss, params, names);
     }
     loss.backward();
     phase_sync();

@@ -9,16 +9,21 @@
 #include <cstddef>
 #include <vector>
 
+#include "ddp/planner/autograd_graph.hpp"
+
 namespace ddp::planner {
 
-// Returns indices into `params` in the predicted order in which their gradient accumulators
-// run during a backward from `outputs` on the CPU engine. Parameters unreachable from the
-// outputs are not in the result (the caller appends them). Outputs that are parameters
-// themselves are roots of the walk like any other output; when no other path leads to them they
-// come first. Undefined outputs and outputs that do not require grad are skipped.
-//
-// Each tensor may appear in `params` only once: deduplicate tied weights by TensorImpl first.
-// The graph is only read, never consumed, so the caller can still run backward on it.
+// Returns parameter indices (the graph's ParamIndex) in the predicted order in which their
+// gradient accumulators run during a backward from the graph's outputs on the CPU engine.
+// Parameters unreachable from the outputs are not in the result (the caller appends them).
+// Outputs that are parameters themselves are roots of the walk like any other output; when no
+// other path leads to them they come first.
+std::vector<size_t> predict_ready_order(const AutogradGraph& graph);
+
+// The same from the tensors: one walk of `outputs` with an index over `params`. Each tensor may
+// appear in `params` only once: deduplicate tied weights by TensorImpl first. Undefined outputs
+// and outputs that do not require grad are skipped. The graph is only read, never consumed, so
+// the caller can still run backward on it.
 std::vector<size_t> predict_ready_order(const std::vector<at::Tensor>& outputs,
                                         const std::vector<at::Tensor>& params);
 

@@ -1,6 +1,8 @@
 #pragma once
 // Named synthetic workloads: a model plus a deterministic, learnable data stream and its loss, so
-// that tests, ddp-train and ddp-bench can say "--model gpt-tiny" and get the same thing.
+// that tests, ddp-train and ddp-bench can say "--model gpt-tiny" and get the same thing. The nets
+// shaped only for tests (buffers, unused or tied parameters, out-of-order use) are in
+// tests/support/test_nets.hpp, built on the same tasks (tasks.hpp).
 
 #include <cstdint>
 #include <functional>
@@ -53,18 +55,13 @@ struct WorkloadOptions {
 //   gpt2-medium    GPT{vocab 50304, seq_len 1024, d_model 1024, 16 heads, 24 layers}
 //                                                   dim: d_model        next token
 //   resnet-small   ResNetSmall(10, width 64)        dim: width          image class
-//   batchnorm      BatchNormNet(16, 32, 4)          dim: hidden         regression
-//   unused-branch  UnusedBranchNet(16)              dim: width          regression
-//   tied           TiedNet(32, 16)                  dim: embedding dim  classification
-//   out-of-order   OutOfOrderNet(16)                dim: width          regression
 // Regression: x ~ N(0, 1) per feature; target = a fixed random linear map of x of rank <= 16
 // (singular values falling as 1/k), scaled so that E|target|^2 = 1; loss = squared error summed
 // over features, mean over the batch. The untrained Net's own output adds about width/81 to the
 // initial loss (PyTorch's default init shrinks variance 3x per layer, biases aside): ~4 for "net",
 // ~26 for "toy", ~100 for "toy8k".
 // Next token: each sequence counts up by one from a random start (mod vocab); targets are the
-// inputs shifted by one; loss = cross entropy, mean over all tokens. Classification (tied):
-// target = (3 * input + 1) mod vocab; cross entropy, mean over the batch. Image class
+// inputs shifted by one; loss = cross entropy, mean over all tokens. Image class
 // (resnet-small): x ~ N(0, 1) of shape [3, 32, 32]; target = argmax over 10 fixed random unit
 // vectors of their dot product with the per-channel means of x; cross entropy, mean over the batch.
 // Calls torch::manual_seed(options.seed), so it resets the global generator.

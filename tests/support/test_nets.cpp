@@ -1,10 +1,12 @@
-#include "ddp/models/small_models.hpp"
+#include "support/test_nets.hpp"
 
 #include <c10/util/Exception.h>
+#include <torch/utils.h>
 
-#include "replace_parameter.hpp"
+#include "ddp/models/replace_parameter.hpp"
+#include "ddp/models/tasks.hpp"
 
-namespace ddp::models {
+namespace ddp::testing {
 
 BatchNormNetImpl::BatchNormNetImpl(int64_t in, int64_t hidden, int64_t out) {
   TORCH_CHECK(in > 0 && hidden > 0 && out > 0, "BatchNormNet: sizes must be positive, got in=", in,
@@ -38,7 +40,7 @@ TiedNetImpl::TiedNetImpl(int64_t vocab, int64_t dim) {
       register_module("head", torch::nn::Linear(torch::nn::LinearOptions(dim, vocab).bias(false)));
   // Embedding's weight is [vocab, dim], exactly the shape of a Linear(dim, vocab) weight.
   head->weight = emb->weight;
-  detail::replace_parameter(*head, "weight", emb->weight);
+  models::detail::replace_parameter(*head, "weight", emb->weight);
 }
 
 torch::Tensor TiedNetImpl::forward(const torch::Tensor& idx) {
@@ -58,4 +60,45 @@ torch::Tensor OutOfOrderNetImpl::forward(const torch::Tensor& x) {
   return fc2(y);
 }
 
-}  // namespace ddp::models
+namespace {
+
+int64_t pick(int64_t dim, int64_t fallback) { return dim == 0 ? fallback : dim; }
+
+}  // namespace
+
+models::Workload make_test_workload(const std::string& name,
+                                    const models::WorkloadOptions& options) {
+  using models::add_affine_token_task;
+  using models::add_regression_task;
+  using models::set_model;
+  const bool test_net =
+      name == "batchnorm" || name == "unused-branch" || name == "tied" || name == "out-of-order";
+  if (!test_net) return models::make_workload(name, options);
+  TORCH_CHECK(options.dim >= 0, "make_test_workload('", name,
+              "'): dim must be >= 0 (0 = the model's default), got ", options.dim);
+  models::Workload w;
+  w.name = name;
+  // As in make_workload: every process builds the same initial model without a broadcast.
+  torch::manual_seed(options.seed);
+  const int64_t dim = options.dim;
+  const uint64_t seed = options.seed;
+  if (name == "batchnorm") {
+    set_model(w, BatchNormNet(16, pick(dim, 32), 4));
+    add_regression_task(w, 16, 4, seed);
+  } else if (name == "unused-branch") {
+    const int64_t width = pick(dim, 16);
+    set_model(w, UnusedBranchNet(width));
+    add_regression_task(w, width, width, seed);
+  } else if (name == "tied") {
+    const int64_t vocab = 32;
+    set_model(w, TiedNet(vocab, pick(dim, 16)));
+    add_affine_token_task(w, vocab, seed);
+  } else {  // out-of-order
+    const int64_t width = pick(dim, 16);
+    set_model(w, OutOfOrderNet(width));
+    add_regression_task(w, width, width, seed);
+  }
+  return w;
+}
+
+}  // namespace ddp::testing

@@ -1,5 +1,6 @@
 #pragma once
-// Private to the model zoo: re-points a registered parameter at another tensor (weight tying).
+// For the model zoo and the test nets: re-points a registered parameter at another tensor (weight
+// tying).
 
 #include <string>
 

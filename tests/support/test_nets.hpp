@@ -1,9 +1,11 @@
 #pragma once
-// Small models, each shaped to exercise one DDP corner case: buffers, parameters that get no
+// Test-only nets, each shaped to exercise one DDP corner case: buffers, parameters that get no
 // gradient, a parameter registered under two names, and a backward order that differs from the
-// registration order. Small enough for multi-process CPU tests.
+// registration order. Small enough for multi-process CPU tests. Compiled into the test binary
+// only: the tools' --model zoo (ddp/models/registry.hpp) does not offer them.
 
 #include <cstdint>
+#include <string>
 
 #include <torch/nn/module.h>
 #include <torch/nn/modules/batchnorm.h>
@@ -12,7 +14,9 @@
 #include <torch/nn/pimpl.h>
 #include <torch/types.h>
 
-namespace ddp::models {
+#include "ddp/models/registry.hpp"
+
+namespace ddp::testing {
 
 // fc1 -> bn -> relu -> fc2. bn carries the buffers running_mean, running_var and
 // num_batches_tracked, which DDP broadcasts from rank 0 rather than reducing.
@@ -73,4 +77,14 @@ class OutOfOrderNetImpl : public torch::nn::Module {
 };
 TORCH_MODULE(OutOfOrderNet);
 
-}  // namespace ddp::models
+// make_workload for the test nets by name, the zoo's otherwise:
+//   batchnorm      BatchNormNet(16, 32, 4)          dim: hidden         regression
+//   unused-branch  UnusedBranchNet(16)              dim: width          regression
+//   tied           TiedNet(32, 16)                  dim: embedding dim  classification
+//   out-of-order   OutOfOrderNet(16)                dim: width          regression
+// Tasks as in registry.hpp; classification (tied): target = (3 * input + 1) mod vocab, cross
+// entropy, mean over the batch. Calls torch::manual_seed(options.seed), like make_workload.
+models::Workload make_test_workload(const std::string& name,
+                                    const models::WorkloadOptions& options = {});
+
+}  // namespace ddp::testing
