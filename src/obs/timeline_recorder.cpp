@@ -1,5 +1,6 @@
 #include "ddp/obs/timeline_recorder.hpp"
 
+#include <algorithm>
 #include <chrono>
 
 namespace ddp::obs {
@@ -42,7 +43,11 @@ void TimelineRecorder::bucket_finished(const reducer::BucketFinished& event) {
   if (event.bucket >= current_.bucket_done_ns.size()) return;
   current_.bucket_done_ns[event.bucket] = since_start();
   if (event.comm_done_ns >= 0) {
-    current_.bucket_comm_done_ns[event.bucket] = event.comm_done_ns - current_.backward_start_ns;
+    // The launch is stamped when this listener hears of it, just after the collective was issued;
+    // a small collective can complete before that. It then counts as done at its launch stamp, so
+    // no interval runs backwards (stats would drop it).
+    current_.bucket_comm_done_ns[event.bucket] = std::max(
+        event.comm_done_ns - current_.backward_start_ns, current_.bucket_launch_ns[event.bucket]);
   }
 }
 
