@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "ddp/comm/device_mesh.hpp"
+#include "support/error_text.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::testing {
@@ -75,15 +76,6 @@ DDP_TEST_WORKER(mesh_2x2) {
 TEST(DeviceMesh, TwoByTwoSubGroupsReduceIndependentlyWithoutKeyCollisions) {
   const auto result = run_workers("mesh_2x2", 4, {}, std::chrono::seconds(240));
   EXPECT_TRUE(result.ok()) << result.describe();
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
 }
 
 DDP_TEST_WORKER(mesh_errors) {

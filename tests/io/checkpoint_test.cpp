@@ -18,6 +18,7 @@
 #include "ddp/io/checkpoint_fs.hpp"
 #include "ddp/io/checkpoint_state.hpp"
 #include "ddp/models/registry.hpp"
+#include "support/error_text.hpp"
 #include "support/run_command.hpp"
 #include "support/temp_dir.hpp"
 #include "support/test_nets.hpp"
@@ -25,21 +26,13 @@
 
 namespace {
 
+using ddp::testing::error_of;
 using ddp::testing::TempDir;
 
 namespace fs = std::filesystem;
 using ddp::io::CheckpointOptions;
 using ddp::io::TensorMap;
 using ddp::io::TrainingState;
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
-}
 
 // A small model with buffers (BatchNorm running statistics), its optimizer and its data.
 struct Trainer {

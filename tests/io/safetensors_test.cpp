@@ -13,10 +13,12 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include "support/error_text.hpp"
 #include "support/temp_dir.hpp"
 
 namespace {
 
+using ddp::testing::error_of;
 using ddp::testing::TempDir;
 
 namespace fs = std::filesystem;
@@ -26,15 +28,6 @@ using ddp::io::save_safetensors;
 using ddp::io::TensorMap;
 
 // The message of the c10::Error `fn` throws, or "" when it throws none.
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
-}
-
 void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
   std::ofstream out(path, std::ios::binary);
   out.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));

@@ -12,25 +12,18 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include "support/error_text.hpp"
 #include "support/pytorch_required.hpp"
 #include "support/run_command.hpp"
 #include "support/temp_dir.hpp"
 
 namespace {
 
+using ddp::testing::error_of;
 using ddp::testing::TempDir;
 
 namespace fs = std::filesystem;
 using ddp::io::TensorMap;
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
-}
 
 // Whether /usr/bin/python3 can import torch (Debian's python3-torch); the interop tests need it.
 // Runs a Python program (written to a file in `dir`, so no shell quoting) and returns its output.

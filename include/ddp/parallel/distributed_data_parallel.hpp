@@ -24,10 +24,10 @@
 #include "ddp/comm/process_group.hpp"
 #include "ddp/hooks/comm_hook.hpp"
 #include "ddp/obs/runtime_stats.hpp"
-#include "ddp/obs/timeline_recorder.hpp"
 #include "ddp/optim/optimizer_in_backward.hpp"
 #include "ddp/parallel/ddp_options.hpp"
 #include "ddp/reducer/reducer_runtime.hpp"
+#include "ddp/reducer/timeline_recorder.hpp"
 
 namespace ddp::parallel {
 
@@ -104,7 +104,7 @@ class DistributedDataParallelBase {
   std::vector<torch::Tensor> buffers_;
   std::vector<std::string> buffer_names_;
   // Listeners on the reducer's events; declared before reducer_ so they outlive it.
-  obs::TimelineRecorder timeline_;
+  reducer::TimelineRecorder timeline_;
   std::unique_ptr<optim::OptimizerInBackward> optimizer_in_backward_;
   std::unique_ptr<reducer::Reducer> reducer_;
   bool require_sync_ = true;  // false inside no_sync()

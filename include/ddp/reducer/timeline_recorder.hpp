@@ -1,5 +1,6 @@
 #pragma once
-// TimelineRecorder: a listener on the reducer's events that keeps the last synchronized
+// TimelineRecorder: a listener on the reducer's own events (it lives with them in reducer/, below
+// obs/stats and obs/trace, which read what it records) that keeps the last synchronized
 // backward's IterationTimeline, for runtime stats (logging_data), Chrome traces and tests of
 // overlap. The host timestamps are taken here, not on the reducer's path: without a recorder the
 // gradient path reads no clock per gradient or bucket.
@@ -10,24 +11,24 @@
 #include "ddp/obs/timeline.hpp"
 #include "ddp/reducer/reducer_events.hpp"
 
-namespace ddp::obs {
+namespace ddp::reducer {
 
-class TimelineRecorder : public reducer::ReducerListener {
+class TimelineRecorder : public ReducerListener {
  public:
-  void backward_started(const reducer::BackwardStarted& event) override;
+  void backward_started(const BackwardStarted& event) override;
   void grad_ready(size_t param, bool used) override;
   void bucket_launched(size_t bucket) override;
-  void bucket_finished(const reducer::BucketFinished& event) override;
+  void bucket_finished(const BucketFinished& event) override;
   void iteration_finished(int64_t iteration) override;
 
   // A copy of the last completed synchronized backward's timeline (empty before the first).
-  IterationTimeline last() const;
+  obs::IterationTimeline last() const;
 
  private:
   int64_t since_start() const;
-  mutable std::mutex mutex_;   // events come on the autograd thread, last() on the user's
-  IterationTimeline current_;  // being filled
-  IterationTimeline last_;     // the last completed one
+  mutable std::mutex mutex_;        // events come on the autograd thread, last() on the user's
+  obs::IterationTimeline current_;  // being filled
+  obs::IterationTimeline last_;     // the last completed one
 };
 
-}  // namespace ddp::obs
+}  // namespace ddp::reducer

@@ -1,9 +1,9 @@
-#include "ddp/obs/timeline_recorder.hpp"
+#include "ddp/reducer/timeline_recorder.hpp"
 
 #include <algorithm>
 #include <chrono>
 
-namespace ddp::obs {
+namespace ddp::reducer {
 
 namespace {
 int64_t steady_ns() {
@@ -15,9 +15,9 @@ int64_t steady_ns() {
 
 int64_t TimelineRecorder::since_start() const { return steady_ns() - current_.backward_start_ns; }
 
-void TimelineRecorder::backward_started(const reducer::BackwardStarted& event) {
+void TimelineRecorder::backward_started(const BackwardStarted& event) {
   std::lock_guard<std::mutex> lock(mutex_);
-  current_ = IterationTimeline{};
+  current_ = obs::IterationTimeline{};
   current_.iteration = event.iteration;
   current_.backward_start_ns = event.forward_end_ns;
   current_.param_ready_ns.assign(event.num_params, -1);
@@ -38,7 +38,7 @@ void TimelineRecorder::bucket_launched(size_t bucket) {
   if (bucket < current_.bucket_launch_ns.size()) current_.bucket_launch_ns[bucket] = since_start();
 }
 
-void TimelineRecorder::bucket_finished(const reducer::BucketFinished& event) {
+void TimelineRecorder::bucket_finished(const BucketFinished& event) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (event.bucket >= current_.bucket_done_ns.size()) return;
   current_.bucket_done_ns[event.bucket] = since_start();
@@ -57,9 +57,9 @@ void TimelineRecorder::iteration_finished(int64_t /*iteration*/) {
   last_ = current_;
 }
 
-IterationTimeline TimelineRecorder::last() const {
+obs::IterationTimeline TimelineRecorder::last() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return last_;
 }
 
-}  // namespace ddp::obs
+}  // namespace ddp::reducer
