@@ -10,6 +10,7 @@ PACKAGES=(
   libgloo-dev         # Gloo headers, needed by c10d's ProcessGroupGloo.hpp
   libopenblas0-pthread  # without it Debian's libtorch uses the reference BLAS, ~20x slower
   libgtest-dev libcli11-dev nlohmann-json3-dev
+  libssl-dev          # OpenSSL's libcrypto: SHA-256 of checkpoint files (docs/dependencies.md)
   iproute2            # `ip netns`: the two-node test's network namespaces (skipped without root)
   python3-torch       # PyTorch 1.13 itself: the oracle of every comparison test (torch.save files,
                       # torchrun, bench/compare --parity), so they run on every fresh machine

@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <iostream>
 #include <map>
 #include <optional>
 
@@ -15,9 +14,12 @@
 
 #include <c10/util/Exception.h>
 
-#include "ddp/io/checkpoint_fs.hpp"
+#include "c10_errors.hpp"
 #include "ddp/io/checkpoint_state.hpp"
+#include "ddp/io/posix_file.hpp"
 #include "ddp/io/safetensors.hpp"
+#include "ddp/io/sha256.hpp"
+#include "ddp/obs/log.hpp"
 
 namespace ddp::io {
 namespace {
@@ -96,9 +98,10 @@ void prune(const std::string& root, int64_t written_step, int keep) {
     }
     std::error_code ec;
     fs::remove_all(e.dir, ec);
-    if (ec)
-      std::cerr << "ddp: warning: could not delete old checkpoint " << e.dir << ": " << ec.message()
-                << std::endl;
+    if (ec) {
+      obs::log(obs::LogLevel::kWarn, 0,
+               "ddp: warning: could not delete old checkpoint " + e.dir + ": " + ec.message());
+    }
   }
 }
 
@@ -108,13 +111,8 @@ std::string without_ddp_prefix(std::string text) {
   return text;
 }
 
-}  // namespace
-
-std::string checkpoint_dir(const std::string& root, int64_t step) {
-  return (fs::path(root) / ("step-" + std::to_string(step))).string();
-}
-
-std::string save_checkpoint(const CheckpointOptions& options, const TrainingState& state) {
+// save_checkpoint's body; FileErrors from it become c10::Errors there.
+std::string save_checkpoint_files(const CheckpointOptions& options, const TrainingState& state) {
   TORCH_CHECK(!options.root.empty(), "ddp: save_checkpoint: CheckpointOptions::root is empty");
   TORCH_CHECK(state.model != nullptr, "ddp: save_checkpoint: TrainingState::model is null");
   TORCH_CHECK(state.step >= 0, "ddp: save_checkpoint: step ", state.step, " is negative");
@@ -162,7 +160,7 @@ std::string save_checkpoint(const CheckpointOptions& options, const TrainingStat
   // Sizes and checksums of the bytes as they are on disk (each file is fsynced already).
   for (const std::string& name : files) {
     const std::string path = (tmp / name).string();
-    manifest.files.push_back({name, uint64_t(fs::file_size(path)), sha256_file(path)});
+    manifest.files.push_back({name, uint64_t(fs::file_size(path)), sha256_file(path), kReplicated});
   }
   write_file_atomic((tmp / "manifest.json").string(), manifest_to_json(manifest));
 
@@ -172,6 +170,16 @@ std::string save_checkpoint(const CheckpointOptions& options, const TrainingStat
   fsync_directory(root.string());
   prune(options.root, state.step, options.keep);
   return final.string();
+}
+
+}  // namespace
+
+std::string checkpoint_dir(const std::string& root, int64_t step) {
+  return (fs::path(root) / ("step-" + std::to_string(step))).string();
+}
+
+std::string save_checkpoint(const CheckpointOptions& options, const TrainingState& state) {
+  return as_c10_error([&] { return save_checkpoint_files(options, state); });
 }
 
 Manifest verify_checkpoint(const std::string& dir) {
@@ -233,7 +241,7 @@ std::vector<CheckpointEntry> list_checkpoints(const std::string& root) {
   return out;
 }
 
-std::optional<CheckpointEntry> find_latest_checkpoint(const std::string& root) {
+std::optional<CheckpointEntry> find_latest_checkpoint(const std::string& root, int rank) {
   for (const CheckpointEntry& e : list_checkpoints(root)) {
     try {
       const Manifest m = verify_checkpoint(e.dir);
@@ -241,8 +249,9 @@ std::optional<CheckpointEntry> find_latest_checkpoint(const std::string& root) {
                   " is misnamed: its manifest says step ", m.step);
       return e;
     } catch (const c10::Error& err) {
-      std::cerr << "ddp: warning: skipping checkpoint " << e.dir << ": "
-                << without_ddp_prefix(err.what_without_backtrace()) << std::endl;
+      obs::log(obs::LogLevel::kWarn, rank,
+               "ddp: warning: skipping checkpoint " + e.dir + ": " +
+                   without_ddp_prefix(err.what_without_backtrace()));
     }
   }
   return std::nullopt;

@@ -7,7 +7,8 @@
 #include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>
 
-#include "ddp/io/checkpoint_fs.hpp"
+#include "c10_errors.hpp"
+#include "ddp/io/sha256.hpp"
 
 namespace ddp::io {
 namespace {
@@ -39,8 +40,13 @@ T field(const json& j, const char* key, const std::string& path) {
 
 std::string manifest_to_json(const Manifest& m) {
   json files = json::array();
-  for (const ManifestFile& f : m.files)
-    files.push_back({{"name", f.name}, {"bytes", f.bytes}, {"sha256", f.sha256}});
+  for (const ManifestFile& f : m.files) {
+    json entry = {{"name", f.name}, {"bytes", f.bytes}, {"sha256", f.sha256}};
+    // Replicated files (all of them, until sharded checkpoints) carry no rank: the manifests of
+    // today's checkpoints stay byte for byte what they were.
+    if (f.rank != kReplicated) entry["rank"] = f.rank;
+    files.push_back(std::move(entry));
+  }
   const json j = {{"format", kFormatName},
                   {"format_version", m.format_version},
                   {"step", m.step},
@@ -91,6 +97,9 @@ Manifest read_manifest(const std::string& dir) {
     file.name = field<std::string>(f, "name", path);
     file.bytes = field<uint64_t>(f, "bytes", path);
     file.sha256 = field<std::string>(f, "sha256", path);
+    if (f.contains("rank")) file.rank = field<int>(f, "rank", path);
+    TORCH_CHECK(file.rank >= kReplicated, "ddp: checkpoint manifest ", path, " is invalid: file '",
+                file.name, "' has rank ", file.rank);
     // A name with a separator could point outside the checkpoint directory.
     TORCH_CHECK(!file.name.empty() && file.name.find('/') == std::string::npos &&
                     file.name != "." && file.name != "..",
@@ -111,7 +120,7 @@ void verify_manifest_files(const std::string& dir, const Manifest& manifest) {
     // Size first: a truncated file is named as such without reading it.
     TORCH_CHECK(bytes == f.bytes, "ddp: checkpoint ", path, " is corrupt: ", bytes,
                 " bytes != manifest ", f.bytes, " bytes (truncated or overwritten)");
-    const std::string sha = sha256_file(path);
+    const std::string sha = as_c10_error([&] { return sha256_file(path); });
     TORCH_CHECK(sha == f.sha256, "ddp: checkpoint ", path, " is corrupt: sha256 ", sha,
                 " != manifest ", f.sha256);
   }

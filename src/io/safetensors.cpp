@@ -12,13 +12,12 @@
 #include <tuple>
 #include <vector>
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>
+
+#include "c10_errors.hpp"
+#include "ddp/io/posix_file.hpp"
 
 // The data buffer is little-endian and is copied into (and out of) tensor memory as it is.
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -221,29 +220,6 @@ Header read_header(const std::string& path, std::ifstream& in) {
   return h;
 }
 
-// write(2) until done: a large tensor may take several calls.
-void write_all(int fd, const void* data, size_t bytes, const std::string& tmp) {
-  const char* p = static_cast<const char*>(data);
-  while (bytes > 0) {
-    const ssize_t n = ::write(fd, p, bytes);
-    if (n < 0 && errno == EINTR) continue;
-    TORCH_CHECK(n > 0, "ddp: safetensors: writing '", tmp, "' failed: ", std::strerror(errno));
-    p += n;
-    bytes -= size_t(n);
-  }
-}
-
-// Closes and removes the temporary file unless the rename went through.
-struct TmpFile {
-  std::string path;
-  int fd = -1;
-  bool renamed = false;
-  ~TmpFile() {
-    if (fd >= 0) ::close(fd);
-    if (!renamed) ::unlink(path.c_str());
-  }
-};
-
 }  // namespace
 
 TensorMap load_safetensors(const std::string& path) {
@@ -312,36 +288,15 @@ void save_safetensors(const std::string& path, const TensorMap& tensors,
   unsigned char len_bytes[8];
   for (int i = 0; i < 8; ++i) len_bytes[i] = (uint64_t(header.size()) >> (8 * i)) & 0xff;
 
-  TmpFile tmp;
-  tmp.path = path + ".tmp." + std::to_string(::getpid());
-  tmp.fd = ::open(tmp.path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  TORCH_CHECK(tmp.fd >= 0, "ddp: safetensors: cannot create '", tmp.path,
-              "' to write: ", std::strerror(errno));
-  write_all(tmp.fd, len_bytes, 8, tmp.path);
-  write_all(tmp.fd, header.data(), header.size(), tmp.path);
-  for (const at::Tensor& t : data)
-    if (t.numel() > 0) write_all(tmp.fd, t.data_ptr(), t.nbytes(), tmp.path);
-  TORCH_CHECK(::fsync(tmp.fd) == 0, "ddp: safetensors: fsync of '", tmp.path,
-              "' failed: ", std::strerror(errno));
-  const int closed = ::close(tmp.fd);
-  tmp.fd = -1;
-  TORCH_CHECK(closed == 0, "ddp: safetensors: closing '", tmp.path,
-              "' failed: ", std::strerror(errno));
-  TORCH_CHECK(::rename(tmp.path.c_str(), path.c_str()) == 0, "ddp: safetensors: renaming '",
-              tmp.path, "' to '", path, "' failed: ", std::strerror(errno));
-  tmp.renamed = true;
-
-  // The rename itself is durable only once the directory entry is.
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  if (dir.empty()) dir = ".";
-  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  TORCH_CHECK(dir_fd >= 0, "ddp: safetensors: cannot open directory '", dir,
-              "' to fsync it: ", std::strerror(errno));
-  const int synced = ::fsync(dir_fd);
-  const int sync_errno = errno;
-  ::close(dir_fd);
-  TORCH_CHECK(synced == 0, "ddp: safetensors: fsync of directory '", dir,
-              "' failed: ", std::strerror(sync_errno));
+  // Atomic (posix_file.hpp): a failed write leaves the file that was at `path` untouched.
+  as_c10_error([&] {
+    AtomicFile file(path);
+    file.write(len_bytes, 8);
+    file.write(header.data(), header.size());
+    for (const at::Tensor& t : data)
+      if (t.numel() > 0) file.write(t.data_ptr(), t.nbytes());
+    file.commit();
+  });
 }
 
 }  // namespace ddp::io

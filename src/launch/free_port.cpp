@@ -1,20 +1,21 @@
+#include "ddp/launch/free_port.hpp"
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <c10/util/Exception.h>
-
 #include <cerrno>
 #include <cstring>
-
-#include "ddp/launch/spawn.hpp"
+#include <stdexcept>
+#include <string>
 
 namespace ddp::launch {
 
 uint16_t find_free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  TORCH_CHECK(fd >= 0, "ddp: socket() failed: ", std::strerror(errno));
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    throw std::runtime_error(std::string("ddp: socket() failed: ") + std::strerror(errno));
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -24,7 +25,10 @@ uint16_t find_free_port() {
                   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
   const int err = errno;
   ::close(fd);
-  TORCH_CHECK(ok, "ddp: could not find a free loopback port: ", std::strerror(err));
+  if (!ok) {
+    throw std::runtime_error(std::string("ddp: could not find a free loopback port: ") +
+                             std::strerror(err));
+  }
   return ntohs(addr.sin_port);
 }
 

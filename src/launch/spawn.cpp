@@ -1,31 +1,33 @@
 #include "ddp/launch/spawn.hpp"
 
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
-
-#include <c10/util/Exception.h>
 
 #include <cerrno>
 #include <cstring>
-#include <optional>
 #include <sstream>
-#include <thread>
+#include <stdexcept>
+
+#include "ddp/io/posix_file.hpp"
 
 namespace ddp::launch {
 
 bool SpawnResult::ok() const {
-  if (timed_out) return false;
+  if (timed_out || signal != 0) return false;
   for (const auto& w : workers) {
     if (w.signaled || w.exit_code != 0) return false;
   }
   return true;
 }
 
+int SpawnResult::exit_code() const {
+  if (signal != 0) return 128 + signal;
+  return ok() ? 0 : 1;
+}
+
 std::string SpawnResult::describe() const {
   std::ostringstream out;
   if (timed_out) out << "timed out; ";
+  if (signal != 0) out << "signal " << signal << " (" << strsignal(signal) << ") forwarded; ";
   for (const auto& w : workers) {
     out << "rank " << w.rank;
     if (w.signaled) {
@@ -42,97 +44,52 @@ std::string SpawnResult::describe() const {
 std::string self_executable() {
   char buf[4096];
   const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  TORCH_CHECK(n > 0, "ddp: cannot read /proc/self/exe: ", std::strerror(errno));
+  if (n <= 0) {
+    throw std::runtime_error(std::string("ddp: cannot read /proc/self/exe: ") +
+                             std::strerror(errno));
+  }
   buf[n] = '\0';
   return buf;
 }
 
-namespace {
-
-[[noreturn]] void exec_worker(const SpawnOptions& options, int rank, uint16_t port,
-                              pid_t launcher) {
-  // Die with the launcher: no orphan survives a killed ddp-train or test binary.
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (::getppid() != launcher) ::_exit(127);  // the launcher died before prctl took effect
-  ::setenv("RANK", std::to_string(rank).c_str(), 1);
-  ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
-  ::setenv("WORLD_SIZE", std::to_string(options.nproc).c_str(), 1);
-  ::setenv("LOCAL_WORLD_SIZE", std::to_string(options.nproc).c_str(), 1);
-  ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-  ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-  for (const auto& [k, v] : options.env) ::setenv(k.c_str(), v.c_str(), 1);
-  std::vector<char*> args;
-  for (const auto& a : options.argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  ::execv(args[0], args.data());
-  const std::string msg =
-      "ddp: exec of " + options.argv[0] + " failed: " + std::strerror(errno) + "\n";
-  (void)!::write(2, msg.data(), msg.size());
-  ::_exit(127);
+SpawnResult spawn_local_workers(const SpawnOptions& options) {
+  if (options.nproc < 1) {
+    throw std::invalid_argument("ddp: --nproc must be at least 1, got " +
+                                std::to_string(options.nproc));
+  }
+  if (options.argv.empty()) {
+    throw std::invalid_argument("ddp: spawn_local_workers needs a program to run");
+  }
+  WorkerGroupOptions group;
+  group.argv = options.argv;
+  group.nproc_per_node = options.nproc;
+  group.master_port = options.master_port;
+  group.env = options.env;
+  group.restart_count = options.restart_count;
+  group.grace = options.grace;
+  group.timeout = options.timeout;
+  group.timeout_source = "the job timeout";
+  group.relay_output = options.relay_output;
+  group.forward_signals = options.forward_signals;
+  group.name = options.name;
+  const GroupResult r = run_worker_group(group);
+  SpawnResult result;
+  result.workers = r.workers;
+  result.timed_out = r.kind == GroupResult::Kind::kTimedOut;
+  result.signal = r.kind == GroupResult::Kind::kSignalled ? r.signal : 0;
+  return result;
 }
 
-}  // namespace
-
-SpawnResult spawn_local_workers(const SpawnOptions& options) {
-  TORCH_CHECK(options.nproc >= 1, "ddp: --nproc must be at least 1, got ", options.nproc);
-  TORCH_CHECK(!options.argv.empty(), "ddp: spawn_local_workers needs a program to run");
-  const uint16_t port = options.master_port ? options.master_port : find_free_port();
-  const pid_t self = ::getpid();
-
-  SpawnResult result;
-  std::vector<pid_t> pids(options.nproc, -1);
-  result.workers.resize(options.nproc);
-  for (int r = 0; r < options.nproc; ++r) {
-    result.workers[r].rank = r;
-    const pid_t pid = ::fork();
-    TORCH_CHECK(pid >= 0, "ddp: fork failed: ", std::strerror(errno));
-    if (pid == 0) exec_worker(options, r, port, self);
-    pids[r] = pid;
+int run_self_as_workers(int argc, char** argv, const std::string& marker, SpawnOptions options) {
+  options.argv = {self_executable()};
+  for (int i = 1; i < argc; ++i) options.argv.push_back(argv[i]);
+  options.env[marker] = "1";
+  const SpawnResult result = spawn_local_workers(options);
+  if (!result.ok()) {
+    const std::string line = options.name + ": workers failed: " + result.describe() + "\n";
+    (void)io::write_all(STDERR_FILENO, line.data(), line.size());
   }
-
-  using Clock = std::chrono::steady_clock;
-  const auto deadline = Clock::now() + options.timeout;
-  std::optional<Clock::time_point> kill_at;  // set at the first failure
-  bool terminated = false;
-  int running = options.nproc;
-  auto signal_all = [&](int sig) {
-    for (int r = 0; r < options.nproc; ++r) {
-      if (pids[r] > 0) {
-        ::kill(pids[r], sig);
-        result.workers[r].killed_by_launcher = true;
-      }
-    }
-  };
-  while (running > 0) {
-    bool reaped = false;
-    for (int r = 0; r < options.nproc; ++r) {
-      int status = 0;
-      // Only our own workers: waitpid(-1) would reap children of the host program too.
-      if (pids[r] <= 0 || ::waitpid(pids[r], &status, WNOHANG) != pids[r]) continue;
-      pids[r] = -1;
-      --running;
-      reaped = true;
-      WorkerExit& w = result.workers[r];
-      w.signaled = WIFSIGNALED(status);
-      w.signal = w.signaled ? WTERMSIG(status) : 0;
-      w.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-      if ((w.signaled || w.exit_code != 0) && !kill_at) kill_at = Clock::now() + options.grace;
-    }
-    if (reaped) continue;
-    const auto now = Clock::now();
-    if (now >= deadline && !result.timed_out) {
-      result.timed_out = true;
-      signal_all(SIGKILL);
-    } else if (kill_at && now >= *kill_at) {
-      signal_all(terminated ? SIGKILL : SIGTERM);
-      kill_at = now + std::chrono::seconds(2);
-      terminated = true;
-    }
-    // Polling, not synchronisation: waitpid has no timeout, and a SIGCHLD handler would take the
-    // signal from a host program (a test binary, a user's trainer).
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return result;
+  return result.exit_code();
 }
 
 }  // namespace ddp::launch

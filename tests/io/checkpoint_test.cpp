@@ -15,8 +15,9 @@
 #include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
 
-#include "ddp/io/checkpoint_fs.hpp"
 #include "ddp/io/checkpoint_state.hpp"
+#include "ddp/io/posix_file.hpp"
+#include "ddp/io/sha256.hpp"
 #include "ddp/models/registry.hpp"
 #include "support/error_text.hpp"
 #include "support/run_command.hpp"
@@ -213,8 +214,9 @@ TEST(Checkpoint, CorruptCheckpointIsRefusedAndTheOlderOneIsIntact) {
   ASSERT_TRUE(latest.has_value());
   EXPECT_EQ(latest->step, 1);
   EXPECT_EQ(latest->dir, older);
-  EXPECT_EQ(warning.rfind("ddp: warning: skipping checkpoint " + newer + ": checkpoint " + newer +
-                              "/optim.safetensors is corrupt: sha256 ",
+  // Through obs/log at its default level: shown without DDP_LOG_LEVEL, under the rank's prefix.
+  EXPECT_EQ(warning.rfind("[ddp rank 0] ddp: warning: skipping checkpoint " + newer +
+                              ": checkpoint " + newer + "/optim.safetensors is corrupt: sha256 ",
                           0),
             0u)
       << warning;

@@ -1,6 +1,11 @@
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <optional>
+#include <stdexcept>
+
 #include "ddp/launch/spawn.hpp"
+#include "support/run_command.hpp"
 
 namespace ddp::launch {
 namespace {
@@ -11,6 +16,9 @@ SpawnOptions shell(int nproc, const std::string& script) {
   o.argv = {"/bin/sh", "-c", script};
   o.timeout = std::chrono::seconds(30);
   o.grace = std::chrono::milliseconds(200);
+  // The test binary keeps its own signal handling (Ctrl-C must end it); ddp-run's tests cover
+  // the forwarding.
+  o.forward_signals = false;
   return o;
 }
 
@@ -18,12 +26,20 @@ TEST(Spawn, SetsTheTorchrunEnvironment) {
   auto o = shell(3,
                  "test \"$WORLD_SIZE\" = 3 && test \"$LOCAL_WORLD_SIZE\" = 3 && "
                  "test \"$RANK\" = \"$LOCAL_RANK\" && test \"$MASTER_ADDR\" = 127.0.0.1 && "
-                 "test \"$MASTER_PORT\" -gt 0 && test \"$EXTRA\" = yes && exit $((10 + RANK))");
+                 "test \"$MASTER_PORT\" -gt 0 && test \"$EXTRA\" = yes");
   o.env["EXTRA"] = "yes";
   const SpawnResult r = spawn_local_workers(o);
   ASSERT_EQ(r.workers.size(), 3u);
-  for (int i = 0; i < 3; ++i) EXPECT_EQ(r.workers[i].exit_code, 10 + i) << r.describe();
+  EXPECT_TRUE(r.ok()) << r.describe();
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(r.workers[i].rank, i);
+}
+
+TEST(Spawn, AFailureIsDescribedByRank) {
+  const SpawnResult r = spawn_local_workers(shell(3, "exit $(( RANK == 2 ? 12 : 0 ))"));
   EXPECT_FALSE(r.ok());
+  EXPECT_EQ(r.exit_code(), 1);
+  EXPECT_EQ(r.workers[2].exit_code, 12) << r.describe();
+  EXPECT_FALSE(r.workers[2].killed_by_launcher);
   EXPECT_NE(r.describe().find("rank 2 exited with code 12"), std::string::npos) << r.describe();
 }
 
@@ -53,6 +69,67 @@ TEST(Spawn, TimeoutKillsEveryWorker) {
   EXPECT_TRUE(r.workers[0].signaled && r.workers[1].signaled) << r.describe();
 }
 
+// Unsets a variable of this process for the scope of a test, restoring it afterwards.
+class UnsetEnv {
+ public:
+  explicit UnsetEnv(const char* key) : key_(key) {
+    if (const char* v = std::getenv(key)) saved_ = v;
+    ::unsetenv(key);
+  }
+  ~UnsetEnv() {
+    if (saved_) ::setenv(key_, saved_->c_str(), 1);
+  }
+
+ private:
+  const char* key_;
+  std::optional<std::string> saved_;
+};
+
+// --nproc workers get what ddp-run's get: OMP_NUM_THREADS=1 (more than one worker, none set),
+// DDP_RESTART_COUNT=0, GROUP_RANK=0, and their lines prefixed with their rank on the same stream.
+TEST(Spawn, WorkersGetTheDdpRunEnvironmentAndRankPrefixes) {
+  UnsetEnv omp("OMP_NUM_THREADS");
+  auto o = shell(2,
+                 "echo \"omp=$OMP_NUM_THREADS restart=$DDP_RESTART_COUNT group=$GROUP_RANK "
+                 "rank=$RANK\"; echo \"err $RANK\" >&2");
+  ::testing::internal::CaptureStdout();
+  ::testing::internal::CaptureStderr();
+  const SpawnResult r = spawn_local_workers(o);
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(r.ok()) << r.describe();
+  for (const std::string rank : {"0", "1"}) {
+    EXPECT_NE(out.find("[rank " + rank + "] omp=1 restart=0 group=0 rank=" + rank + "\n"),
+              std::string::npos)
+        << out;
+    EXPECT_NE(err.find("[rank " + rank + "] err " + rank + "\n"), std::string::npos) << err;
+  }
+}
+
+// A thread count the user set and a restart count handed down by an outer launcher pass through.
+TEST(Spawn, KeepsASetThreadCountAndPassesTheRestartCountOn) {
+  auto o = shell(2, "echo \"omp=$OMP_NUM_THREADS restart=$DDP_RESTART_COUNT\"");
+  o.env["OMP_NUM_THREADS"] = "3";
+  o.restart_count = 2;
+  ::testing::internal::CaptureStdout();
+  const SpawnResult r = spawn_local_workers(o);
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  ASSERT_TRUE(r.ok()) << r.describe();
+  EXPECT_NE(out.find("[rank 1] omp=3 restart=2\n"), std::string::npos) << out;
+}
+
+#ifdef DDP_TRAIN_PATH
+// The tools' --nproc goes through the same launcher: ddp-train's workers' lines carry the prefix.
+TEST(Spawn, DdpTrainNprocWorkersArePrefixed) {
+  const auto [out, code] = ddp::testing::run_command(
+      std::string(DDP_TRAIN_PATH) + " --nproc 2 --model mlp --steps 2 --timeout-s 60");
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("[rank 0] ddp-train: model mlp"), std::string::npos) << out;
+  EXPECT_NE(out.find("[rank 0] ddp-train: loss "), std::string::npos) << out;
+  EXPECT_EQ(out.find("[rank 1] ddp-train: loss "), std::string::npos) << out;  // rank 0 reports
+}
+#endif
+
 TEST(Spawn, FreePortIsUsable) {
   const uint16_t a = find_free_port();
   EXPECT_GT(a, 0);
@@ -63,7 +140,7 @@ TEST(Spawn, ZeroWorkersIsABadFlag) {
   try {
     spawn_local_workers(o);
     FAIL() << "nproc 0 must be refused";
-  } catch (const c10::Error& e) {
+  } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("--nproc must be at least 1, got 0"), std::string::npos);
   }
 }

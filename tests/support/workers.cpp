@@ -36,6 +36,9 @@ launch::SpawnResult run_workers(const std::string& name, int world,
   options.env["DDP_TEST_WORKER"] = name;
   options.timeout = timeout;
   options.grace = std::chrono::seconds(30);
+  // Ctrl-C and ctest's timeout must still end the test binary itself; the workers die with it.
+  options.forward_signals = false;
+  options.name = "ddp_tests";
   return launch::spawn_local_workers(options);
 }
 

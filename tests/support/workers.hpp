@@ -25,7 +25,8 @@ struct WorkerRegistrar {
   static void name##_worker_body()
 
 // Parent side: runs worker `name` on `world` processes and returns how they ended. `env` reaches
-// every worker (read it with worker_env). Bounded by `timeout`.
+// every worker (read it with worker_env). Bounded by `timeout`. The workers' output reaches the
+// test's stdout/stderr line by line, prefixed "[rank R] ".
 launch::SpawnResult run_workers(const std::string& name, int world,
                                 const std::map<std::string, std::string>& env = {},
                                 std::chrono::seconds timeout = std::chrono::seconds(180));

@@ -319,16 +319,12 @@ int main(int argc, char** argv) {
     }
     ddp::launch::SpawnOptions spawn;
     spawn.nproc = args.nproc > 0 ? args.nproc : 1;
-    spawn.argv.push_back(ddp::launch::self_executable());
-    for (int i = 1; i < argc; ++i) spawn.argv.push_back(argv[i]);
-    spawn.env["DDP_BENCH_WORKER"] = "1";
     spawn.timeout = std::chrono::hours(2);
-    const auto result = ddp::launch::spawn_local_workers(spawn);
-    if (!result.ok()) {
-      std::cerr << "ddp-bench: workers failed: " << result.describe() << std::endl;
-      return 1;
-    }
-    return 0;
+    spawn.name = "ddp-bench";
+    // Unprefixed: rank 0's result lines are parsed by bench/compare as lines that start with
+    // "result " or "{", and only rank 0 prints them.
+    spawn.relay_output = false;
+    return ddp::launch::run_self_as_workers(argc, argv, "DDP_BENCH_WORKER", spawn);
   } catch (const c10::Error& e) {
     std::cerr << e.what_without_backtrace() << std::endl;
     return 1;

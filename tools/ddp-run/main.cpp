@@ -12,17 +12,14 @@
 #include <unistd.h>
 #include <CLI/CLI.hpp>
 
-#include <c10/util/Exception.h>
-
 #include <chrono>
 #include <cstring>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include "ddp/launch/spawn.hpp"
-#include "line_relay.hpp"
-#include "worker_group.hpp"
+#include "ddp/io/posix_file.hpp"
+#include "ddp/launch/worker_group.hpp"
 
 namespace {
 
@@ -44,9 +41,10 @@ constexpr int kUsageError = 2;  // bad flags, as CLI tools and argparse (torchru
 constexpr const char* kNoProgram =
     "no program to run: put it after `--`, as in ddp-run --nproc-per-node 2 -- PROGRAM [ARGS...]";
 
-// Our own lines go out whole, in one write, like the workers' (see line_relay.hpp).
+// Our own lines go out whole, in one write, like the workers' (see ddp/launch/line_relay.hpp).
 void say(const std::string& message) {
-  ddp::run::write_all(STDERR_FILENO, "ddp-run: " + message + "\n");
+  const std::string line = "ddp-run: " + message + "\n";
+  (void)ddp::io::write_all(STDERR_FILENO, line.data(), line.size());
 }
 
 int usage_error(const std::string& message) {
@@ -101,44 +99,19 @@ std::chrono::milliseconds to_ms(T seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
 }
 
+// Everything else is the library's WorkerGroup: environment, prefixes, signals, restarts.
 int run(const Args& a, bool port_given) {
-  using ddp::run::GroupResult;
-  ddp::run::install_signal_handlers();
-  std::optional<ddp::run::Clock::time_point> deadline;
-  if (a.timeout_s > 0) deadline = ddp::run::Clock::now() + to_ms(a.timeout_s);
-  for (int attempt = 0;; ++attempt) {
-    ddp::run::GroupOptions g;
-    g.argv = a.command;
-    g.nproc_per_node = a.nproc_per_node;
-    g.nnodes = a.nnodes;
-    g.node_rank = a.node_rank;
-    g.master_addr = a.master_addr;
-    // A fresh port per attempt: the failed attempt's store may still hold (or TIME_WAIT) its own.
-    g.master_port =
-        port_given ? static_cast<uint16_t>(a.master_port) : ddp::launch::find_free_port();
-    g.restart_count = attempt;
-    g.grace = to_ms(a.grace_s);
-    g.deadline = deadline;
-    const GroupResult r = ddp::run::run_worker_group(g);
-    switch (r.kind) {
-      case GroupResult::Kind::kSucceeded:
-        return 0;
-      case GroupResult::Kind::kSignalled:
-        return 128 + r.signal;  // as a shell reports a command killed by that signal
-      case GroupResult::Kind::kTimedOut:
-        return 1;
-      case GroupResult::Kind::kWorkerFailed:
-        break;
-    }
-    if (ddp::run::received_signal() != 0) return 128 + ddp::run::received_signal();
-    if (attempt >= a.max_restarts) return 1;
-    if (deadline && ddp::run::Clock::now() >= *deadline) {
-      say("timed out (--timeout-s); not restarting");
-      return 1;
-    }
-    say("restarting the group (restart " + std::to_string(attempt + 1) + " of " +
-        std::to_string(a.max_restarts) + ")");
-  }
+  ddp::launch::WorkerGroupOptions g;
+  g.argv = a.command;
+  g.nproc_per_node = a.nproc_per_node;
+  g.nnodes = a.nnodes;
+  g.node_rank = a.node_rank;
+  g.master_addr = a.master_addr;
+  g.master_port = port_given ? static_cast<uint16_t>(a.master_port) : 0;  // 0: fresh per attempt
+  g.max_restarts = a.max_restarts;
+  g.grace = to_ms(a.grace_s);
+  if (a.timeout_s > 0) g.timeout = to_ms(a.timeout_s);
+  return ddp::launch::run_worker_group(g).exit_code();
 }
 
 }  // namespace
@@ -199,9 +172,6 @@ int main(int argc, char** argv) {
 
   try {
     return run(a, port->count() > 0);
-  } catch (const c10::Error& e) {
-    say(e.what_without_backtrace());
-    return 1;
   } catch (const std::exception& e) {
     say(e.what());
     return 1;

@@ -17,7 +17,7 @@
 
 #include "common/ddp_flags.hpp"
 #include "ddp/comm/init.hpp"
-#include "ddp/io/checkpoint.hpp"
+#include "ddp/io/checkpoint_coordinator.hpp"
 #include "ddp/io/checkpoint_state.hpp"
 #include "ddp/io/torch_save.hpp"
 #include "ddp/launch/spawn.hpp"
@@ -125,39 +125,27 @@ int run_worker(const Args& args) {
   ddp::io::TrainingState state;
   state.model = w.ptr.get();
   state.optimizer = opt.get();
+  ddp::io::CoordinatorOptions ckpt;
+  ckpt.root = args.checkpoint_dir;
+  ckpt.keep = args.keep_checkpoints;
   int first_step = 1;
   if (!args.checkpoint_dir.empty() && (args.resume || restart_count() > 0)) {
-    // Rank 0 picks the latest checkpoint that verifies (skipping corrupt ones with a warning),
-    // then every rank loads that same one: ranks never disagree about where they resume.
-    auto chosen = torch::full({1}, int64_t{-1}, torch::kLong);
-    if (lead) {
-      if (auto latest = ddp::io::find_latest_checkpoint(args.checkpoint_dir))
-        chosen.fill_(latest->step);
-    }
-    chosen = chosen.to(device);
-    pg->broadcast(chosen, 0, "checkpoint choice broadcast");
-    const int64_t resume_step = chosen.cpu().item<int64_t>();
-    if (resume_step >= 0) {
-      const std::string dir = ddp::io::checkpoint_dir(args.checkpoint_dir, resume_step);
-      ddp::io::load_checkpoint(dir, pg->world_size(), state);
-      TORCH_CHECK(state.data_position == state.step * global_batch, "checkpoint ", dir,
+    // Every rank loads the checkpoint rank 0 picked (checkpoint_coordinator.hpp).
+    if (const auto resumed = ddp::io::resume_latest(*pg, ckpt, state)) {
+      TORCH_CHECK(state.data_position == state.step * global_batch, "checkpoint ", resumed->dir,
                   " had consumed ", state.data_position, " samples at step ", state.step,
                   ", but this run's global batch of ", global_batch, " gives ",
                   state.step * global_batch, ": resume with the --batch-size of the saved run");
       first_step = int(state.step) + 1;
-      if (lead)
-        std::cout << "ddp-train: resumed from " << dir << " at step " << state.step << std::endl;
+      if (lead) {
+        std::cout << "ddp-train: resumed from " << resumed->dir << " at step " << state.step
+                  << std::endl;
+      }
     } else if (lead) {
       std::cout << "ddp-train: no checkpoint in " << args.checkpoint_dir << ", starting fresh"
                 << std::endl;
     }
   }
-
-  ddp::io::CheckpointOptions ckpt;
-  ckpt.root = args.checkpoint_dir;
-  ckpt.keep = args.keep_checkpoints;
-  ckpt.rank = pg->rank();
-  ckpt.world_size = pg->world_size();
 
   ddp::tools::Progress progress(args.steps, lead && ::isatty(STDOUT_FILENO), 20);
   const auto start = std::chrono::steady_clock::now();
@@ -192,9 +180,8 @@ int run_worker(const Args& args) {
     if (args.checkpoint_every > 0 && step % args.checkpoint_every == 0) {
       state.step = step;
       state.data_position = step * global_batch;
-      const std::string dir = ddp::io::save_checkpoint(ckpt, state);
-      // Nobody goes on (or may be restarted from it) before rank 0 has the checkpoint complete.
-      pg->barrier("checkpoint barrier");
+      // Returns on every rank once the checkpoint is complete on disk.
+      const std::string dir = ddp::io::save_and_barrier(*pg, ckpt, state);
       if (lead && args.ddp.verbose) std::cout << "ddp-train: checkpoint " << dir << std::endl;
     }
   }
@@ -282,16 +269,11 @@ int main(int argc, char** argv) {
     }
     ddp::launch::SpawnOptions spawn;
     spawn.nproc = args.nproc > 0 ? args.nproc : 2;
-    spawn.argv.push_back(ddp::launch::self_executable());
-    for (int i = 1; i < argc; ++i) spawn.argv.push_back(argv[i]);
-    spawn.env["DDP_TRAIN_WORKER"] = "1";
     spawn.timeout = std::chrono::hours(24);
-    const auto result = ddp::launch::spawn_local_workers(spawn);
-    if (!result.ok()) {
-      std::cerr << "ddp-train: workers failed: " << result.describe() << std::endl;
-      return 1;
-    }
-    return 0;
+    // Under a restarting launcher, our workers are that launcher's restart too.
+    spawn.restart_count = restart_count();
+    spawn.name = "ddp-train";
+    return ddp::launch::run_self_as_workers(argc, argv, "DDP_TRAIN_WORKER", spawn);
   } catch (const c10::Error& e) {
     std::cerr << "ddp-train: " << e.what_without_backtrace() << std::endl;
     return 1;

@@ -14,9 +14,9 @@
 // at most a .tmp-step-* directory that the next save removes. Only after that are older step-*
 // directories beyond `keep` deleted.
 //
-// Replicated state (data parallel): rank 0 writes, every rank loads. The caller makes the ranks
-// agree that a save is complete (a barrier after save_checkpoint) and which one to load (rank 0
-// picks, then broadcasts); this layer touches files only.
+// Replicated state (data parallel): rank 0 writes, every rank loads. The ranks agree that a save is
+// complete and which checkpoint to load through checkpoint_coordinator.hpp (save_and_barrier,
+// resume_latest); this layer touches files only.
 
 #include <cstdint>
 #include <optional>
@@ -57,7 +57,8 @@ std::string checkpoint_dir(const std::string& root, int64_t step);
 
 // Writes <root>/step-<state.step>/ as described above, then deletes old checkpoints beyond
 // options.keep. Returns the directory on rank 0, "" on the other ranks (which write nothing).
-// On failure throws c10::Error; the existing checkpoints are untouched.
+// On failure throws c10::Error (a refused write names the file and errno's text, e.g. "No space
+// left on device"); the existing checkpoints are untouched.
 std::string save_checkpoint(const CheckpointOptions& options, const TrainingState& state);
 
 // Checks `dir`'s manifest and every file's size and SHA-256; throws c10::Error naming the file
@@ -79,10 +80,11 @@ struct CheckpointEntry {
 std::vector<CheckpointEntry> list_checkpoints(const std::string& root);
 
 // The highest-step checkpoint under root that verifies (manifest valid, every file's size and
-// checksum as listed). One that does not is skipped with a line on stderr saying why ("ddp:
-// warning: skipping checkpoint ...: <reason>"), so an older intact one is used. nullopt when none
-// verifies. This is what ddp-train --resume uses: continuing from an older good checkpoint beats
-// stopping, and the warning says which one was passed over.
-std::optional<CheckpointEntry> find_latest_checkpoint(const std::string& root);
+// checksum as listed). One that does not is skipped with a warning through obs/log, shown at the
+// default level ("[ddp rank R] ddp: warning: skipping checkpoint ...: <reason>"; `rank` is the R),
+// so an older intact one is used. nullopt when none verifies. This is what resume_latest (ddp-train
+// --resume) uses: continuing from an older good checkpoint beats stopping, and the warning says
+// which one was passed over.
+std::optional<CheckpointEntry> find_latest_checkpoint(const std::string& root, int rank = 0);
 
 }  // namespace ddp::io

@@ -18,10 +18,17 @@ namespace ddp::io {
 // Bumped when a reader of the old version could misread the new one; readers refuse others.
 constexpr int kCheckpointFormatVersion = 1;
 
+// ManifestFile::rank of a file every rank reads (the replicated state: today, every file).
+constexpr int kReplicated = -1;
+
 struct ManifestFile {
   std::string name;    // relative to the checkpoint directory, no '/'
   uint64_t bytes = 0;  // file size when written
   std::string sha256;  // lower-case hex of the file's bytes
+  // The rank whose shard this file holds, or kReplicated. Room for sharded checkpoints (see
+  // [Note: per-rank shard files] in checkpoint_coordinator.hpp): written to the JSON as "rank"
+  // only when it is not kReplicated, so replicated checkpoints read as before.
+  int rank = kReplicated;
 };
 
 struct Manifest {

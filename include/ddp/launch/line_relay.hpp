@@ -1,6 +1,6 @@
 #pragma once
-// Relays one worker stream (stdout or stderr, read from a pipe in arbitrary chunks) to ddp-run's
-// own stream, a whole line at a time with a prefix such as "[rank 1] ".
+// Relays one worker stream (stdout or stderr, read from a pipe in arbitrary chunks) to the
+// launcher's own stream, a whole line at a time with a prefix such as "[rank 1] ".
 //
 // Each line goes out in a single write(2), so lines of different workers never interleave
 // mid-line, whatever the pipe's chunking was. A final line without a newline is printed (with
@@ -11,10 +11,7 @@
 #include <string>
 #include <utility>
 
-namespace ddp::run {
-
-// Writes all of `data` to `fd`, retrying on EINTR and short writes.
-void write_all(int fd, const std::string& data);
+namespace ddp::launch {
 
 class LineRelay {
  public:
@@ -33,4 +30,4 @@ class LineRelay {
   std::string pending_;  // the current line's bytes so far, without its newline
 };
 
-}  // namespace ddp::run
+}  // namespace ddp::launch

@@ -1,23 +1,10 @@
-#include "line_relay.hpp"
+#include "ddp/launch/line_relay.hpp"
 
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstring>
 
-namespace ddp::run {
+#include "ddp/io/posix_file.hpp"
 
-void write_all(int fd, const std::string& data) {
-  size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    // Our stdout/stderr is gone (EPIPE with SIGPIPE ignored, EBADF): nothing useful to do with
-    // the output, and the workers must not be stopped for it.
-    if (n <= 0) return;
-    done += static_cast<size_t>(n);
-  }
-}
+namespace ddp::launch {
 
 void LineRelay::feed(const char* data, size_t size) {
   while (size > 0) {
@@ -58,7 +45,9 @@ void LineRelay::emit(const char* line, size_t size) {
   std::string out;
   out.reserve(prefix_.size() + size + 1);
   out.append(prefix_).append(line, size).push_back('\n');
-  write_all(out_fd_, out);
+  // Our stdout/stderr is gone (EPIPE with SIGPIPE ignored, EBADF): nothing useful to do with the
+  // output, and the workers must not be stopped for it.
+  (void)io::write_all(out_fd_, out.data(), out.size());
 }
 
-}  // namespace ddp::run
+}  // namespace ddp::launch

@@ -1,4 +1,4 @@
-#include "worker_group.hpp"
+#include "ddp/launch/worker_group.hpp"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -13,11 +13,13 @@
 #include <memory>
 #include <stdexcept>
 
-#include "line_relay.hpp"
+#include "ddp/io/posix_file.hpp"
+#include "ddp/launch/free_port.hpp"
+#include "ddp/launch/line_relay.hpp"
 
 extern char** environ;
 
-namespace ddp::run {
+namespace ddp::launch {
 namespace {
 
 // Self-pipe: the handlers only record and write a byte, so poll() in the main loop wakes at once
@@ -50,33 +52,61 @@ sigset_t handled_set() {
   throw std::runtime_error(what + ": " + std::strerror(errno));
 }
 
+// Installs the handlers once per process; they stay for its life (a launcher exits after its
+// group).
+void install_signal_handlers() {
+  if (g_wake[0] >= 0) return;
+  if (::pipe2(g_wake, O_CLOEXEC | O_NONBLOCK) != 0) fail("ddp: launcher: pipe");
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+  for (int sig : kHandled) ::sigaction(sig, &sa, nullptr);
+  // A parent may have left them blocked (the mask is inherited); we must see them all.
+  const sigset_t set = handled_set();
+  ::sigprocmask(SIG_UNBLOCK, &set, nullptr);
+}
+
 std::string describe_signal(int sig) {
   const char* name = ::strsignal(sig);
   return std::to_string(sig) + " (" + (name ? name : "unknown") + ")";
 }
 
-// The worker's environment: ddp-run's own, with the launcher variables replaced. Built before
-// fork so that the child only calls async-signal-safe functions until exec.
-std::vector<std::string> worker_environment(const GroupOptions& o, int local_rank) {
-  const std::vector<std::pair<std::string, std::string>> ours = {
+// One attempt's settings: the options plus what changes between attempts.
+struct Attempt {
+  const WorkerGroupOptions& o;
+  uint16_t master_port = 0;
+  int restart_count = 0;
+  std::optional<Clock::time_point> deadline;
+};
+
+// The worker's environment: the launcher's own, with the launcher variables replaced. Built
+// before fork so that the child only calls async-signal-safe functions until exec.
+std::vector<std::string> worker_environment(const Attempt& a, int local_rank) {
+  const WorkerGroupOptions& o = a.o;
+  std::vector<std::pair<std::string, std::string>> ours = {
       {"RANK", std::to_string(o.node_rank * o.nproc_per_node + local_rank)},
       {"LOCAL_RANK", std::to_string(local_rank)},
       {"WORLD_SIZE", std::to_string(o.nnodes * o.nproc_per_node)},
       {"LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node)},
       {"GROUP_RANK", std::to_string(o.node_rank)},
       {"MASTER_ADDR", o.master_addr},
-      {"MASTER_PORT", std::to_string(o.master_port)},
-      {"DDP_RESTART_COUNT", std::to_string(o.restart_count)},
+      {"MASTER_PORT", std::to_string(a.master_port)},
+      {"DDP_RESTART_COUNT", std::to_string(a.restart_count)},
   };
+  const auto is_ours = [&](const std::string& key) {
+    return std::any_of(ours.begin(), ours.end(), [&](const auto& kv) { return kv.first == key; });
+  };
+  bool has_omp = o.env.count("OMP_NUM_THREADS") > 0;
   std::vector<std::string> env;
-  bool has_omp = false;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string entry(*e);
     const std::string key = entry.substr(0, entry.find('='));
     has_omp = has_omp || key == "OMP_NUM_THREADS";
-    const bool replaced =
-        std::any_of(ours.begin(), ours.end(), [&](const auto& kv) { return kv.first == key; });
-    if (!replaced) env.push_back(entry);
+    if (!is_ours(key) && o.env.count(key) == 0) env.push_back(entry);
+  }
+  for (const auto& [k, v] : o.env) {
+    if (!is_ours(k)) env.push_back(k + "=" + v);
   }
   for (const auto& [k, v] : ours) env.push_back(k + "=" + v);
   // As torchrun: N workers each using every core oversubscribe the machine N times over.
@@ -85,16 +115,16 @@ std::vector<std::string> worker_environment(const GroupOptions& o, int local_ran
 }
 
 struct Worker {
-  int local_rank = 0;
-  int rank = 0;
+  WorkerExit exit;  // exit.rank is set at start, the rest when reaped
   pid_t pid = -1;   // > 0 until reaped; also the worker's process group id
-  int out_fd = -1;  // read ends of the worker's stdout/stderr pipes; -1 once closed
+  int out_fd = -1;  // read ends of the worker's stdout/stderr pipes; -1 once closed (or unused)
   int err_fd = -1;
   std::unique_ptr<LineRelay> out, err;
 };
 
-[[noreturn]] void exec_worker(const GroupOptions& o, const std::vector<std::string>& env, int out_w,
-                              int err_w, pid_t launcher) {
+// Between fork and exec: async-signal-safe calls only.
+[[noreturn]] void exec_worker(const WorkerGroupOptions& o, const std::vector<std::string>& env,
+                              int out_w, int err_w, pid_t launcher) {
   // Own process group: see [Note: worker process groups] in worker_group.hpp.
   ::setpgid(0, 0);
   for (int sig : kHandled) ::signal(sig, SIG_DFL);
@@ -105,8 +135,8 @@ struct Worker {
   if (::getppid() != launcher) ::_exit(127);  // the launcher died before prctl took effect
   const int null_fd = ::open("/dev/null", O_RDONLY);
   if (null_fd >= 0) ::dup2(null_fd, STDIN_FILENO);
-  ::dup2(out_w, STDOUT_FILENO);  // dup2 clears O_CLOEXEC on the copy only
-  ::dup2(err_w, STDERR_FILENO);
+  if (out_w >= 0) ::dup2(out_w, STDOUT_FILENO);  // dup2 clears O_CLOEXEC on the copy only
+  if (err_w >= 0) ::dup2(err_w, STDERR_FILENO);
   std::vector<char*> args, envp;
   for (const auto& a : o.argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
@@ -114,14 +144,21 @@ struct Worker {
   envp.push_back(nullptr);
   ::execvpe(args[0], args.data(), envp.data());
   const int err = errno;
-  const char* parts[] = {"ddp-run: cannot run ", args[0], ": ", std::strerror(err), "\n"};
-  for (const char* p : parts) (void)!::write(STDERR_FILENO, p, std::strlen(p));
+  const char* parts[] = {o.name.c_str(), ": cannot run ", args[0], ": ", std::strerror(err), "\n"};
+  for (const char* p : parts) (void)io::write_all(STDERR_FILENO, p, std::strlen(p));
   ::_exit(127);  // the shell's "command not found"
 }
 
+// Our own lines go out whole, in one write, like the workers' (see line_relay.hpp).
+void say(const WorkerGroupOptions& o, const std::string& message) {
+  const std::string line = o.name + ": " + message + "\n";
+  (void)io::write_all(STDERR_FILENO, line.data(), line.size());
+}
+
+// One attempt: start, relay, stop, reap.
 class GroupRunner {
  public:
-  explicit GroupRunner(const GroupOptions& o) : o_(o) {}
+  explicit GroupRunner(const Attempt& a) : a_(a), o_(a.o) {}
 
   GroupResult run() {
     if (g_signal != 0) return signalled();  // a signal between attempts: start nothing
@@ -133,6 +170,7 @@ class GroupRunner {
       wait_for_events();
       reap_exited();
     }
+    for (const Worker& w : workers_) result_.workers.push_back(w.exit);
     return result_;
   }
 
@@ -149,15 +187,16 @@ class GroupRunner {
     workers_.resize(o_.nproc_per_node);
     for (int lr = 0; lr < o_.nproc_per_node; ++lr) {
       Worker& w = workers_[lr];
-      w.local_rank = lr;
-      w.rank = o_.node_rank * o_.nproc_per_node + lr;
-      const std::string prefix = "[rank " + std::to_string(w.rank) + "] ";
-      w.out = std::make_unique<LineRelay>(prefix, STDOUT_FILENO);
-      w.err = std::make_unique<LineRelay>(prefix, STDERR_FILENO);
-      const auto env = worker_environment(o_, lr);
-      int out_pipe[2], err_pipe[2];
-      if (::pipe2(out_pipe, O_CLOEXEC) != 0) fail("ddp-run: pipe");
-      if (::pipe2(err_pipe, O_CLOEXEC) != 0) fail("ddp-run: pipe");
+      w.exit.rank = o_.node_rank * o_.nproc_per_node + lr;
+      const auto env = worker_environment(a_, lr);
+      int out_pipe[2] = {-1, -1}, err_pipe[2] = {-1, -1};
+      if (o_.relay_output) {
+        const std::string prefix = "[rank " + std::to_string(w.exit.rank) + "] ";
+        w.out = std::make_unique<LineRelay>(prefix, STDOUT_FILENO);
+        w.err = std::make_unique<LineRelay>(prefix, STDERR_FILENO);
+        if (::pipe2(out_pipe, O_CLOEXEC) != 0) fail(o_.name + ": pipe");
+        if (::pipe2(err_pipe, O_CLOEXEC) != 0) fail(o_.name + ": pipe");
+      }
       // Signals stay blocked across fork: a signal landing between fork and exec must not run
       // our handler in the child (it would write into the launcher's wake pipe).
       const sigset_t set = handled_set();
@@ -168,28 +207,33 @@ class GroupRunner {
       const int fork_errno = errno;
       if (pid > 0) ::setpgid(pid, pid);  // also here, so kill(-pid) works before the child runs
       ::sigprocmask(SIG_SETMASK, &old, nullptr);
-      ::close(out_pipe[1]);
-      ::close(err_pipe[1]);
+      for (int fd : {out_pipe[1], err_pipe[1]}) {
+        if (fd >= 0) ::close(fd);
+      }
       if (pid < 0) {
-        ::close(out_pipe[0]);
-        ::close(err_pipe[0]);
+        for (int fd : {out_pipe[0], err_pipe[0]}) {
+          if (fd >= 0) ::close(fd);
+        }
         errno = fork_errno;
         // Workers already started are stopped by the caller's exit (PR_SET_PDEATHSIG).
-        fail("ddp-run: fork");
+        fail(o_.name + ": fork");
       }
       w.pid = pid;
       w.out_fd = out_pipe[0];
       w.err_fd = err_pipe[0];
-      ::fcntl(w.out_fd, F_SETFL, O_NONBLOCK);
-      ::fcntl(w.err_fd, F_SETFL, O_NONBLOCK);
+      for (int fd : {w.out_fd, w.err_fd}) {
+        if (fd >= 0) ::fcntl(fd, F_SETFL, O_NONBLOCK);
+      }
     }
   }
 
   // Sends `sig` to the process group of every worker not yet reaped. An unreaped worker's pid
   // cannot be reused, so its group id still names only its own processes.
   void signal_workers(int sig) {
-    for (const Worker& w : workers_) {
-      if (w.pid > 0) ::kill(-w.pid, sig);
+    for (Worker& w : workers_) {
+      if (w.pid <= 0) continue;
+      ::kill(-w.pid, sig);
+      w.exit.killed_by_launcher = true;
     }
   }
 
@@ -205,11 +249,10 @@ class GroupRunner {
     if (handled_signals_ == 0) {
       result_.kind = GroupResult::Kind::kSignalled;
       result_.signal = g_signal;
-      write_all(STDERR_FILENO, "ddp-run: got signal " + describe_signal(g_signal) +
-                                   "; forwarding it to the workers\n");
+      say(o_, "got signal " + describe_signal(g_signal) + "; forwarding it to the workers");
       stop(g_signal);
     } else {
-      write_all(STDERR_FILENO, "ddp-run: signalled again; killing the workers\n");
+      say(o_, "signalled again; killing the workers");
       signal_workers(SIGKILL);
       kill_at_.reset();
     }
@@ -218,12 +261,12 @@ class GroupRunner {
 
   void handle_deadlines() {
     const auto now = Clock::now();
-    if (o_.deadline && now >= *o_.deadline && !timed_out_) {
+    if (a_.deadline && now >= *a_.deadline && !timed_out_) {
       timed_out_ = true;
       if (result_.kind == GroupResult::Kind::kSucceeded) {
         result_.kind = GroupResult::Kind::kTimedOut;
       }
-      write_all(STDERR_FILENO, "ddp-run: timed out (--timeout-s); stopping the workers\n");
+      say(o_, "timed out (" + o_.timeout_source + "); stopping the workers");
       stop(SIGTERM);
     }
     if (kill_at_ && now >= *kill_at_) {
@@ -235,7 +278,7 @@ class GroupRunner {
   void wait_for_events() {
     std::vector<pollfd> fds;
     std::vector<std::pair<Worker*, bool>> owners;  // (worker, is_stdout) per fds entry after 0
-    fds.push_back({g_wake[0], POLLIN, 0});
+    fds.push_back({g_wake[0], POLLIN, 0});         // -1 without forwarding: poll skips it
     for (Worker& w : workers_) {
       if (w.out_fd >= 0) {
         fds.push_back({w.out_fd, POLLIN, 0});
@@ -246,17 +289,20 @@ class GroupRunner {
         owners.emplace_back(&w, false);
       }
     }
-    // Every exit and signal wakes poll through the self-pipe; the cap is only for the deadlines.
-    auto wait = std::chrono::milliseconds(1000);
+    // With the handlers, every exit and signal wakes poll through the self-pipe and the cap is
+    // only for the deadlines. Without them (a host keeping its own SIGCHLD), an exit shows as
+    // end of file on the pipes or, failing that, at the next 20 ms look: polling, not
+    // synchronisation, since waitpid has no timeout.
+    auto wait = std::chrono::milliseconds(g_wake[0] >= 0 ? 1000 : 20);
     const auto now = Clock::now();
-    for (const auto& t : {kill_at_, timed_out_ ? std::nullopt : o_.deadline}) {
+    for (const auto& t : {kill_at_, timed_out_ ? std::nullopt : a_.deadline}) {
       if (t) {
         wait = std::min(wait, std::chrono::ceil<std::chrono::milliseconds>(*t - now));
       }
     }
     const int n =
         ::poll(fds.data(), fds.size(), static_cast<int>(std::max<int64_t>(0, wait.count())));
-    if (n < 0 && errno != EINTR) fail("ddp-run: poll");
+    if (n < 0 && errno != EINTR) fail(o_.name + ": poll");
     if (n <= 0) return;
     if (fds[0].revents != 0) {
       char buf[64];
@@ -274,6 +320,7 @@ class GroupRunner {
   // the pipe at end of file.
   void pump(Worker& w, bool is_out, bool drain) {
     int& fd = is_out ? w.out_fd : w.err_fd;
+    if (fd < 0) return;
     LineRelay& relay = is_out ? *w.out : *w.err;
     char buf[64 * 1024];
     // A drain is bounded: a process the worker left behind could keep the pipe busy forever.
@@ -292,6 +339,7 @@ class GroupRunner {
   }
 
   void close_streams(Worker& w) {
+    if (!o_.relay_output) return;
     for (bool is_out : {true, false}) {
       pump(w, is_out, /*drain=*/true);
       int& fd = is_out ? w.out_fd : w.err_fd;
@@ -313,14 +361,18 @@ class GroupRunner {
       const bool signaled = info.si_code == CLD_KILLED || info.si_code == CLD_DUMPED;
       const int code = info.si_status;
       const bool failed = signaled || code != 0;
+      w.exit.signaled = signaled;
+      w.exit.signal = signaled ? code : 0;
+      w.exit.exit_code = signaled ? -1 : code;
       if (failed && !stopping_) {
         result_.kind = GroupResult::Kind::kWorkerFailed;
-        result_.first_failure = GroupResult::Failure{w.rank, signaled, code};
-        write_all(STDERR_FILENO, "ddp-run: rank " + std::to_string(w.rank) +
-                                     (signaled ? " was killed by signal " + describe_signal(code)
-                                               : " exited with code " + std::to_string(code)) +
-                                     "\n");
-        stop(SIGTERM);
+        result_.first_failure = w.exit;
+        say(o_, "rank " + std::to_string(w.exit.rank) +
+                    (signaled ? " was killed by signal " + describe_signal(code)
+                              : " exited with code " + std::to_string(code)));
+        const bool stopped_before = w.exit.killed_by_launcher;
+        stop(SIGTERM);  // the others; this one has exited already
+        w.exit.killed_by_launcher = stopped_before;
       }
       // What a failed or stopped worker started dies with it; a worker that finished cleanly
       // while the others run keeps its helpers (they may still be flushing its output).
@@ -333,7 +385,8 @@ class GroupRunner {
     }
   }
 
-  const GroupOptions& o_;
+  const Attempt& a_;
+  const WorkerGroupOptions& o_;
   std::vector<Worker> workers_;
   GroupResult result_;
   bool stopping_ = false;  // SIGTERM (or the forwarded signal) has gone to every worker
@@ -342,22 +395,68 @@ class GroupRunner {
   int handled_signals_ = 0;                   // g_signal_count already acted upon
 };
 
+void check_options(const WorkerGroupOptions& o) {
+  const auto bad = [&](const std::string& what) {
+    throw std::invalid_argument("ddp: worker group: " + what);
+  };
+  if (o.argv.empty()) bad("no program to run");
+  if (o.nproc_per_node < 1) {
+    bad("nproc_per_node must be at least 1, got " + std::to_string(o.nproc_per_node));
+  }
+  if (o.nnodes < 1) bad("nnodes must be at least 1, got " + std::to_string(o.nnodes));
+  if (o.node_rank < 0 || o.node_rank >= o.nnodes) {
+    bad("node_rank must be in [0, nnodes), got " + std::to_string(o.node_rank) + " with nnodes " +
+        std::to_string(o.nnodes));
+  }
+  if (o.master_port == 0 && o.nnodes > 1) {
+    bad("master_port is required when nnodes is greater than 1 (every node must use the port of "
+        "rank 0's store)");
+  }
+  if (o.max_restarts < 0) bad("max_restarts must be at least 0");
+}
+
 }  // namespace
 
-void install_signal_handlers() {
-  if (::pipe2(g_wake, O_CLOEXEC | O_NONBLOCK) != 0) fail("ddp-run: pipe");
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
-  for (int sig : kHandled) ::sigaction(sig, &sa, nullptr);
-  // A parent may have left them blocked (the mask is inherited); we must see them all.
-  const sigset_t set = handled_set();
-  ::sigprocmask(SIG_UNBLOCK, &set, nullptr);
+int GroupResult::exit_code() const {
+  switch (kind) {
+    case Kind::kSucceeded:
+      return 0;
+    case Kind::kSignalled:
+      return 128 + signal;
+    case Kind::kTimedOut:
+    case Kind::kWorkerFailed:
+      break;
+  }
+  return 1;
 }
 
 int received_signal() { return g_signal; }
 
-GroupResult run_worker_group(const GroupOptions& options) { return GroupRunner(options).run(); }
+GroupResult run_worker_group(const WorkerGroupOptions& options) {
+  check_options(options);
+  if (options.forward_signals) install_signal_handlers();
+  Attempt attempt{options, 0, 0, std::nullopt};
+  if (options.timeout) attempt.deadline = Clock::now() + *options.timeout;
+  for (int k = 0;; ++k) {
+    // A fresh port per attempt: the failed attempt's store may still hold (or TIME_WAIT) its own.
+    attempt.master_port = options.master_port ? options.master_port : find_free_port();
+    attempt.restart_count = options.restart_count + k;
+    GroupResult r = GroupRunner(attempt).run();
+    r.restarts = k;
+    if (r.kind != GroupResult::Kind::kWorkerFailed) return r;
+    if (g_signal != 0) {  // signalled while the failed group was stopping: no restart
+      r.kind = GroupResult::Kind::kSignalled;
+      r.signal = g_signal;
+      return r;
+    }
+    if (k >= options.max_restarts) return r;
+    if (attempt.deadline && Clock::now() >= *attempt.deadline) {
+      say(options, "timed out (" + options.timeout_source + "); not restarting");
+      return r;
+    }
+    say(options, "restarting the group (restart " + std::to_string(k + 1) + " of " +
+                     std::to_string(options.max_restarts) + ")");
+  }
+}
 
-}  // namespace ddp::run
+}  // namespace ddp::launch

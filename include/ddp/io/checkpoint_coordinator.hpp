@@ -1,0 +1,65 @@
+#pragma once
+// The multi-rank side of checkpoints: which checkpoint every rank resumes from, and when a save is
+// complete for everyone. checkpoint.hpp touches files only; this layer adds the collectives.
+//
+// Resume (resume_latest):
+//   rank 0: find_latest_checkpoint(root)  -- the newest step-<N> that verifies; corrupt or
+//           incomplete ones are skipped with a warning, so an older intact one is used
+//   all:    broadcast the chosen step from rank 0 (-1: none, start fresh)
+//   all:    load_checkpoint(step-<N>) into the caller's TrainingState
+//   all:    all-reduce "did my load fail": if one rank failed, every rank throws (nobody trains
+//           from a state the others do not share, and nobody waits for it in a collective)
+// Ranks therefore never disagree about where they resume, even when a newer checkpoint appears or
+// is corrupted while they start.
+//
+// Save (save_and_barrier):
+//   rank 0: save_checkpoint (write to a temp dir, fsync, manifest last, rename; checkpoint.hpp)
+//   all:    barrier -- nobody goes on, and no launcher restart can resume, before the checkpoint is
+//           complete on disk. A failed write on rank 0 is reported to every rank through the same
+//           collective pattern as a failed load.
+//
+// [Note: per-rank shard files]
+// Today the state is replicated: rank 0 writes every file, every rank reads all of them. Sharded
+// state (FULLY_SHARD, sharded optimizer state) will fit in the same two calls:
+//   - save: every rank writes its own shard files ("model.rank-<R>.safetensors") into the same
+//     temporary directory (its name then comes from rank 0 through the broadcast above instead of
+//     from rank 0's pid); a barrier; rank 0 hashes nothing of the others' but collects their
+//     ManifestFile entries (name, bytes, sha256, rank) through the store, writes the one manifest
+//     listing every rank's files (ManifestFile::rank), renames, and the final barrier publishes;
+//   - resume: the choice stays rank 0's; each rank verifies and loads only the files whose rank is
+//     its own (plus the replicated ones, rank -1), so loading stays O(state / world) per rank;
+//     a different world size becomes a re-shard instead of the refusal it is now.
+// The manifest is the only place that lists files, so a checkpoint stays complete-or-absent.
+
+#include <optional>
+#include <string>
+
+#include "ddp/comm/process_group.hpp"
+#include "ddp/io/checkpoint.hpp"
+
+namespace ddp::io {
+
+struct CoordinatorOptions {
+  // Directory holding the step-<N> checkpoints. Required.
+  std::string root;
+  // Complete checkpoints kept after a save, the new one included; default 3 (as
+  // CheckpointOptions::keep: one corrupt checkpoint still leaves two). 0 keeps all.
+  int keep = 3;
+};
+
+// The checkpoint every rank loaded into `state` (state.step and state.data_position are set), or
+// nullopt when none under options.root verifies (then `state` is untouched: start fresh).
+// Collective: every rank of `group` must call it. Throws c10::Error on every rank when a rank
+// cannot load the chosen checkpoint (the failing rank with its own reason).
+std::optional<CheckpointEntry> resume_latest(comm::ProcessGroup& group,
+                                             const CoordinatorOptions& options,
+                                             TrainingState& state);
+
+// Saves `state` as step-<state.step> (rank 0 writes; see the note above) and returns once the
+// checkpoint is complete for every rank. Returns the directory on rank 0, "" elsewhere.
+// Collective. Throws c10::Error on every rank when rank 0's write fails (rank 0 with the file and
+// errno's text); the checkpoints saved before are untouched.
+std::string save_and_barrier(comm::ProcessGroup& group, const CoordinatorOptions& options,
+                             const TrainingState& state);
+
+}  // namespace ddp::io

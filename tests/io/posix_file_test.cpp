@@ -1,0 +1,212 @@
+// The one POSIX file helper: whole bytes out through EINTR and short writes, atomic replacement,
+// and failures that name the file and errno's text while leaving the old file as it was.
+
+#include "ddp/io/posix_file.hpp"
+
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/nn/modules/linear.h>
+
+#include "ddp/io/checkpoint.hpp"
+#include "ddp/io/safetensors.hpp"
+#include "ddp/io/sha256.hpp"
+#include "support/run_command.hpp"
+#include "support/temp_dir.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using ddp::io::FileError;
+using ddp::testing::read_file;
+using ddp::testing::TempDir;
+
+// Files in `dir`, by name: a failed write must leave no temporary file behind.
+std::vector<std::string> names_in(const fs::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// A full disk, for this process only and even as root: files may not grow past `bytes`
+// (RLIMIT_FSIZE), so a write past it fails with EFBIG ("File too large") instead of raising
+// SIGXFSZ, which is ignored meanwhile.
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(rlim_t bytes) {
+    ::getrlimit(RLIMIT_FSIZE, &saved_);
+    old_handler_ = ::signal(SIGXFSZ, SIG_IGN);
+    rlimit limit = saved_;
+    limit.rlim_cur = bytes;
+    ::setrlimit(RLIMIT_FSIZE, &limit);
+  }
+  ~FileSizeLimit() {
+    ::setrlimit(RLIMIT_FSIZE, &saved_);
+    ::signal(SIGXFSZ, old_handler_);
+  }
+
+ private:
+  rlimit saved_{};
+  sighandler_t old_handler_;
+};
+
+template <typename Error>
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(PosixFile, AtomicWriteReplacesTheWholeFile) {
+  TempDir dir;
+  const std::string path = dir.file("f");
+  ddp::io::write_file_atomic(path, "first version, longer");
+  ddp::io::write_file_atomic(path, "second");
+  EXPECT_EQ(read_file(path), "second");
+  ddp::io::write_file_atomic(path, "");
+  EXPECT_EQ(read_file(path), "");
+  EXPECT_EQ(names_in(dir.path), std::vector<std::string>{"f"});
+}
+
+TEST(PosixFile, AFullDiskLeavesTheOldFileAndNamesTheFile) {
+  TempDir dir;
+  const std::string path = dir.file("weights");
+  const std::string old_bytes(10000, 'o');
+  ddp::io::write_file_atomic(path, old_bytes);
+  std::string message;
+  int error_number = 0;
+  std::string error_path;
+  {
+    FileSizeLimit limit(4096);
+    try {
+      ddp::io::write_file_atomic(path, std::string(20000, 'n'));
+    } catch (const FileError& e) {
+      message = e.what();
+      error_number = e.error_number();
+      error_path = e.path();
+    }
+  }
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  EXPECT_EQ(message, "ddp: writing '" + tmp + "' failed: " + std::strerror(EFBIG));
+  EXPECT_EQ(error_number, EFBIG);
+  EXPECT_EQ(error_path, tmp);
+  EXPECT_EQ(read_file(path), old_bytes);
+  EXPECT_EQ(names_in(dir.path), std::vector<std::string>{"weights"});
+}
+
+TEST(PosixFile, AParentThatIsAFileIsNamed) {
+  TempDir dir;
+  ddp::io::write_file_atomic(dir.file("plain"), "x");
+  const std::string path = dir.file("plain") + "/f";
+  EXPECT_EQ(error_of<FileError>([&] { ddp::io::write_file_atomic(path, "y"); }),
+            "ddp: cannot create '" + path + ".tmp." + std::to_string(::getpid()) +
+                "' to write: " + std::strerror(ENOTDIR));
+  EXPECT_EQ(read_file(dir.file("plain")), "x");
+}
+
+TEST(PosixFile, AReadOnlyDirectoryKeepsTheOldFile) {
+  if (::geteuid() == 0) GTEST_SKIP() << "root writes into read-only directories";
+  TempDir dir;
+  const std::string path = dir.file("f");
+  ddp::io::write_file_atomic(path, "old");
+  fs::permissions(dir.path, fs::perms::owner_read | fs::perms::owner_exec);
+  const std::string err = error_of<FileError>([&] { ddp::io::write_file_atomic(path, "new"); });
+  fs::permissions(dir.path, fs::perms::owner_all);
+  EXPECT_EQ(err, "ddp: cannot create '" + path + ".tmp." + std::to_string(::getpid()) +
+                     "' to write: " + std::strerror(EACCES));
+  EXPECT_EQ(read_file(path), "old");
+}
+
+TEST(PosixFile, WriteAllGetsEveryByteThroughShortWrites) {
+  // A pipe takes 64 KiB at a time: 8 MiB need many partial writes while the reader drains it.
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  std::string bytes(8 << 20, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = char(i * 31 + i / 4099);
+  std::string got;
+  std::thread reader([&] {
+    char buf[65536];
+    ssize_t n;
+    while ((n = ::read(fds[0], buf, sizeof(buf))) > 0) got.append(buf, size_t(n));
+  });
+  EXPECT_EQ(ddp::io::write_all(fds[1], bytes.data(), bytes.size()), 0);
+  ::close(fds[1]);
+  reader.join();
+  ::close(fds[0]);
+  EXPECT_TRUE(got == bytes) << got.size() << " of " << bytes.size() << " bytes arrived";
+}
+
+TEST(PosixFile, WriteAllReturnsTheErrno) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  ::close(fds[0]);
+  const auto old = ::signal(SIGPIPE, SIG_IGN);
+  EXPECT_EQ(ddp::io::write_all(fds[1], "x", 1), EPIPE);
+  ::signal(SIGPIPE, old);
+  ::close(fds[1]);
+  EXPECT_EQ(ddp::io::write_all(-1, "x", 1), EBADF);
+}
+
+TEST(PosixFile, Sha256OfAMissingFileNamesIt) {
+  TempDir dir;
+  const std::string path = dir.file("absent");
+  EXPECT_EQ(error_of<FileError>([&] { ddp::io::sha256_file(path); }),
+            "ddp: cannot open '" + path + "' to read: " + std::strerror(ENOENT));
+}
+
+// The torch-side writers report a refused write as the c10::Error of their API, and keep what
+// was saved before.
+TEST(PosixFile, SafetensorsAndCheckpointsSurviveAFullDisk) {
+  TempDir dir;
+  const std::string path = dir.file("w.safetensors");
+  ddp::io::save_safetensors(path, {{"w", at::ones({4})}});
+  const std::string before = read_file(path);
+  ddp::io::CheckpointOptions options;
+  options.root = dir.file("ckpt");
+  auto linear = torch::nn::Linear(4, 4);
+  ddp::io::TrainingState state;
+  state.model = linear.ptr().get();
+  state.step = 1;
+  const std::string saved = ddp::io::save_checkpoint(options, state);
+  std::string safetensors_error, checkpoint_error;
+  {
+    FileSizeLimit limit(16384);
+    safetensors_error = error_of<c10::Error>([&] {
+      ddp::io::save_safetensors(path, {{"w", at::ones({100000})}});
+    });
+    auto big = torch::nn::Linear(1000, 100);
+    state.model = big.ptr().get();
+    state.step = 2;
+    checkpoint_error = error_of<c10::Error>([&] { ddp::io::save_checkpoint(options, state); });
+  }
+  EXPECT_NE(safetensors_error.find("ddp: writing '" + path + ".tmp."), std::string::npos)
+      << safetensors_error;
+  EXPECT_NE(safetensors_error.find(std::strerror(EFBIG)), std::string::npos) << safetensors_error;
+  EXPECT_EQ(read_file(path), before);
+  EXPECT_NE(checkpoint_error.find("model.safetensors.tmp."), std::string::npos) << checkpoint_error;
+  EXPECT_NE(checkpoint_error.find(std::strerror(EFBIG)), std::string::npos) << checkpoint_error;
+  // Step 1 is intact and still the latest; no step-2 and no temporary directory remain.
+  ASSERT_TRUE(ddp::io::find_latest_checkpoint(options.root).has_value());
+  EXPECT_EQ(ddp::io::find_latest_checkpoint(options.root)->dir, saved);
+  EXPECT_EQ(names_in(options.root), std::vector<std::string>{"step-1"});
+}
+
+}  // namespace
