@@ -1,7 +1,9 @@
 // DeviceMesh: a 2x2 mesh over 4 processes; its "dp" and "tp" sub-groups all-reduce
 // independently, map group ranks to global ranks, and never read each other's store keys.
 
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include "ddp/comm/device_mesh.hpp"
@@ -98,6 +100,43 @@ DDP_TEST_WORKER(mesh_errors) {
 
 TEST(DeviceMesh, ErrorsNameTheShapeAndTheDims) {
   const auto result = run_workers("mesh_errors", 1);
+  EXPECT_TRUE(result.ok()) << result.describe();
+}
+
+// The same sub-group construction on NCCL (the device machine): a 2x1 mesh over 2 GPUs, so "dp"
+// is one NCCL communicator of both ranks and each "tp" group holds one rank.
+DDP_TEST_WORKER(mesh_nccl) {
+  const int local_rank = std::stoi(worker_env("LOCAL_RANK", "0"));
+  c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)
+      ->setDevice(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank)));
+  auto world = worker_process_group(std::chrono::seconds(60), "nccl");
+  const int g = world->rank();
+  comm::DeviceMesh mesh(world, {2, 1}, {"dp", "tp"});
+  const auto& dp_group = mesh["dp"];
+  const auto& tp_group = mesh["tp"];
+  require(dp_group->world_size() == 2 && dp_group->rank() == g, "dp group rank");
+  require(tp_group->world_size() == 1 && tp_group->global_rank(0) == g, "tp group rank");
+  const auto device = world->device();
+  require(device.is_cuda() && dp_group->device() == device, "groups on this rank's GPU");
+  auto across_dp = torch::full({5}, static_cast<float>(g + 1), torch::TensorOptions(device));
+  auto alone = torch::full({5}, static_cast<float>(g + 1), torch::TensorOptions(device));
+  auto dp_work = dp_group->allreduce_sum_async(across_dp);
+  auto tp_work = tp_group->allreduce_sum_async(alone);
+  tp_group->wait(tp_work, "tp all-reduce");
+  dp_group->wait(dp_work, "dp all-reduce");
+  require(across_dp.eq(3.0f).all().item<bool>(), "dp all-reduce: expected 1 + 2");
+  require(alone.eq(static_cast<float>(g + 1)).all().item<bool>(), "size-1 tp all-reduce");
+  const auto shard = dp_group->reduce_scatter(torch::full({3}, 1.0f, torch::TensorOptions(device)),
+                                              comm::ReduceOp::kAvg, "dp reduce-scatter");
+  require(shard.numel() == (g == 0 ? 2 : 1) && shard.eq(1.0f).all().item<bool>(),
+          "dp reduce-scatter average");
+  world->barrier("end of NCCL mesh test");
+}
+
+TEST(DeviceMeshNccl, TwoByOneSubGroupsOnGpus) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  if (torch::cuda::device_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
+  const auto result = run_workers("mesh_nccl", 2, {{"NCCL_NVLS_ENABLE", "0"}});
   EXPECT_TRUE(result.ok()) << result.describe();
 }
 
