@@ -68,8 +68,7 @@ std::optional<CheckpointEntry> resume_latest(comm::ProcessGroup& group,
   if (choice == kNoCheckpoint) return std::nullopt;
 
   const CheckpointEntry entry{choice, checkpoint_dir(options.root, choice)};
-  on_every_rank(group, "checkpoint load check",
-                "checkpoint " + entry.dir + " could not be loaded",
+  on_every_rank(group, "checkpoint load check", "checkpoint " + entry.dir + " could not be loaded",
                 [&] { load_checkpoint(entry.dir, group.world_size(), state); });
   return entry;
 }
