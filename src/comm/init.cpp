@@ -1,5 +1,6 @@
 #include "ddp/comm/init.hpp"
 
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
 #include <cstdlib>
@@ -75,6 +76,21 @@ BackendFactory backend_factory(Backend backend, const WorldInfo& world,
   TORCH_CHECK(false, "ddp: unhandled backend ", static_cast<int>(backend));
 }
 
+// This rank's device: CPU, or its GPU made current for the calling thread (InitOptions).
+c10::Device pinned_device(Backend backend, const WorldInfo& world, std::optional<int> index) {
+  const auto type = traits(backend).device_type;
+  if (type == c10::DeviceType::CPU) return c10::Device(c10::kCPU);
+  const int gpu = index.value_or(world.local_rank);
+  const auto* guard = c10::impl::getDeviceGuardImpl(type);
+  const int count = static_cast<int>(guard->deviceCount());
+  TORCH_CHECK(gpu >= 0 && gpu < count, "ddp: rank ", world.rank, " wants GPU ", gpu,
+              (index ? " (InitOptions::device_index)" : " (its LOCAL_RANK)"), " but this host has ",
+              count, ": start at most ", count, " workers per host, one per GPU");
+  const c10::Device device(type, static_cast<c10::DeviceIndex>(gpu));
+  guard->setDevice(device);
+  return device;
+}
+
 }  // namespace
 
 ProcessGroupPtr init_process_group(const InitOptions& options) {
@@ -92,6 +108,7 @@ ProcessGroupPtr init_process_group(const InitOptions& options) {
   config.size = world.world_size;
   config.timeout = options.timeout;
   config.make_backend = backend_factory(backend, world, options.timeout);
+  config.device = pinned_device(backend, world, options.device_index);
   auto store = rendezvous(world, rendezvous_timeout);
   // A second connection to the same store for the collective-progress heartbeat: a TCPStore
   // client serializes its operations, so a heartbeat sharing the main connection would stall

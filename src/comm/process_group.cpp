@@ -43,6 +43,12 @@ ProcessGroup::ProcessGroup(MadeBackend backend, Config config,
       progress_root_(std::move(progress_root)),
       timeout_(config_.timeout) {
   TORCH_CHECK(made_.backend, "ddp: ProcessGroup needs a c10d backend");
+  if (traits_.device_type == c10::DeviceType::CPU) {
+    config_.device = c10::Device(c10::kCPU);
+  } else if (config_.device.type() != traits_.device_type) {
+    // Unpinned: the device guard registry answers without CUDA headers.
+    config_.device = c10::impl::getDeviceGuardImpl(traits_.device_type)->getDevice();
+  }
   TORCH_CHECK(root_store_, "ddp: ProcessGroup needs a store");
   TORCH_CHECK(config_.size >= 1 && config_.rank >= 0 && config_.rank < config_.size, "ddp: rank ",
               config_.rank, " is outside world size ", config_.size);
@@ -90,13 +96,6 @@ std::vector<int> ProcessGroup::global_ranks() const {
   std::vector<int> ranks;
   for (int r = 0; r < config_.size; ++r) ranks.push_back(global_rank(r));
   return ranks;
-}
-
-c10::Device ProcessGroup::device() const {
-  if (traits_.device_type == c10::DeviceType::CPU) return c10::Device(c10::kCPU);
-  // The device guard registry answers without CUDA headers; it is the device the caller's
-  // CUDA calls (and NCCL's communicator for this process) use now.
-  return c10::impl::getDeviceGuardImpl(traits_.device_type)->getDevice();
 }
 
 bool ProcessGroup::can_sum(at::ScalarType dtype) const {

@@ -25,10 +25,16 @@ struct InitOptions {
   std::optional<std::chrono::milliseconds> rendezvous_timeout;
   // Where the worker is; default: read from the environment (RANK, WORLD_SIZE, ...).
   std::optional<WorldInfo> world;
+  // NCCL only: this rank's GPU. Unset: LOCAL_RANK, torchrun's convention (one GPU per local
+  // worker). init makes it the calling thread's current device, as PyTorch users do with
+  // torch.cuda.set_device(local_rank), so the communicator, the group's control scalars and
+  // tensors made on plain "cuda" all use the same GPU.
+  std::optional<int> device_index;
 };
 
 // Creates the world process group (store prefix "ddp/world"): the rendezvous of rendezvous.hpp,
-// then the backend. Fails with a message naming the variable, backend or peer at fault.
+// then the backend (NCCL: pinned to its GPU, see InitOptions::device_index). Fails with a message
+// naming the variable, backend, GPU or peer at fault.
 ProcessGroupPtr init_process_group(const InitOptions& options = {});
 
 }  // namespace ddp::comm

@@ -98,6 +98,13 @@ class ProcessGroup {
     std::chrono::milliseconds timeout = std::chrono::minutes(5);
     // Makes this backend again for sub-groups (new_group, DeviceMesh); empty: none can be made.
     BackendFactory make_backend;
+    // Where this rank's collectives run. CPU for Gloo. For NCCL this rank's GPU, which
+    // init_process_group pins (cuda:LOCAL_RANK by default); unpinned (a CPU value on a CUDA
+    // backend, as a hand-built group has): the caller's current device at construction. One fixed
+    // device per group, because NCCL makes a new communicator for every device it is handed: a
+    // control scalar on another GPU than the gradients waits for a peer that never joins it.
+    // Sub-groups inherit it.
+    c10::Device device = c10::kCPU;
   };
 
   // Makes the group's backend with config.make_backend over PrefixStore(config.prefix,
@@ -134,9 +141,9 @@ class ProcessGroup {
   // This group's store: keys are scoped under prefix().
   c10d::Store& store() { return *store_; }
   const std::string& prefix() const { return config_.prefix; }
-  // The device collectives run on: CPU for Gloo, the current CUDA device for NCCL (read at the
-  // call: a process that selects its GPU after init gets that one). See control_scalars.hpp.
-  c10::Device device() const;
+  // The device collectives run on: CPU for Gloo, this rank's pinned GPU for NCCL (Config::device).
+  // See control_scalars.hpp.
+  const c10::Device& device() const { return config_.device; }
 
   // Whether the backend can sum tensors of `dtype` (Gloo in libtorch 1.13 has no bfloat16 sum).
   bool can_sum(at::ScalarType dtype) const;
