@@ -55,8 +55,7 @@ void remove_stale_temporaries(const fs::path& root) {
     const bool writer_alive =
         pid > 0 && pid != ::getpid() && (::kill(pid, 0) == 0 || errno == EPERM);
     if (writer_alive) continue;
-    std::error_code ec;
-    fs::remove_all(entry.path(), ec);
+    remove_tree(entry.path().string());
   }
 }
 
@@ -69,8 +68,7 @@ void publish(const fs::path& tmp, const fs::path& final) {
   TORCH_CHECK(rename_errno == ENOTEMPTY || rename_errno == EEXIST, "ddp: checkpoint: renaming ",
               tmp, " to ", final, " failed: ", std::strerror(rename_errno));
   if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final.c_str(), RENAME_EXCHANGE) == 0) {
-    std::error_code ec;
-    fs::remove_all(tmp, ec);  // now the old checkpoint
+    remove_tree(tmp.string());  // now the old checkpoint
     return;
   }
   // File systems without RENAME_EXCHANGE: move the old one aside first. A crash in between
@@ -80,8 +78,7 @@ void publish(const fs::path& tmp, const fs::path& final) {
               " aside failed: ", std::strerror(errno));
   TORCH_CHECK(::rename(tmp.c_str(), final.c_str()) == 0, "ddp: checkpoint: renaming ", tmp, " to ",
               final, " failed: ", std::strerror(errno));
-  std::error_code ec;
-  fs::remove_all(aside, ec);
+  remove_tree(aside.string());
 }
 
 // Keeps the checkpoint just written and the keep-1 newest older ones. Directories of higher steps
@@ -96,11 +93,10 @@ void prune(const std::string& root, int64_t written_step, int keep) {
       ++kept;
       continue;
     }
-    std::error_code ec;
-    fs::remove_all(e.dir, ec);
-    if (ec) {
-      obs::log(obs::LogLevel::kWarn, 0,
-               "ddp: warning: could not delete old checkpoint " + e.dir + ": " + ec.message());
+    if (const int err = remove_tree(e.dir)) {
+      obs::log(
+          obs::LogLevel::kWarn, 0,
+          "ddp: warning: could not delete old checkpoint " + e.dir + ": " + std::strerror(err));
     }
   }
 }
@@ -133,11 +129,10 @@ std::string save_checkpoint_files(const CheckpointOptions& options, const Traini
     fs::path path;
     bool published = false;
     ~TmpDir() {
-      std::error_code ignored;
-      if (!published) fs::remove_all(path, ignored);
+      if (!published) remove_tree(path.string());
     }
   } guard{tmp};
-  fs::remove_all(tmp, ec);
+  remove_tree(tmp.string());
   fs::create_directory(tmp, ec);
   TORCH_CHECK(!ec, "ddp: checkpoint: cannot create directory ", tmp, ": ", ec.message());
 

@@ -1,6 +1,7 @@
 #include "ddp/io/posix_file.hpp"
 
 #include <fcntl.h>
+#include <ftw.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -39,6 +40,17 @@ void fsync_directory(const std::string& dir) {
   const int err = errno;
   ::close(fd);
   if (synced != 0) fail("fsync of directory " + in_quotes(d) + " failed", d, err);
+}
+
+int remove_tree(const std::string& path) noexcept {
+  // Children before their directory (FTW_DEPTH), links as links (FTW_PHYS); the callback's
+  // nonzero return (an errno) stops the walk and is what nftw returns.
+  const auto remove_entry = [](const char* entry, const struct stat*, int, struct FTW*) {
+    return ::remove(entry) == 0 || errno == ENOENT ? 0 : errno;
+  };
+  const int walked = ::nftw(path.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+  if (walked == -1) return errno == ENOENT ? 0 : errno;
+  return walked;
 }
 
 AtomicFile::AtomicFile(std::string path)

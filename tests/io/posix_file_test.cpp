@@ -86,6 +86,24 @@ TEST(PosixFile, AtomicWriteReplacesTheWholeFile) {
   EXPECT_EQ(names_in(dir.path), std::vector<std::string>{"f"});
 }
 
+TEST(PosixFile, RemoveTreeRemovesEverythingAndFollowsNoLink) {
+  TempDir dir;
+  const std::string outside = dir.file("outside");
+  ddp::io::write_file_atomic(outside, "kept");
+  const std::string tree = dir.file("tree");
+  fs::create_directories(tree + "/a/b");
+  ddp::io::write_file_atomic(tree + "/a/b/f", "x");
+  ddp::io::write_file_atomic(tree + "/g", "y");
+  fs::create_symlink(outside, tree + "/a/link");
+  fs::create_directory_symlink(dir.path, tree + "/up");  // a cycle if links were followed
+  EXPECT_EQ(ddp::io::remove_tree(tree), 0);
+  EXPECT_EQ(names_in(dir.path), std::vector<std::string>{"outside"});
+  EXPECT_EQ(read_file(outside), "kept");
+  EXPECT_EQ(ddp::io::remove_tree(tree), 0);     // missing: nothing to do
+  EXPECT_EQ(ddp::io::remove_tree(outside), 0);  // a plain file
+  EXPECT_FALSE(fs::exists(outside));
+}
+
 TEST(PosixFile, AFullDiskLeavesTheOldFileAndNamesTheFile) {
   TempDir dir;
   const std::string path = dir.file("weights");

@@ -6,7 +6,8 @@
 #include <filesystem>
 #include <stdexcept>
 #include <string>
-#include <system_error>
+
+#include "ddp/io/posix_file.hpp"
 
 namespace ddp::testing {
 
@@ -19,10 +20,7 @@ struct TempDir {
       throw std::runtime_error("mkdtemp failed: " + pattern);
     path = pattern;
   }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
+  ~TempDir() { ddp::io::remove_tree(path.string()); }  // not std::filesystem's: posix_file.hpp
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
   std::string file(const std::string& name) const { return (path / name).string(); }

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <string>
 
+#include "ddp/io/posix_file.hpp"
 #include "ddp/io/safetensors.hpp"
 #include "support/run_command.hpp"
 
@@ -74,7 +75,7 @@ TEST(DdpBench, ProfileWritesOneTrackPerRankWithComputeAndBucketSpans) {
   EXPECT_EQ(graph.rfind("digraph autograd {", 0), 0u) << graph.substr(0, 200);
   EXPECT_NE(graph.find("layers.15.weight"), std::string::npos);
   EXPECT_NE(graph.find("AddmmBackward"), std::string::npos);
-  std::filesystem::remove_all(dir);
+  ddp::io::remove_tree(dir);
 }
 
 // Parity mode against the single-process path of the same tool: two ranks on halves of a batch
@@ -110,7 +111,7 @@ TEST(DdpBench, ParityModeMatchesTheSingleProcessRun) {
     const double rel = (a.at(name) - t).norm().item<double>() / t.norm().item<double>();
     EXPECT_LT(rel, 1e-5) << name;
   }
-  std::filesystem::remove_all(dir);
+  ddp::io::remove_tree(dir);
 }
 
 }  // namespace

@@ -56,6 +56,14 @@ class AtomicFile {
   bool committed_ = false;  // renamed over path_: the temporary file no longer exists
 };
 
+// Removes `path` and everything under it, as `rm -rf` (symbolic links are removed, not followed).
+// A missing `path` is no error. Returns 0, or the errno of the first entry that could not be
+// removed; does not throw. libddp's one recursive delete, instead of std::filesystem::remove_all:
+// torch 2.x wheels' libtorch.so exports its own copy of the std::filesystem operations, which a
+// program linking it resolves ahead of libstdc++'s, and that copy's remove_all of a non-empty
+// directory calls a null function (SIGSEGV, seen with torch 2.11+cu130; docs/dependencies.md).
+int remove_tree(const std::string& path) noexcept;
+
 // AtomicFile in one call: `path` holds exactly `bytes` afterwards, or what it held before.
 void write_file_atomic(const std::string& path, const std::string& bytes);
 
