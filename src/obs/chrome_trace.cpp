@@ -10,11 +10,7 @@
 
 namespace ddp::obs {
 
-int64_t trace_now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+int64_t trace_now_ns() { return steady_ns(); }
 
 void ChromeTrace::add_buckets(const obs::IterationTimeline& t, const buckets::BucketPlan& plan,
                               int64_t step) {

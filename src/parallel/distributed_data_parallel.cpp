@@ -12,6 +12,7 @@
 #include "ddp/buckets/bucket_table.hpp"
 #include "ddp/comm/control_scalars.hpp"
 #include "ddp/obs/log.hpp"
+#include "ddp/obs/timeline.hpp"
 #include "ddp/parallel/replica_check.hpp"
 #include "ddp/planner/reachability.hpp"
 #include "ddp/planner/ready_order.hpp"
@@ -153,11 +154,7 @@ void DistributedDataParallelBase::zero_grad() {
   }
 }
 
-int64_t DistributedDataParallelBase::now_ns() const {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+int64_t DistributedDataParallelBase::now_ns() const { return obs::steady_ns(); }
 
 void DistributedDataParallelBase::pre_forward() {
   collect_stats();

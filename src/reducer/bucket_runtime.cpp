@@ -7,15 +7,11 @@
 #include <condition_variable>
 #include <mutex>
 
+#include "ddp/obs/timeline.hpp"
+
 namespace ddp::reducer {
 
 namespace {
-
-int64_t steady_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 at::Tensor future_tensor(const c10::intrusive_ptr<c10::ivalue::Future>& future) {
   const c10::IValue& value = future->value();
@@ -83,9 +79,10 @@ BucketRuntime::BucketRuntime(const std::vector<at::Tensor>& params, const bucket
                   b, "; sparse gradients are all-reduced");
     }
   }
+  for (size_t b = 0; b < plan_.buckets.size(); ++b) what_.push_back(describe(b));
 }
 
-std::string BucketRuntime::what(size_t b) const {
+std::string BucketRuntime::describe(size_t b) const {
   const buckets::Bucket& spec = plan_.buckets[b];
   std::string text = "reduction of gradient bucket " + std::to_string(b) + " (" +
                      std::to_string(spec.params.size()) + " parameters, " +
@@ -105,8 +102,9 @@ void BucketRuntime::start_sync(int64_t iteration, int64_t divisor) {
 
 size_t BucketRuntime::register_grad_ready(size_t param) {
   const size_t b = plan_.bucket_of[param];
-  TORCH_CHECK(buckets_[b].pending > 0, "ddp: bucket ", b, " over-counted (parameter '",
-              plan_.buckets[b].params.empty() ? std::string("?") : std::to_string(param), "')");
+  // The reducer marks each parameter ready at most once per backward; a second mark is a bug there.
+  TORCH_CHECK(buckets_[b].pending > 0, "ddp: parameter ", param, " of bucket ", b,
+              " was reported ready after every parameter of that bucket was");
   if (--buckets_[b].pending != 0) return 0;
   // Strict plan order: a full bucket waits for the buckets before it, so every rank issues the
   // same collectives in the same order even when gradients arrive in different orders.
@@ -185,7 +183,7 @@ void BucketRuntime::watch_completion(size_t b,
   // A CUDA future completes when its work is enqueued, not when the device ran it: a host
   // timestamp from its callback would be the launch time again. Left unknown (-1) on the GPU.
   if (on_device_) return;
-  future->addCallback([done](c10::ivalue::Future&) { done->store(steady_ns()); });
+  future->addCallback([done](c10::ivalue::Future&) { done->store(obs::steady_ns()); });
 }
 
 bool BucketRuntime::next_completed() const {

@@ -8,6 +8,7 @@
 
 #include "ddp/buckets/bucket_table.hpp"
 #include "ddp/comm/control_scalars.hpp"
+#include "ddp/obs/timeline.hpp"
 
 namespace ddp::reducer {
 
@@ -17,12 +18,6 @@ std::string join_names(const std::vector<std::string>& names) {
   std::ostringstream out;
   for (size_t i = 0; i < names.size(); ++i) out << (i ? ", " : "") << names[i];
   return out.str();
-}
-
-int64_t steady_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
 }
 
 }  // namespace
@@ -177,7 +172,7 @@ void Reducer::prepare_for_backward(std::vector<bool> reachable) {
     unused_.set_reachable(std::move(reachable));
   }
   planned_ = true;  // from now on only the post-iteration-1 rebuild may change the plan
-  forward_end_ns_ = steady_ns();
+  forward_end_ns_ = obs::steady_ns();
   state_ = State::kPreparedSync;
 }
 

@@ -3,17 +3,13 @@
 #include <algorithm>
 #include <chrono>
 
+#include "ddp/obs/timeline.hpp"
+
 namespace ddp::reducer {
 
-namespace {
-int64_t steady_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+int64_t TimelineRecorder::since_start() const {
+  return obs::steady_ns() - current_.backward_start_ns;
 }
-}  // namespace
-
-int64_t TimelineRecorder::since_start() const { return steady_ns() - current_.backward_start_ns; }
 
 void TimelineRecorder::backward_started(const BackwardStarted& event) {
   std::lock_guard<std::mutex> lock(mutex_);

@@ -8,9 +8,11 @@
 #include <torch/optim/sgd.h>
 #include <unistd.h>
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -231,20 +233,30 @@ int run_worker(const Args& args) {
   }
   if (lead) {
     const Stats s = summarize(step_ms);
-    char line[512];
+    std::string line;
     if (args.json) {
-      std::snprintf(line, sizeof(line),
-                    "{\"model\":\"%s\",\"world\":%d,\"batch\":%lld,\"device\":\"%s\","
-                    "\"side\":\"ours\",\"median_ms\":%.3f,\"mean_ms\":%.3f,\"min_ms\":%.3f,"
-                    "\"repeat\":%d}",
-                    args.model.c_str(), world, static_cast<long long>(args.batch_size),
-                    args.device.c_str(), s.median, s.mean, s.min, timed);
+      // Field order is the reference's (bench/reference/torch_ddp.py --json); times rounded to
+      // the microsecond, as the text line.
+      const auto ms = [](double v) { return std::round(v * 1000.0) / 1000.0; };
+      nlohmann::ordered_json result;
+      result["model"] = args.model;
+      result["world"] = world;
+      result["batch"] = args.batch_size;
+      result["device"] = args.device;
+      result["side"] = "ours";
+      result["median_ms"] = ms(s.median);
+      result["mean_ms"] = ms(s.mean);
+      result["min_ms"] = ms(s.min);
+      result["repeat"] = timed;
+      line = result.dump();
     } else {
-      std::snprintf(line, sizeof(line),
+      char text[512];
+      std::snprintf(text, sizeof(text),
                     "result model=%s world=%d batch=%lld device=%s side=ours median_ms=%.3f "
                     "mean_ms=%.3f min_ms=%.3f repeat=%d",
                     args.model.c_str(), world, static_cast<long long>(args.batch_size),
                     args.device.c_str(), s.median, s.mean, s.min, timed);
+      line = text;
     }
     std::cout << line << "\n";
     if (args.options.verbose && model) std::cout << ddp::obs::format_summary(model->logging_data());

@@ -3,10 +3,18 @@
 // its forward (backward_start_ns, absolute). A plain type on the ground floor: the recorder fills
 // it from the reducer's events (reducer/timeline_recorder.hpp), stats and traces read it.
 
+#include <chrono>
 #include <cstdint>
 #include <vector>
 
 namespace ddp::obs {
+
+// The clock of every timeline and trace stamp: steady-clock nanoseconds since its epoch.
+inline int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 struct IterationTimeline {
   int64_t iteration = 0;                  // 1-based synchronized-backward count

@@ -109,7 +109,10 @@ class BucketRuntime {
   void launch(size_t bucket);
   void watch_completion(size_t bucket, const c10::intrusive_ptr<c10::ivalue::Future>& future);
   hooks::GradBucket grad_bucket(size_t bucket) const;
-  std::string what(size_t bucket) const;
+  std::string describe(size_t bucket) const;
+  // The words for bucket b's reduction in a wait's error, made once per plan: a wait takes them by
+  // reference, so no string is built per bucket per iteration.
+  const std::string& what(size_t bucket) const { return what_[bucket]; }
 
   const std::vector<at::Tensor>& params_;
   const buckets::BucketPlan& plan_;
@@ -120,6 +123,7 @@ class BucketRuntime {
   int64_t plan_epoch_;
   bool on_device_ = false;  // CUDA buckets: waits are stream dependencies, no host timestamps
   std::vector<BucketState> buckets_;
+  std::vector<std::string> what_;  // describe(b), per bucket
   int64_t iteration_ = 0;
   int64_t divisor_ = 0;           // this iteration's; 0: the group size
   size_t next_launch_ = 0;        // buckets [0, next_launch_) are launched this iteration
