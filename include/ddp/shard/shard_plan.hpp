@@ -1,0 +1,94 @@
+#pragma once
+// The shard plan: for a data-parallel style, which parameters are sharded on dim 0 over the group
+// and which are replicated, how many rows each rank owns, and which unit (the parameters gathered
+// by one collective) each parameter belongs to. Pure: names, shapes and dtypes in, a plan out; the
+// sharded runtime (shard/, issue 12) executes it, the unit table prints it.
+//
+// [Note: styles] As torch/distributed/_spmd/data_parallel.py:
+//   kReplicate   every parameter replicated, gradients all-reduced (DistributedDataParallel).
+//   kFullyShard  every parameter with at least one dimension sharded on dim 0 (ZeRO-3, FSDP2
+//                fully_shard); dim 0 is padded up to world * ceil(dim0 / world) when it does not
+//                divide, so the last ranks may own fewer rows or none (comm/flat_shards.hpp's even
+//                split rule, torch.chunk's). A 0-dim parameter has no dim 0: replicated.
+//   kDefault     sharded when dim 0 divides evenly by the group size (no padding), replicated
+//                otherwise: one backward mixes reduce-scatter and all-reduce. PyTorch's seed raises
+//                "not supported yet" for it.
+//
+// [Note: units] A unit is named by a submodule's qualified name ("h.0"); it holds every parameter
+// whose qualified name starts with "<unit>.". Units may nest: a parameter belongs to the deepest
+// unit that contains it (FSDP2's rule: an inner fully_shard claims its parameters first). The root
+// unit ("", printed "<root>") holds what no named unit claims; it exists only when it holds
+// something. Units are ordered as their first parameter in registration order, root last.
+
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ddp::shard {
+
+enum class DataParallelStyle { kReplicate, kFullyShard, kDefault };
+enum class Placement { kReplicate, kShard };
+
+const char* style_name(DataParallelStyle style);  // "replicate", "fully_shard", "default"
+// The inverse, for flags; throws c10::Error naming the text and the choices.
+DataParallelStyle parse_style(const std::string& text);
+
+// One distinct parameter (tied weights once), in registration order.
+struct ParamShape {
+  std::string name;            // qualified name, e.g. "h.0.attn.c_attn.weight"
+  std::vector<int64_t> shape;  // sizes; empty for a 0-dim parameter
+  c10::ScalarType dtype = c10::ScalarType::Float;
+};
+
+struct ParamShard {
+  Placement placement = Placement::kReplicate;
+  int64_t rows = 0;       // dim 0 (1 for a 0-dim parameter)
+  int64_t row_numel = 0;  // elements per row: the product of the other sizes
+  int64_t chunk = 0;      // rows a full shard holds: ceil(rows / world) when sharded, else rows
+  size_t unit = 0;        // index into ShardPlan::units
+
+  // Rows rank r holds between steps: chunk for the first ranks, fewer or 0 at the end when
+  // sharded with padding; all of them when replicated.
+  int64_t rows_on(int rank, int world) const;
+  // Elements of this parameter's local storage on every rank: chunk * row_numel (the padded
+  // shard; equal on every rank, so a unit's flat shard has one size everywhere).
+  int64_t local_numel() const { return chunk * row_numel; }
+  // Padding rows added to reach world * chunk (0 when dim 0 divides, or when replicated).
+  int64_t padding_rows(int world) const;
+};
+
+struct Unit {
+  std::string name;            // the submodule's qualified name; "" for the root unit
+  std::vector<size_t> params;  // indices into ShardPlan::params, registration order
+  int64_t local_numel = 0;     // sum of local_numel() over its parameters: its flat shard
+};
+
+struct ShardPlan {
+  DataParallelStyle style = DataParallelStyle::kReplicate;
+  int world = 1;
+  std::vector<ParamShape> shapes;  // as given
+  std::vector<ParamShard> params;  // parallel to shapes
+  std::vector<Unit> units;         // see [Note: units]
+
+  // Bytes this rank keeps between steps for the parameters (the padded shards of the sharded
+  // ones, the whole of the replicated ones).
+  int64_t local_param_bytes() const;
+};
+
+// Plans `params` over a group of `world` ranks. `unit_names`: qualified submodule names (none: the
+// whole model is one unit, the root). Throws c10::Error when world < 1, when a unit name is
+// listed twice, or when a unit holds no parameter ("ddp: unit 'h.9' holds no parameter: no
+// parameter name starts with 'h.9.'"), the usual sign of a misspelt policy.
+ShardPlan plan_shards(const std::vector<ParamShape>& params,
+                      const std::vector<std::string>& unit_names, int world,
+                      DataParallelStyle style);
+
+// The unit table, printed by --verbose: one row per parameter, grouped by unit, with its shape,
+// placement and the bytes each rank holds (the bucket table's layout, bucket_table.hpp).
+//   +-------+------------+--------+-----------+---------------------+
+//   | Unit  | Param Names| Shape  | Style     | Shard bytes per rank|
+std::string format_unit_table(const ShardPlan& plan);
+
+}  // namespace ddp::shard

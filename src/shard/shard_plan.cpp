@@ -1,0 +1,188 @@
+#include "ddp/shard/shard_plan.hpp"
+
+#include <c10/core/ScalarType.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <sstream>
+
+#include "ddp/comm/flat_shards.hpp"
+
+namespace ddp::shard {
+namespace {
+
+// The unit that claims `name`: the longest unit name u with name starting "u." (deepest wins),
+// or `root` when none does.
+size_t owner_of(const std::string& name, const std::vector<std::string>& unit_names, size_t root) {
+  size_t best = root;
+  size_t best_length = 0;
+  for (size_t u = 0; u < unit_names.size(); ++u) {
+    const std::string& unit = unit_names[u];
+    const bool inside = name.size() > unit.size() && name.compare(0, unit.size(), unit) == 0 &&
+                        name[unit.size()] == '.';
+    if (inside && (best == root || unit.size() > best_length)) {
+      best = u;
+      best_length = unit.size();
+    }
+  }
+  return best;
+}
+
+Placement placement_of(const ParamShape& p, int world, DataParallelStyle style) {
+  if (style == DataParallelStyle::kReplicate || p.shape.empty()) return Placement::kReplicate;
+  if (style == DataParallelStyle::kFullyShard) return Placement::kShard;
+  return p.shape[0] % world == 0 ? Placement::kShard : Placement::kReplicate;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+}  // namespace
+
+const char* style_name(DataParallelStyle style) {
+  switch (style) {
+    case DataParallelStyle::kReplicate:
+      return "replicate";
+    case DataParallelStyle::kFullyShard:
+      return "fully_shard";
+    case DataParallelStyle::kDefault:
+      return "default";
+  }
+  return "?";
+}
+
+DataParallelStyle parse_style(const std::string& text) {
+  for (auto style : {DataParallelStyle::kReplicate, DataParallelStyle::kFullyShard,
+                     DataParallelStyle::kDefault}) {
+    if (text == style_name(style)) return style;
+  }
+  TORCH_CHECK(false, "ddp: unknown data-parallel style '", text,
+              "'; the styles are replicate, fully_shard, default");
+}
+
+int64_t ParamShard::rows_on(int rank, int world) const {
+  if (placement == Placement::kReplicate) return rows;
+  return comm::FlatShards{rows, world}.length(rank);
+}
+
+int64_t ParamShard::padding_rows(int world) const {
+  if (placement == Placement::kReplicate) return 0;
+  return comm::FlatShards{rows, world}.padded_numel() - rows;
+}
+
+int64_t ShardPlan::local_param_bytes() const {
+  int64_t bytes = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    bytes += params[i].local_numel() * static_cast<int64_t>(c10::elementSize(shapes[i].dtype));
+  }
+  return bytes;
+}
+
+ShardPlan plan_shards(const std::vector<ParamShape>& params,
+                      const std::vector<std::string>& unit_names, int world,
+                      DataParallelStyle style) {
+  TORCH_CHECK(world >= 1, "ddp: plan_shards: world size ", world, " must be at least 1");
+  for (size_t u = 0; u < unit_names.size(); ++u) {
+    TORCH_CHECK(!unit_names[u].empty(),
+                "ddp: a unit name is empty; the root unit holds what no named unit claims");
+    TORCH_CHECK(std::find(unit_names.begin(), unit_names.begin() + static_cast<long>(u),
+                          unit_names[u]) == unit_names.begin() + static_cast<long>(u),
+                "ddp: unit '", unit_names[u], "' is listed twice");
+  }
+  ShardPlan plan;
+  plan.style = style;
+  plan.world = world;
+  plan.shapes = params;
+  plan.params.resize(params.size());
+  const size_t root = unit_names.size();
+  std::vector<std::vector<size_t>> members(unit_names.size() + 1);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamShape& p = params[i];
+    ParamShard& s = plan.params[i];
+    s.placement = placement_of(p, world, style);
+    s.rows = p.shape.empty() ? 1 : p.shape[0];
+    s.row_numel = 1;
+    for (size_t d = 1; d < p.shape.size(); ++d) s.row_numel *= p.shape[d];
+    s.chunk = s.placement == Placement::kShard ? comm::FlatShards{s.rows, world}.chunk() : s.rows;
+    members[owner_of(p.name, unit_names, root)].push_back(i);
+  }
+  for (size_t u = 0; u < unit_names.size(); ++u) {
+    TORCH_CHECK(!members[u].empty(), "ddp: unit '", unit_names[u],
+                "' holds no parameter: no parameter name starts with '", unit_names[u], ".'");
+  }
+  // Units in the order of their first parameter; the root (if it holds anything) last.
+  std::vector<size_t> order(unit_names.size());
+  for (size_t u = 0; u < order.size(); ++u) order[u] = u;
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return members[a].front() < members[b].front(); });
+  if (!members[root].empty()) order.push_back(root);
+  for (size_t u : order) {
+    Unit unit;
+    unit.name = u == root ? "" : unit_names[u];
+    unit.params = members[u];
+    for (size_t i : unit.params) {
+      plan.params[i].unit = plan.units.size();
+      unit.local_numel += plan.params[i].local_numel();
+    }
+    plan.units.push_back(std::move(unit));
+  }
+  return plan;
+}
+
+std::string format_unit_table(const ShardPlan& plan) {
+  struct Row {
+    std::string unit, name, shape, style, bytes;
+  };
+  std::vector<Row> rows;
+  for (const Unit& unit : plan.units) {
+    for (size_t k = 0; k < unit.params.size(); ++k) {
+      const size_t i = unit.params[k];
+      const ParamShard& s = plan.params[i];
+      const int64_t bytes =
+          s.local_numel() * static_cast<int64_t>(c10::elementSize(plan.shapes[i].dtype));
+      std::string style = s.placement == Placement::kShard ? "shard" : "replicate";
+      if (s.padding_rows(plan.world) > 0) {
+        style += " (+" + std::to_string(s.padding_rows(plan.world)) + " pad rows)";
+      }
+      rows.push_back({k == 0 ? (unit.name.empty() ? "<root>" : unit.name) : "", plan.shapes[i].name,
+                      shape_text(plan.shapes[i].shape), style, std::to_string(bytes)});
+    }
+  }
+  const Row header{"Unit", "Param Names", "Shape", "Style", "Shard bytes per rank"};
+  size_t w[5] = {header.unit.size(), header.name.size(), header.shape.size(), header.style.size(),
+                 header.bytes.size()};
+  auto fields = [](const Row& r) {
+    return std::vector<const std::string*>{&r.unit, &r.name, &r.shape, &r.style, &r.bytes};
+  };
+  for (const Row& r : rows) {
+    const auto f = fields(r);
+    for (size_t c = 0; c < 5; ++c) w[c] = std::max(w[c], f[c]->size());
+  }
+  std::ostringstream out;
+  auto rule = [&] {
+    for (size_t c = 0; c < 5; ++c) out << '+' << std::string(w[c] + 2, '-');
+    out << "+\n";
+  };
+  // Text left-aligned, the byte count right-aligned, as the bucket table.
+  auto line = [&](const Row& r) {
+    const auto f = fields(r);
+    for (size_t c = 0; c < 5; ++c) {
+      const std::string pad(w[c] - f[c]->size(), ' ');
+      out << "| " << (c == 4 ? pad + *f[c] : *f[c] + pad) << ' ';
+    }
+    out << "|\n";
+  };
+  out << "Data-parallel units (" << style_name(plan.style) << ", world " << plan.world << ", "
+      << plan.units.size() << " units)\n";
+  rule();
+  line(header);
+  rule();
+  for (const Row& r : rows) line(r);
+  rule();
+  return out.str();
+}
+
+}  // namespace ddp::shard
