@@ -82,6 +82,25 @@ DDP_TEST_WORKER(flat_param_group_closed_form) {
     require(g.narrow(0, here, s.chunk - here).eq(0).all().item<bool>(),
             "gradient padding of " + plan.shapes[i].name);
   }
+  // An evaluation pass (unshard, reshard) keeps the sharded gradients; a second backward without
+  // zero_grad accumulates into them, as FSDP2 does.
+  std::vector<torch::Tensor> first;
+  for (const auto& p : params) first.push_back(p.grad().clone());
+  group.unshard();
+  require(!params[0].grad().defined(), "unshard sets the sharded gradient aside");
+  group.reshard();
+  for (size_t i = 0; i < params.size(); ++i) {
+    require(torch::equal(params[i].grad(), first[i]), "reshard restores " + plan.shapes[i].name);
+  }
+  group.unshard();
+  for (auto& p : params) {
+    p.mutable_grad() = (r + 1) * (1 + torch::arange(p.numel(), torch::kFloat)).view(p.sizes());
+  }
+  group.reduce_scatter_grads();
+  for (size_t i = 0; i < params.size(); ++i) {
+    require(torch::allclose(params[i].grad(), 2 * first[i], 1e-6, 1e-6),
+            "accumulated gradient of " + plan.shapes[i].name);
+  }
 }
 
 // FULLY_SHARD by hand over the group: unshard, forward on this rank's slice of the global batch,
