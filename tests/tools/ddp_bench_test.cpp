@@ -49,10 +49,13 @@ TEST(DdpBench, JsonModeAndWorldOneBaseline) {
       << out;
 }
 
-TEST(DdpBench, FsdpIsNotImplementedYetWithExitCode2) {
-  const auto [out, code] = run_command(kBench + " --fsdp --model toy");
+TEST(DdpBench, ShardedStylesRefuseDdpOnlyFlags) {
+  const auto [out, code] = run_command(kBench + " --fsdp --ddp --model toy");
   EXPECT_EQ(code, 2);
-  EXPECT_NE(out.find("--fsdp is not implemented yet"), std::string::npos) << out;
+  EXPECT_NE(out.find("ddp-bench: --style fully_shard cannot be combined with --ddp, "
+                     "--optimizer-overlap or --comm-hook"),
+            std::string::npos)
+      << out;
 }
 
 TEST(DdpBench, ProfileWritesOneTrackPerRankWithComputeAndBucketSpans) {
@@ -78,16 +81,17 @@ TEST(DdpBench, ProfileWritesOneTrackPerRankWithComputeAndBucketSpans) {
   ddp::io::remove_tree(dir);
 }
 
-// Parity mode against the single-process path of the same tool: two ranks on halves of a batch
-// with plain SGD end where one process on the whole batch ends.
-TEST(DdpBench, ParityModeMatchesTheSingleProcessRun) {
+// Parity mode against the single-process path of the same tool: `world` ranks on slices of a
+// batch with plain SGD end where one process on the whole batch ends, for DDP and the sharded
+// styles (mlp-deep's 512 rows split unevenly at world 3).
+void expect_parity(const std::string& style_flags, int world) {
   const std::string dir = temp_dir("parity");
   torch::manual_seed(3);
   ddp::io::TensorMap inputs, whole;
   for (int step = 0; step < 3; ++step) {
-    auto x = torch::randn({8, 512});
-    auto y = torch::randn({8, 512});
-    for (int r = 0; r < 2; ++r) {
+    auto x = torch::randn({4 * world, 512});
+    auto y = torch::randn({4 * world, 512});
+    for (int r = 0; r < world; ++r) {
       inputs["x." + std::to_string(step) + "." + std::to_string(r)] = x.narrow(0, 4 * r, 4);
       inputs["y." + std::to_string(step) + "." + std::to_string(r)] = y.narrow(0, 4 * r, 4);
     }
@@ -97,21 +101,27 @@ TEST(DdpBench, ParityModeMatchesTheSingleProcessRun) {
   ddp::io::save_safetensors(dir + "/inputs.safetensors", inputs);
   ddp::io::save_safetensors(dir + "/whole.safetensors", whole);
   const std::string common = kBench + " --model mlp-deep --lr 0.05 ";
-  auto [out1, code1] = run_command(common + "--ddp --nproc 2 --inputs " + dir +
-                                   "/inputs.safetensors --save-params " + dir + "/ddp.safetensors");
+  auto [out1, code1] =
+      run_command(common + style_flags + " --nproc " + std::to_string(world) + " --inputs " + dir +
+                  "/inputs.safetensors --save-params " + dir + "/dp.safetensors");
   ASSERT_EQ(code1, 0) << out1;
   auto [out2, code2] =
       run_command(common + "--inputs " + dir + "/whole.safetensors --save-params " + dir +
                   "/single.safetensors");
   ASSERT_EQ(code2, 0) << out2;
-  const auto a = ddp::io::load_safetensors(dir + "/ddp.safetensors");
+  const auto a = ddp::io::load_safetensors(dir + "/dp.safetensors");
   const auto b = ddp::io::load_safetensors(dir + "/single.safetensors");
   ASSERT_EQ(a.size(), 32u);
   for (const auto& [name, t] : b) {
+    ASSERT_EQ(a.at(name).sizes(), t.sizes()) << name;
     const double rel = (a.at(name) - t).norm().item<double>() / t.norm().item<double>();
-    EXPECT_LT(rel, 1e-5) << name;
+    EXPECT_LT(rel, 1e-5) << style_flags << ": " << name;
   }
   ddp::io::remove_tree(dir);
 }
+
+TEST(DdpBench, ParityModeMatchesTheSingleProcessRun) { expect_parity("--ddp", 2); }
+TEST(DdpBench, FullyShardedParityAtWorldThree) { expect_parity("--fsdp", 3); }
+TEST(DdpBench, DefaultStyleParityAtWorldTwo) { expect_parity("--style default", 2); }
 
 }  // namespace

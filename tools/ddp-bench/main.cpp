@@ -29,6 +29,7 @@
 #include "ddp/parallel/autocast.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
 #include "ddp/planner/graph_dot.hpp"
+#include "ddp/shard/sharded_module.hpp"
 
 namespace {
 
@@ -37,7 +38,8 @@ struct Args {
   bool toy_model = false;
   std::string model = "toy";
   bool ddp = false;
-  bool fsdp = false;
+  bool fsdp = false;                // --fsdp: the same as --style fully_shard
+  std::string style = "replicate";  // replicate (with --ddp), fully_shard or default
   int64_t batch_size = 32;
   int repeat = 10;
   int warmup = 3;
@@ -99,11 +101,15 @@ void load_params(torch::nn::Module& m, const std::string& path) {
   }
 }
 
+bool sharded(const Args& args) { return args.style != "replicate"; }
+// A process group is made: DDP, or a sharded style (which runs at any world size).
+bool distributed(const Args& args) { return args.ddp || sharded(args); }
+
 int run_worker(const Args& args) {
   at::set_num_threads(args.threads);
   ddp::comm::ProcessGroupPtr pg;
   int rank = 0, world = 1;
-  if (args.ddp) {
+  if (distributed(args)) {
     ddp::comm::InitOptions init;
     init.backend = args.device == "cuda" ? "nccl" : "gloo";
     init.timeout = std::chrono::seconds(args.timeout_s);
@@ -154,7 +160,13 @@ int run_worker(const Args& args) {
   const int timed = parity ? static_cast<int>(batches.size()) : args.repeat;
 
   std::unique_ptr<ddp::DistributedDataParallel<torch::nn::AnyModule>> model;
-  if (args.ddp) {
+  std::unique_ptr<ddp::shard::ShardedModule> sharded_model;
+  if (sharded(args)) {
+    ddp::shard::ShardOptions shard_options;
+    shard_options.style = ddp::shard::parse_style(args.style);
+    sharded_model = std::make_unique<ddp::shard::ShardedModule>(w.ptr, pg, shard_options);
+    if (lead && args.options.verbose) std::cout << sharded_model->unit_table();
+  } else if (args.ddp) {
     model = std::make_unique<ddp::DistributedDataParallel<torch::nn::AnyModule>>(w.module, pg,
                                                                                  args.options);
     if (auto hook = ddp::tools::make_comm_hook(args.comm_hook, pg)) model->register_comm_hook(hook);
@@ -190,6 +202,7 @@ int run_worker(const Args& args) {
     {
       std::optional<ddp::parallel::AutocastGuard> autocast;
       if (args.autocast_bf16) autocast.emplace(device.type(), torch::kBFloat16);
+      if (sharded_model) sharded_model->pre_forward();
       torch::Tensor out = model ? model->forward(x) : w.module.forward(x);
       loss = w.loss(out, y);
     }
@@ -226,6 +239,7 @@ int run_worker(const Args& args) {
     }
     if (lead) std::cerr << "ddp-bench: wrote trace " << args.trace_file << std::endl;
   }
+  if (sharded_model) sharded_model->pre_forward();  // whole parameters, to save them
   if (lead && !args.save_params.empty()) {
     ddp::io::TensorMap out;
     for (auto& [name, p] : named_params(*w.ptr)) out[name] = p.detach().cpu();
@@ -281,7 +295,12 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember(names))
       ->capture_default_str();
   app.add_flag("--ddp", args.ddp, "wrap the model in DistributedDataParallel");
-  app.add_flag("--fsdp", args.fsdp, "fully sharded (not implemented yet)");
+  app.add_flag("--fsdp", args.fsdp, "fully sharded: the same as --style fully_shard");
+  app.add_option("--style", args.style,
+                 "data-parallel style: replicate (needs --ddp), fully_shard or default "
+                 "(docs/sharding.md)")
+      ->check(CLI::IsMember({"replicate", "fully_shard", "default"}))
+      ->capture_default_str();
   app.add_option("--batch-size", args.batch_size, "samples per rank")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
       ->capture_default_str();
@@ -316,16 +335,20 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (args.toy_model) args.model = "toy";
 
-  if (args.fsdp) {
-    std::cerr << "ddp-bench: --fsdp is not implemented yet" << std::endl;
+  if (args.fsdp) args.style = "fully_shard";
+  if (sharded(args) && (args.ddp || args.optimizer_overlap || args.comm_hook != "allreduce")) {
+    std::cerr << "ddp-bench: --style " << args.style
+              << " cannot be combined with --ddp, --optimizer-overlap or --comm-hook (those are "
+                 "DistributedDataParallel's)"
+              << std::endl;
     return 2;
   }
   try {
     const bool worker = std::getenv("DDP_BENCH_WORKER") != nullptr ||
                         (std::getenv("RANK") != nullptr && args.nproc == 0);
-    if (worker || !args.ddp) {
-      TORCH_CHECK(args.ddp || args.nproc <= 1, "ddp-bench: --nproc ", args.nproc,
-                  " needs --ddp (without it the plain model "
+    if (worker || !distributed(args)) {
+      TORCH_CHECK(distributed(args) || args.nproc <= 1, "ddp-bench: --nproc ", args.nproc,
+                  " needs --ddp or a sharded --style (without them the plain model "
                   "runs in one process, the world-1 baseline)");
       return run_worker(args);
     }
