@@ -4,9 +4,9 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <sstream>
 
 #include "ddp/comm/flat_shards.hpp"
+#include "ddp/obs/text_table.hpp"
 
 namespace ddp::shard {
 namespace {
@@ -133,10 +133,7 @@ ShardPlan plan_shards(const std::vector<ParamShape>& params,
 }
 
 std::string format_unit_table(const ShardPlan& plan) {
-  struct Row {
-    std::string unit, name, shape, style, bytes;
-  };
-  std::vector<Row> rows;
+  std::vector<std::vector<std::string>> rows;
   for (const Unit& unit : plan.units) {
     for (size_t k = 0; k < unit.params.size(); ++k) {
       const size_t i = unit.params[k];
@@ -151,38 +148,10 @@ std::string format_unit_table(const ShardPlan& plan) {
                       shape_text(plan.shapes[i].shape), style, std::to_string(bytes)});
     }
   }
-  const Row header{"Unit", "Param Names", "Shape", "Style", "Shard bytes per rank"};
-  size_t w[5] = {header.unit.size(), header.name.size(), header.shape.size(), header.style.size(),
-                 header.bytes.size()};
-  auto fields = [](const Row& r) {
-    return std::vector<const std::string*>{&r.unit, &r.name, &r.shape, &r.style, &r.bytes};
-  };
-  for (const Row& r : rows) {
-    const auto f = fields(r);
-    for (size_t c = 0; c < 5; ++c) w[c] = std::max(w[c], f[c]->size());
-  }
-  std::ostringstream out;
-  auto rule = [&] {
-    for (size_t c = 0; c < 5; ++c) out << '+' << std::string(w[c] + 2, '-');
-    out << "+\n";
-  };
-  // Text left-aligned, the byte count right-aligned, as the bucket table.
-  auto line = [&](const Row& r) {
-    const auto f = fields(r);
-    for (size_t c = 0; c < 5; ++c) {
-      const std::string pad(w[c] - f[c]->size(), ' ');
-      out << "| " << (c == 4 ? pad + *f[c] : *f[c] + pad) << ' ';
-    }
-    out << "|\n";
-  };
-  out << "Data-parallel units (" << style_name(plan.style) << ", world " << plan.world << ", "
-      << plan.units.size() << " units)\n";
-  rule();
-  line(header);
-  rule();
-  for (const Row& r : rows) line(r);
-  rule();
-  return out.str();
+  return std::string("Data-parallel units (") + style_name(plan.style) + ", world " +
+         std::to_string(plan.world) + ", " + std::to_string(plan.units.size()) + " units)\n" +
+         obs::format_text_table({"Unit", "Param Names", "Shape", "Style", "Shard bytes per rank"},
+                                rows, {false, false, false, false, true});
 }
 
 }  // namespace ddp::shard
