@@ -64,7 +64,7 @@ void ShardedModule::reshard() {
 }
 
 void ShardedModule::on_grad_ready() {
-  if (finish_queued_) return;
+  if (finish_queued_ || !require_sync_) return;
   finish_queued_ = true;
   reducer::AutogradHooks::at_end_of_backward([this] { finish_backward(); });
 }

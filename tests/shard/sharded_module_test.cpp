@@ -88,6 +88,67 @@ DDP_TEST_WORKER(sharded_module_training) {
   model.reshard();
 }
 
+// no_sync: 3 micro-batches accumulate locally, the 4th reduces the sum; the oracle accumulates the
+// 4 micro-batches of the global batch and steps once.
+DDP_TEST_WORKER(sharded_module_no_sync) {
+  auto pg = worker_process_group(std::chrono::seconds(60));
+  const int w = pg->world_size(), r = pg->rank();
+  shard::ShardOptions options;
+  options.style = shard::parse_style(worker_env("DDP_TEST_STYLE"));
+  const int64_t per_rank = 2, micro = 4, steps = 2;
+  torch::manual_seed(0);
+  auto net = make_net();
+  torch::manual_seed(0);
+  auto oracle = make_net();
+  shard::FullyShardedDataParallel<torch::nn::Sequential> model(net, pg, options);
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::SGD oracle_opt(oracle->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::manual_seed(2);
+  for (int64_t s = 0; s < steps; ++s) {
+    for (int64_t m = 0; m < micro; ++m) {
+      const auto x = torch::randn({w * per_rank, 5});
+      const auto y = torch::randn({w * per_rank, 2});
+      const auto mine = [&](const torch::Tensor& t) { return t.narrow(0, r * per_rank, per_rank); };
+      if (m + 1 < micro) {
+        auto guard = model.no_sync();
+        torch::mse_loss(model(mine(x)), mine(y)).backward();
+        require(net->parameters()[0].size(0) == 6, "inside no_sync the parameters stay gathered");
+      } else {
+        torch::mse_loss(model(mine(x)), mine(y)).backward();
+      }
+      torch::mse_loss(oracle->forward(x), y).backward();
+    }
+    opt.step();
+    opt.zero_grad();
+    oracle_opt.step();
+    oracle_opt.zero_grad();
+  }
+  model.pre_forward();
+  const auto got = net->named_parameters();
+  const auto want = oracle->parameters();
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double rel =
+        (got[i].value() - want[i]).norm().item<double>() / want[i].norm().item<double>();
+    require(rel < 1e-5, got[i].key() + ": relative error " + std::to_string(rel));
+  }
+}
+
+class ShardedNoSyncTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(ShardedNoSyncTest, FullyShardAccumulatesThenReducesTheSum) {
+  const auto result =
+      run_workers("sharded_module_no_sync", GetParam(), {{"DDP_TEST_STYLE", "fully_shard"}});
+  EXPECT_TRUE(result.ok()) << result.describe();
+}
+
+TEST_P(ShardedNoSyncTest, DefaultAccumulatesThenReducesTheSum) {
+  const auto result =
+      run_workers("sharded_module_no_sync", GetParam(), {{"DDP_TEST_STYLE", "default"}});
+  EXPECT_TRUE(result.ok()) << result.describe();
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, ShardedNoSyncTest, ::testing::Values(1, 2, 3), world_name);
+
 struct Case {
   std::string style, units;
   int world;

@@ -53,6 +53,24 @@ class ShardedModule {
   // Back to shards without reducing (after an evaluation forward).
   void reshard();
 
+  // Scoped, as DistributedDataParallel::no_sync: backwards inside communicate nothing; the
+  // parameters stay gathered and their full gradients accumulate locally, and the next
+  // synchronized backward reduce-scatters (and all-reduces) the accumulated sum.
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(bool& require_sync) : flag_(require_sync), previous_(require_sync) {
+      flag_ = false;
+    }
+    ~NoSyncGuard() { flag_ = previous_; }
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
+   private:
+    bool& flag_;
+    bool previous_;
+  };
+  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(require_sync_); }
+
   const ShardPlan& plan() const { return plan_; }
   std::string unit_table() const { return format_unit_table(plan_); }
   // Bytes of parameters this rank holds between steps (ShardPlan::local_param_bytes).
@@ -72,6 +90,7 @@ class ShardedModule {
   std::vector<size_t> replicated_;                       // plan indices, all-reduced
   std::unique_ptr<reducer::AutogradHooks> hooks_;
   bool finish_queued_ = false;  // the end-of-backward callback of this backward is queued
+  bool require_sync_ = true;    // false inside no_sync(): backward reduces nothing
 };
 
 template <typename ModuleType>
