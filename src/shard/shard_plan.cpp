@@ -5,8 +5,8 @@
 
 #include <algorithm>
 
+#include "ddp/buckets/bucket_table.hpp"
 #include "ddp/comm/flat_shards.hpp"
-#include "ddp/obs/text_table.hpp"
 
 namespace ddp::shard {
 namespace {
@@ -150,8 +150,9 @@ std::string format_unit_table(const ShardPlan& plan) {
   }
   return std::string("Data-parallel units (") + style_name(plan.style) + ", world " +
          std::to_string(plan.world) + ", " + std::to_string(plan.units.size()) + " units)\n" +
-         obs::format_text_table({"Unit", "Param Names", "Shape", "Style", "Shard bytes per rank"},
-                                rows, {false, false, false, false, true});
+         buckets::format_text_table(
+             {"Unit", "Param Names", "Shape", "Style", "Shard bytes per rank"}, rows,
+             {false, false, false, false, true});
 }
 
 }  // namespace ddp::shard
