@@ -10,6 +10,7 @@
 #include <unordered_set>
 
 #include "ddp/buckets/bucket_table.hpp"
+#include "ddp/comm/broadcast_coalesced.hpp"
 #include "ddp/comm/control_scalars.hpp"
 #include "ddp/obs/log.hpp"
 #include "ddp/obs/timeline.hpp"
@@ -20,28 +21,6 @@
 namespace ddp::parallel {
 
 namespace {
-
-// Broadcasts `tensors` from `root`, one flat collective per dtype instead of one per tensor.
-void broadcast_coalesced(comm::ProcessGroup& pg, const std::vector<torch::Tensor>& tensors,
-                         int root, const std::string& what) {
-  if (pg.world_size() == 1 || tensors.empty()) return;
-  torch::NoGradGuard no_grad;
-  std::map<std::pair<int, std::string>, std::vector<torch::Tensor>> groups;
-  for (const auto& t : tensors) {
-    groups[{static_cast<int>(t.scalar_type()), t.device().str()}].push_back(t);
-  }
-  for (auto& [key, group] : groups) {
-    std::vector<torch::Tensor> flat_parts;
-    for (const auto& t : group) flat_parts.push_back(t.reshape({-1}));
-    torch::Tensor flat = torch::cat(flat_parts);
-    pg.broadcast(flat, root, what);
-    int64_t offset = 0;
-    for (auto& t : group) {
-      t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
-      offset += t.numel();
-    }
-  }
-}
 
 // Parameters whose module produces sparse gradients (Embedding / EmbeddingBag with sparse=true).
 std::unordered_set<const c10::TensorImpl*> sparse_gradient_params(torch::nn::Module& module) {
@@ -107,7 +86,7 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
   // Every rank starts from rank 0's state, as PyTorch DDP does.
   std::vector<torch::Tensor> state = all_params_;
   state.insert(state.end(), buffers_.begin(), buffers_.end());
-  broadcast_coalesced(*pg_, state, 0, "broadcast of rank 0's parameters and buffers");
+  comm::broadcast_coalesced(*pg_, state, 0, "broadcast of rank 0's parameters and buffers");
 
   reducer_ = std::make_unique<reducer::Reducer>(grad_params, param_names_, pg_, options_.reducer,
                                                 expect_sparse);
@@ -130,7 +109,7 @@ std::string DistributedDataParallelBase::bucket_table() const {
 }
 
 void DistributedDataParallelBase::sync_buffers() {
-  broadcast_coalesced(*pg_, buffers_, 0, "broadcast of rank 0's buffers");
+  comm::broadcast_coalesced(*pg_, buffers_, 0, "broadcast of rank 0's buffers");
 }
 
 void DistributedDataParallelBase::register_comm_hook(hooks::CommHookPtr hook) {
@@ -253,7 +232,7 @@ void DistributedDataParallelBase::join(const std::function<void()>& train_loop,
   }
   std::vector<torch::Tensor> state = all_params_;
   state.insert(state.end(), buffers_.begin(), buffers_.end());
-  broadcast_coalesced(*pg_, state, authority, "join: broadcast of the final state");
+  comm::broadcast_coalesced(*pg_, state, authority, "join: broadcast of the final state");
 }
 
 }  // namespace ddp::parallel

@@ -136,10 +136,17 @@ void FlatParamGroup::reduce_scatter_grads() {
     TORCH_CHECK(grad.sizes().vec() == m.full_sizes, "ddp: unit '", unit_name_,
                 "': a gradient of shape ", grad.sizes(), " for a parameter of shape ",
                 at::IntArrayRef(m.full_sizes));
-    const int64_t block = m.chunk * m.row_numel;
-    at::Tensor padded = at::zeros({world_ * m.chunk, m.row_numel}, shard_.options());
-    padded.narrow(0, 0, m.rows).copy_(grad.reshape({m.rows, m.row_numel}));
-    by_rank.narrow(1, m.offset, block).copy_(padded.view({world_, block}));
+    // Rank k's rows straight into row k of the layout: one pass over the gradient, and the
+    // padding rows keep the zeros `input` was made with.
+    const at::Tensor rows = grad.reshape({m.rows, m.row_numel});
+    const comm::FlatShards split{m.rows, world_};
+    for (int k = 0; k < world_; ++k) {
+      const int64_t n = split.length(k);
+      if (n == 0) continue;
+      by_rank[k]
+          .narrow(0, m.offset, n * m.row_numel)
+          .copy_(rows.narrow(0, split.offset(k), n).reshape({-1}));
+    }
   }
   at::Tensor reduced = pg_->reduce_scatter(input, comm::ReduceOp::kAvg,
                                            "reduce-scatter of unit '" + unit_name_ + "'");

@@ -5,6 +5,8 @@
 
 #include <unordered_set>
 
+#include "ddp/comm/broadcast_coalesced.hpp"
+
 namespace ddp::shard {
 
 ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module, comm::ProcessGroupPtr group,
@@ -25,14 +27,8 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module, comm::Pr
     names.push_back(item.key());
     shapes.push_back({item.key(), item.value().sizes().vec(), item.value().scalar_type()});
   }
-  {
-    // Every rank starts from rank 0's values (one broadcast per parameter: construction only).
-    at::NoGradGuard no_grad;
-    for (size_t i = 0; i < params_.size(); ++i) {
-      at::Tensor value = params_[i].detach();
-      pg_->broadcast(value, 0, "broadcast of rank 0's parameter '" + names[i] + "'");
-    }
-  }
+  // Every rank starts from rank 0's values, before they are split.
+  comm::broadcast_coalesced(*pg_, params_, 0, "broadcast of rank 0's parameters");
   plan_ = plan_shards(shapes, options_.units, pg_->world_size(), options_.style);
   for (size_t u = 0; u < plan_.units.size(); ++u) {
     bool any_sharded = false;
@@ -81,8 +77,7 @@ void ShardedModule::finish_backward() {
                                : at::zeros({params_[i].numel()}, params_[i].options()));
   }
   at::Tensor all = at::cat(flat);
-  pg_->allreduce_sum(all, "all-reduce of the replicated gradients");
-  all.div_(pg_->world_size());
+  pg_->wait(pg_->allreduce_avg_async(all), "all-reduce of the replicated gradients");
   int64_t offset = 0;
   at::NoGradGuard no_grad;
   for (size_t i : replicated_) {

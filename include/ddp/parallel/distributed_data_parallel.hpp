@@ -26,6 +26,7 @@
 #include "ddp/obs/runtime_stats.hpp"
 #include "ddp/optim/optimizer_in_backward.hpp"
 #include "ddp/parallel/ddp_options.hpp"
+#include "ddp/reducer/no_sync_guard.hpp"
 #include "ddp/reducer/reducer_runtime.hpp"
 #include "ddp/reducer/timeline_recorder.hpp"
 
@@ -39,19 +40,7 @@ class DistributedDataParallelBase {
 
   // Scoped: forwards and backwards inside accumulate gradients locally, with no communication; the
   // next synchronized backward reduces the accumulated sum.
-  class NoSyncGuard {
-   public:
-    explicit NoSyncGuard(bool& require_sync) : flag_(require_sync), previous_(require_sync) {
-      flag_ = false;
-    }
-    ~NoSyncGuard() { flag_ = previous_; }
-    NoSyncGuard(const NoSyncGuard&) = delete;
-    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
-
-   private:
-    bool& flag_;
-    bool previous_;
-  };
+  using NoSyncGuard = reducer::NoSyncGuard;
   [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(require_sync_); }
 
   // The distinct parameters that require grad (tied weights appear once), registration order.

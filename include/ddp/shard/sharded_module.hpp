@@ -27,6 +27,7 @@
 
 #include "ddp/comm/process_group.hpp"
 #include "ddp/reducer/autograd_hooks.hpp"
+#include "ddp/reducer/no_sync_guard.hpp"
 #include "ddp/shard/flat_param_group.hpp"
 #include "ddp/shard/shard_plan.hpp"
 
@@ -56,19 +57,7 @@ class ShardedModule {
   // Scoped, as DistributedDataParallel::no_sync: backwards inside communicate nothing; the
   // parameters stay gathered and their full gradients accumulate locally, and the next
   // synchronized backward reduce-scatters (and all-reduces) the accumulated sum.
-  class NoSyncGuard {
-   public:
-    explicit NoSyncGuard(bool& require_sync) : flag_(require_sync), previous_(require_sync) {
-      flag_ = false;
-    }
-    ~NoSyncGuard() { flag_ = previous_; }
-    NoSyncGuard(const NoSyncGuard&) = delete;
-    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
-
-   private:
-    bool& flag_;
-    bool previous_;
-  };
+  using NoSyncGuard = reducer::NoSyncGuard;
   [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(require_sync_); }
 
   const ShardPlan& plan() const { return plan_; }
