@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "support/oracle.hpp"
 #include "support/param_names.hpp"
 #include "support/workers.hpp"
 
@@ -19,6 +20,12 @@ namespace {
 torch::nn::Sequential make_net() {
   return torch::nn::Sequential(torch::nn::Linear(5, 6), torch::nn::ReLU(), torch::nn::Linear(6, 3),
                                torch::nn::Linear(3, 2));
+}
+
+std::vector<std::string> names_of(torch::nn::Module& m) {
+  std::vector<std::string> out;
+  for (const auto& item : m.named_parameters()) out.push_back(item.key());
+  return out;
 }
 
 std::vector<std::string> split(const std::string& text) {
@@ -77,14 +84,7 @@ DDP_TEST_WORKER(sharded_module_training) {
                                                  ", planned " +
                                                  std::to_string(model.local_param_bytes()));
   model.pre_forward();  // gathered, to compare whole parameters
-  const auto got = net->named_parameters();
-  const auto want = oracle->parameters();
-  for (size_t i = 0; i < want.size(); ++i) {
-    const auto& p = got[i].value();
-    require(p.sizes() == want[i].sizes(), got[i].key() + ": not gathered");
-    const double rel = (p - want[i]).norm().item<double>() / want[i].norm().item<double>();
-    require(rel < 1e-5, got[i].key() + ": relative error " + std::to_string(rel));
-  }
+  require_close(names_of(*net), net->parameters(), oracle->parameters(), 1e-5, "sharded training");
   model.reshard();
 }
 
@@ -124,13 +124,8 @@ DDP_TEST_WORKER(sharded_module_no_sync) {
     oracle_opt.zero_grad();
   }
   model.pre_forward();
-  const auto got = net->named_parameters();
-  const auto want = oracle->parameters();
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double rel =
-        (got[i].value() - want[i]).norm().item<double>() / want[i].norm().item<double>();
-    require(rel < 1e-5, got[i].key() + ": relative error " + std::to_string(rel));
-  }
+  require_close(names_of(*net), net->parameters(), oracle->parameters(), 1e-5,
+                "no_sync then a synchronized step");
 }
 
 class ShardedNoSyncTest : public ::testing::TestWithParam<int> {};

@@ -166,6 +166,8 @@ void require_close(const std::vector<std::string>& names, const std::vector<torc
     const double diff = (a[i].to(torch::kDouble) - b[i].to(torch::kDouble)).norm().item<double>();
     std::ostringstream msg;
     msg << context << ": '" << names[i] << "' ";
+    // Before the difference: a broadcast ([1, 3] against [2, 3]) would hide a wrong shape.
+    require(a[i].sizes() == b[i].sizes(), msg.str() + "has a different shape from the oracle's");
     require(ref > 0,
             msg.str() + "is all zeros in the oracle (a comparison on zeros proves nothing)");
     msg << "relative error " << diff / ref << " > " << rtol;

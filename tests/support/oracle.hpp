@@ -49,8 +49,8 @@ TrainResult train_ddp(const TrainSpec& spec, comm::ProcessGroupPtr pg,
 // The workload's parameters as constructed (before any training step), on the CPU.
 TrainResult initial_params(const TrainSpec& spec);
 
-// Per tensor, ||a - b|| / ||b|| <= rtol, and b is not all zeros; throws naming the first tensor
-// that differs and by how much.
+// Per tensor, equal shapes, ||a - b|| / ||b|| <= rtol, and b is not all zeros; throws naming the
+// first tensor that differs and by how much.
 void require_close(const std::vector<std::string>& names, const std::vector<torch::Tensor>& a,
                    const std::vector<torch::Tensor>& b, double rtol, const std::string& context);
 
