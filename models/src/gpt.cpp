@@ -9,6 +9,7 @@
 #include <torch/utils.h>
 
 #include "ddp/models/replace_parameter.hpp"
+#include "ddp/shard/unit_scope.hpp"
 
 namespace ddp::models {
 
@@ -122,7 +123,11 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& idx) {
               config_.seq_len);
   const auto positions = torch::arange(seq, idx.options().dtype(torch::kLong));
   auto x = wte(idx) + wpe(positions);  // [B, T, d] + [T, d]
-  for (const auto& block : *h) x = block->as<GPTBlockImpl>()->forward(x);
+  for (const auto& block : *h) {
+    GPTBlockImpl& b = *block->as<GPTBlockImpl>();
+    x = shard::run_unit(
+        b, [&b](const torch::Tensor& in) { return b.forward(in); }, x);
+  }
   return linear(lm_head, ln_f(x));
 }
 

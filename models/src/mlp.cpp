@@ -2,6 +2,8 @@
 
 #include <c10/util/Exception.h>
 
+#include "ddp/shard/unit_scope.hpp"
+
 namespace ddp::models {
 
 MLPImpl::MLPImpl(const MLPOptions& options_) : options(options_) {
@@ -20,7 +22,9 @@ MLPImpl::MLPImpl(const MLPOptions& options_) : options(options_) {
 
 torch::Tensor MLPImpl::forward(torch::Tensor x) {
   for (size_t i = 0; i < linears_.size(); ++i) {
-    x = linears_[i](x);
+    torch::nn::LinearImpl& layer = *linears_[i];
+    x = shard::run_unit(
+        layer, [&layer](const torch::Tensor& in) { return layer.forward(in); }, x);
     if (i + 1 < linears_.size()) x = torch::relu(x);
   }
   return x;

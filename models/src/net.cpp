@@ -2,6 +2,8 @@
 
 #include <c10/util/Exception.h>
 
+#include "ddp/shard/unit_scope.hpp"
+
 namespace ddp::models {
 
 NetImpl::NetImpl(int64_t dim) {
@@ -13,6 +15,14 @@ NetImpl::NetImpl(int64_t dim) {
   fc4 = register_module("fc4", torch::nn::Linear(dim, dim));
 }
 
-torch::Tensor NetImpl::forward(const torch::Tensor& x) { return fc4(fc3(fc2(fc1(x)))); }
+torch::Tensor NetImpl::forward(const torch::Tensor& x) {
+  torch::Tensor out = x;
+  for (torch::nn::Linear* fc : {&fc1, &fc2, &fc3, &fc4}) {
+    torch::nn::LinearImpl& layer = **fc;
+    out = shard::run_unit(
+        layer, [&layer](const torch::Tensor& in) { return layer.forward(in); }, out);
+  }
+  return out;
+}
 
 }  // namespace ddp::models

@@ -63,6 +63,7 @@ FlatParamGroup::FlatParamGroup(const ShardPlan& plan, size_t unit,
     m.offset = shard_numel_;
     shard_numel_ += s.local_numel();
     members_.push_back(i);
+    handles_.push_back(p);
     params_.push_back(std::move(m));
   }
   const auto options = params_.empty() ? at::TensorOptions(at::kFloat) : params_[0].param.options();
@@ -81,42 +82,104 @@ FlatParamGroup::FlatParamGroup(const ShardPlan& plan, size_t unit,
   point_at_shards();
 }
 
-std::string FlatParamGroup::describe_state() const {
-  return state_ == ShardedState::kSharded ? "sharded" : "unsharded";
+const char* state_name(ShardedState state) {
+  switch (state) {
+    case ShardedState::kSharded:
+      return "sharded";
+    case ShardedState::kUnsharded:
+      return "unsharded";
+    case ShardedState::kReleased:
+      return "released";
+  }
+  return "?";
 }
 
-void FlatParamGroup::require_state(ShardedState wanted, const char* operation) const {
-  TORCH_CHECK(state_ == wanted, "ddp: unit '", unit_name_, "': ", operation, " needs the ",
-              wanted == ShardedState::kSharded ? "sharded" : "unsharded", " state (it is ",
-              describe_state(), ")");
+void FlatParamGroup::require_state(bool ok, const char* operation) const {
+  TORCH_CHECK(ok, "ddp: unit '", unit_name_, "': ", operation, " in the ", state_name(state_),
+              " state", reducing_ ? " with a reduce-scatter in flight" : "");
+}
+
+int64_t FlatParamGroup::full_bytes() const {
+  return world_ * shard_numel_ * static_cast<int64_t>(shard_.element_size());
+}
+
+int64_t FlatParamGroup::transient_bytes() const {
+  int64_t bytes = full_has_memory_ ? full_bytes() : 0;
+  if (gathering_) bytes += full_bytes();
+  if (reduce_input_.defined()) bytes += full_bytes();
+  return bytes;
 }
 
 void FlatParamGroup::point_at_shards() {
-  for (Member& m : params_) {
-    point(m.param, shard_, m.offset, m.shard_sizes);
-    m.full = at::Tensor();
-  }
+  for (Member& m : params_) point(m.param, shard_, m.offset, m.shard_sizes);
+  full_ = at::Tensor();
+  full_has_memory_ = false;
   state_ = ShardedState::kSharded;
 }
 
-void FlatParamGroup::unshard() {
-  if (state_ == ShardedState::kUnsharded) return;
-  const at::Tensor gathered =
-      pg_->all_gather(shard_, shard_numel_ * world_, "all-gather of unit '" + unit_name_ + "'");
+void FlatParamGroup::start_unshard() {
+  if (state_ == ShardedState::kUnsharded || gathering_) return;
+  require_state(!reducing_, "start_unshard");
+  gather_ = pg_->all_gather_async(shard_, shard_numel_ * world_);
+  gathering_ = true;
+}
+
+void FlatParamGroup::copy_out(const at::Tensor& gathered) {
+  // [Note: flat shard layout]: parameter p is the (world, block_p) column block at offset_p.
   const at::Tensor by_rank = gathered.view({world_, shard_numel_});
   at::NoGradGuard no_grad;
   for (Member& m : params_) {
     const int64_t block = m.chunk * m.row_numel;
-    m.full = at::empty({world_ * block}, shard_.options());
-    m.full.view({world_, block}).copy_(by_rank.narrow(1, m.offset, block));
-    point(m.param, m.full, 0, m.full_sizes);
-    m.shard_grad = m.param.grad();
-    m.param.mutable_grad() = at::Tensor();
+    full_.narrow(0, world_ * m.offset, world_ * block)
+        .view({world_, block})
+        .copy_(by_rank.narrow(1, m.offset, block));
+  }
+}
+
+bool FlatParamGroup::unshard() {
+  if (state_ == ShardedState::kUnsharded) return false;
+  require_state(!reducing_, "unshard");
+  start_unshard();
+  const at::Tensor gathered = gather_.wait("all-gather of unit '" + unit_name_ + "'");
+  gathering_ = false;
+  const size_t nbytes = static_cast<size_t>(full_bytes());
+  const bool from_shards = state_ == ShardedState::kSharded;
+  if (from_shards) {
+    full_ = at::empty({world_ * shard_numel_}, shard_.options());
+  } else {
+    // [Note: releasing without set_]: new memory under the same StorageImpl.
+    c10::StorageImpl* storage = full_.storage().unsafeGetStorageImpl();
+    storage->set_data_ptr_noswap(storage->allocator()->allocate(nbytes));
+    storage->set_nbytes(nbytes);
+  }
+  full_has_memory_ = true;
+  copy_out(gathered);
+  if (from_shards) {
+    for (Member& m : params_) {
+      point(m.param, full_, world_ * m.offset, m.full_sizes);
+      m.shard_grad = m.param.grad();
+      m.param.mutable_grad() = at::Tensor();
+    }
   }
   state_ = ShardedState::kUnsharded;
+  return from_shards;
+}
+
+void FlatParamGroup::release() {
+  if (state_ != ShardedState::kUnsharded) return;
+  c10::StorageImpl* storage = full_.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(at::DataPtr(nullptr, full_.device()));
+  storage->set_nbytes(0);
+  full_has_memory_ = false;
+  state_ = ShardedState::kReleased;
 }
 
 void FlatParamGroup::reshard() {
+  if (gathering_) {
+    gather_.wait("all-gather of unit '" + unit_name_ + "'");
+    gathering_ = false;
+  }
+  if (reducing_) finish_reduce_scatter();
   if (state_ == ShardedState::kSharded) return;
   point_at_shards();
   for (Member& m : params_) {
@@ -125,19 +188,31 @@ void FlatParamGroup::reshard() {
   }
 }
 
-void FlatParamGroup::reduce_scatter_grads() {
-  require_state(ShardedState::kUnsharded, "reduce_scatter_grads");
+void FlatParamGroup::start_reduce_scatter() {
+  require_state(!reducing_, "start_reduce_scatter");
+  if (gathering_) {  // a prefetch that no backward used: complete it, it is matched on every rank
+    gather_.wait("all-gather of unit '" + unit_name_ + "'");
+    gathering_ = false;
+  }
+  if (state_ == ShardedState::kSharded) {
+    // Not gathered in this step (its forward did not run here): it still takes part, with zeros,
+    // since the other ranks reduce it; its sharded .grad is set aside as unshard() would.
+    for (Member& m : params_) {
+      m.shard_grad = m.param.grad();
+      m.param.mutable_grad() = at::Tensor();
+    }
+  }
   // The (world, S) input of [Note: flat shard layout]; padding rows stay zero.
-  at::Tensor input = at::zeros({world_ * shard_numel_}, shard_.options());
-  const at::Tensor by_rank = input.view({world_, shard_numel_});
+  reduce_input_ = at::zeros({world_ * shard_numel_}, shard_.options());
+  const at::Tensor by_rank = reduce_input_.view({world_, shard_numel_});
   for (Member& m : params_) {
-    const at::Tensor& grad = m.param.grad();
+    const at::Tensor grad = m.param.grad();
     if (!grad.defined()) continue;
     TORCH_CHECK(grad.sizes().vec() == m.full_sizes, "ddp: unit '", unit_name_,
                 "': a gradient of shape ", grad.sizes(), " for a parameter of shape ",
                 at::IntArrayRef(m.full_sizes));
     // Rank k's rows straight into row k of the layout: one pass over the gradient, and the
-    // padding rows keep the zeros `input` was made with.
+    // padding rows keep the zeros the input was made with.
     const at::Tensor rows = grad.reshape({m.rows, m.row_numel});
     const comm::FlatShards split{m.rows, world_};
     for (int k = 0; k < world_; ++k) {
@@ -147,11 +222,29 @@ void FlatParamGroup::reduce_scatter_grads() {
           .narrow(0, m.offset, n * m.row_numel)
           .copy_(rows.narrow(0, split.offset(k), n).reshape({-1}));
     }
+    m.param.mutable_grad() = at::Tensor();  // the full gradient is in the layout now
   }
-  at::Tensor reduced = pg_->reduce_scatter(input, comm::ReduceOp::kAvg,
-                                           "reduce-scatter of unit '" + unit_name_ + "'");
+  release();
+  reduce_ = pg_->reduce_scatter_async(reduce_input_, comm::ReduceOp::kAvg);
+  reducing_ = true;
+}
+
+void FlatParamGroup::wait_reduce_scatter() {
+  if (!reduce_input_.defined()) return;
+  reduced_ = reduce_.wait("reduce-scatter of unit '" + unit_name_ + "'");
+  reduce_input_ = at::Tensor();
   // Gloo's emulation returns a view into a full-size temporary: keep only the shard alive.
-  if (reduced.storage().nbytes() > static_cast<size_t>(reduced.nbytes())) reduced = reduced.clone();
+  if (reduced_.storage().nbytes() > static_cast<size_t>(reduced_.nbytes())) {
+    reduced_ = reduced_.clone();
+  }
+}
+
+void FlatParamGroup::finish_reduce_scatter() {
+  require_state(reducing_, "finish_reduce_scatter");
+  wait_reduce_scatter();
+  at::Tensor reduced = std::move(reduced_);
+  reduced_ = at::Tensor();
+  reducing_ = false;
   point_at_shards();
   at::NoGradGuard no_grad;
   for (Member& m : params_) {
@@ -162,6 +255,25 @@ void FlatParamGroup::reduce_scatter_grads() {
     m.param.mutable_grad() = mine;
     m.shard_grad = at::Tensor();
   }
+}
+
+std::vector<at::Tensor> FlatParamGroup::gather_full() const {
+  const at::Tensor gathered =
+      pg_->all_gather(shard_, shard_numel_ * world_, "all-gather of unit '" + unit_name_ + "'");
+  const at::Tensor by_rank = gathered.view({world_, shard_numel_});
+  std::vector<at::Tensor> out;
+  for (const Member& m : params_) {
+    const int64_t block = m.chunk * m.row_numel;
+    at::Tensor full = at::empty({world_ * block}, shard_.options());
+    full.view({world_, block}).copy_(by_rank.narrow(1, m.offset, block));
+    out.push_back(full.narrow(0, 0, m.rows * m.row_numel).view(m.full_sizes));
+  }
+  return out;
+}
+
+void FlatParamGroup::reduce_scatter_grads() {
+  start_reduce_scatter();
+  finish_reduce_scatter();
 }
 
 }  // namespace ddp::shard

@@ -11,16 +11,21 @@
 namespace ddp::shard {
 namespace {
 
-// The unit that claims `name`: the longest unit name u with name starting "u." (deepest wins),
-// or `root` when none does.
-size_t owner_of(const std::string& name, const std::vector<std::string>& unit_names, size_t root) {
+bool inside(const std::string& name, const std::string& unit) {
+  return name.size() > unit.size() && name.compare(0, unit.size(), unit) == 0 &&
+         name[unit.size()] == '.';
+}
+
+// The unit that claims parameter `p`: the longest unit name u with every name of p starting "u."
+// (deepest wins), or `root` when none does.
+size_t owner_of(const ParamShape& p, const std::vector<std::string>& unit_names, size_t root) {
   size_t best = root;
   size_t best_length = 0;
   for (size_t u = 0; u < unit_names.size(); ++u) {
     const std::string& unit = unit_names[u];
-    const bool inside = name.size() > unit.size() && name.compare(0, unit.size(), unit) == 0 &&
-                        name[unit.size()] == '.';
-    if (inside && (best == root || unit.size() > best_length)) {
+    bool all = inside(p.name, unit);
+    for (const std::string& alias : p.aliases) all = all && inside(alias, unit);
+    if (all && (best == root || unit.size() > best_length)) {
       best = u;
       best_length = unit.size();
     }
@@ -107,7 +112,7 @@ ShardPlan plan_shards(const std::vector<ParamShape>& params,
     s.row_numel = 1;
     for (size_t d = 1; d < p.shape.size(); ++d) s.row_numel *= p.shape[d];
     s.chunk = s.placement == Placement::kShard ? comm::FlatShards{s.rows, world}.chunk() : s.rows;
-    members[owner_of(p.name, unit_names, root)].push_back(i);
+    members[owner_of(p, unit_names, root)].push_back(i);
   }
   for (size_t u = 0; u < unit_names.size(); ++u) {
     TORCH_CHECK(!members[u].empty(), "ddp: unit '", unit_names[u],

@@ -2,7 +2,10 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/grad_mode.h>
 
+#include <algorithm>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "ddp/comm/broadcast_coalesced.hpp"
@@ -17,57 +20,214 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module, comm::Pr
   TORCH_CHECK(options_.style != DataParallelStyle::kReplicate,
               "ddp: style replicate is DistributedDataParallel's; ShardedModule takes "
               "fully_shard or default");
-  // Tied weights are registered under several names: the first name wins, as in DDP.
+  // Tied weights are registered under several names: the first names the parameter, every name
+  // decides its unit (the plan puts it where all its users are).
   std::vector<ParamShape> shapes;
-  std::vector<std::string> names;
-  std::unordered_set<const c10::TensorImpl*> seen;
+  std::unordered_map<const c10::TensorImpl*, size_t> index;
   for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
-    if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
+    const auto [it, fresh] = index.emplace(item.value().unsafeGetTensorImpl(), params_.size());
+    if (!fresh) {
+      shapes[it->second].aliases.push_back(item.key());
+      continue;
+    }
     params_.push_back(item.value());
-    names.push_back(item.key());
-    shapes.push_back({item.key(), item.value().sizes().vec(), item.value().scalar_type()});
+    names_.push_back(item.key());
+    shapes.push_back({item.key(), item.value().sizes().vec(), item.value().scalar_type(), {}});
   }
   // Every rank starts from rank 0's values, before they are split.
   comm::broadcast_coalesced(*pg_, params_, 0, "broadcast of rank 0's parameters");
   plan_ = plan_shards(shapes, options_.units, pg_->world_size(), options_.style);
+  group_of_unit_.assign(plan_.units.size(), -1);
   for (size_t u = 0; u < plan_.units.size(); ++u) {
     bool any_sharded = false;
     for (size_t i : plan_.units[u].params) {
       any_sharded |= plan_.params[i].placement == Placement::kShard;
     }
-    if (any_sharded) groups_.push_back(std::make_unique<FlatParamGroup>(plan_, u, params_, pg_));
+    if (!any_sharded) continue;
+    group_of_unit_[u] = static_cast<int>(groups_.size());
+    unit_of_group_.push_back(u);
+    groups_.push_back(std::make_unique<FlatParamGroup>(plan_, u, params_, pg_));
   }
+  group_hooks_.resize(groups_.size());
+  ready_.assign(groups_.size(), 0);
+  reduced_.assign(groups_.size(), false);
+  run_by_model_.assign(plan_.units.size(), false);
+  std::vector<at::Tensor> replicated_params;
+  std::vector<std::string> replicated_names;
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (plan_.params[i].placement == Placement::kReplicate) replicated_.push_back(i);
+    if (plan_.params[i].placement != Placement::kReplicate) continue;
+    replicated_.push_back(i);
+    replicated_params.push_back(params_[i]);
+    replicated_names.push_back(names_[i]);
   }
-  names_ = std::move(names);
+  if (!replicated_.empty()) {
+    replicated_hooks_ = std::make_unique<reducer::AutogradHooks>(
+        replicated_params, replicated_names, [this](size_t) { begin_backward(); });
+  }
+  // Named units become run_unit targets.
+  std::unordered_map<std::string, size_t> unit_by_name;
+  for (size_t u = 0; u < plan_.units.size(); ++u) {
+    if (!plan_.units[u].name.empty()) unit_by_name[plan_.units[u].name] = u;
+  }
+  for (const auto& item : module_->named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
+    const auto it = unit_by_name.find(item.key());
+    if (it == unit_by_name.end()) continue;
+    registrations_.push_back(std::make_unique<UnitRegistration>(
+        *item.value(), static_cast<UnitListener&>(*this), it->second));
+  }
+}
+
+ShardedModule::~ShardedModule() = default;
+
+void ShardedModule::note_memory() {
+  int64_t bytes = 0;
+  for (const auto& group : groups_) bytes += group->transient_bytes();
+  peak_gathered_bytes_ = std::max(peak_gathered_bytes_, bytes);
+}
+
+ShardMemory ShardedModule::memory() const {
+  ShardMemory m;
+  for (const at::Tensor& p : params_) {
+    m.param_bytes += static_cast<int64_t>(p.numel() * p.element_size());
+    if (p.grad().defined()) {
+      m.grad_bytes += static_cast<int64_t>(p.grad().numel() * p.grad().element_size());
+    }
+  }
+  m.peak_gathered_bytes = peak_gathered_bytes_;
+  return m;
+}
+
+void ShardedModule::gather(size_t g) {
+  if (groups_[g]->unshard()) {
+    // [Note: accumulators follow the storage] Switching a parameter's storage with set_() drops
+    // its cached gradient accumulator, and an accumulator records the parameter's shape when it
+    // is made: hooks installed on the sharded parameters would sit on nodes the next backward
+    // never runs. So they are installed when the group points its parameters at a new full
+    // buffer (the old ones removed first), once per step.
+    group_hooks_[g].reset();
+    group_hooks_[g] = std::make_unique<reducer::AutogradHooks>(
+        groups_[g]->params(), std::vector<std::string>(groups_[g]->params().size(), "?"),
+        [this, g](size_t) { on_grad_ready(g); });
+  }
+  note_memory();
 }
 
 void ShardedModule::pre_forward() {
-  for (auto& group : groups_) group->unshard();
-  // [Note: accumulators follow the storage] Switching a parameter's storage with set_() drops its
-  // cached gradient accumulator, and an accumulator records the parameter's shape when it is
-  // made: hooks installed on the sharded parameters would sit on nodes the next backward never
-  // runs. So they are installed here, on the full parameters the forward is about to use (the
-  // old ones are removed first). Cost: one post-hook per parameter per forward.
-  hooks_.reset();
-  hooks_ = std::make_unique<reducer::AutogradHooks>(params_, names_,
-                                                    [this](size_t) { on_grad_ready(); });
+  TORCH_CHECK(phase_ != Phase::kBackward,
+              "ddp: forward of a sharded module while its backward is running");
+  phase_ = Phase::kForward;
+  order_.clear();
+  std::fill(ready_.begin(), ready_.end(), 0);
+  std::fill(reduced_.begin(), reduced_.end(), false);
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    if (!run_by_model_[unit_of_group_[g]]) gather(g);
+  }
 }
 
-void ShardedModule::reshard() {
-  for (auto& group : groups_) group->reshard();
+at::Tensor ShardedModule::post_forward(const at::Tensor& output) {
+  if (phase_ == Phase::kForward) last_order_ = order_;
+  if (!at::GradMode::is_enabled()) {
+    reshard();  // an evaluation forward: no backward will come to put the shards back
+    return output;
+  }
+  if (!output.defined()) return output;
+  return on_backward(output, [this] {
+    begin_backward();
+    // The last unit of the forward runs its backward first.
+    if (options_.prefetch && !last_order_.empty()) {
+      const int g = group_of_unit_[last_order_.back()];
+      if (g >= 0) groups_[static_cast<size_t>(g)]->start_unshard();
+      note_memory();
+    }
+  });
 }
 
-void ShardedModule::on_grad_ready() {
-  if (finish_queued_ || !require_sync_) return;
+void ShardedModule::before_unit_forward(size_t unit) {
+  const bool in_forward = phase_ == Phase::kForward;
+  if (in_forward && std::find(order_.begin(), order_.end(), unit) == order_.end()) {
+    order_.push_back(unit);
+    run_by_model_[unit] = true;
+  }
+  const int g = group_of_unit_[unit];
+  if (g >= 0) gather(static_cast<size_t>(g));
+  if (in_forward) prefetch_after(unit, /*backward=*/false);
+}
+
+at::Tensor ShardedModule::after_unit_forward(size_t unit, const at::Tensor& output) {
+  // A recompute inside backward (activation checkpointing) keeps the unit: its backward is next.
+  if (phase_ != Phase::kForward) return output;
+  const int g = group_of_unit_[unit];
+  at::Tensor out = on_backward(output, [this, unit] { before_unit_backward(unit); });
+  if (g >= 0 && (options_.reshard_after_forward || !at::GradMode::is_enabled())) {
+    groups_[static_cast<size_t>(g)]->release();
+  }
+  return out;
+}
+
+void ShardedModule::before_unit_backward(size_t unit) {
+  begin_backward();
+  const int g = group_of_unit_[unit];
+  if (g >= 0 && !reduced_[static_cast<size_t>(g)]) gather(static_cast<size_t>(g));
+  prefetch_after(unit, /*backward=*/true);
+}
+
+void ShardedModule::prefetch_after(size_t unit, bool backward) {
+  if (!options_.prefetch) return;
+  const auto it = std::find(last_order_.begin(), last_order_.end(), unit);
+  if (it == last_order_.end()) return;
+  size_t next;
+  if (backward) {
+    if (it == last_order_.begin()) return;
+    next = *(it - 1);
+  } else {
+    if (it + 1 == last_order_.end()) return;
+    next = *(it + 1);
+  }
+  const int g = group_of_unit_[next];
+  if (g < 0 || reduced_[static_cast<size_t>(g)]) return;
+  groups_[static_cast<size_t>(g)]->start_unshard();
+  note_memory();
+}
+
+void ShardedModule::begin_backward() {
+  phase_ = Phase::kBackward;
+  if (finish_queued_) return;
   finish_queued_ = true;
   reducer::AutogradHooks::at_end_of_backward([this] { finish_backward(); });
 }
 
+void ShardedModule::on_grad_ready(size_t g) {
+  begin_backward();
+  if (++ready_[g] < groups_[g]->params().size()) return;
+  // The unit's last gradient: nothing in this backward reads its parameters any more.
+  if (require_sync_) {
+    // At most one reduce-scatter in flight: the previous one's input is freed before this one's
+    // is made, so a backward holds one unit's reduce buffer, not the model's.
+    for (size_t earlier : reducing_order_) groups_[earlier]->wait_reduce_scatter();
+    groups_[g]->start_reduce_scatter();
+    reduced_[g] = true;
+    reducing_order_.push_back(g);
+    note_memory();
+  } else if (run_by_model_[unit_of_group_[g]]) {
+    groups_[g]->release();  // no_sync: the full gradients stay, the parameters can go
+  }
+}
+
 void ShardedModule::finish_backward() {
   finish_queued_ = false;
-  for (auto& group : groups_) group->reduce_scatter_grads();
+  phase_ = Phase::kIdle;
+  if (!require_sync_) return;  // no_sync: full gradients stay for the next synchronized backward
+  // Units whose gradients did not all arrive (unused parameters) are reduced now, in unit order:
+  // every rank issues them in the same order, and a missing gradient counts as zeros.
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    if (reduced_[g]) continue;
+    groups_[g]->start_reduce_scatter();
+    reduced_[g] = true;
+    reducing_order_.push_back(g);
+  }
+  note_memory();
+  for (size_t g : reducing_order_) groups_[g]->finish_reduce_scatter();
+  reducing_order_.clear();
   if (replicated_.empty()) return;
   // One flat all-reduce of the replicated gradients (a missing gradient counts as zeros).
   std::vector<at::Tensor> flat;
@@ -90,6 +250,28 @@ void ShardedModule::finish_backward() {
     }
     offset += n;
   }
+}
+
+std::vector<std::pair<std::string, at::Tensor>> ShardedModule::full_parameters() const {
+  TORCH_CHECK(phase_ != Phase::kBackward, "ddp: full_parameters() while a backward is running");
+  std::vector<at::Tensor> full(params_.size());
+  for (const auto& group : groups_) {
+    TORCH_CHECK(group->state() == ShardedState::kSharded, "ddp: full_parameters() needs unit '",
+                group->unit_name(), "' between steps, it is ", state_name(group->state()));
+    const std::vector<at::Tensor> whole = group->gather_full();
+    for (size_t k = 0; k < whole.size(); ++k) full[group->members()[k]] = whole[k];
+  }
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    out.emplace_back(names_[i], full[i].defined() ? full[i] : params_[i].detach().clone());
+  }
+  return out;
+}
+
+void ShardedModule::reshard() {
+  for (auto& group : groups_) group->reshard();
+  reducing_order_.clear();
+  phase_ = Phase::kIdle;
 }
 
 }  // namespace ddp::shard

@@ -56,11 +56,30 @@ DDP_TEST_WORKER(flat_param_group_closed_form) {
     require(params[i].narrow(0, here, s.chunk - here).eq(0).all().item<bool>(),
             "zero padding of " + plan.shapes[i].name);
   }
-  const std::string wrong = error_of([&] { group.reduce_scatter_grads(); });
-  require(
-      wrong == "ddp: unit '<root>': reduce_scatter_grads needs the unsharded state (it is sharded)",
-      "state error: " + wrong);
+  const std::string wrong = error_of([&] { group.finish_reduce_scatter(); });
+  require(wrong == "ddp: unit '<root>': finish_reduce_scatter in the sharded state",
+          "state error: " + wrong);
   group.unshard();
+  // [Note: releasing without set_]: released and gathered again, every parameter keeps its
+  // storage object and its version (autograd's saved copies stay valid) and its values.
+  std::vector<const c10::StorageImpl*> storages;
+  std::vector<uint32_t> versions;
+  for (const auto& p : params) {
+    storages.push_back(p.storage().unsafeGetStorageImpl());
+    versions.push_back(p._version());
+  }
+  require(group.transient_bytes() == group.full_bytes(), "the full buffer is counted");
+  group.release();
+  require(group.state() == ShardedState::kReleased && group.transient_bytes() == 0,
+          "released: no memory behind the full buffer");
+  require(params[0].storage().nbytes() == 0 && params[0].size(0) == original[0].size(0),
+          "released parameters keep their full shapes");
+  group.unshard();
+  for (size_t i = 0; i < params.size(); ++i) {
+    require(params[i].storage().unsafeGetStorageImpl() == storages[i] &&
+                params[i]._version() == versions[i],
+            "same storage object and version after gathering again: " + plan.shapes[i].name);
+  }
   for (size_t i = 0; i < params.size(); ++i) {
     require(torch::equal(params[i], original[i]), "unsharded values of " + plan.shapes[i].name);
     // Rank r's gradient: (r + 1) * (1 + the element index); the average is (w + 1) / 2 times it.

@@ -28,8 +28,22 @@ namespace ddp::shard {
 
 enum class ShardedState {
   kSharded,    // parameters are views of the flat shard: [chunk_p, ...]; grads shard-sized or none
-  kUnsharded,  // parameters are views of their full tensors [rows_p, ...], all-gathered
+  kUnsharded,  // parameters are views of the full buffer [rows_p, ...], which holds the gathered
+               // values
+  kReleased,   // parameters keep their full shapes and views, but the full buffer has no memory
+               // (after a forward with reshard_after_forward, or once the unit's gradients are
+               // reduced); unshard() gathers into the same storage again
 };
+const char* state_name(ShardedState state);
+
+// [Note: releasing without set_] Autograd saves the parameters (or views of them) for backward and
+// checks their version counters when it uses them; set_() bumps the counter, so a parameter that
+// was pointed elsewhere between its forward and its backward would fail there ("modified by an
+// inplace operation"). Releasing therefore keeps every parameter's view of the full buffer and
+// takes the memory out from under the buffer's StorageImpl (its DataPtr replaced by an empty one,
+// nbytes 0); gathering again allocates a fresh DataPtr of the same size into the same StorageImpl.
+// Nothing autograd can see changes: FSDP2 does the same with storage resize_(0). The parameters
+// move to their shards with set_() only between steps (end of backward), when no graph holds them.
 
 class FlatParamGroup {
  public:
@@ -40,26 +54,51 @@ class FlatParamGroup {
   FlatParamGroup(const ShardPlan& plan, size_t unit, const std::vector<at::Tensor>& params,
                  comm::ProcessGroupPtr pg);
 
-  // kSharded -> kUnsharded: one all-gather of the flat shard, then each parameter's full tensor
-  // is copied out of it and the parameter points at it. A sharded .grad (from earlier steps) is
-  // set aside, so that backward accumulates a full-size gradient from nothing. A no-op when
-  // already unsharded.
-  void unshard();
-  // kUnsharded -> kSharded without reducing (e.g. after an evaluation forward): parameters point
-  // back at their shards, the full tensors and any full .grad are dropped, and the sharded .grad
+  // Issues the unit's all-gather without waiting (prefetch). A no-op when unsharded or when one
+  // is already in flight.
+  void start_unshard();
+  // -> kUnsharded: completes the all-gather (issuing it when start_unshard was not called), then
+  // copies each parameter's full tensor out of it into the full buffer. From kSharded the
+  // parameters are pointed at the buffer and a sharded .grad (from earlier steps) is set aside,
+  // so that backward accumulates a full-size gradient from nothing; returns true then (their
+  // gradient accumulators are new: hooks must be installed again). A no-op when unsharded.
+  bool unshard();
+  // kUnsharded -> kReleased: see [Note: releasing without set_]. A no-op unless unsharded.
+  void release();
+  // Any state -> kSharded without reducing (e.g. after an evaluation forward): parameters point
+  // back at their shards, the full buffer and any full .grad are dropped, and the sharded .grad
   // set aside by unshard() is put back.
   void reshard();
-  // In kUnsharded, after backward: averages every parameter's full .grad over the group (one
-  // reduce-scatter of the (world, S) layout), reshards, and adds this rank's shard of the average
-  // to the sharded .grad set aside by unshard(), as FSDP2 accumulates (or makes it the .grad when
-  // there was none): [chunk_p, ...], padding rows 0. A parameter without a .grad counts as zeros.
+
+  // After the unit's backward (kUnsharded or kReleased): copies every full .grad into the
+  // (world, S) layout, drops the full gradients and the full buffer's memory, and issues the
+  // averaged reduce-scatter without waiting. A parameter without a .grad counts as zeros.
+  void start_reduce_scatter();
+  // Waits for it and frees its input; the result waits for finish_reduce_scatter (parameters are
+  // not moved inside a backward: [Note: releasing without set_]). A no-op when none is in flight.
+  void wait_reduce_scatter();
+  // Waits (if still needed), reshards, and adds this rank's shard of the average to the sharded
+  // .grad set aside by unshard(), as FSDP2 accumulates (or makes it the .grad when there was
+  // none): [chunk_p, ...], padding rows 0.
+  void finish_reduce_scatter();
+  // Both, for callers without anything to overlap.
   void reduce_scatter_grads();
+  bool reduce_scatter_in_flight() const { return reducing_; }
+  // The full parameters, gathered into new tensors (trimmed of padding, registration order);
+  // the group's state and the parameters are untouched. Collective.
+  std::vector<at::Tensor> gather_full() const;
 
   ShardedState state() const { return state_; }
   const std::string& unit_name() const { return unit_name_; }
   // The parameters this group manages, by index into the plan's parameters.
   const std::vector<size_t>& members() const { return members_; }
+  const std::vector<at::Tensor>& params() const { return handles_; }
   const at::Tensor& flat_shard() const { return shard_; }
+  // Bytes of the gathered parameters (world * S elements): what unshard() holds.
+  int64_t full_bytes() const;
+  // Bytes this group holds beyond its shard now: the full buffer when it has memory, and an
+  // all-gather output or reduce-scatter input in flight.
+  int64_t transient_bytes() const;
 
  private:
   struct Member {
@@ -67,21 +106,31 @@ class FlatParamGroup {
     std::vector<int64_t> full_sizes;   // [rows, rest...]
     std::vector<int64_t> shard_sizes;  // [chunk, rest...]
     int64_t rows = 0, chunk = 0, row_numel = 0;
-    int64_t offset = 0;     // in the flat shard
-    at::Tensor full;        // padded [world * chunk, rest...] while unsharded
+    int64_t offset = 0;     // in the flat shard; world * offset in the full buffer
     at::Tensor shard_grad;  // the sharded .grad set aside while unsharded
   };
-  std::string describe_state() const;
-  void require_state(ShardedState wanted, const char* operation) const;
+  void require_state(bool ok, const char* operation) const;
   void point_at_shards();
+  void copy_out(const at::Tensor& gathered);
 
   comm::ProcessGroupPtr pg_;
   std::string unit_name_;
   std::vector<size_t> members_;
   std::vector<Member> params_;
+  std::vector<at::Tensor> handles_;
   int world_ = 1;
   int64_t shard_numel_ = 0;  // S
   at::Tensor shard_;         // this rank's flat shard: S elements
+  // The full buffer (world * S elements; member p's padded [world * chunk_p, ...] at
+  // world * offset_p); defined from the first unshard of a step to the end of its backward.
+  at::Tensor full_;
+  bool full_has_memory_ = false;
+  comm::PendingCollective gather_;  // the all-gather in flight, when gathering_
+  bool gathering_ = false;
+  comm::PendingCollective reduce_;  // the reduce-scatter in flight, when reducing_
+  at::Tensor reduce_input_;         // kept alive until it completes
+  bool reducing_ = false;           // issued, not finished
+  at::Tensor reduced_;              // the waited result, until finish_reduce_scatter
   ShardedState state_ = ShardedState::kSharded;
 };
 

@@ -18,12 +18,15 @@
 // whose qualified name starts with "<unit>.". Units may nest: a parameter belongs to the deepest
 // unit that contains it (FSDP2's rule: an inner fully_shard claims its parameters first). The root
 // unit ("", printed "<root>") holds what no named unit claims; it exists only when it holds
-// something. Units are ordered as their first parameter in registration order, root last.
+// something. A parameter with several names (tied weights) goes to the deepest unit that contains
+// all of them, so that it stays gathered while any of its users runs (wte / lm_head: the root).
+// Units are ordered as their first parameter in registration order, root last.
 
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ddp::shard {
@@ -37,9 +40,21 @@ DataParallelStyle parse_style(const std::string& text);
 
 // One distinct parameter (tied weights once), in registration order.
 struct ParamShape {
+  ParamShape() = default;
+  ParamShape(std::string name_, std::vector<int64_t> shape_,
+             c10::ScalarType dtype_ = c10::ScalarType::Float,
+             std::vector<std::string> aliases_ = {})
+      : name(std::move(name_)),
+        shape(std::move(shape_)),
+        dtype(dtype_),
+        aliases(std::move(aliases_)) {}
+
   std::string name;            // qualified name, e.g. "h.0.attn.c_attn.weight"
   std::vector<int64_t> shape;  // sizes; empty for a 0-dim parameter
   c10::ScalarType dtype = c10::ScalarType::Float;
+  // The other names of a tied parameter (GPT's lm_head.weight for wte.weight): every name must
+  // lie in its unit, see [Note: units].
+  std::vector<std::string> aliases;
 };
 
 struct ParamShard {

@@ -1,28 +1,36 @@
 #pragma once
 // ShardedModule: FULLY_SHARD and DEFAULT over a whole module, on top of the shard plan and one
-// FlatParamGroup per unit. First version, correct for any module, without per-unit scheduling:
+// FlatParamGroup per unit that has sharded parameters.
 //
-//   construction  rank 0's parameters are broadcast; the plan is made; every unit's sharded
-//                 parameters move into its flat shard (the module now holds shards between steps)
-//   pre_forward   every unit is unsharded (one all-gather each, in unit order)
-//   backward      an accumulator post-hook notes the first gradient; at the end of the backward
-//                 every unit reduce-scatters its averaged gradients into gradient shards and
-//                 reshards, and the replicated parameters' gradients are averaged by one flat
-//                 all-reduce
-//   optimizer     steps on the shards (built after the wrapper: it sees the sharded parameters)
+//   construction   rank 0's parameters are broadcast; the plan is made; every unit's sharded
+//                  parameters move into its flat shard (the module holds shards between steps);
+//                  every named unit's submodule is registered for run_unit (unit_scope.hpp)
+//   pre_forward    units the model does not run through run_unit (the root, and on the first
+//                  step every unit: the runtime learns which units the model runs) are gathered
+//   unit forward   run_unit: gather the unit (prefetch the next one in the last forward's order);
+//                  after it, release it (reshard_after_forward) and put a node on its output
+//   backward       the output's node gathers the unit again (prefetch the one before); when the
+//                  unit's last gradient has been accumulated, its reduce-scatter is issued
+//                  (averaged, async) and its full gradients and parameters are released
+//   end of backward  units not reduced yet (unused, or never gathered in backward) are reduced;
+//                  every reduce-scatter is waited for in issue order; the parameters move back
+//                  to their shards with their gradient shards; the replicated parameters'
+//                  gradients are averaged by one flat all-reduce
+//   optimizer      steps on the shards (built after the wrapper: it sees the sharded parameters)
 //
-// [Note: why no per-unit schedule yet] The C++ frontend has no forward hooks on nn::Module, so
-// nothing can run "before unit h.3's forward" for an arbitrary module: the whole model is gathered
-// at the start of forward and stays gathered until the end of backward (FSDP's
-// reshard_after_forward=false with one gather per unit). Memory between steps is sharded
-// (parameters, gradients, optimizer state); the peak during a step is the full model.
-// Per-unit resharding and prefetch need a unit wrapper in the model's forward (issue 12), and the
-// replicated gradients of DEFAULT will move to the bucketed, overlapped reducer path.
+//   one unit over time (reshard_after_forward, prefetch):
+//     fwd:  [gather u][ forward u ][release]            [gather u][ backward u ][reduce-scatter u]
+//                     [gather u+1 (prefetch)]  ...  bwd node on u's output ^          ^ last grad
+//
+// Every rank issues the same collectives in the same order because they run the same model code:
+// the order of forward and backward is the engine's, the same on every rank.
 
 #include <torch/nn/module.h>
 
 #include <memory>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "ddp/comm/process_group.hpp"
@@ -30,6 +38,7 @@
 #include "ddp/reducer/no_sync_guard.hpp"
 #include "ddp/shard/flat_param_group.hpp"
 #include "ddp/shard/shard_plan.hpp"
+#include "ddp/shard/unit_scope.hpp"
 
 namespace ddp::shard {
 
@@ -40,34 +49,74 @@ struct ShardOptions {
   // Qualified submodule names, one unit each (e.g. every "h.N" block); empty: one unit, the root.
   // Default empty: correct for any model, one collective per step each way.
   std::vector<std::string> units;
+  // True (default, ZeRO-3; FSDP2's default for non-root units): a unit the model runs through
+  // run_unit releases its gathered parameters after its forward and gathers them again for its
+  // backward, so that one unit (plus a prefetched one) is gathered at a time instead of the whole
+  // model, for one more all-gather per unit per step. False keeps them until its backward is done.
+  // The root unit (and units the model does not run through run_unit) stays gathered either way.
+  bool reshard_after_forward = true;
+  // True (default): when a unit is gathered, the next unit's all-gather is issued too (in the last
+  // forward's order, reversed in backward), so that it runs while this unit computes; costs one
+  // more unit of gathered memory. False: each unit is gathered when it is needed.
+  bool prefetch = true;
 };
 
-class ShardedModule {
+// Memory this rank holds, in bytes (CPU: tensor storage; the same numbers on CUDA).
+struct ShardMemory {
+  int64_t param_bytes = 0;          // parameters between steps: shards + replicated
+  int64_t grad_bytes = 0;           // their .grad tensors now
+  int64_t peak_gathered_bytes = 0;  // most full buffers + collective buffers held at once
+                                    // during the steps since the last reset
+};
+
+class ShardedModule : private UnitListener {
  public:
   ShardedModule(std::shared_ptr<torch::nn::Module> module, comm::ProcessGroupPtr group,
                 ShardOptions options = {});
+  ~ShardedModule() override;
   ShardedModule(const ShardedModule&) = delete;
   ShardedModule& operator=(const ShardedModule&) = delete;
 
-  // Gathers every unit; call before the module's forward (the template wrapper does).
+  // Before the module's forward (the template wrapper calls both): gathers what run_unit will not.
   void pre_forward();
-  // Back to shards without reducing (after an evaluation forward).
+  // After it: with grad mode on, a node on the output starts the backward's bookkeeping; without
+  // (an evaluation forward) every unit goes back to its shards at once.
+  at::Tensor post_forward(const at::Tensor& output);
+  // Back to shards without reducing (e.g. after a forward whose backward never runs).
   void reshard();
 
   // Scoped, as DistributedDataParallel::no_sync: backwards inside communicate nothing; the
-  // parameters stay gathered and their full gradients accumulate locally, and the next
-  // synchronized backward reduce-scatters (and all-reduces) the accumulated sum.
+  // full gradients accumulate locally, and the next synchronized backward reduce-scatters (and
+  // all-reduces) the accumulated sum.
   using NoSyncGuard = reducer::NoSyncGuard;
   [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(require_sync_); }
 
   const ShardPlan& plan() const { return plan_; }
+  const ShardOptions& options() const { return options_; }
   std::string unit_table() const { return format_unit_table(plan_); }
   // Bytes of parameters this rank holds between steps (ShardPlan::local_param_bytes).
   int64_t local_param_bytes() const { return plan_.local_param_bytes(); }
+  ShardMemory memory() const;
+  // Every distinct parameter, whole (registration order, the first of a tied parameter's names
+  // with it), gathered into new tensors: for comparisons and export. Between steps; collective.
+  std::vector<std::pair<std::string, at::Tensor>> full_parameters() const;
+  void reset_peak_memory() { peak_gathered_bytes_ = 0; }
+  // Unit indices (into plan().units) in the order the last forward ran them through run_unit.
+  const std::vector<size_t>& unit_order() const { return last_order_; }
 
  private:
-  void on_grad_ready();
+  // What the runtime is doing; checked where a step moves on.
+  enum class Phase { kIdle, kForward, kBackward };
+
+  void before_unit_forward(size_t unit) override;
+  at::Tensor after_unit_forward(size_t unit, const at::Tensor& output) override;
+  void before_unit_backward(size_t unit);
+  void begin_backward();
+  void gather(size_t group);
+  void prefetch_after(size_t unit, bool backward);
+  void on_grad_ready(size_t group);
   void finish_backward();
+  void note_memory();
 
   std::shared_ptr<torch::nn::Module> module_;
   comm::ProcessGroupPtr pg_;
@@ -76,12 +125,30 @@ class ShardedModule {
   std::vector<std::string> names_;  // their qualified names
   ShardPlan plan_;
   std::vector<std::unique_ptr<FlatParamGroup>> groups_;  // units with sharded parameters
-  std::vector<size_t> replicated_;                       // plan indices, all-reduced
-  std::unique_ptr<reducer::AutogradHooks> hooks_;
-  bool finish_queued_ = false;  // the end-of-backward callback of this backward is queued
-  bool require_sync_ = true;    // false inside no_sync(): backward reduces nothing
-};
+  std::vector<int> group_of_unit_;                       // plan unit -> groups_ index, or -1
+  std::vector<size_t> unit_of_group_;
+  std::vector<size_t> replicated_;  // plan indices, all-reduced
+  std::vector<std::unique_ptr<UnitRegistration>> registrations_;
+  // Hooks per group, installed when its parameters were pointed at a new full buffer (their
+  // gradient accumulators are new then: [Note: accumulators follow the storage]); and one set
+  // for the replicated parameters, which never move.
+  std::vector<std::unique_ptr<reducer::AutogradHooks>> group_hooks_;
+  std::unique_ptr<reducer::AutogradHooks> replicated_hooks_;
 
+  Phase phase_ = Phase::kIdle;
+  // Units seen by run_unit in a forward; only they are gathered per unit (the rest at pre_forward).
+  std::vector<bool> run_by_model_;
+  std::vector<size_t> order_;       // this forward's run_unit order (first visit of each unit)
+  std::vector<size_t> last_order_;  // the last complete forward's: prefetch follows it
+  // Per group, this backward: gradients accumulated (a group is complete at its member count),
+  // and whether its reduce-scatter has been issued. Reset by pre_forward.
+  std::vector<size_t> ready_;
+  std::vector<bool> reduced_;
+  std::vector<size_t> reducing_order_;  // groups with a reduce-scatter in flight, issue order
+  bool finish_queued_ = false;          // the end-of-backward callback of this backward is queued
+  bool require_sync_ = true;            // false inside no_sync(): backward reduces nothing
+  int64_t peak_gathered_bytes_ = 0;
+};
 template <typename ModuleType>
 class FullyShardedDataParallel : public ShardedModule {
  public:
@@ -93,7 +160,13 @@ class FullyShardedDataParallel : public ShardedModule {
   template <typename... Args>
   auto forward(Args&&... args) {
     pre_forward();
-    return module_->forward(std::forward<Args>(args)...);
+    auto output = module_->forward(std::forward<Args>(args)...);
+    if constexpr (std::is_same_v<decltype(output), at::Tensor>) {
+      return post_forward(output);
+    } else {
+      post_forward(at::Tensor());  // no node to hang the backward's start on: the hooks do it
+      return output;
+    }
   }
   template <typename... Args>
   auto operator()(Args&&... args) {

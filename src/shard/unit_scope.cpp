@@ -1,0 +1,86 @@
+#include "ddp/shard/unit_scope.hpp"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <mutex>
+#include <unordered_map>
+#include <utility>
+
+namespace ddp::shard {
+namespace {
+
+struct Entry {
+  UnitListener* listener = nullptr;
+  size_t unit = 0;
+};
+
+std::mutex& registry_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::unordered_map<const torch::nn::Module*, Entry>& registry() {
+  static std::unordered_map<const torch::nn::Module*, Entry> r;
+  return r;
+}
+
+// Passes the gradient of one tensor through unchanged after running `fn`: the engine runs it once
+// that gradient is complete (every use of the tensor summed), before anything upstream of it.
+struct BackwardCallback : torch::autograd::Node {
+  explicit BackwardCallback(std::function<void()> fn) : fn_(std::move(fn)) {}
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    fn_();
+    return std::move(grads);
+  }
+  std::string name() const override { return "ddp::shard::BackwardCallback"; }
+
+ private:
+  std::function<void()> fn_;
+};
+
+}  // namespace
+
+UnitRegistration::UnitRegistration(const torch::nn::Module& module, UnitListener& listener,
+                                   size_t unit)
+    : module_(&module) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  const bool fresh = registry().emplace(module_, Entry{&listener, unit}).second;
+  TORCH_CHECK(fresh,
+              "ddp: this submodule is already a unit of another sharded wrapper; wrap a "
+              "model once");
+}
+
+UnitRegistration::~UnitRegistration() {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  registry().erase(module_);
+}
+
+at::Tensor run_unit(const torch::nn::Module& module,
+                    const std::function<at::Tensor(const at::Tensor&)>& fn,
+                    const at::Tensor& input) {
+  Entry entry;
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    const auto it = registry().find(&module);
+    if (it != registry().end()) entry = it->second;
+  }
+  if (entry.listener == nullptr) return fn(input);
+  entry.listener->before_unit_forward(entry.unit);
+  return entry.listener->after_unit_forward(entry.unit, fn(input));
+}
+
+at::Tensor on_backward(const at::Tensor& output, std::function<void()> fn) {
+  if (!at::GradMode::is_enabled() || !output.defined() || !output.requires_grad()) return output;
+  auto node = std::shared_ptr<BackwardCallback>(new BackwardCallback(std::move(fn)),
+                                                torch::autograd::deleteNode);
+  node->set_next_edges(torch::autograd::collect_next_edges(output));
+  // A new tensor sharing the output's memory, whose history is the callback node alone.
+  at::Tensor result = output.detach();
+  torch::autograd::set_history(result, node);
+  return result;
+}
+
+}  // namespace ddp::shard
