@@ -53,7 +53,9 @@ def parse_args(argv):
     p.add_argument("--toy-model", action="store_true", help="same as --model toy")
     p.add_argument("--model", choices=MODELS, default="toy")
     p.add_argument("--ddp", action="store_true", help="wrap in DistributedDataParallel")
-    p.add_argument("--fsdp", action="store_true", help="FSDP2 fully_shard per block (torch 2.x)")
+    p.add_argument("--fsdp", action="store_true", help="FSDP2 fully_shard of the model (torch 2.x)")
+    p.add_argument("--fsdp-wrap", action="store_true",
+                   help="with --fsdp: fully_shard each block / layer first, then the root")
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
     p.add_argument("--repeat", type=int, default=10, help="timed steps")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
@@ -93,6 +95,8 @@ def parse_args(argv):
         p.error("--warmup and --nproc must be >= 0")
     if args.ddp and args.fsdp:
         p.error("--ddp and --fsdp are exclusive")
+    if args.fsdp_wrap and not args.fsdp:
+        p.error("--fsdp-wrap needs --fsdp")
     return args, unknown
 
 
@@ -212,8 +216,27 @@ def load_inputs(path, rank, device):
     return batches
 
 
-def make_fsdp(model, name, device):
-    """FSDP2: fully_shard each block (GPT blocks, ResNet blocks, Linears of Net/MLP), then the root."""
+def memory_per_rank(net, opt, device):
+    """The bytes this rank holds after the last step, as ddp-bench --json reports them (FSDP2's
+    parameters are DTensors: their local shards count)."""
+    def nbytes(t):  # Tensor.nbytes is torch >= 2.0
+        t = t.to_local() if hasattr(t, "to_local") else t
+        return t.numel() * t.element_size()
+    params = {id(p): p for p in net.parameters()}.values()
+    state = [t for s in opt.state.values() for t in s.values() if torch.is_tensor(t)]
+    return {
+        "param_bytes": sum(nbytes(p) for p in params),
+        "grad_bytes": sum(nbytes(p.grad) for p in params if p.grad is not None),
+        "optimizer_state_bytes": sum(nbytes(t) for t in state if t.dim() > 0),
+        "peak_gathered_bytes": -1,
+        "device_peak_allocated_bytes":
+            torch.cuda.max_memory_allocated(device) if device.type == "cuda" else -1,
+    }
+
+
+def make_fsdp(model, name, device, wrap):
+    """FSDP2: with wrap, fully_shard each block (GPT blocks, ResNet blocks, Linears of Net/MLP),
+    then the root; without, the root alone (one unit, as ddp-bench --fsdp without --fsdp-wrap)."""
     fully_shard = None
     # Any exception, not only ImportError: torch 1.13's fsdp package raises ValueError on import
     # under Python 3.11 (a dataclass with a mutable default).
@@ -235,7 +258,7 @@ def make_fsdp(model, name, device):
         units = [b for layer in (model.layer1, model.layer2, model.layer3, model.layer4) for b in layer]
     else:
         units = [m for m in model.modules() if isinstance(m, nn.Linear)]
-    for unit in units:
+    for unit in units if wrap else []:
         fully_shard(unit)
     fully_shard(model)
     return model
@@ -387,7 +410,7 @@ def worker(args, unknown):
         )
         register_hook(model, args, device)
     elif args.fsdp:
-        model = make_fsdp(model, args.model, device)
+        model = make_fsdp(model, args.model, device, args.fsdp_wrap)
     model.train()
     lossf = loss_fn(args.model)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0)
@@ -427,6 +450,8 @@ def worker(args, unknown):
     for i in range(warmup):
         step(i)
     sync(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)  # peaks of the timed steps, as ddp-bench
     if distributed:
         dist.barrier()
 
@@ -474,10 +499,12 @@ def worker(args, unknown):
             "mean_ms": round(mean, 3),
             "min_ms": round(min(times_ms), 3),
             "repeat": repeat,
+            "memory": memory_per_rank(net, opt, device),
         }
         if args.json:
             print(json.dumps(fields, separators=(",", ":")))
         else:
+            fields.pop("memory")
             print("result " + " ".join(
                 f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in fields.items()))
         if args.verbose and args.ddp:

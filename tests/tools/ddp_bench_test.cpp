@@ -2,7 +2,9 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <map>
 #include <string>
 
 #include "ddp/io/posix_file.hpp"
@@ -123,5 +125,44 @@ void expect_parity(const std::string& style_flags, int world) {
 TEST(DdpBench, ParityModeMatchesTheSingleProcessRun) { expect_parity("--ddp", 2); }
 TEST(DdpBench, FullyShardedParityAtWorldThree) { expect_parity("--fsdp", 3); }
 TEST(DdpBench, DefaultStyleParityAtWorldTwo) { expect_parity("--style default", 2); }
+TEST(DdpBench, FullyShardedPerLayerWithoutPrefetchParityAtWorldThree) {
+  expect_parity("--fsdp --fsdp-wrap --prefetch false", 3);
+}
+
+TEST(DdpBench, UnitFlagsNeedAShardedStyle) {
+  const auto [out, code] = run_command(kBench + " --ddp --fsdp-wrap --model toy");
+  EXPECT_EQ(code, 2);
+  EXPECT_NE(out.find("ddp-bench: --fsdp-wrap, --reshard-after-forward and --prefetch need --fsdp "
+                     "or a sharded --style"),
+            std::string::npos)
+      << out;
+}
+
+// --json reports the bytes a rank holds: at world 2 the sharded parameters and gradients are half
+// of DDP's (mlp's 64 rows divide evenly), and the gathered peak is counted.
+TEST(DdpBench, JsonReportsMemoryPerRank) {
+  const std::string common = kBench + " --model mlp --nproc 2 --batch-size 4 --repeat 2 --json ";
+  const auto memory_of = [](const std::string& out) {
+    const size_t at = out.find("\"memory\":");
+    EXPECT_NE(at, std::string::npos) << out;
+    std::map<std::string, long long> m;
+    for (const char* key : {"param_bytes", "grad_bytes", "peak_gathered_bytes"}) {
+      const size_t k = out.find(std::string("\"") + key + "\":", at);
+      m[key] = k == std::string::npos ? -1 : std::stoll(out.substr(k + std::strlen(key) + 3));
+    }
+    return m;
+  };
+  const auto [ddp_out, ddp_code] = run_command(common + "--ddp");
+  ASSERT_EQ(ddp_code, 0) << ddp_out;
+  const auto [fsdp_out, fsdp_code] = run_command(common + "--fsdp --fsdp-wrap");
+  ASSERT_EQ(fsdp_code, 0) << fsdp_out;
+  auto ddp = memory_of(ddp_out), fsdp = memory_of(fsdp_out);
+  EXPECT_GT(ddp["param_bytes"], 0);
+  EXPECT_EQ(2 * fsdp["param_bytes"], ddp["param_bytes"]);
+  EXPECT_EQ(2 * fsdp["grad_bytes"], ddp["grad_bytes"]);
+  EXPECT_EQ(ddp["peak_gathered_bytes"], 0);
+  EXPECT_GT(fsdp["peak_gathered_bytes"], 0);
+  EXPECT_LT(fsdp["peak_gathered_bytes"], ddp["param_bytes"]);
+}
 
 }  // namespace

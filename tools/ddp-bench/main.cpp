@@ -22,10 +22,12 @@
 
 #include "common/ddp_flags.hpp"
 #include "ddp/comm/init.hpp"
+#include "ddp/io/checkpoint_state.hpp"
 #include "ddp/io/safetensors.hpp"
 #include "ddp/launch/spawn.hpp"
 #include "ddp/models/registry.hpp"
 #include "ddp/obs/chrome_trace.hpp"
+#include "ddp/obs/device_memory.hpp"
 #include "ddp/parallel/autocast.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
 #include "ddp/planner/graph_dot.hpp"
@@ -40,6 +42,8 @@ struct Args {
   bool ddp = false;
   bool fsdp = false;                // --fsdp: the same as --style fully_shard
   std::string style = "replicate";  // replicate (with --ddp), fully_shard or default
+  bool fsdp_wrap = false;           // a unit per block / layer (Workload::wrap_units)
+  ddp::shard::ShardOptions shard;   // --reshard-after-forward, --prefetch write here
   int64_t batch_size = 32;
   int repeat = 10;
   int warmup = 3;
@@ -99,6 +103,28 @@ void load_params(torch::nn::Module& m, const std::string& path) {
                 "' has shape ", p.sizes(), " but the file holds ", it->second.sizes());
     p.copy_(it->second);
   }
+}
+
+// What a rank holds after the last step (storage bytes), and the peaks of the timed steps.
+struct Memory {
+  int64_t params = 0, grads = 0, optimizer_state = 0;
+  int64_t peak_gathered = 0;  // sharded styles: gathered units and collective buffers
+  int64_t device_peak = -1;   // CUDA: the caching allocator's peak; -1 on the CPU
+};
+
+Memory measure_memory(torch::nn::Module& module, torch::optim::Optimizer& opt,
+                      const ddp::shard::ShardedModule* sharded_model, const torch::Device& device) {
+  Memory m;
+  for (auto& [name, p] : named_params(module)) {
+    m.params += static_cast<int64_t>(p.nbytes());
+    if (p.grad().defined()) m.grads += static_cast<int64_t>(p.grad().nbytes());
+  }
+  for (const auto& [key, t] : ddp::io::optimizer_tensors(opt, module)) {
+    m.optimizer_state += static_cast<int64_t>(t.nbytes());
+  }
+  if (sharded_model) m.peak_gathered = sharded_model->memory().peak_gathered_bytes;
+  m.device_peak = ddp::obs::device_peak_allocated_bytes(device);
+  return m;
 }
 
 bool sharded(const Args& args) { return args.style != "replicate"; }
@@ -162,8 +188,9 @@ int run_worker(const Args& args) {
   std::unique_ptr<ddp::DistributedDataParallel<torch::nn::AnyModule>> model;
   std::unique_ptr<ddp::shard::ShardedModule> sharded_model;
   if (sharded(args)) {
-    ddp::shard::ShardOptions shard_options;
+    ddp::shard::ShardOptions shard_options = args.shard;
     shard_options.style = ddp::shard::parse_style(args.style);
+    if (args.fsdp_wrap) shard_options.units = w.wrap_units;
     sharded_model = std::make_unique<ddp::shard::ShardedModule>(w.ptr, pg, shard_options);
     if (lead && args.options.verbose) std::cout << sharded_model->unit_table();
   } else if (args.ddp) {
@@ -204,6 +231,7 @@ int run_worker(const Args& args) {
       if (args.autocast_bf16) autocast.emplace(device.type(), torch::kBFloat16);
       if (sharded_model) sharded_model->pre_forward();
       torch::Tensor out = model ? model->forward(x) : w.module.forward(x);
+      if (sharded_model) out = sharded_model->post_forward(out);
       loss = w.loss(out, y);
     }
     phase_sync();
@@ -223,6 +251,12 @@ int run_worker(const Args& args) {
                 "ddp-bench: the loss became non-finite at step ", i, " (learning rate ", args.lr,
                 "); lower --lr");
     if (i >= warmup) step_ms.push_back(static_cast<double>(t3 - t0) / 1e6);
+    if (i + 1 == warmup || (warmup == 0 && i == 0)) {
+      // Peaks of the timed steps only: the first sharded step gathers everything to learn the
+      // order in which the model runs its units.
+      if (sharded_model) sharded_model->reset_peak_memory();
+      ddp::obs::reset_device_peak(device);
+    }
     if (args.profile) {
       trace.add({"forward", "compute", 0, t0, t1, i, -1});
       trace.add({"backward", "compute", 0, t1, t2, i, -1});
@@ -239,11 +273,15 @@ int run_worker(const Args& args) {
     }
     if (lead) std::cerr << "ddp-bench: wrote trace " << args.trace_file << std::endl;
   }
-  if (sharded_model) sharded_model->pre_forward();  // whole parameters, to save them
-  if (lead && !args.save_params.empty()) {
+  const Memory memory = measure_memory(*w.ptr, opt, sharded_model.get(), device);
+  if (!args.save_params.empty()) {
     ddp::io::TensorMap out;
-    for (auto& [name, p] : named_params(*w.ptr)) out[name] = p.detach().cpu();
-    ddp::io::save_safetensors(args.save_params, out);
+    if (sharded_model) {  // collective: every rank gathers
+      for (auto& [name, p] : sharded_model->full_parameters()) out[name] = p.cpu();
+    } else {
+      for (auto& [name, p] : named_params(*w.ptr)) out[name] = p.detach().cpu();
+    }
+    if (lead) ddp::io::save_safetensors(args.save_params, out);
   }
   if (lead) {
     const Stats s = summarize(step_ms);
@@ -262,6 +300,11 @@ int run_worker(const Args& args) {
       result["mean_ms"] = ms(s.mean);
       result["min_ms"] = ms(s.min);
       result["repeat"] = timed;
+      result["memory"] = {{"param_bytes", memory.params},
+                          {"grad_bytes", memory.grads},
+                          {"optimizer_state_bytes", memory.optimizer_state},
+                          {"peak_gathered_bytes", memory.peak_gathered},
+                          {"device_peak_allocated_bytes", memory.device_peak}};
       line = result.dump();
     } else {
       char text[512];
@@ -274,6 +317,14 @@ int run_worker(const Args& args) {
     }
     std::cout << line << "\n";
     if (args.options.verbose && model) std::cout << ddp::obs::format_summary(model->logging_data());
+    if (args.options.verbose) {
+      std::printf(
+          "memory per rank (bytes): parameters %lld, gradients %lld, optimizer state %lld, "
+          "peak gathered %lld, device peak allocated %lld\n",
+          static_cast<long long>(memory.params), static_cast<long long>(memory.grads),
+          static_cast<long long>(memory.optimizer_state),
+          static_cast<long long>(memory.peak_gathered), static_cast<long long>(memory.device_peak));
+    }
     std::printf("mean latency %.3f ms across %d runs\n", s.mean, timed);
     std::fflush(stdout);
   }
@@ -300,6 +351,14 @@ int main(int argc, char** argv) {
                  "data-parallel style: replicate (needs --ddp), fully_shard or default "
                  "(docs/sharding.md)")
       ->check(CLI::IsMember({"replicate", "fully_shard", "default"}))
+      ->capture_default_str();
+  app.add_flag("--fsdp-wrap", args.fsdp_wrap,
+               "sharded styles: a unit per block or layer of the model (default: one unit)");
+  app.add_option("--reshard-after-forward", args.shard.reshard_after_forward,
+                 "sharded styles: release a unit's gathered parameters after its forward")
+      ->capture_default_str();
+  app.add_option("--prefetch", args.shard.prefetch,
+                 "sharded styles: issue the next unit's all-gather early")
       ->capture_default_str();
   app.add_option("--batch-size", args.batch_size, "samples per rank")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
@@ -340,6 +399,13 @@ int main(int argc, char** argv) {
     std::cerr << "ddp-bench: --style " << args.style
               << " cannot be combined with --ddp, --optimizer-overlap or --comm-hook (those are "
                  "DistributedDataParallel's)"
+              << std::endl;
+    return 2;
+  }
+  if (!sharded(args) &&
+      (args.fsdp_wrap || !args.shard.reshard_after_forward || !args.shard.prefetch)) {
+    std::cerr << "ddp-bench: --fsdp-wrap, --reshard-after-forward and --prefetch need --fsdp or a "
+                 "sharded --style"
               << std::endl;
     return 2;
   }

@@ -31,6 +31,10 @@ struct Workload {
   // A learning rate at which SGD with momentum 0.9 learns the task without diverging (wide linear
   // Nets need smaller steps: their summed-over-features loss grows with the width).
   double lr = 0.05;
+  // The units of --fsdp-wrap: the blocks or layers whose forward the model runs through
+  // shard::run_unit (Net: fc1..fc4; MLP: layers.N; GPT: h.N; ResNet: layer1..layer4, which it
+  // does not run through run_unit, so they are gathered with the root at the start of forward).
+  std::vector<std::string> wrap_units;
 };
 
 struct WorkloadOptions {

@@ -1,0 +1,31 @@
+#include "ddp/obs/device_memory.hpp"
+
+#include "ddp/detail/torch_compat.hpp"
+
+#if DDP_HAVE_NCCL
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+namespace ddp::obs {
+
+int64_t device_peak_allocated_bytes(const c10::Device& device) {
+#if DDP_HAVE_NCCL
+  if (device.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    // Index 0 is StatType::AGGREGATE (all pools) in every version; the enum's namespace moved
+    // between 1.13 and 2.x.
+    return stats.allocated_bytes[0].peak;
+  }
+#endif
+  (void)device;
+  return -1;
+}
+
+void reset_device_peak(const c10::Device& device) {
+#if DDP_HAVE_NCCL
+  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+#endif
+  (void)device;
+}
+
+}  // namespace ddp::obs
