@@ -6,9 +6,13 @@
 
 #include <unistd.h>
 
+#include <torch/torch.h>
+
+#include "ddp/io/safetensors.hpp"
 #include "ddp/launch/spawn.hpp"
 #include "support/pytorch_required.hpp"
 #include "support/run_command.hpp"
+#include "support/temp_dir.hpp"
 
 namespace {
 
@@ -54,6 +58,46 @@ TEST(DdpTrain, ReducerFlagsReachTheRun) {
   ASSERT_NE(pos, std::string::npos) << out;
   ASSERT_EQ(std::sscanf(out.c_str() + pos, "ddp-train: loss %lf -> %lf", &first, &last), 2) << out;
   EXPECT_LT(last, 0.8 * first) << out;
+}
+
+// The sharded styles train the same model as DDP: 20 steps of SGD with momentum on the GPT at
+// world 3 (uneven rows), per-block units with resharding and prefetch, end with the weights DDP
+// ends with (the full weights are gathered for --save-weights). Not Adam here: the GPT's key-bias
+// gradient is zero in exact arithmetic, and Adam turns its rounding noise into full steps
+// (tests/shard/unit_schedule_test.cpp tests Adam on the MLP).
+TEST(DdpTrain, ShardedStylesEndWhereDdpEnds) {
+  const ddp::testing::TempDir tmp("train_styles");
+  const std::string dir = tmp.str();
+  const std::string common = std::string(DDP_TRAIN_PATH) +
+                             " --nproc 3 --model gpt --steps 20 --batch-size 4 --optimizer sgd "
+                             "--timeout-s 60 --save-weights ";
+  const auto [ddp_out, ddp_code] = run(common + dir + "/ddp.safetensors");
+  ASSERT_EQ(ddp_code, 0) << ddp_out;
+  for (const std::string style : {"--fsdp --fsdp-wrap --verbose", "--style default"}) {
+    const auto [out, code] = run(common + dir + "/sharded.safetensors " + style);
+    ASSERT_EQ(code, 0) << out;
+    if (style.find("verbose") != std::string::npos) {
+      EXPECT_NE(out.find("3 units (fully_shard)"), std::string::npos) << out;
+      EXPECT_NE(out.find("| h.0    | h.0.ln_1.weight"), std::string::npos) << out;
+    }
+    const auto a = ddp::io::load_safetensors(dir + "/ddp.safetensors");
+    const auto b = ddp::io::load_safetensors(dir + "/sharded.safetensors");
+    ASSERT_EQ(a.size(), b.size());
+    for (const auto& [name, t] : a) {
+      const auto& u = b.at(name);
+      const double err = (t - u).norm().item<double>() / t.norm().item<double>();
+      EXPECT_LT(err, 1e-5) << style << ": " << name;
+    }
+  }
+}
+
+TEST(DdpTrain, ShardedStylesRefuseCheckpointsForNow) {
+  const auto [out, code] =
+      run(std::string(DDP_TRAIN_PATH) + " --fsdp --checkpoint-dir /nonexistent/x --steps 1");
+  EXPECT_EQ(code, 1);
+  EXPECT_NE(out.find("ddp-train: --checkpoint-dir with --style fully_shard is not available yet"),
+            std::string::npos)
+      << out;
 }
 
 TEST(DdpTrain, BadFlagIsRefusedWithItsName) {

@@ -66,4 +66,38 @@ hooks::CommHookPtr make_comm_hook(const std::string& name, comm::ProcessGroupPtr
   TORCH_CHECK(false, "unknown comm hook '", name, "': expected allreduce, fp16, bf16 or powersgd");
 }
 
+void add_shard_flags(CLI::App& app, ShardFlags& flags) {
+  app.add_flag("--fsdp", flags.fsdp, "fully sharded: the same as --style fully_shard");
+  app.add_option("--style", flags.style,
+                 "data-parallel style: replicate, fully_shard or default (docs/sharding.md)")
+      ->check(CLI::IsMember({"replicate", "fully_shard", "default"}))
+      ->capture_default_str();
+  app.add_flag("--fsdp-wrap", flags.fsdp_wrap,
+               "sharded styles: a unit per block or layer of the model (default: one unit)");
+  app.add_option("--reshard-after-forward", flags.options.reshard_after_forward,
+                 "sharded styles: release a unit's gathered parameters after its forward")
+      ->capture_default_str();
+  app.add_option("--prefetch", flags.options.prefetch,
+                 "sharded styles: issue the next unit's all-gather early")
+      ->capture_default_str();
+}
+
+std::string check_shard_flags(ShardFlags& flags, const std::vector<std::string>& ddp_only) {
+  if (flags.fsdp) flags.style = "fully_shard";
+  flags.options.style = shard::parse_style(flags.style);
+  if (flags.sharded() && !ddp_only.empty()) {
+    std::string list;
+    for (const auto& f : ddp_only) list += (list.empty() ? "" : ", ") + f;
+    return "--style " + flags.style + " cannot be combined with " + list +
+           " (DistributedDataParallel's)";
+  }
+  const shard::ShardOptions defaults;
+  if (!flags.sharded() &&
+      (flags.fsdp_wrap || flags.options.reshard_after_forward != defaults.reshard_after_forward ||
+       flags.options.prefetch != defaults.prefetch)) {
+    return "--fsdp-wrap, --reshard-after-forward and --prefetch need --fsdp or a sharded --style";
+  }
+  return "";
+}
+
 }  // namespace ddp::tools

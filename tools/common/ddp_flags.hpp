@@ -10,6 +10,7 @@
 #include "ddp/comm/process_group.hpp"
 #include "ddp/hooks/comm_hook.hpp"
 #include "ddp/parallel/ddp_options.hpp"
+#include "ddp/shard/sharded_module.hpp"
 
 namespace ddp::tools {
 
@@ -25,5 +26,20 @@ void add_comm_hook_flag(CLI::App& app, std::string& name);
 // The hook for `name` over `pg`; null for "allreduce" (the built-in average). Unknown names are an
 // error that lists the known ones.
 hooks::CommHookPtr make_comm_hook(const std::string& name, comm::ProcessGroupPtr pg);
+
+// The sharded styles' flags (docs/sharding.md), shared by ddp-bench and ddp-train.
+struct ShardFlags {
+  std::string style = "replicate";  // --style; replicate means DistributedDataParallel
+  bool fsdp = false;                // --fsdp: the same as --style fully_shard (the seed's flag)
+  bool fsdp_wrap = false;           // --fsdp-wrap: a unit per block / layer (Workload::wrap_units)
+  shard::ShardOptions options;      // --reshard-after-forward, --prefetch write here
+  bool sharded() const { return style != "replicate"; }
+};
+// --fsdp, --style, --fsdp-wrap, --reshard-after-forward, --prefetch.
+void add_shard_flags(CLI::App& app, ShardFlags& flags);
+// After parsing: applies --fsdp, and returns the complaint about flags that do not go together
+// ("" when they do). `ddp_only`: the tool's DistributedDataParallel-only flags that were given
+// (e.g. "--ddp"), refused with a sharded style.
+std::string check_shard_flags(ShardFlags& flags, const std::vector<std::string>& ddp_only);
 
 }  // namespace ddp::tools

@@ -40,10 +40,7 @@ struct Args {
   bool toy_model = false;
   std::string model = "toy";
   bool ddp = false;
-  bool fsdp = false;                // --fsdp: the same as --style fully_shard
-  std::string style = "replicate";  // replicate (with --ddp), fully_shard or default
-  bool fsdp_wrap = false;           // a unit per block / layer (Workload::wrap_units)
-  ddp::shard::ShardOptions shard;   // --reshard-after-forward, --prefetch write here
+  ddp::tools::ShardFlags shard;  // --fsdp, --style, --fsdp-wrap, ... (tools/common)
   int64_t batch_size = 32;
   int repeat = 10;
   int warmup = 3;
@@ -127,7 +124,7 @@ Memory measure_memory(torch::nn::Module& module, torch::optim::Optimizer& opt,
   return m;
 }
 
-bool sharded(const Args& args) { return args.style != "replicate"; }
+bool sharded(const Args& args) { return args.shard.sharded(); }
 // A process group is made: DDP, or a sharded style (which runs at any world size).
 bool distributed(const Args& args) { return args.ddp || sharded(args); }
 
@@ -188,9 +185,8 @@ int run_worker(const Args& args) {
   std::unique_ptr<ddp::DistributedDataParallel<torch::nn::AnyModule>> model;
   std::unique_ptr<ddp::shard::ShardedModule> sharded_model;
   if (sharded(args)) {
-    ddp::shard::ShardOptions shard_options = args.shard;
-    shard_options.style = ddp::shard::parse_style(args.style);
-    if (args.fsdp_wrap) shard_options.units = w.wrap_units;
+    ddp::shard::ShardOptions shard_options = args.shard.options;
+    if (args.shard.fsdp_wrap) shard_options.units = w.wrap_units;
     sharded_model = std::make_unique<ddp::shard::ShardedModule>(w.ptr, pg, shard_options);
     if (lead && args.options.verbose) std::cout << sharded_model->unit_table();
   } else if (args.ddp) {
@@ -346,20 +342,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember(names))
       ->capture_default_str();
   app.add_flag("--ddp", args.ddp, "wrap the model in DistributedDataParallel");
-  app.add_flag("--fsdp", args.fsdp, "fully sharded: the same as --style fully_shard");
-  app.add_option("--style", args.style,
-                 "data-parallel style: replicate (needs --ddp), fully_shard or default "
-                 "(docs/sharding.md)")
-      ->check(CLI::IsMember({"replicate", "fully_shard", "default"}))
-      ->capture_default_str();
-  app.add_flag("--fsdp-wrap", args.fsdp_wrap,
-               "sharded styles: a unit per block or layer of the model (default: one unit)");
-  app.add_option("--reshard-after-forward", args.shard.reshard_after_forward,
-                 "sharded styles: release a unit's gathered parameters after its forward")
-      ->capture_default_str();
-  app.add_option("--prefetch", args.shard.prefetch,
-                 "sharded styles: issue the next unit's all-gather early")
-      ->capture_default_str();
+  ddp::tools::add_shard_flags(app, args.shard);
   app.add_option("--batch-size", args.batch_size, "samples per rank")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
       ->capture_default_str();
@@ -394,19 +377,13 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (args.toy_model) args.model = "toy";
 
-  if (args.fsdp) args.style = "fully_shard";
-  if (sharded(args) && (args.ddp || args.optimizer_overlap || args.comm_hook != "allreduce")) {
-    std::cerr << "ddp-bench: --style " << args.style
-              << " cannot be combined with --ddp, --optimizer-overlap or --comm-hook (those are "
-                 "DistributedDataParallel's)"
-              << std::endl;
-    return 2;
-  }
-  if (!sharded(args) &&
-      (args.fsdp_wrap || !args.shard.reshard_after_forward || !args.shard.prefetch)) {
-    std::cerr << "ddp-bench: --fsdp-wrap, --reshard-after-forward and --prefetch need --fsdp or a "
-                 "sharded --style"
-              << std::endl;
+  std::vector<std::string> ddp_only;
+  if (args.ddp) ddp_only.push_back("--ddp");
+  if (args.optimizer_overlap) ddp_only.push_back("--optimizer-overlap");
+  if (args.comm_hook != "allreduce") ddp_only.push_back("--comm-hook");
+  if (const std::string wrong = ddp::tools::check_shard_flags(args.shard, ddp_only);
+      !wrong.empty()) {
+    std::cerr << "ddp-bench: " << wrong << std::endl;
     return 2;
   }
   try {

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
+#include <map>
 
 #include "common/ddp_flags.hpp"
 #include "ddp/comm/init.hpp"
@@ -39,7 +40,8 @@ struct Args {
   std::string device = "cpu";
   bool optimizer_overlap = false;
   std::string comm_hook = "allreduce";
-  ddp::DDPOptions ddp;  // the DDP flags (tools/common) write here; --verbose too
+  ddp::DDPOptions ddp;           // the DDP flags (tools/common) write here; --verbose too
+  ddp::tools::ShardFlags shard;  // --style, --fsdp, --fsdp-wrap, ... (tools/common)
   int timeout_s = 300;
   int threads = 1;
   std::string checkpoint_dir;  // "": no checkpoints
@@ -65,6 +67,9 @@ void check_checkpoint_flags(const Args& args) {
   TORCH_CHECK(!uses || !args.checkpoint_dir.empty(),
               "--checkpoint-every and --resume need --checkpoint-dir DIR");
   if (args.checkpoint_dir.empty()) return;
+  TORCH_CHECK(!args.shard.sharded(), "--checkpoint-dir with --style ", args.shard.style,
+              " is not available yet: sharded checkpoints (every rank writes its shard) are "
+              "the next part of issue 12; train with --style replicate to checkpoint");
   // Resuming must end bit-for-bit where an uninterrupted run ends; state we cannot capture is
   // refused rather than silently lost.
   TORCH_CHECK(!args.optimizer_overlap,
@@ -92,8 +97,32 @@ int run_worker(const Args& args) {
   wopts.dim = args.dim;
   auto w = ddp::models::make_workload(args.model, wopts);
   w.ptr->to(device);
-  ddp::DistributedDataParallel<torch::nn::AnyModule> model(w.module, pg, args.ddp);
-  if (auto hook = ddp::tools::make_comm_hook(args.comm_hook, pg)) model.register_comm_hook(hook);
+  // REPLICATE: DistributedDataParallel; the sharded styles: a ShardedModule around the same module.
+  std::unique_ptr<ddp::DistributedDataParallel<torch::nn::AnyModule>> ddp_model;
+  std::unique_ptr<ddp::shard::ShardedModule> sharded;
+  if (args.shard.sharded()) {
+    ddp::shard::ShardOptions options = args.shard.options;
+    if (args.shard.fsdp_wrap) options.units = w.wrap_units;
+    sharded = std::make_unique<ddp::shard::ShardedModule>(w.ptr, pg, options);
+  } else {
+    ddp_model = std::make_unique<ddp::DistributedDataParallel<torch::nn::AnyModule>>(w.module, pg,
+                                                                                     args.ddp);
+    if (auto hook = ddp::tools::make_comm_hook(args.comm_hook, pg)) {
+      ddp_model->register_comm_hook(hook);
+    }
+  }
+  const auto forward = [&](const torch::Tensor& x) {
+    if (ddp_model) return ddp_model->forward(x);
+    sharded->pre_forward();
+    return sharded->post_forward(w.module.forward(x));
+  };
+  // The parameters once each (a tied weight has two names): what the optimizer steps.
+  std::vector<torch::Tensor> params;
+  for (const auto& p : w.ptr->parameters()) {
+    bool seen = false;
+    for (const auto& q : params) seen = seen || q.is_same(p);
+    if (!seen) params.push_back(p);
+  }
   const double lr = args.lr > 0 ? args.lr : w.lr;
   auto make_optimizer =
       [&](const std::vector<torch::Tensor>& params) -> std::unique_ptr<torch::optim::Optimizer> {
@@ -106,17 +135,25 @@ int run_worker(const Args& args) {
   // bucket is reduced; there is then no optimizer step after backward.
   std::unique_ptr<torch::optim::Optimizer> opt;
   if (args.optimizer_overlap) {
-    model.set_optimizer_in_backward([&](const torch::Tensor& p) { return make_optimizer({p}); });
+    ddp_model->set_optimizer_in_backward(
+        [&](const torch::Tensor& p) { return make_optimizer({p}); });
   } else {
-    opt = make_optimizer(model.parameters());
+    opt = make_optimizer(params);
   }
   if (lead) {
     int64_t numel = 0;
-    for (const auto& p : model.parameters()) numel += p.numel();
-    std::cout << "ddp-train: model " << args.model << ", " << numel << " parameters in "
-              << model.bucket_plan().buckets.size() << " buckets, world size " << pg->world_size()
-              << ", backend " << pg->backend_name() << ", batch " << args.batch_size
-              << " per worker" << std::endl;
+    if (sharded) {
+      for (const auto& shape : sharded->plan().shapes) numel += c10::multiply_integers(shape.shape);
+    } else {
+      for (const auto& p : params) numel += p.numel();
+    }
+    const std::string layout =
+        sharded ? std::to_string(sharded->plan().units.size()) + " units (" + args.shard.style + ")"
+                : std::to_string(ddp_model->bucket_plan().buckets.size()) + " buckets";
+    if (sharded && args.ddp.verbose) std::cout << sharded->unit_table();
+    std::cout << "ddp-train: model " << args.model << ", " << numel << " parameters in " << layout
+              << ", world size " << pg->world_size() << ", backend " << pg->backend_name()
+              << ", batch " << args.batch_size << " per worker" << std::endl;
   }
 
   const int64_t global_batch = args.batch_size * pg->world_size();
@@ -163,8 +200,12 @@ int run_worker(const Args& args) {
     auto [x_cpu, y_cpu] = w.batch(offset, args.batch_size);
     auto x = x_cpu.to(device);
     auto y = y_cpu.to(device);
-    model.zero_grad();
-    auto loss = w.loss(model(x), y);
+    if (ddp_model) {
+      ddp_model->zero_grad();
+    } else {
+      opt->zero_grad();
+    }
+    auto loss = w.loss(forward(x), y);
     loss.backward();
     if (opt) opt->step();
     // The global mean loss, for display: one small all-reduce per step.
@@ -185,16 +226,35 @@ int run_worker(const Args& args) {
       if (lead && args.ddp.verbose) std::cout << "ddp-train: checkpoint " << dir << std::endl;
     }
   }
+  // Whole weights to write: the sharded styles gather them on every rank (collective).
+  ddp::io::TensorMap weights;
+  if (!args.save_weights.empty()) {
+    weights = ddp::io::model_tensors(*w.ptr);
+    if (sharded) {
+      std::map<const c10::TensorImpl*, torch::Tensor> full;
+      const auto gathered = sharded->full_parameters();
+      for (const auto& item : w.ptr->named_parameters()) {
+        for (const auto& [name, tensor] : gathered) {
+          if (name == item.key()) full[item.value().unsafeGetTensorImpl()] = tensor;
+        }
+      }
+      for (const auto& item : w.ptr->named_parameters()) {
+        weights[item.key()] = full.at(item.value().unsafeGetTensorImpl()).cpu();
+      }
+    }
+  }
   if (lead) {
     progress.finish();
-    if (args.ddp.verbose) std::cout << ddp::obs::format_summary(model.logging_data());
+    if (args.ddp.verbose && ddp_model) {
+      std::cout << ddp::obs::format_summary(ddp_model->logging_data());
+    }
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const int ran = std::max(0, args.steps - first_step + 1);
     std::cout << "ddp-train: loss " << first_loss << " -> " << last_loss << " in " << ran
               << " steps (" << secs << " s, " << ran / secs << " steps/s)" << std::endl;
     if (!args.save_weights.empty()) {
-      ddp::io::save_weights(args.save_weights, ddp::io::model_tensors(*w.ptr));
+      ddp::io::save_weights(args.save_weights, weights);
       std::cout << "ddp-train: weights written to " << args.save_weights << std::endl;
     }
   }
@@ -238,6 +298,7 @@ int main(int argc, char** argv) {
                "step each parameter's optimizer inside backward, once its bucket is reduced");
   ddp::tools::add_comm_hook_flag(app, args.comm_hook);
   app.add_flag("--verbose", args.ddp.verbose, "print the bucket table and runtime stats");
+  ddp::tools::add_shard_flags(app, args.shard);
   app.add_option("--checkpoint-dir", args.checkpoint_dir,
                  "directory of step-<N> checkpoints (written by rank 0, read by every rank)");
   app.add_option("--checkpoint-every", args.checkpoint_every,
@@ -262,6 +323,14 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
+  std::vector<std::string> ddp_only;
+  if (args.optimizer_overlap) ddp_only.push_back("--optimizer-overlap");
+  if (args.comm_hook != "allreduce") ddp_only.push_back("--comm-hook");
+  if (const std::string wrong = ddp::tools::check_shard_flags(args.shard, ddp_only);
+      !wrong.empty()) {
+    std::cerr << "ddp-train: " << wrong << std::endl;
+    return 2;
+  }
   try {
     check_checkpoint_flags(args);
     if (std::getenv("DDP_TRAIN_WORKER") != nullptr || (under_launcher() && args.nproc == 0)) {
