@@ -140,7 +140,7 @@ bool FlatParamGroup::unshard() {
   if (state_ == ShardedState::kUnsharded) return false;
   require_state(!reducing_, "unshard");
   start_unshard();
-  const at::Tensor gathered = gather_.wait("all-gather of unit '" + unit_name_ + "'");
+  const at::Tensor gathered = gather_.wait_on_stream("all-gather of unit '" + unit_name_ + "'");
   gathering_ = false;
   const size_t nbytes = static_cast<size_t>(full_bytes());
   const bool from_shards = state_ == ShardedState::kSharded;
@@ -176,7 +176,7 @@ void FlatParamGroup::release() {
 
 void FlatParamGroup::reshard() {
   if (gathering_) {
-    gather_.wait("all-gather of unit '" + unit_name_ + "'");
+    gather_.wait_on_stream("all-gather of unit '" + unit_name_ + "'");
     gathering_ = false;
   }
   if (reducing_) finish_reduce_scatter();
@@ -191,7 +191,7 @@ void FlatParamGroup::reshard() {
 void FlatParamGroup::start_reduce_scatter() {
   require_state(!reducing_, "start_reduce_scatter");
   if (gathering_) {  // a prefetch that no backward used: complete it, it is matched on every rank
-    gather_.wait("all-gather of unit '" + unit_name_ + "'");
+    gather_.wait_on_stream("all-gather of unit '" + unit_name_ + "'");
     gathering_ = false;
   }
   if (state_ == ShardedState::kSharded) {
@@ -231,7 +231,7 @@ void FlatParamGroup::start_reduce_scatter() {
 
 void FlatParamGroup::wait_reduce_scatter() {
   if (!reduce_input_.defined()) return;
-  reduced_ = reduce_.wait("reduce-scatter of unit '" + unit_name_ + "'");
+  reduced_ = reduce_.wait_on_stream("reduce-scatter of unit '" + unit_name_ + "'");
   reduce_input_ = at::Tensor();
   // Gloo's emulation returns a view into a full-size temporary: keep only the shard alive.
   if (reduced_.storage().nbytes() > static_cast<size_t>(reduced_.nbytes())) {
