@@ -7,7 +7,7 @@
 #   bash scripts/gpu-check.sh                 # build, tests, levers, table
 #   bash scripts/gpu-check.sh build tests     # only those stages
 #
-# Stages: build, tests, final (the documented table), overlap, levers (ours only: each tuning lever against our default), table (bench/compare,
+# Stages: build, tests, sharded (FULLY_SHARD vs FSDP2), final (the documented table), overlap, levers (ours only: each tuning lever against our default), table (bench/compare,
 # ours vs PyTorch in the same run, with the 1-GPU baselines), parity (C++ vs PyTorch parameters).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -141,6 +141,30 @@ if has overlap; then
       --ours-args="--optimizer-overlap --comm-hook $hook" >"$OUT/overlap-toy8k-tf32-$hook.log" 2>&1
     note "overlap-toy8k-tf32-$hook rc=$?"
     grep -E '^\| [a-z]' "$OUT/overlap-toy8k-tf32-$hook.log" | tee -a "$SUMMARY"
+  done
+fi
+
+if has sharded; then
+  # FULLY_SHARD on NCCL. Correctness: ddp-train's loss curve under fully_shard per block equals
+  # DDP's (same seed, same batches). Speed and memory: ours (fully_shard per block, and DDP) against
+  # PyTorch FSDP2 (fully_shard per block + root), same flags, one after the other in this run.
+  for style in "" "--fsdp --fsdp-wrap"; do
+    timeout 300 build-gpu/ddp-train --nproc 2 --device cuda --model gpt --steps 30 --timeout-s 120 \
+      $style >"$OUT/train-style.log" 2>&1
+    note "ddp-train gpt nccl ${style:-ddp} rc=$?: $(tail -1 "$OUT/train-style.log")"
+  done
+  for model in ${SHARD_MODELS:-gpt2-medium}; do
+    flags="${FLAGS[$model]} --device cuda --nproc 2 --repeat ${SHARD_REPEAT:-20} --warmup 5 --json"
+    run_side() {  # name, then the command
+      local name="$1"; shift
+      timeout 240 "$@" $flags >"$OUT/sharded-$model-$name.log" 2>&1
+      note "sharded $model $name rc=$?: $(grep -m1 '^{' "$OUT/sharded-$model-$name.log")"
+    }
+    run_side ours-fsdp-wrap "$BENCH" --fsdp --fsdp-wrap
+    run_side torch-fsdp2-wrap $PY bench/reference/torch_ddp.py --fsdp --fsdp-wrap
+    run_side ours-ddp "$BENCH" --ddp
+    run_side ours-fsdp-wrap-keep "$BENCH" --fsdp --fsdp-wrap --reshard-after-forward false
+    run_side ours-fsdp-one-unit "$BENCH" --fsdp
   done
 fi
 
