@@ -9,6 +9,7 @@
 #include <unordered_set>
 
 #include "ddp/comm/broadcast_coalesced.hpp"
+#include "ddp/reducer/reducer_runtime.hpp"
 
 namespace ddp::shard {
 
@@ -61,8 +62,8 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module, comm::Pr
     replicated_names.push_back(names_[i]);
   }
   if (!replicated_.empty()) {
-    replicated_hooks_ = std::make_unique<reducer::AutogradHooks>(
-        replicated_params, replicated_names, [this](size_t) { begin_backward(); });
+    replicated_reducer_ = std::make_unique<reducer::Reducer>(replicated_params, replicated_names,
+                                                             pg_, options_.replicated);
   }
   // Named units become run_unit targets.
   std::unordered_map<std::string, size_t> unit_by_name;
@@ -129,6 +130,13 @@ at::Tensor ShardedModule::post_forward(const at::Tensor& output) {
   if (!at::GradMode::is_enabled()) {
     reshard();  // an evaluation forward: no backward will come to put the shards back
     return output;
+  }
+  if (replicated_reducer_) {
+    if (require_sync_) {
+      replicated_reducer_->prepare_for_backward();
+    } else {
+      replicated_reducer_->prepare_for_local_backward();
+    }
   }
   if (!output.defined()) return output;
   return on_backward(output, [this] {
@@ -228,28 +236,6 @@ void ShardedModule::finish_backward() {
   note_memory();
   for (size_t g : reducing_order_) groups_[g]->finish_reduce_scatter();
   reducing_order_.clear();
-  if (replicated_.empty()) return;
-  // One flat all-reduce of the replicated gradients (a missing gradient counts as zeros).
-  std::vector<at::Tensor> flat;
-  for (size_t i : replicated_) {
-    const at::Tensor& g = params_[i].grad();
-    flat.push_back(g.defined() ? g.reshape({-1})
-                               : at::zeros({params_[i].numel()}, params_[i].options()));
-  }
-  at::Tensor all = at::cat(flat);
-  pg_->wait(pg_->allreduce_avg_async(all), "all-reduce of the replicated gradients");
-  int64_t offset = 0;
-  at::NoGradGuard no_grad;
-  for (size_t i : replicated_) {
-    const int64_t n = params_[i].numel();
-    at::Tensor averaged = all.narrow(0, offset, n).view(params_[i].sizes());
-    if (params_[i].grad().defined()) {
-      params_[i].mutable_grad().copy_(averaged);
-    } else {
-      params_[i].mutable_grad() = averaged.clone();
-    }
-    offset += n;
-  }
 }
 
 std::vector<std::pair<std::string, at::Tensor>> ShardedModule::full_parameters() const {

@@ -14,8 +14,9 @@
 //                  (averaged, async) and its full gradients and parameters are released
 //   end of backward  units not reduced yet (unused, or never gathered in backward) are reduced;
 //                  every reduce-scatter is waited for in issue order; the parameters move back
-//                  to their shards with their gradient shards; the replicated parameters'
-//                  gradients are averaged by one flat all-reduce
+//                  to their shards with their gradient shards
+//   replicated     DEFAULT's replicated parameters go through DDP's reducer (reducer/): buckets
+//                  all-reduced as their gradients become ready, in the same backward
 //   optimizer      steps on the shards (built after the wrapper: it sees the sharded parameters)
 //
 //   one unit over time (reshard_after_forward, prefetch):
@@ -36,9 +37,14 @@
 #include "ddp/comm/process_group.hpp"
 #include "ddp/reducer/autograd_hooks.hpp"
 #include "ddp/reducer/no_sync_guard.hpp"
+#include "ddp/reducer/reducer_options.hpp"
 #include "ddp/shard/flat_param_group.hpp"
 #include "ddp/shard/shard_plan.hpp"
 #include "ddp/shard/unit_scope.hpp"
+
+namespace ddp::reducer {
+class Reducer;
+}
 
 namespace ddp::shard {
 
@@ -59,6 +65,10 @@ struct ShardOptions {
   // forward's order, reversed in backward), so that it runs while this unit computes; costs one
   // more unit of gathered memory. False: each unit is gathered when it is needed.
   bool prefetch = true;
+  // DEFAULT's replicated parameters (dim 0 does not divide) are averaged by DDP's reducer:
+  // buckets, each all-reduced as soon as its gradients are ready, overlapping the rest of backward.
+  // Its defaults (PyTorch's caps, gradients as bucket views) for the same reasons as DDP's.
+  reducer::ReducerOptions replicated;
 };
 
 // Memory this rank holds, in bytes (CPU: tensor storage; the same numbers on CUDA).
@@ -133,7 +143,8 @@ class ShardedModule : private UnitListener {
   // gradient accumulators are new then: [Note: accumulators follow the storage]); and one set
   // for the replicated parameters, which never move.
   std::vector<std::unique_ptr<reducer::AutogradHooks>> group_hooks_;
-  std::unique_ptr<reducer::AutogradHooks> replicated_hooks_;
+  // DEFAULT's replicated parameters: the bucketed, overlapped all-reduce of DDP. Last of the
+  // runtime members, so that its hooks go before anything they use.
 
   Phase phase_ = Phase::kIdle;
   // Units seen by run_unit in a forward; only they are gathered per unit (the rest at pre_forward).
@@ -148,6 +159,7 @@ class ShardedModule : private UnitListener {
   bool finish_queued_ = false;          // the end-of-backward callback of this backward is queued
   bool require_sync_ = true;            // false inside no_sync(): backward reduces nothing
   int64_t peak_gathered_bytes_ = 0;
+  std::unique_ptr<reducer::Reducer> replicated_reducer_;
 };
 template <typename ModuleType>
 class FullyShardedDataParallel : public ShardedModule {
