@@ -3,8 +3,11 @@
 #include <c10/util/Exception.h>
 #include <torch/utils.h>
 
+#include <algorithm>
+
 #include "ddp/models/replace_parameter.hpp"
 #include "ddp/models/tasks.hpp"
+#include "ddp/shard/activation_checkpoint.hpp"
 
 namespace ddp::testing {
 
@@ -60,6 +63,12 @@ torch::Tensor OutOfOrderNetImpl::forward(const torch::Tensor& x) {
   return fc2(y);
 }
 
+torch::Tensor CheckpointNetImpl::forward(const torch::Tensor& x) {
+  const auto h = ddp::checkpoint(
+      *fc1, [this](const torch::Tensor& in) { return fc1(in); }, x);
+  return fc4(fc3(fc2(h)));
+}
+
 namespace {
 
 int64_t pick(int64_t dim, int64_t fallback) { return dim == 0 ? fallback : dim; }
@@ -71,8 +80,8 @@ models::Workload make_test_workload(const std::string& name,
   using models::add_affine_token_task;
   using models::add_regression_task;
   using models::set_model;
-  const bool test_net =
-      name == "batchnorm" || name == "unused-branch" || name == "tied" || name == "out-of-order";
+  const bool test_net = name == "batchnorm" || name == "unused-branch" || name == "tied" ||
+                        name == "out-of-order" || name == "net-checkpoint";
   if (!test_net) return models::make_workload(name, options);
   TORCH_CHECK(options.dim >= 0, "make_test_workload('", name,
               "'): dim must be >= 0 (0 = the model's default), got ", options.dim);
@@ -93,6 +102,12 @@ models::Workload make_test_workload(const std::string& name,
     const int64_t vocab = 32;
     set_model(w, TiedNet(vocab, pick(dim, 16)));
     add_affine_token_task(w, vocab, seed);
+  } else if (name == "net-checkpoint") {
+    // As make_workload("net"): the same seed, parameters and task, so "net" is the oracle.
+    const int64_t width = pick(dim, 2000);
+    set_model(w, CheckpointNet(width));
+    add_regression_task(w, width, width, seed);
+    w.lr = std::min(0.05, 20.0 / static_cast<double>(width));
   } else {  // out-of-order
     const int64_t width = pick(dim, 16);
     set_model(w, OutOfOrderNet(width));

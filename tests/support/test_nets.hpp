@@ -14,6 +14,7 @@
 #include <torch/nn/pimpl.h>
 #include <torch/types.h>
 
+#include "ddp/models/net.hpp"
 #include "ddp/models/registry.hpp"
 
 namespace ddp::testing {
@@ -77,11 +78,23 @@ class OutOfOrderNetImpl : public torch::nn::Module {
 };
 TORCH_MODULE(OutOfOrderNet);
 
+// The seed test's Net(checkpoint=True): models::Net's parameters (same names, same init from the
+// same seed), fc1 under ddp::checkpoint. fc1's input needs no gradient, so only the parameters
+// carry fc1's gradient out of the checkpoint (the case a reentrant checkpoint gets wrong).
+class CheckpointNetImpl : public models::NetImpl {
+ public:
+  explicit CheckpointNetImpl(int64_t dim = 2000) : models::NetImpl(dim) {}
+
+  torch::Tensor forward(const torch::Tensor& x);
+};
+TORCH_MODULE(CheckpointNet);
+
 // make_workload for the test nets by name, the zoo's otherwise:
 //   batchnorm      BatchNormNet(16, 32, 4)          dim: hidden         regression
 //   unused-branch  UnusedBranchNet(16)              dim: width          regression
 //   tied           TiedNet(32, 16)                  dim: embedding dim  classification
 //   out-of-order   OutOfOrderNet(16)                dim: width          regression
+//   net-checkpoint CheckpointNet(2000)              dim: width          regression, as "net"
 // Tasks as in registry.hpp; classification (tied): target = (3 * input + 1) mod vocab, cross
 // entropy, mean over the batch. Calls torch::manual_seed(options.seed), like make_workload.
 models::Workload make_test_workload(const std::string& name,

@@ -1,0 +1,86 @@
+#pragma once
+// Activation checkpointing: forward keeps none of a block's activations, backward recomputes
+// them. Memory for compute: the block's forward runs twice, its activations live only during
+// its own backward.
+//
+//   forward    fn(inputs) under NoGradGuard: no graph inside the block, no saved activations;
+//              one node stands for the block and saves only its inputs, the RNG states and the
+//              autocast state
+//   backward   the node restores forward's RNG and autocast state, runs fn again with grad mode
+//              on (on detached copies of the inputs), takes the gradients of the recomputed
+//              outputs with respect to the inputs and the parameters, puts the RNG state back
+//
+// The module's parameters are inputs of that node, so their gradients leave it through the outer
+// graph into their AccumulateGrad nodes: accumulator post-hooks (DDP's gradient-ready hooks, the
+// sharded wrapper's) fire as without checkpointing, and a block whose inputs need no gradient
+// (the first layer) still trains.
+//
+// [Note: recompute by nested grad] PyTorch's non-reentrant checkpoint recomputes through
+// saved-tensor hooks; libtorch 1.13's C++ has none (they take PyObject*). Here the recompute is a
+// nested torch::autograd::grad inside the node's backward. What users see is what the
+// non-reentrant form promises (gradients flow through the outer graph, parameters get
+// gradients when no input requires grad, hooks fire once per parameter per backward). What
+// follows from the nested grad:
+//   - no double backward: a backward with create_graph=true through a checkpoint is refused
+//     (the gradients it returns carry no graph);
+//   - fn is called twice, the second time inside the engine's backward, on the engine's thread
+//     (the caller's for CPU; a device thread for CUDA), with grad mode on;
+//   - fn (and what it captures) must stay valid until the backward, and must compute the same
+//     outputs (count, shapes) from the same inputs, RNG state and parameters;
+//   - the block's internal hooks (Tensor::register_hook inside fn) run during the recompute.
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+#include <torch/types.h>
+
+#include <functional>
+#include <utility>
+#include <vector>
+
+namespace ddp::shard {
+
+using CheckpointFn = std::function<at::Tensor(const at::Tensor&)>;
+using CheckpointMultiFn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
+
+// fn(input) without keeping its activations. `module` owns the parameters fn reads (pass the
+// parent when fn reads several modules); their qualified names are unchanged. When grad mode is
+// off, or neither the input nor a parameter requires grad, this is just fn(input).
+at::Tensor checkpoint(torch::nn::Module& module, const CheckpointFn& fn, const at::Tensor& input);
+
+// Several inputs and outputs. Outputs of an integer or bool dtype carry no gradient; an input
+// that does not require grad (indices, masks) gets none.
+std::vector<at::Tensor> checkpoint(torch::nn::Module& module, const CheckpointMultiFn& fn,
+                                   const std::vector<at::Tensor>& inputs);
+
+// A module whose forward is the wrapped module's forward, checkpointed. The wrapped module is
+// registered as the child "_checkpoint_wrapped_module" (PyTorch's checkpoint_wrapper name), so
+// its parameter names gain that prefix: "fc1.weight" becomes
+// "fc1._checkpoint_wrapped_module.weight" when fc1 is replaced by a wrapper. Code that must keep
+// the names (the zoo, saved checkpoints) calls checkpoint() in the parent's forward instead.
+template <typename ModuleType>
+class CheckpointWrapperImpl : public torch::nn::Module {
+ public:
+  explicit CheckpointWrapperImpl(ModuleType module)
+      : module_(register_module("_checkpoint_wrapped_module", std::move(module))) {}
+
+  at::Tensor forward(const at::Tensor& input) {
+    return checkpoint(
+        *module_, [this](const at::Tensor& x) { return module_->forward(x); }, input);
+  }
+
+  ModuleType& module() { return module_; }
+
+ private:
+  ModuleType module_;
+};
+
+// Holder, as TORCH_MODULE gives: CheckpointWrapper<torch::nn::Linear> w(torch::nn::Linear(4, 4));
+template <typename ModuleType>
+using CheckpointWrapper = torch::nn::ModuleHolder<CheckpointWrapperImpl<ModuleType>>;
+
+}  // namespace ddp::shard
+
+namespace ddp {
+// The spelling: ddp::checkpoint(module, fn, input).
+using shard::checkpoint;
+}  // namespace ddp

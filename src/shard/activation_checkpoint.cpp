@@ -1,0 +1,270 @@
+#include "ddp/shard/activation_checkpoint.hpp"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
+#include <ATen/core/Generator.h>
+#include <ATen/core/ivalue.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
+
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <unordered_set>
+
+#include "ddp/detail/autocast_compat.hpp"
+
+namespace ddp::shard {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// One generator and the state it had when forward started.
+struct SavedRng {
+  at::Generator generator;
+  at::Tensor state;
+};
+
+// The generators forward may draw from: the default CPU one, and the default CUDA one of every
+// device an input or parameter lives on (fn's kernels run there). CUDA is reached through the
+// global context, so this compiles against a CPU-only libtorch.
+std::vector<at::Generator> generators_of(const std::vector<at::Tensor>& inputs,
+                                         const std::vector<at::Tensor>& params) {
+  std::vector<at::Generator> out{at::detail::getDefaultCPUGenerator()};
+  std::set<c10::DeviceIndex> cuda;
+  for (const auto* list : {&inputs, &params}) {
+    for (const auto& t : *list) {
+      if (t.defined() && t.is_cuda()) cuda.insert(t.get_device());
+    }
+  }
+  for (const auto index : cuda) {
+    out.push_back(at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, index)));
+  }
+  return out;
+}
+
+// Generator methods are not thread-safe: libtorch asks callers to hold the generator's mutex.
+std::vector<SavedRng> get_rng_states(const std::vector<at::Generator>& generators) {
+  std::vector<SavedRng> out;
+  for (auto gen : generators) {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    out.push_back({gen, gen.get_state()});
+  }
+  return out;
+}
+
+void set_rng_states(const std::vector<SavedRng>& saved) {
+  for (auto s : saved) {
+    std::lock_guard<std::mutex> lock(s.generator.mutex());
+    s.generator.set_state(s.state);
+  }
+}
+
+struct AutocastState {
+  bool enabled;
+  c10::ScalarType dtype;
+};
+
+// What backward needs besides the saved inputs. Held by the node through a capsule in
+// ctx->saved_data (the only non-tensor storage a custom Function has).
+struct CheckpointState : torch::CustomClassHolder {
+  CheckpointMultiFn fn;
+  std::vector<at::Tensor> params;  // distinct, requiring grad; the node's inputs after `inputs`
+  std::vector<SavedRng> rng;       // states before forward's first draw
+  AutocastState cpu_autocast{}, cuda_autocast{};
+  std::vector<std::vector<int64_t>> output_sizes;  // forward's, to check the recompute
+};
+
+// Sets an autocast state for a scope and restores the previous one. Nesting is counted as in
+// Python's autocast: casts of weights cached during the recompute are dropped when the outermost
+// scope closes, so the next forward casts the updated weights.
+class AutocastScope {
+ public:
+  AutocastScope(AutocastState cpu, AutocastState cuda)
+      : cpu_{detail::autocast_enabled(c10::kCPU), detail::autocast_dtype(c10::kCPU)},
+        cuda_{detail::autocast_enabled(c10::kCUDA), detail::autocast_dtype(c10::kCUDA)} {
+    at::autocast::increment_nesting();
+    detail::set_autocast(c10::kCPU, cpu.enabled, cpu.dtype);
+    detail::set_autocast(c10::kCUDA, cuda.enabled, cuda.dtype);
+  }
+  ~AutocastScope() {
+    detail::set_autocast(c10::kCPU, cpu_.enabled, cpu_.dtype);
+    detail::set_autocast(c10::kCUDA, cuda_.enabled, cuda_.dtype);
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  }
+  AutocastScope(const AutocastScope&) = delete;
+  AutocastScope& operator=(const AutocastScope&) = delete;
+
+ private:
+  AutocastState cpu_, cuda_;
+};
+
+std::string sizes_text(const std::vector<std::vector<int64_t>>& sizes) {
+  std::ostringstream out;
+  for (size_t i = 0; i < sizes.size(); ++i) out << (i ? ", " : "") << c10::IntArrayRef(sizes[i]);
+  return out.str();
+}
+
+// torch::autograd::grad computes gradients only for `wrt`: a leaf that fn reads but that is not
+// a parameter of the module it was given would silently get no gradient. Walks the recomputed
+// graph (the block only: it stops at leaves) and refuses such a leaf.
+void check_no_undeclared_leaf(const variable_list& roots, const variable_list& wrt) {
+  std::unordered_set<const c10::TensorImpl*> declared;
+  for (const auto& t : wrt) declared.insert(t.unsafeGetTensorImpl());
+  std::vector<torch::autograd::Node*> stack;
+  std::unordered_set<torch::autograd::Node*> seen;
+  for (const auto& r : roots) {
+    if (r.grad_fn()) stack.push_back(r.grad_fn().get());
+  }
+  while (!stack.empty()) {
+    auto* node = stack.back();
+    stack.pop_back();
+    if (!seen.insert(node).second) continue;
+    if (auto* leaf = dynamic_cast<torch::autograd::AccumulateGrad*>(node)) {
+      TORCH_CHECK(declared.count(leaf->variable.unsafeGetTensorImpl()),
+                  "ddp::checkpoint: the checkpointed function reads a tensor of sizes ",
+                  leaf->variable.sizes(), " that requires grad but is neither an input nor a ",
+                  "parameter of the module passed to checkpoint, so it would get no gradient; ",
+                  "pass the module that owns it (a parent of every module fn calls)");
+      continue;
+    }
+    for (const auto& edge : node->next_edges()) {
+      if (edge.function) stack.push_back(edge.function.get());
+    }
+  }
+}
+
+struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
+  // apply() has turned grad mode off already: fn builds no graph and keeps no activations.
+  static variable_list forward(AutogradContext* ctx, const c10::intrusive_ptr<CheckpointState>& st,
+                               at::TensorList inputs, at::TensorList /*params*/) {
+    std::vector<at::Tensor> in(inputs.begin(), inputs.end());
+    auto outputs = st->fn(in);
+    TORCH_CHECK(!outputs.empty(), "ddp::checkpoint: the checkpointed function returned no tensor");
+    variable_list non_differentiable;
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      TORCH_CHECK(outputs[i].defined(), "ddp::checkpoint: the checkpointed function returned an ",
+                  "undefined tensor at output ", i,
+                  "; return defined tensors (compute optional values outside the checkpoint)");
+      st->output_sizes.push_back(outputs[i].sizes().vec());
+      if (!at::isFloatingType(outputs[i].scalar_type()) &&
+          !at::isComplexType(outputs[i].scalar_type())) {
+        non_differentiable.push_back(outputs[i]);
+      }
+    }
+    ctx->mark_non_differentiable(non_differentiable);
+    // An output's incoming gradient may be undefined (the loss did not use it): those outputs
+    // are left out of the recompute's grad rather than given zeros.
+    ctx->set_materialize_grads(false);
+    ctx->save_for_backward(in);
+    ctx->saved_data["state"] = c10::IValue::make_capsule(st);
+    return outputs;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    // The engine runs a node's backward with grad mode = create_graph.
+    TORCH_CHECK(!c10::GradMode::is_enabled(),
+                "ddp::checkpoint: backward with create_graph=true (double backward) through a "
+                "checkpoint is not supported: the recompute's gradients carry no graph");
+    auto st = c10::static_intrusive_pointer_cast<CheckpointState>(
+        ctx->saved_data.at("state").toCapsule());
+    const auto saved = ctx->get_saved_variables();  // checks that no input changed in place
+    std::vector<at::Tensor> inputs;
+    for (const auto& t : saved) inputs.push_back(t.detach().requires_grad_(t.requires_grad()));
+
+    std::vector<at::Tensor> outputs;
+    {
+      std::vector<at::Generator> generators;
+      for (const auto& s : st->rng) generators.push_back(s.generator);
+      const auto now = get_rng_states(generators);
+      set_rng_states(st->rng);
+      try {
+        c10::AutoGradMode grad_on(true);
+        AutocastScope autocast(st->cpu_autocast, st->cuda_autocast);
+        outputs = st->fn(inputs);
+      } catch (...) {
+        set_rng_states(now);
+        throw;
+      }
+      // RNG use after the checkpoint sees the stream as if fn had run once.
+      set_rng_states(now);
+    }
+    std::vector<std::vector<int64_t>> sizes;
+    for (const auto& o : outputs) {
+      sizes.push_back(o.defined() ? o.sizes().vec() : std::vector<int64_t>{-1});
+    }
+    TORCH_CHECK(sizes == st->output_sizes,
+                "ddp::checkpoint: the recompute returned outputs of sizes [", sizes_text(sizes),
+                "] but forward returned [", sizes_text(st->output_sizes),
+                "]; the checkpointed function must compute the same outputs from the same inputs");
+
+    variable_list roots, root_grads;
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      if (grad_outputs[i].defined() && outputs[i].requires_grad()) {
+        roots.push_back(outputs[i]);
+        root_grads.push_back(grad_outputs[i]);
+      }
+    }
+    variable_list wrt;  // positions in the node's inputs, after the capsule
+    std::vector<size_t> wrt_index;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (inputs[i].requires_grad()) {
+        wrt.push_back(inputs[i]);
+        wrt_index.push_back(1 + i);
+      }
+    }
+    for (size_t i = 0; i < st->params.size(); ++i) {
+      wrt.push_back(st->params[i]);
+      wrt_index.push_back(1 + inputs.size() + i);
+    }
+    variable_list result(1 + inputs.size() + st->params.size());
+    if (roots.empty()) return result;
+    check_no_undeclared_leaf(roots, wrt);
+    const auto grads = torch::autograd::grad(roots, wrt, root_grads, /*retain_graph=*/false,
+                                             /*create_graph=*/false, /*allow_unused=*/true);
+    for (size_t k = 0; k < grads.size(); ++k) result[wrt_index[k]] = grads[k];
+    return result;
+  }
+};
+
+}  // namespace
+
+std::vector<at::Tensor> checkpoint(torch::nn::Module& module, const CheckpointMultiFn& fn,
+                                   const std::vector<at::Tensor>& inputs) {
+  // A parameter listed twice (tied weights: libtorch does not deduplicate) would get its
+  // gradient twice; frozen parameters need no slot.
+  std::vector<at::Tensor> params;
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (const auto& p : module.parameters()) {
+    if (p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second) params.push_back(p);
+  }
+  bool any_requires_grad = !params.empty();
+  for (const auto& t : inputs) any_requires_grad |= t.defined() && t.requires_grad();
+  if (!c10::GradMode::is_enabled() || !any_requires_grad) return fn(inputs);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    TORCH_CHECK(inputs[i].defined(), "ddp::checkpoint: input ", i,
+                " is undefined; pass defined tensors (capture optional ones in fn)");
+  }
+
+  auto st = c10::make_intrusive<CheckpointState>();
+  st->fn = fn;
+  st->params = params;
+  st->rng = get_rng_states(generators_of(inputs, params));
+  st->cpu_autocast = {detail::autocast_enabled(c10::kCPU), detail::autocast_dtype(c10::kCPU)};
+  st->cuda_autocast = {detail::autocast_enabled(c10::kCUDA), detail::autocast_dtype(c10::kCUDA)};
+  return CheckpointFunction::apply(st, at::TensorList(inputs), at::TensorList(params));
+}
+
+at::Tensor checkpoint(torch::nn::Module& module, const CheckpointFn& fn, const at::Tensor& input) {
+  // By value: the node calls it again in backward, after the caller's fn may be gone.
+  const CheckpointMultiFn multi = [fn](const std::vector<at::Tensor>& in) {
+    return std::vector<at::Tensor>{fn(in[0])};
+  };
+  return checkpoint(module, multi, std::vector<at::Tensor>{input})[0];
+}
+
+}  // namespace ddp::shard
