@@ -9,7 +9,7 @@
 #include <torch/utils.h>
 
 #include "ddp/models/replace_parameter.hpp"
-#include "ddp/shard/unit_scope.hpp"
+#include "ddp/models/unit_call.hpp"
 
 namespace ddp::models {
 
@@ -123,11 +123,7 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& idx) {
               config_.seq_len);
   const auto positions = torch::arange(seq, idx.options().dtype(torch::kLong));
   auto x = wte(idx) + wpe(positions);  // [B, T, d] + [T, d]
-  for (const auto& block : *h) {
-    GPTBlockImpl& b = *block->as<GPTBlockImpl>();
-    x = shard::run_unit(
-        b, [&b](const torch::Tensor& in) { return b.forward(in); }, x);
-  }
+  for (const auto& block : *h) x = call_block(*block->as<GPTBlockImpl>(), x, checkpoint_units);
   return linear(lm_head, ln_f(x));
 }
 

@@ -2,7 +2,7 @@
 
 #include <c10/util/Exception.h>
 
-#include "ddp/shard/unit_scope.hpp"
+#include "ddp/models/unit_call.hpp"
 
 namespace ddp::models {
 
@@ -22,9 +22,7 @@ MLPImpl::MLPImpl(const MLPOptions& options_) : options(options_) {
 
 torch::Tensor MLPImpl::forward(torch::Tensor x) {
   for (size_t i = 0; i < linears_.size(); ++i) {
-    torch::nn::LinearImpl& layer = *linears_[i];
-    x = shard::run_unit(
-        layer, [&layer](const torch::Tensor& in) { return layer.forward(in); }, x);
+    x = call_block(*linears_[i], x, checkpoint_units);
     if (i + 1 < linears_.size()) x = torch::relu(x);
   }
   return x;

@@ -2,7 +2,7 @@
 
 #include <c10/util/Exception.h>
 
-#include "ddp/shard/unit_scope.hpp"
+#include "ddp/models/unit_call.hpp"
 
 namespace ddp::models {
 
@@ -18,9 +18,7 @@ NetImpl::NetImpl(int64_t dim) {
 torch::Tensor NetImpl::forward(const torch::Tensor& x) {
   torch::Tensor out = x;
   for (torch::nn::Linear* fc : {&fc1, &fc2, &fc3, &fc4}) {
-    torch::nn::LinearImpl& layer = **fc;
-    out = shard::run_unit(
-        layer, [&layer](const torch::Tensor& in) { return layer.forward(in); }, out);
+    out = call_block(**fc, out, checkpoint_units);
   }
   return out;
 }

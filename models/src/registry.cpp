@@ -18,19 +18,25 @@ int64_t pick(int64_t dim, int64_t fallback) { return dim == 0 ? fallback : dim; 
 
 void build_net(Workload& w, int64_t dim, uint64_t seed) {
   w.lr = std::min(0.05, 20.0 / static_cast<double>(dim));  // 0.01 at the seed width 2000
-  set_model(w, Net(dim));
+  Net net(dim);
+  set_model(w, net);
+  w.set_checkpointing = [impl = net.ptr()](bool on) { impl->checkpoint_units = on; };
   w.wrap_units = {"fc1", "fc2", "fc3", "fc4"};
   add_regression_task(w, dim, dim, seed);
 }
 
 void build_mlp(Workload& w, const MLPOptions& options, uint64_t seed) {
-  set_model(w, MLP(options));
+  MLP mlp(options);
+  set_model(w, mlp);
+  w.set_checkpointing = [impl = mlp.ptr()](bool on) { impl->checkpoint_units = on; };
   for (int64_t i = 0; i < options.depth; ++i) w.wrap_units.push_back("layers." + std::to_string(i));
   add_regression_task(w, options.in, options.out, seed);
 }
 
 void build_gpt(Workload& w, const GPTConfig& config, uint64_t seed) {
-  set_model(w, GPT(config));
+  GPT gpt(config);
+  set_model(w, gpt);
+  w.set_checkpointing = [impl = gpt.ptr()](bool on) { impl->checkpoint_units = on; };
   for (int64_t i = 0; i < config.n_layers; ++i) w.wrap_units.push_back("h." + std::to_string(i));
   add_counting_task(w, config.vocab_size, config.seq_len, seed);
 }

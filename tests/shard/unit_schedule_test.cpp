@@ -147,8 +147,9 @@ DDP_TEST_WORKER(unit_schedule_gpt) {
   options.units = block_units(config);
   torch::manual_seed(r);  // the wrapper must broadcast rank 0's values
   models::GPT gpt(config);
+  gpt->checkpoint_units = worker_env("DDP_TEST_CHECKPOINT", "0") == "1";
   torch::manual_seed(0);
-  models::GPT oracle(config);
+  models::GPT oracle(config);  // never checkpointed: the recompute must not change a thing
   torch::manual_seed(1);
   std::vector<torch::Tensor> xs, ys;
   for (int s = 0; s < 4; ++s) {
@@ -203,6 +204,7 @@ struct Case {
   std::string model, opt;
   bool reshard, prefetch;
   int world;
+  bool checkpoint = false;  // activation checkpointing of every unit (GPT only)
 };
 
 void PrintTo(const Case& c, std::ostream* out) {
@@ -217,14 +219,16 @@ TEST_P(UnitScheduleTest, EqualsSingleProcessTrainingOnTheGlobalBatch) {
   const auto result = run_workers("unit_schedule_" + c.model, c.world,
                                   {{"DDP_TEST_OPT", c.opt},
                                    {"DDP_TEST_RESHARD", c.reshard ? "1" : "0"},
-                                   {"DDP_TEST_PREFETCH", c.prefetch ? "1" : "0"}});
+                                   {"DDP_TEST_PREFETCH", c.prefetch ? "1" : "0"},
+                                   {"DDP_TEST_CHECKPOINT", c.checkpoint ? "1" : "0"}});
   EXPECT_TRUE(result.ok()) << result.describe();
 }
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
   return c.model + "_" + c.opt + (c.reshard ? "_reshard" : "_keep") +
-         (c.prefetch ? "_prefetch" : "_noprefetch") + "_world" + std::to_string(c.world);
+         (c.prefetch ? "_prefetch" : "_noprefetch") + (c.checkpoint ? "_checkpoint" : "") +
+         "_world" + std::to_string(c.world);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -233,7 +237,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"gpt", "sgd", true, true, 3}, Case{"gpt", "sgd", true, false, 3},
                       Case{"gpt", "sgd", false, true, 2}, Case{"mlp", "adam", true, true, 3},
                       Case{"mlp", "adam", false, false, 2}, Case{"mlp", "adamw", true, false, 2},
-                      Case{"mlp", "sgd", true, true, 1}),
+                      Case{"mlp", "sgd", true, true, 1}, Case{"gpt", "sgd", true, true, 3, true},
+                      Case{"gpt", "sgd", false, false, 2, true}),
     case_name);
 
 }  // namespace

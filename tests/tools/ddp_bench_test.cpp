@@ -129,6 +129,13 @@ TEST(DdpBench, FullyShardedPerLayerWithoutPrefetchParityAtWorldThree) {
   expect_parity("--fsdp --fsdp-wrap --prefetch false", 3);
 }
 
+// --fsdp-checkpoint recomputes every layer's activations in backward: the same end, under DDP and
+// under FULLY_SHARD per layer (where each unit is gathered again before its recompute).
+TEST(DdpBench, ActivationCheckpointingParityUnderDdpAndFullyShard) {
+  expect_parity("--ddp --fsdp-checkpoint", 3);
+  expect_parity("--fsdp --fsdp-wrap --fsdp-checkpoint", 2);
+}
+
 TEST(DdpBench, UnitFlagsNeedAShardedStyle) {
   const auto [out, code] = run_command(kBench + " --ddp --fsdp-wrap --model toy");
   EXPECT_EQ(code, 2);

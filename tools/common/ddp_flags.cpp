@@ -77,6 +77,8 @@ void add_shard_flags(CLI::App& app, ShardFlags& flags) {
   app.add_option("--reshard-after-forward", flags.options.reshard_after_forward,
                  "sharded styles: release a unit's gathered parameters after its forward")
       ->capture_default_str();
+  app.add_flag("--fsdp-checkpoint", flags.checkpoint,
+               "activation checkpointing of every block or layer (any style; the seed's flag)");
   app.add_option("--prefetch", flags.options.prefetch,
                  "sharded styles: issue the next unit's all-gather early")
       ->capture_default_str();

@@ -33,9 +33,11 @@ struct ShardFlags {
   bool fsdp = false;                // --fsdp: the same as --style fully_shard (the seed's flag)
   bool fsdp_wrap = false;           // --fsdp-wrap: a unit per block / layer (Workload::wrap_units)
   shard::ShardOptions options;      // --reshard-after-forward, --prefetch write here
+  bool checkpoint =
+      false;  // --fsdp-checkpoint: recompute every wrap unit's activations (any style)
   bool sharded() const { return style != "replicate"; }
 };
-// --fsdp, --style, --fsdp-wrap, --reshard-after-forward, --prefetch.
+// --fsdp, --style, --fsdp-wrap, --reshard-after-forward, --prefetch, --fsdp-checkpoint.
 void add_shard_flags(CLI::App& app, ShardFlags& flags);
 // After parsing: applies --fsdp, and returns the complaint about flags that do not go together
 // ("" when they do). `ddp_only`: the tool's DistributedDataParallel-only flags that were given

@@ -156,6 +156,11 @@ int run_worker(const Args& args) {
   };
 
   auto w = ddp::models::make_workload(args.model);
+  if (args.shard.checkpoint) {
+    TORCH_CHECK(w.set_checkpointing, "--fsdp-checkpoint: model ", args.model,
+                " has no activation checkpointing");
+    w.set_checkpointing(true);
+  }
   if (!args.init_params.empty()) load_params(*w.ptr, args.init_params);
   w.ptr->to(device);
 

@@ -96,6 +96,11 @@ int run_worker(const Args& args) {
   ddp::models::WorkloadOptions wopts;
   wopts.dim = args.dim;
   auto w = ddp::models::make_workload(args.model, wopts);
+  if (args.shard.checkpoint) {
+    TORCH_CHECK(w.set_checkpointing, "--fsdp-checkpoint: model ", args.model,
+                " has no activation checkpointing");
+    w.set_checkpointing(true);
+  }
   w.ptr->to(device);
   // REPLICATE: DistributedDataParallel; the sharded styles: a ShardedModule around the same module.
   std::unique_ptr<ddp::DistributedDataParallel<torch::nn::AnyModule>> ddp_model;

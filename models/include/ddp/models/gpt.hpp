@@ -86,6 +86,9 @@ class GPTImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& idx);
 
   const GPTConfig& config() const { return config_; }
+  // false (default): activations kept. true: every block's are recomputed in backward
+  // (shard::checkpoint, --fsdp-checkpoint), less memory for about one more forward.
+  bool checkpoint_units = false;
 
   torch::nn::Embedding wte{nullptr};
   torch::nn::Embedding wpe{nullptr};

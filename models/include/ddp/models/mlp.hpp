@@ -36,6 +36,8 @@ class MLPImpl : public torch::nn::Module {
 
   MLPOptions options;
   torch::nn::Sequential layers{nullptr};
+  // false (default): activations kept. true: every layer's are recomputed in backward.
+  bool checkpoint_units = false;
 
  private:
   // Typed handles to the entries of `layers`, so forward need not cast on every call.

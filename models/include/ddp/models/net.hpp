@@ -25,6 +25,8 @@ class NetImpl : public torch::nn::Module {
   torch::nn::Linear fc2{nullptr};
   torch::nn::Linear fc3{nullptr};
   torch::nn::Linear fc4{nullptr};
+  // false (default): activations kept. true: every layer's are recomputed in backward.
+  bool checkpoint_units = false;
 };
 TORCH_MODULE(Net);
 

@@ -35,6 +35,9 @@ struct Workload {
   // shard::run_unit (Net: fc1..fc4; MLP: layers.N; GPT: h.N; ResNet: layer1..layer4, which it
   // does not run through run_unit, so they are gathered with the root at the start of forward).
   std::vector<std::string> wrap_units;
+  // Turns activation checkpointing of every wrap unit on or off (--fsdp-checkpoint); empty for a
+  // model that cannot.
+  std::function<void(bool)> set_checkpointing;
 };
 
 struct WorkloadOptions {
