@@ -66,13 +66,13 @@ Batches global_batches() {
   return b;
 }
 
-// The uninterrupted single-process run: 2 * kSteps steps on the whole global batches.
-io::TensorMap oracle(const std::string& optimizer) {
+// The uninterrupted single-process run: `steps` steps on the whole global batches.
+io::TensorMap oracle(const std::string& optimizer, int64_t steps = 2 * kSteps) {
   torch::manual_seed(0);
   auto net = make_net();
   auto opt = make_optimizer(optimizer, net->parameters());
   const Batches b = global_batches();
-  for (int64_t s = 0; s < 2 * kSteps; ++s) {
+  for (int64_t s = 0; s < steps; ++s) {
     torch::mse_loss(net->forward(b.xs[s]), b.ys[s]).backward();
     opt->step();
     opt->zero_grad();
@@ -344,7 +344,7 @@ void corrupt_copy(const std::string& dir, const std::string& copy, const std::st
   f.put('\x55');
 }
 
-TEST(ShardedCheckpointRefusals, AnotherModelAndACorruptShardAreRefusedByName) {
+TEST(ShardedCheckpointLoad, RefusesAnotherModelAndACorruptShardByNameAndLoadsIntoAPlainModel) {
   TempDir root("sharded_refusals");
   const auto saved = run_workers("sharded_checkpoint_train", 3,
                                  {{"CKPT_ROOT", root.str()},
@@ -368,6 +368,18 @@ TEST(ShardedCheckpointRefusals, AnotherModelAndACorruptShardAreRefusedByName) {
                         {"DDP_TEST_CORRUPT", "2"},
                         {"DDP_TEST_FAILING", "2"}});
   EXPECT_TRUE(result.ok()) << result.describe();
+
+  // A plain single-process model (no shard plan) wants every row: it reads all three shards and
+  // holds the parameters of step kSteps, as the single-process run has them.
+  auto plain = make_net();
+  auto opt = make_optimizer("sgd", plain->parameters());
+  io::TrainingState state;
+  state.model = plain.ptr().get();
+  state.optimizer = opt.get();
+  io::load_checkpoint(dir, 1, state);
+  EXPECT_EQ(state.step, kSteps);
+  EXPECT_EQ(io::optimizer_tensors(*opt, *plain).size(), 6u) << "a momentum buffer per parameter";
+  require_close_maps(io::model_tensors(*plain), oracle("sgd", kSteps), "plain model");
 }
 
 }  // namespace
