@@ -15,20 +15,22 @@
 #include <c10/util/Exception.h>
 
 #include "c10_errors.hpp"
+#include "checkpoint_dir.hpp"
 #include "ddp/io/checkpoint_state.hpp"
 #include "ddp/io/posix_file.hpp"
 #include "ddp/io/safetensors.hpp"
 #include "ddp/io/sha256.hpp"
+#include "ddp/io/sharded_checkpoint.hpp"
 #include "ddp/obs/log.hpp"
 
 namespace ddp::io {
 namespace {
 
 namespace fs = std::filesystem;
+using detail::kModelFile;
+using detail::kOptimFile;
+using detail::kRngFile;
 
-constexpr const char* kModelFile = "model.safetensors";
-constexpr const char* kOptimFile = "optim.safetensors";
-constexpr const char* kRngFile = "rng.safetensors";
 constexpr const char* kTmpPrefix = ".tmp-step-";
 
 // "step-<digits>" -> the step; anything else (temp directories, user files) -> nullopt.
@@ -114,60 +116,88 @@ std::string save_checkpoint_files(const CheckpointOptions& options, const Traini
   TORCH_CHECK(state.step >= 0, "ddp: save_checkpoint: step ", state.step, " is negative");
   TORCH_CHECK(options.keep >= 0, "ddp: save_checkpoint: keep ", options.keep,
               " is negative (0 keeps every checkpoint)");
+  TORCH_CHECK(state.shard_plan == nullptr || options.world_size == 1,
+              "ddp: save_checkpoint: the state is sharded over ", options.world_size,
+              " ranks; every rank writes its shard, so save with save_and_barrier "
+              "(checkpoint_coordinator.hpp)");
   if (options.rank != 0) return "";  // replicated state: rank 0's copy is the checkpoint
 
-  const fs::path root(options.root);
-  std::error_code ec;
-  fs::create_directories(root, ec);
-  TORCH_CHECK(!ec, "ddp: checkpoint: cannot create directory ", root, ": ", ec.message());
-  remove_stale_temporaries(root);
-
-  const fs::path tmp =
-      root / (kTmpPrefix + std::to_string(state.step) + "-" + std::to_string(::getpid()));
-  // Removed on every failure: a half-written checkpoint never outlives its save.
-  struct TmpDir {
-    fs::path path;
-    bool published = false;
-    ~TmpDir() {
-      if (!published) remove_tree(path.string());
-    }
-  } guard{tmp};
-  remove_tree(tmp.string());
-  fs::create_directory(tmp, ec);
-  TORCH_CHECK(!ec, "ddp: checkpoint: cannot create directory ", tmp, ": ", ec.message());
+  const std::string tmp = detail::temp_checkpoint_dir(options.root, state.step, ::getpid());
+  detail::TempDirGuard guard{tmp};
+  detail::start_checkpoint_dir(options.root, tmp);
 
   Manifest manifest;
   manifest.step = state.step;
   manifest.data_position = state.data_position;
   manifest.world_size = options.world_size;
-  const std::map<std::string, std::string> meta = {{"format", "ddp-checkpoint"},
-                                                   {"step", std::to_string(state.step)}};
-  std::vector<std::string> files = {kModelFile};
-  save_safetensors((tmp / kModelFile).string(), model_tensors(*state.model), meta);
-  if (state.optimizer != nullptr) {
-    manifest.optimizer = optimizer_kind(*state.optimizer);
-    save_safetensors((tmp / kOptimFile).string(), optimizer_tensors(*state.optimizer, *state.model),
-                     meta);
-    files.push_back(kOptimFile);
+  if (state.shard_plan != nullptr) {
+    // A sharded run of one process: its one shard is every row, in the sharded format all the
+    // same, so that the checkpoint loads at any world size like one written by more ranks.
+    ShardFiles files = write_shard_files(tmp, state, 0);
+    manifest.optimizer = files.optimizer;
+    manifest.files = std::move(files.files);
+    manifest.sharded = std::move(files.sharded);
+  } else {
+    const std::map<std::string, std::string> meta = {{"format", "ddp-checkpoint"},
+                                                     {"step", std::to_string(state.step)}};
+    std::vector<std::string> files = {kModelFile};
+    save_safetensors((fs::path(tmp) / kModelFile).string(), model_tensors(*state.model), meta);
+    if (state.optimizer != nullptr) {
+      manifest.optimizer = optimizer_kind(*state.optimizer);
+      save_safetensors((fs::path(tmp) / kOptimFile).string(),
+                       optimizer_tensors(*state.optimizer, *state.model), meta);
+      files.push_back(kOptimFile);
+    }
+    save_safetensors((fs::path(tmp) / kRngFile).string(), rng_tensors(), meta);
+    files.push_back(kRngFile);
+    for (const std::string& name : files)
+      manifest.files.push_back(detail::describe_file(tmp, name, kReplicated));
   }
-  save_safetensors((tmp / kRngFile).string(), rng_tensors(), meta);
-  files.push_back(kRngFile);
-  // Sizes and checksums of the bytes as they are on disk (each file is fsynced already).
-  for (const std::string& name : files) {
-    const std::string path = (tmp / name).string();
-    manifest.files.push_back({name, uint64_t(fs::file_size(path)), sha256_file(path), kReplicated});
-  }
-  write_file_atomic((tmp / "manifest.json").string(), manifest_to_json(manifest));
-
-  const fs::path final = checkpoint_dir(options.root, state.step);
-  publish(tmp, final);
+  const std::string final =
+      detail::finish_checkpoint_dir(options.root, tmp, manifest, options.keep);
   guard.published = true;
-  fsync_directory(root.string());
-  prune(options.root, state.step, options.keep);
-  return final.string();
+  return final;
 }
 
 }  // namespace
+
+namespace detail {
+
+std::string temp_checkpoint_dir(const std::string& root, int64_t step, int64_t pid) {
+  return (fs::path(root) / (kTmpPrefix + std::to_string(step) + "-" + std::to_string(pid)))
+      .string();
+}
+
+void start_checkpoint_dir(const std::string& root, const std::string& tmp) {
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  TORCH_CHECK(!ec, "ddp: checkpoint: cannot create directory ", fs::path(root), ": ", ec.message());
+  remove_stale_temporaries(root);
+  remove_tree(tmp);
+  fs::create_directory(tmp, ec);
+  TORCH_CHECK(!ec, "ddp: checkpoint: cannot create directory ", fs::path(tmp), ": ", ec.message());
+}
+
+ManifestFile describe_file(const std::string& dir, const std::string& name, int rank) {
+  const std::string path = (fs::path(dir) / name).string();
+  return {name, uint64_t(fs::file_size(path)), sha256_file(path), rank};
+}
+
+std::string finish_checkpoint_dir(const std::string& root, const std::string& tmp,
+                                  const Manifest& manifest, int keep) {
+  write_file_atomic((fs::path(tmp) / "manifest.json").string(), manifest_to_json(manifest));
+  const fs::path final = checkpoint_dir(root, manifest.step);
+  publish(tmp, final);
+  fsync_directory(root);
+  prune(root, manifest.step, keep);
+  return final.string();
+}
+
+TempDirGuard::~TempDirGuard() {
+  if (!published && !path.empty()) remove_tree(path);
+}
+
+}  // namespace detail
 
 std::string checkpoint_dir(const std::string& root, int64_t step) {
   return (fs::path(root) / ("step-" + std::to_string(step))).string();
@@ -183,14 +213,23 @@ Manifest verify_checkpoint(const std::string& dir) {
   return manifest;
 }
 
-Manifest load_checkpoint(const std::string& dir, int world_size, TrainingState& state) {
+Manifest load_checkpoint(const std::string& dir, int world_size, TrainingState& state, int rank) {
   TORCH_CHECK(state.model != nullptr, "ddp: load_checkpoint: TrainingState::model is null");
-  const Manifest manifest = verify_checkpoint(dir);
+  const Manifest head = read_manifest(dir);
+  const bool rank_files = std::any_of(head.files.begin(), head.files.end(),
+                                      [](const ManifestFile& f) { return f.rank != kReplicated; });
+  if (state.shard_plan != nullptr || rank_files) {
+    // Sharded state in the run or in the checkpoint: each rank reads (and verifies) only the files
+    // holding rows it needs, at any world size.
+    return load_resharded_checkpoint(dir, head, rank, world_size, state);
+  }
+  verify_manifest_files(dir, head);
+  const Manifest& manifest = head;
   TORCH_CHECK(manifest.world_size == world_size, "ddp: checkpoint ", dir,
               " was written at world size ", manifest.world_size, " but this run has world size ",
               world_size,
-              "; resuming at a different world size is not supported yet (checkpoints are not "
-              "sharded): run with ",
+              "; a replicated checkpoint resumes at the world size that wrote it (a sharded one, "
+              "from a ShardedModule run, reshards): run with ",
               manifest.world_size, " processes, or start without resuming");
   const auto has = [&](const char* name) {
     return std::any_of(manifest.files.begin(), manifest.files.end(),

@@ -4,8 +4,16 @@
 #include <c10/util/Exception.h>
 
 #include <exception>
+#include <sstream>
+#include <vector>
 
+#include <unistd.h>
+
+#include "c10_errors.hpp"
+#include "checkpoint_dir.hpp"
 #include "ddp/comm/control_scalars.hpp"
+#include "ddp/io/sharded_checkpoint.hpp"
+#include "every_rank.hpp"
 
 namespace ddp::io {
 namespace {
@@ -14,29 +22,77 @@ namespace {
 constexpr int64_t kNoCheckpoint = -1;
 constexpr int64_t kChoiceFailed = -2;
 
-// How many ranks report `failed`: every rank learns whether anyone failed, so that all of them
-// stop together instead of the healthy ones waiting in the next collective until its timeout.
-int64_t count_failures(comm::ProcessGroup& group, bool failed, const std::string& what) {
-  at::Tensor flag = comm::control_tensor(group, {failed ? 1 : 0});
-  group.allreduce_sum(flag, what);
-  return comm::read_scalar(flag);
+// Every rank's ManifestFile entries reach rank 0 through the store as text, one file a line:
+// "<rank> <bytes> <sha256> <name>" (our file names have no spaces or newlines).
+std::string encode_files(const std::vector<ManifestFile>& files) {
+  std::ostringstream out;
+  for (const ManifestFile& f : files)
+    out << f.rank << ' ' << f.bytes << ' ' << f.sha256 << ' ' << f.name << '\n';
+  return out.str();
 }
 
-// Runs `fn` on this rank, then agrees with the others whether it failed anywhere. This rank's own
-// error is rethrown as it was; a healthy rank throws `others_failed`.
-template <typename Fn>
-void on_every_rank(comm::ProcessGroup& group, const std::string& what,
-                   const std::string& others_failed, Fn&& fn) {
-  std::exception_ptr error;
-  try {
-    fn();
-  } catch (...) {
-    error = std::current_exception();
-  }
-  const int64_t failures = count_failures(group, error != nullptr, what);
-  if (error) std::rethrow_exception(error);
-  TORCH_CHECK(failures == 0, "ddp: ", others_failed, " on ", failures,
-              " rank(s) (their errors say why)");
+std::vector<ManifestFile> decode_files(const std::string& text) {
+  std::vector<ManifestFile> files;
+  std::istringstream in(text);
+  ManifestFile f;
+  while (in >> f.rank >> f.bytes >> f.sha256 >> f.name) files.push_back(f);
+  return files;
+}
+
+// save_and_barrier for sharded state, [Note: per-rank shard files]:
+//   all:    rank 0's pid, broadcast, names the temporary directory every rank writes into
+//   rank 0: start_checkpoint_dir                          -- then a failure count (a barrier)
+//   all:    write_shard_files; its entries to the store   -- failure count
+//   rank 0: the entries of every rank into one manifest, written last; rename; prune
+//                                                          -- failure count: published for all
+// A failure anywhere stops every rank after the step it happened in, and rank 0's guard removes
+// the temporary directory: the checkpoints saved before are untouched.
+std::string save_sharded(comm::ProcessGroup& group, const CoordinatorOptions& options,
+                         const TrainingState& state) {
+  TORCH_CHECK(state.shard_plan->world == group.world_size(),
+              "ddp: save_and_barrier: the shard "
+              "plan is for world size ",
+              state.shard_plan->world, " but the group has ", group.world_size(), " ranks");
+  const bool root = group.rank() == 0;
+  at::Tensor pid = comm::control_tensor(group, {root ? int64_t(::getpid()) : 0});
+  group.broadcast(pid, 0, "checkpoint directory broadcast");
+  const std::string tmp =
+      detail::temp_checkpoint_dir(options.root, state.step, comm::read_scalar(pid));
+  // Same number on every rank: exchanges are collective.
+  const std::string key = "checkpoint/" + std::to_string(group.next_exchange_id()) + "/";
+  const std::string failed =
+      "checkpoint step-" + std::to_string(state.step) + " could not be saved";
+  detail::TempDirGuard guard{root ? tmp : ""};
+  detail::on_every_rank(group, "checkpoint directory check", failed, [&] {
+    if (root) as_c10_error([&] { detail::start_checkpoint_dir(options.root, tmp); });
+  });
+  ShardFiles mine;
+  detail::on_every_rank(group, "checkpoint shard check", failed, [&] {
+    mine = write_shard_files(tmp, state, group.rank());
+    const std::string text = encode_files(mine.files);
+    group.store().set(key + std::to_string(group.rank()),
+                      std::vector<uint8_t>(text.begin(), text.end()));
+  });
+  std::string dir;
+  detail::on_every_rank(group, "checkpoint publish check", failed, [&] {
+    if (!root) return;
+    Manifest manifest;
+    manifest.step = state.step;
+    manifest.data_position = state.data_position;
+    manifest.world_size = group.world_size();
+    manifest.optimizer = mine.optimizer;
+    manifest.sharded = mine.sharded;
+    for (int r = 0; r < group.world_size(); ++r) {
+      const auto bytes = group.store().get(key + std::to_string(r));
+      for (ManifestFile& f : decode_files(std::string(bytes.begin(), bytes.end())))
+        manifest.files.push_back(std::move(f));
+      group.store().deleteKey(key + std::to_string(r));
+    }
+    dir = as_c10_error(
+        [&] { return detail::finish_checkpoint_dir(options.root, tmp, manifest, options.keep); });
+    guard.published = true;
+  });
+  return dir;
 }
 
 }  // namespace
@@ -68,13 +124,16 @@ std::optional<CheckpointEntry> resume_latest(comm::ProcessGroup& group,
   if (choice == kNoCheckpoint) return std::nullopt;
 
   const CheckpointEntry entry{choice, checkpoint_dir(options.root, choice)};
-  on_every_rank(group, "checkpoint load check", "checkpoint " + entry.dir + " could not be loaded",
-                [&] { load_checkpoint(entry.dir, group.world_size(), state); });
+  detail::on_every_rank(
+      group, "checkpoint load check", "checkpoint " + entry.dir + " could not be loaded",
+      [&] { load_checkpoint(entry.dir, group.world_size(), state, group.rank()); });
   return entry;
 }
 
 std::string save_and_barrier(comm::ProcessGroup& group, const CoordinatorOptions& options,
                              const TrainingState& state) {
+  TORCH_CHECK(!options.root.empty(), "ddp: save_and_barrier: CoordinatorOptions::root is empty");
+  if (state.shard_plan != nullptr) return save_sharded(group, options, state);
   CheckpointOptions checkpoint;
   checkpoint.root = options.root;
   checkpoint.keep = options.keep;
@@ -83,9 +142,9 @@ std::string save_and_barrier(comm::ProcessGroup& group, const CoordinatorOptions
   std::string dir;
   // The all-reduce inside is the barrier: nobody returns before rank 0's save has returned, and
   // save_checkpoint returns only once the checkpoint is renamed into place and fsynced.
-  on_every_rank(group, "checkpoint barrier",
-                "checkpoint step-" + std::to_string(state.step) + " could not be saved",
-                [&] { dir = save_checkpoint(checkpoint, state); });
+  detail::on_every_rank(group, "checkpoint barrier",
+                        "checkpoint step-" + std::to_string(state.step) + " could not be saved",
+                        [&] { dir = save_checkpoint(checkpoint, state); });
   return dir;
 }
 

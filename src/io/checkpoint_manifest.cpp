@@ -36,6 +36,45 @@ T field(const json& j, const char* key, const std::string& path) {
   }
 }
 
+// The "sharded" list, checked: every parameter once, a shape with a dim 0, one row range per rank
+// of the writing run, each inside [0, dim 0), and every file rank within the world.
+std::vector<ShardedTensor> read_sharded(const json& list, const Manifest& m,
+                                        const std::string& path) {
+  TORCH_CHECK(list.is_array(), "ddp: checkpoint manifest ", path,
+              " is invalid: \"sharded\" is not a list");
+  std::vector<ShardedTensor> out;
+  for (const json& e : list) {
+    TORCH_CHECK(e.is_object(), "ddp: checkpoint manifest ", path,
+                " is invalid: an entry of \"sharded\" is not an object: ", e.dump());
+    ShardedTensor t;
+    t.name = field<std::string>(e, "name", path);
+    t.shape = field<std::vector<int64_t>>(e, "shape", path);
+    const auto rows = field<std::vector<std::vector<int64_t>>>(e, "rows", path);
+    t.optimizer_state = field<std::vector<std::string>>(e, "optimizer_state", path);
+    for (const ShardedTensor& seen : out) {
+      TORCH_CHECK(seen.name != t.name, "ddp: checkpoint manifest ", path,
+                  " is invalid: sharded parameter '", t.name, "' is listed twice");
+    }
+    TORCH_CHECK(!t.shape.empty() && t.shape[0] >= 0, "ddp: checkpoint manifest ", path,
+                " is invalid: sharded parameter '", t.name, "' has no dim 0 to split");
+    TORCH_CHECK(rows.size() == size_t(m.world_size), "ddp: checkpoint manifest ", path,
+                " is invalid: sharded parameter '", t.name, "' has ", rows.size(),
+                " row ranges for world size ", m.world_size);
+    for (const auto& r : rows) {
+      TORCH_CHECK(r.size() == 2 && 0 <= r[0] && r[0] <= r[1] && r[1] <= t.shape[0],
+                  "ddp: checkpoint manifest ", path, " is invalid: sharded parameter '", t.name,
+                  "' has a row range ", json(r).dump(), " outside [0, ", t.shape[0], "]");
+      t.rows.push_back({r[0], r[1]});
+    }
+    out.push_back(std::move(t));
+  }
+  for (const ManifestFile& f : m.files) {
+    TORCH_CHECK(f.rank < m.world_size, "ddp: checkpoint manifest ", path, " is invalid: file '",
+                f.name, "' has rank ", f.rank, " in a run of world size ", m.world_size);
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string manifest_to_json(const Manifest& m) {
@@ -47,16 +86,28 @@ std::string manifest_to_json(const Manifest& m) {
     if (f.rank != kReplicated) entry["rank"] = f.rank;
     files.push_back(std::move(entry));
   }
-  const json j = {{"format", kFormatName},
-                  {"format_version", m.format_version},
-                  {"step", m.step},
-                  {"data_position", m.data_position},
-                  {"world_size", m.world_size},
-                  {"optimizer", m.optimizer},
-                  // CUDA generators are not captured: the CPU build has none, and the CUDA build
-                  // draws no random numbers in the training paths we checkpoint.
-                  {"rng", {{"cpu", "rng.safetensors"}, {"cuda", "not saved"}}},
-                  {"files", files}};
+  json j = {{"format", kFormatName},
+            {"format_version", m.format_version},
+            {"step", m.step},
+            {"data_position", m.data_position},
+            {"world_size", m.world_size},
+            {"optimizer", m.optimizer},
+            // CUDA generators are not captured: the CPU build has none, and the CUDA build
+            // draws no random numbers in the training paths we checkpoint.
+            {"rng", {{"cpu", "rng.safetensors"}, {"cuda", "not saved"}}},
+            {"files", files}};
+  if (!m.sharded.empty()) {
+    json sharded = json::array();
+    for (const ShardedTensor& t : m.sharded) {
+      json rows = json::array();
+      for (const shard::RowRange& r : t.rows) rows.push_back({r.begin, r.end});
+      sharded.push_back({{"name", t.name},
+                         {"shape", t.shape},
+                         {"rows", rows},
+                         {"optimizer_state", t.optimizer_state}});
+    }
+    j["sharded"] = std::move(sharded);
+  }
   return j.dump(2) + "\n";
 }
 
@@ -107,23 +158,26 @@ Manifest read_manifest(const std::string& dir) {
                 "' is not a plain file name");
     m.files.push_back(std::move(file));
   }
+  if (j.contains("sharded")) m.sharded = read_sharded(field<json>(j, "sharded", path), m, path);
   return m;
 }
 
 void verify_manifest_files(const std::string& dir, const Manifest& manifest) {
-  for (const ManifestFile& f : manifest.files) {
-    const std::string path = (fs::path(dir) / f.name).string();
-    std::error_code ec;
-    const uint64_t bytes = fs::file_size(path, ec);
-    TORCH_CHECK(!ec, "ddp: checkpoint ", path, " is missing: ", ec.message(),
-                " (the manifest lists it with ", f.bytes, " bytes)");
-    // Size first: a truncated file is named as such without reading it.
-    TORCH_CHECK(bytes == f.bytes, "ddp: checkpoint ", path, " is corrupt: ", bytes,
-                " bytes != manifest ", f.bytes, " bytes (truncated or overwritten)");
-    const std::string sha = as_c10_error([&] { return sha256_file(path); });
-    TORCH_CHECK(sha == f.sha256, "ddp: checkpoint ", path, " is corrupt: sha256 ", sha,
-                " != manifest ", f.sha256);
-  }
+  for (const ManifestFile& f : manifest.files) verify_manifest_file(dir, f);
+}
+
+void verify_manifest_file(const std::string& dir, const ManifestFile& f) {
+  const std::string path = (fs::path(dir) / f.name).string();
+  std::error_code ec;
+  const uint64_t bytes = fs::file_size(path, ec);
+  TORCH_CHECK(!ec, "ddp: checkpoint ", path, " is missing: ", ec.message(),
+              " (the manifest lists it with ", f.bytes, " bytes)");
+  // Size first: a truncated file is named as such without reading it.
+  TORCH_CHECK(bytes == f.bytes, "ddp: checkpoint ", path, " is corrupt: ", bytes,
+              " bytes != manifest ", f.bytes, " bytes (truncated or overwritten)");
+  const std::string sha = as_c10_error([&] { return sha256_file(path); });
+  TORCH_CHECK(sha == f.sha256, "ddp: checkpoint ", path, " is corrupt: sha256 ", sha,
+              " != manifest ", f.sha256);
 }
 
 }  // namespace ddp::io

@@ -311,9 +311,9 @@ TEST(Checkpoint, DifferentWorldSizeIsRefusedNamingBoth) {
   TrainingState state = a.state();
   EXPECT_EQ(error_of([&] { ddp::io::load_checkpoint(dir, 3, state); }),
             "ddp: checkpoint " + dir +
-                " was written at world size 2 but this run has world size 3; resuming at a "
-                "different world size is not supported yet (checkpoints are not sharded): run "
-                "with 2 processes, or start without resuming");
+                " was written at world size 2 but this run has world size 3; a replicated "
+                "checkpoint resumes at the world size that wrote it (a sharded one, from a "
+                "ShardedModule run, reshards): run with 2 processes, or start without resuming");
   EXPECT_EQ(state.step, 0);
 }
 

@@ -17,6 +17,11 @@
 // Replicated state (data parallel): rank 0 writes, every rank loads. The ranks agree that a save is
 // complete and which checkpoint to load through checkpoint_coordinator.hpp (save_and_barrier,
 // resume_latest); this layer touches files only.
+//
+// Sharded state (shard::ShardedModule; TrainingState::shard_plan set): every rank writes its rows
+// of the sharded parameters and of their optimizer state ("model.rank-<R>.safetensors",
+// "optim.rank-<R>.safetensors"), rank 0 the replicated rest under the names above, all in one
+// directory with one manifest; loading reshards to any world size. See sharded_checkpoint.hpp.
 
 #include <cstdint>
 #include <optional>
@@ -27,6 +32,7 @@
 #include <torch/optim/optimizer.h>
 
 #include "ddp/io/checkpoint_manifest.hpp"
+#include "ddp/shard/shard_plan.hpp"
 
 namespace ddp::io {
 
@@ -39,8 +45,8 @@ struct CheckpointOptions {
   // This process's rank: only rank 0 writes (the state is replicated); other ranks return from
   // save_checkpoint at once. Default 0, a single process.
   int rank = 0;
-  // Processes of the run, recorded in the manifest; loading at another world size is refused
-  // until sharded checkpoints exist. Default 1.
+  // Processes of the run, recorded in the manifest; a replicated checkpoint is refused at another
+  // world size (a sharded one reshards). Default 1.
   int world_size = 1;
 };
 
@@ -50,6 +56,10 @@ struct TrainingState {
   torch::optim::Optimizer* optimizer = nullptr;  // optional: SGD or Adam; null saves none
   int64_t step = 0;                              // steps completed; load sets it
   int64_t data_position = 0;                     // caller's data cursor; load sets it
+  // The plan of a sharded run (shard::ShardedModule::plan()): its sharded parameters are this
+  // rank's [chunk, ...] shards between steps, and the optimizer's state of them too. Default
+  // null: every parameter is full on every rank (replicated, DDP).
+  const shard::ShardPlan* shard_plan = nullptr;
 };
 
 // "<root>/step-<step>".
@@ -70,7 +80,11 @@ Manifest verify_checkpoint(const std::string& dir);
 // the checkpoint must then hold that kind of optimizer's state) and the CPU generator; sets
 // state.step and state.data_position. Throws, changing nothing, when the checkpoint is corrupt or
 // was written at a world size other than `world_size` (the message names both).
-Manifest load_checkpoint(const std::string& dir, int world_size, TrainingState& state);
+// When the checkpoint or the run is sharded, `rank` (this process's, of `world_size`) says which
+// rows to load; the world sizes may then differ, and only the files holding those rows are read
+// and verified (load_resharded_checkpoint in sharded_checkpoint.hpp).
+Manifest load_checkpoint(const std::string& dir, int world_size, TrainingState& state,
+                         int rank = 0);
 
 // step-<N> directories under root (complete or not), highest step first; [] if root is absent.
 struct CheckpointEntry {

@@ -19,16 +19,20 @@
 //           collective pattern as a failed load.
 //
 // [Note: per-rank shard files]
-// Today the state is replicated: rank 0 writes every file, every rank reads all of them. Sharded
-// state (FULLY_SHARD, sharded optimizer state) will fit in the same two calls:
-//   - save: every rank writes its own shard files ("model.rank-<R>.safetensors") into the same
-//     temporary directory (its name then comes from rank 0 through the broadcast above instead of
-//     from rank 0's pid); a barrier; rank 0 hashes nothing of the others' but collects their
-//     ManifestFile entries (name, bytes, sha256, rank) through the store, writes the one manifest
-//     listing every rank's files (ManifestFile::rank), renames, and the final barrier publishes;
-//   - resume: the choice stays rank 0's; each rank verifies and loads only the files whose rank is
-//     its own (plus the replicated ones, rank -1), so loading stays O(state / world) per rank;
-//     a different world size becomes a re-shard instead of the refusal it is now.
+// Replicated state (DDP; TrainingState::shard_plan null): rank 0 writes every file, every rank
+// reads all of them. Sharded state (shard::ShardedModule; shard_plan set) uses the same two calls:
+//   - save: rank 0's pid, broadcast, names the temporary directory; rank 0 creates it; every rank
+//     writes its own files into it ("model.rank-<R>.safetensors", "optim.rank-<R>.safetensors";
+//     rank 0 also the replicated model/optim/rng files) and hashes them itself; their ManifestFile
+//     entries (name, bytes, sha256, rank) reach rank 0 through the group's store; rank 0 writes
+//     the one manifest listing every rank's files and each sharded parameter's rows per rank,
+//     renames and prunes. A failure count after each step (an all-reduce: also the barrier)
+//     stops every rank together, and the temporary directory is removed.
+//   - resume: the choice stays rank 0's (find_latest_checkpoint verifies every file, so rank 0
+//     hashes the whole checkpoint once); each rank then loads, verifying first, only the files
+//     holding rows it needs (its own at an unchanged world size and plan, plus the replicated
+//     ones), so loading stays O(state / world) per rank; a different world size reshards
+//     (io/sharded_checkpoint.hpp, [Note: resharding on load]).
 // The manifest is the only place that lists files, so a checkpoint stays complete-or-absent.
 
 #include <optional>
@@ -55,10 +59,11 @@ std::optional<CheckpointEntry> resume_latest(comm::ProcessGroup& group,
                                              const CoordinatorOptions& options,
                                              TrainingState& state);
 
-// Saves `state` as step-<state.step> (rank 0 writes; see the note above) and returns once the
-// checkpoint is complete for every rank. Returns the directory on rank 0, "" elsewhere.
-// Collective. Throws c10::Error on every rank when rank 0's write fails (rank 0 with the file and
-// errno's text); the checkpoints saved before are untouched.
+// Saves `state` as step-<state.step> (rank 0 writes, or every rank its shard when
+// state.shard_plan is set; see the note above) and returns once the checkpoint is complete for
+// every rank. Returns the directory on rank 0, "" elsewhere. Collective. Throws c10::Error on
+// every rank when a write fails (the failing rank with the file and errno's text); the
+// checkpoints saved before are untouched.
 std::string save_and_barrier(comm::ProcessGroup& group, const CoordinatorOptions& options,
                              const TrainingState& state);
 
