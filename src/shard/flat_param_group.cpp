@@ -203,7 +203,8 @@ void FlatParamGroup::start_reduce_scatter() {
     }
   }
   // The (world, S) input of [Note: flat shard layout]; padding rows stay zero.
-  reduce_input_ = at::zeros({world_ * shard_numel_}, shard_.options());
+  reduce_input_ = at::zeros({world_ * shard_numel_},
+                            shard_.options().dtype(reduce_dtype_.value_or(shard_.scalar_type())));
   const at::Tensor by_rank = reduce_input_.view({world_, shard_numel_});
   for (Member& m : params_) {
     const at::Tensor grad = m.param.grad();
@@ -244,6 +245,7 @@ void FlatParamGroup::finish_reduce_scatter() {
   wait_reduce_scatter();
   at::Tensor reduced = std::move(reduced_);
   reduced_ = at::Tensor();
+  if (reduced.scalar_type() != shard_.scalar_type()) reduced = reduced.to(shard_.scalar_type());
   reducing_ = false;
   point_at_shards();
   at::NoGradGuard no_grad;

@@ -49,6 +49,10 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module, comm::Pr
     unit_of_group_.push_back(u);
     groups_.push_back(std::make_unique<FlatParamGroup>(plan_, u, params_, pg_));
   }
+  if (options_.reduce_dtype) check_reduce_dtype(*options_.reduce_dtype);
+  for (auto& group : groups_) {
+    if (options_.reduce_dtype) group->set_reduce_dtype(*options_.reduce_dtype);
+  }
   group_hooks_.resize(groups_.size());
   ready_.assign(groups_.size(), 0);
   reduced_.assign(groups_.size(), false);
@@ -79,6 +83,23 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module, comm::Pr
 }
 
 ShardedModule::~ShardedModule() = default;
+
+void ShardedModule::check_reduce_dtype(c10::ScalarType dtype) {
+  TORCH_CHECK(at::isFloatingType(dtype), "ddp: reduce_dtype ", dtype,
+              " is not a floating-point type; gradients are averaged");
+  // One tiny reduce-scatter in that dtype, on every rank: a backend that cannot reduce it refuses
+  // before communicating (Gloo 1.13 with bf16: "Invalid scalar type"), the same on every rank, so
+  // the error comes now and names the dtype instead of coming from the first backward.
+  const at::Tensor probe =
+      at::zeros({pg_->world_size()},
+                params_.empty() ? at::TensorOptions(dtype) : params_[0].options().dtype(dtype));
+  try {
+    pg_->reduce_scatter(probe, comm::ReduceOp::kAvg, "reduce_dtype probe");
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "ddp: reduce_dtype ", dtype, ": the ", pg_->backend_name(),
+                " backend cannot reduce it (", e.what_without_backtrace(), ")");
+  }
+}
 
 void ShardedModule::note_memory() {
   int64_t bytes = 0;

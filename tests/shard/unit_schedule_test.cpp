@@ -11,7 +11,9 @@
 #include "ddp/models/gpt.hpp"
 #include "ddp/models/mlp.hpp"
 #include "ddp/shard/sharded_module.hpp"
+#include "support/error_text.hpp"
 #include "support/oracle.hpp"
+#include "support/param_names.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::testing {
@@ -199,6 +201,64 @@ DDP_TEST_WORKER(unit_schedule_mlp) {
   };
   train_and_compare(pg, mlp, oracle, options, xs, ys, loss, "per-layer FULLY_SHARD of the MLP");
 }
+
+// reduce_dtype: fp16 reduce-scatters end within fp16's rounding of the fp32 oracle; bf16, which
+// Gloo cannot reduce, is refused at construction naming the dtype and the backend.
+DDP_TEST_WORKER(unit_schedule_reduce_dtype) {
+  auto pg = worker_process_group(std::chrono::seconds(60));
+  const int w = pg->world_size(), r = pg->rank();
+  models::MLPOptions shape;
+  shape.in = 6;
+  shape.hidden = 10;
+  shape.out = 5;
+  shape.depth = 3;
+  shard::ShardOptions options;
+  options.units = {"layers.0", "layers.1", "layers.2"};
+  options.reduce_dtype = torch::kBFloat16;
+  const std::string wrong = error_of([&] {
+    shard::FullyShardedDataParallel<models::MLP> refused(models::MLP(shape), pg, options);
+  });
+  require(wrong.rfind("ddp: reduce_dtype BFloat16: the gloo backend cannot reduce it (", 0) == 0,
+          "bf16 on Gloo: " + wrong);
+  options.reduce_dtype = torch::kHalf;
+  torch::manual_seed(0);
+  models::MLP net(shape);
+  torch::manual_seed(0);
+  models::MLP oracle(shape);
+  shard::FullyShardedDataParallel<models::MLP> model(net, pg, options);
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::SGD oracle_opt(oracle->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::manual_seed(1);
+  for (int s = 0; s < 3; ++s) {
+    const auto x = torch::randn({3 * w, shape.in});
+    const auto y = torch::randn({3 * w, shape.out});
+    torch::mse_loss(model(x.narrow(0, 3 * r, 3)), y.narrow(0, 3 * r, 3)).backward();
+    opt.step();
+    opt.zero_grad();
+    torch::mse_loss(oracle->forward(x), y).backward();
+    oracle_opt.step();
+    oracle_opt.zero_grad();
+  }
+  std::vector<std::string> names;
+  std::vector<torch::Tensor> ours, theirs;
+  const auto reference = oracle->named_parameters();
+  for (const auto& [name, t] : model.full_parameters()) {
+    names.push_back(name);
+    ours.push_back(t);
+    theirs.push_back(*reference.find(name));
+  }
+  // fp16 keeps 11 bits: a reduced gradient is within about 5e-4 of the exact one, relative.
+  require_close(names, ours, theirs, 2e-3, "reduce_dtype fp16");
+}
+
+class ReduceDtypeTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(ReduceDtypeTest, HalfReducesWithinItsRoundingAndGlooRefusesBFloat16) {
+  const auto result = run_workers("unit_schedule_reduce_dtype", GetParam());
+  EXPECT_TRUE(result.ok()) << result.describe();
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, ReduceDtypeTest, ::testing::Values(2, 3), world_name);
 
 struct Case {
   std::string model, opt;

@@ -91,13 +91,32 @@ TEST(DdpTrain, ShardedStylesEndWhereDdpEnds) {
   }
 }
 
-TEST(DdpTrain, ShardedStylesRefuseCheckpointsForNow) {
-  const auto [out, code] =
-      run(std::string(DDP_TRAIN_PATH) + " --fsdp --checkpoint-dir /nonexistent/x --steps 1");
-  EXPECT_EQ(code, 1);
-  EXPECT_NE(out.find("ddp-train: --checkpoint-dir with --style fully_shard is not available yet"),
-            std::string::npos)
-      << out;
+// A FULLY_SHARD run saved at world 3 resumes at world 2 (the global batch kept at 12 samples) and
+// ends with the weights of an uninterrupted DDP run over the same 16 global batches.
+TEST(DdpTrain, ShardedCheckpointSavedAtThreeResumesAtTwo) {
+  const ddp::testing::TempDir tmp("train_sharded_ckpt");
+  const std::string dir = tmp.str();
+  const std::string train = std::string(DDP_TRAIN_PATH) + " --model mlp --timeout-s 60 ";
+  const auto [a_out, a_code] =
+      run(train + "--nproc 3 --batch-size 4 --steps 8 --fsdp --fsdp-wrap --checkpoint-dir " + dir +
+          "/ckpt --checkpoint-every 4");
+  ASSERT_EQ(a_code, 0) << a_out;
+  const auto [b_out, b_code] =
+      run(train + "--nproc 2 --batch-size 6 --steps 16 --fsdp --fsdp-wrap --checkpoint-dir " + dir +
+          "/ckpt --resume --save-weights " + dir + "/resumed.safetensors");
+  ASSERT_EQ(b_code, 0) << b_out;
+  EXPECT_NE(b_out.find("resumed from"), std::string::npos) << b_out;
+  EXPECT_NE(b_out.find("at step 8"), std::string::npos) << b_out;
+  const auto [c_out, c_code] =
+      run(train + "--nproc 2 --batch-size 6 --steps 16 --save-weights " + dir + "/ddp.safetensors");
+  ASSERT_EQ(c_code, 0) << c_out;
+  const auto a = ddp::io::load_safetensors(dir + "/ddp.safetensors");
+  const auto b = ddp::io::load_safetensors(dir + "/resumed.safetensors");
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, t] : a) {
+    const double err = (t - b.at(name)).norm().item<double>() / t.norm().item<double>();
+    EXPECT_LT(err, 1e-5) << name;
+  }
 }
 
 TEST(DdpTrain, BadFlagIsRefusedWithItsName) {

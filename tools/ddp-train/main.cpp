@@ -67,9 +67,6 @@ void check_checkpoint_flags(const Args& args) {
   TORCH_CHECK(!uses || !args.checkpoint_dir.empty(),
               "--checkpoint-every and --resume need --checkpoint-dir DIR");
   if (args.checkpoint_dir.empty()) return;
-  TORCH_CHECK(!args.shard.sharded(), "--checkpoint-dir with --style ", args.shard.style,
-              " is not available yet: sharded checkpoints (every rank writes its shard) are "
-              "the next part of issue 12; train with --style replicate to checkpoint");
   // Resuming must end bit-for-bit where an uninterrupted run ends; state we cannot capture is
   // refused rather than silently lost.
   TORCH_CHECK(!args.optimizer_overlap,
@@ -167,6 +164,8 @@ int run_worker(const Args& args) {
   ddp::io::TrainingState state;
   state.model = w.ptr.get();
   state.optimizer = opt.get();
+  // Sharded styles: every rank writes its shard, and a resume at another world size reshards.
+  if (sharded) state.shard_plan = &sharded->plan();
   ddp::io::CoordinatorOptions ckpt;
   ckpt.root = args.checkpoint_dir;
   ckpt.keep = args.keep_checkpoints;

@@ -18,6 +18,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -84,6 +85,8 @@ class FlatParamGroup {
   // Both, for callers without anything to overlap.
   void reduce_scatter_grads();
   bool reduce_scatter_in_flight() const { return reducing_; }
+  // The dtype of the reduce-scatter (default: the parameters'); set before the first backward.
+  void set_reduce_dtype(c10::ScalarType dtype) { reduce_dtype_ = dtype; }
   // The full parameters, gathered into new tensors (trimmed of padding, registration order);
   // the group's state and the parameters are untouched. Collective.
   std::vector<at::Tensor> gather_full() const;
@@ -130,7 +133,8 @@ class FlatParamGroup {
   comm::PendingCollective reduce_;  // the reduce-scatter in flight, when reducing_
   at::Tensor reduce_input_;         // kept alive until it completes
   bool reducing_ = false;           // issued, not finished
-  at::Tensor reduced_;              // the waited result, until finish_reduce_scatter
+  std::optional<c10::ScalarType> reduce_dtype_;
+  at::Tensor reduced_;  // the waited result, until finish_reduce_scatter
   ShardedState state_ = ShardedState::kSharded;
 };
 

@@ -29,6 +29,7 @@
 #include <torch/nn/module.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -69,6 +70,13 @@ struct ShardOptions {
   // buckets, each all-reduced as soon as its gradients are ready, overlapping the rest of backward.
   // Its defaults (PyTorch's caps, gradients as bucket views) for the same reasons as DDP's.
   reducer::ReducerOptions replicated;
+  // The reduce side of FSDP2's mixed-precision policy: the dtype in which gradients are
+  // reduce-scattered (the shards come back in the parameters' dtype). Default none: the
+  // parameters' own dtype, exact fp32 averages. kHalf / kBFloat16 halve the bytes on the wire for
+  // a rounding of the sum; a dtype the backend cannot reduce (Gloo: bf16) is refused at
+  // construction, naming it. The gathered parameters keep their dtype (param_dtype is not built:
+  // a C++ module's parameter cannot change dtype under it; autocast gives the compute precision).
+  std::optional<c10::ScalarType> reduce_dtype;
 };
 
 // Memory this rank holds, in bytes (CPU: tensor storage; the same numbers on CUDA).
@@ -127,6 +135,7 @@ class ShardedModule : private UnitListener {
   void on_grad_ready(size_t group);
   void finish_backward();
   void note_memory();
+  void check_reduce_dtype(c10::ScalarType dtype);
 
   std::shared_ptr<torch::nn::Module> module_;
   comm::ProcessGroupPtr pg_;
