@@ -46,7 +46,7 @@ fi
 
 if has tests; then
   build-gpu/tests/ddp_tests \
-    --gtest_filter='BucketPlan.*:Env.*:ReplicaCheck.*:Spawn.*:AutocastGuard.*:Models/GpuEquivalence.*:WorldSizes/FlatCollectivesNccl.*:DeviceMeshNccl.*:PosixFile.*:Checkpoint.*:CheckpointSha256.*:Safetensors.*:AllDtypes/*:Cases/*:-Spawn.DdpTrainNprocWorkersArePrefixed' \
+    --gtest_filter='BucketPlan.*:Env.*:ReplicaCheck.*:Spawn.*:AutocastGuard.*:Models/GpuEquivalence.*:WorldSizes/FlatCollectivesNccl.*:DeviceMeshNccl.*:PosixFile.*:Checkpoint.*:CheckpointSha256.*:Safetensors.*:AllDtypes/*:Cases/*:RowPieces.*:SavedLoaded/*:ActivationCheckpoint.*:-Spawn.DdpTrainNprocWorkersArePrefixed' \
     >"$OUT/tests.log" 2>&1
   note "tests rc=$?: $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/tests.log" | tr '\n' ' ')"
   grep -E '^\[  FAILED  \]|relative error' "$OUT/tests.log" | head -20 | tee -a "$SUMMARY"
@@ -153,6 +153,15 @@ if has sharded; then
       $style >"$OUT/train-style.log" 2>&1
     note "ddp-train gpt nccl ${style:-ddp} rc=$?: $(tail -1 "$OUT/train-style.log")"
   done
+  # Sharded checkpoints on NCCL: saved by both ranks every 10 steps, then resumed.
+  rm -rf "$OUT/sckpt"
+  timeout 300 build-gpu/ddp-train --nproc 2 --device cuda --model gpt --steps 20 --timeout-s 120 \
+    --fsdp --fsdp-wrap --checkpoint-dir "$OUT/sckpt" --checkpoint-every 10 >"$OUT/train-sckpt.log" 2>&1
+  rc=$?
+  timeout 300 build-gpu/ddp-train --nproc 2 --device cuda --model gpt --steps 30 --timeout-s 120 \
+    --fsdp --fsdp-wrap --checkpoint-dir "$OUT/sckpt" --resume >>"$OUT/train-sckpt.log" 2>&1
+  note "ddp-train fully_shard sharded checkpoint+resume nccl rc=$rc,$?: $(grep -m1 'resumed from' "$OUT/train-sckpt.log"); $(tail -1 "$OUT/train-sckpt.log")"
+  rm -rf "$OUT/sckpt"
   for model in ${SHARD_MODELS:-gpt2-medium}; do
     flags="${FLAGS[$model]} --device cuda --nproc 2 --repeat ${SHARD_REPEAT:-20} --warmup 5 --json"
     run_side() {  # name, then the command
@@ -165,6 +174,7 @@ if has sharded; then
     run_side ours-ddp "$BENCH" --ddp
     run_side ours-fsdp-wrap-keep "$BENCH" --fsdp --fsdp-wrap --reshard-after-forward false
     run_side ours-fsdp-one-unit "$BENCH" --fsdp
+    run_side ours-fsdp-wrap-checkpoint "$BENCH" --fsdp --fsdp-wrap --fsdp-checkpoint
   done
 fi
 
