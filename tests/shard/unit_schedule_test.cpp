@@ -292,7 +292,7 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Cases, UnitScheduleTest,
+    Schedules, UnitScheduleTest,
     ::testing::Values(Case{"gpt", "sgd", true, true, 1}, Case{"gpt", "sgd", true, true, 2},
                       Case{"gpt", "sgd", true, true, 3}, Case{"gpt", "sgd", true, false, 3},
                       Case{"gpt", "sgd", false, true, 2}, Case{"mlp", "adam", true, true, 3},
