@@ -11,6 +11,7 @@
 #include "ddp/models/mlp.hpp"
 #include "support/error_text.hpp"
 #include "support/oracle.hpp"
+#include "support/regression_steps.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::testing {
@@ -39,37 +40,16 @@ DDP_TEST_WORKER(data_parallel_styles) {
   require(model.style() == style &&
               (model.replicated() != nullptr) == (style == DataParallelStyle::kReplicate),
           "the style picks the runtime");
-  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-  torch::optim::SGD oracle_opt(oracle->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-  torch::manual_seed(1);
-  for (int s = 0; s < 3; ++s) {
-    const auto x = torch::randn({3 * w, shape.in});
-    const auto y = torch::randn({3 * w, shape.out});
-    torch::mse_loss(model(x.narrow(0, 3 * r, 3)), y.narrow(0, 3 * r, 3)).backward();
-    opt.step();
-    opt.zero_grad();
-    torch::mse_loss(oracle->forward(x), y).backward();
-    oracle_opt.step();
-    oracle_opt.zero_grad();
-  }
-  std::vector<std::string> names;
-  std::vector<torch::Tensor> ours, theirs;
-  const auto reference = oracle->named_parameters();
+  regression_steps([&](const torch::Tensor& x) { return model(x); }, net->parameters(), oracle, w,
+                   r, shape.in, shape.out, 3);
+  std::vector<std::pair<std::string, torch::Tensor>> ours;
   if (model.sharded()) {
-    for (const auto& [name, t] : model.sharded()->full_parameters()) {
-      names.push_back(name);
-      ours.push_back(t);
-      theirs.push_back(*reference.find(name));
-    }
+    ours = model.sharded()->full_parameters();
   } else {
-    for (const auto& item : net->named_parameters()) {
-      names.push_back(item.key());
-      ours.push_back(item.value());
-      theirs.push_back(*reference.find(item.key()));
-    }
+    for (const auto& item : net->named_parameters()) ours.emplace_back(item.key(), item.value());
   }
-  require_close(names, ours, theirs, 1e-5,
-                std::string("data_parallel ") + shard::style_name(style));
+  require_close_by_name(ours, *oracle, 1e-5,
+                        std::string("data_parallel ") + shard::style_name(style));
   if (w == 2) {
     const comm::DeviceMesh flat(pg, {1, 2}, {"a", "b"});
     const std::string wrong = error_of([&] { (void)parallel::data_parallel_group(flat); });

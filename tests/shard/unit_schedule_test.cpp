@@ -14,6 +14,7 @@
 #include "support/error_text.hpp"
 #include "support/oracle.hpp"
 #include "support/param_names.hpp"
+#include "support/regression_steps.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::testing {
@@ -123,15 +124,7 @@ void train_and_compare(comm::ProcessGroupPtr pg, Holder net, Holder oracle,
     require(peak >= total, "without resharding every unit stays gathered: " + numbers);
   }
 
-  std::vector<std::string> names;
-  std::vector<torch::Tensor> ours, theirs;
-  const auto reference = oracle->named_parameters();
-  for (const auto& [name, tensor] : model.full_parameters()) {
-    names.push_back(name);
-    ours.push_back(tensor);
-    theirs.push_back(*reference.find(name));
-  }
-  require_close(names, ours, theirs, 1e-5, what + ", " + opt_kind);
+  require_close_by_name(model.full_parameters(), *oracle, 1e-5, what + ", " + opt_kind);
 }
 
 shard::ShardOptions schedule_options() {
@@ -226,29 +219,10 @@ DDP_TEST_WORKER(unit_schedule_reduce_dtype) {
   torch::manual_seed(0);
   models::MLP oracle(shape);
   shard::FullyShardedDataParallel<models::MLP> model(net, pg, options);
-  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-  torch::optim::SGD oracle_opt(oracle->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-  torch::manual_seed(1);
-  for (int s = 0; s < 3; ++s) {
-    const auto x = torch::randn({3 * w, shape.in});
-    const auto y = torch::randn({3 * w, shape.out});
-    torch::mse_loss(model(x.narrow(0, 3 * r, 3)), y.narrow(0, 3 * r, 3)).backward();
-    opt.step();
-    opt.zero_grad();
-    torch::mse_loss(oracle->forward(x), y).backward();
-    oracle_opt.step();
-    oracle_opt.zero_grad();
-  }
-  std::vector<std::string> names;
-  std::vector<torch::Tensor> ours, theirs;
-  const auto reference = oracle->named_parameters();
-  for (const auto& [name, t] : model.full_parameters()) {
-    names.push_back(name);
-    ours.push_back(t);
-    theirs.push_back(*reference.find(name));
-  }
+  regression_steps([&](const torch::Tensor& x) { return model(x); }, net->parameters(), oracle, w,
+                   r, shape.in, shape.out, 3);
   // fp16 keeps 11 bits: a reduced gradient is within about 5e-4 of the exact one, relative.
-  require_close(names, ours, theirs, 2e-3, "reduce_dtype fp16");
+  require_close_by_name(model.full_parameters(), *oracle, 2e-3, "reduce_dtype fp16");
 }
 
 class ReduceDtypeTest : public ::testing::TestWithParam<int> {};
