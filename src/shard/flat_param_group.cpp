@@ -105,7 +105,8 @@ int64_t FlatParamGroup::full_bytes() const {
 
 int64_t FlatParamGroup::transient_bytes() const {
   int64_t bytes = full_has_memory_ ? full_bytes() : 0;
-  if (gathering_) bytes += full_bytes();
+  // A gathered output counts as long as its handle keeps it alive (in flight, or not dropped).
+  if (gather_.result().defined()) bytes += full_bytes();
   if (reduce_input_.defined()) bytes += full_bytes();
   return bytes;
 }
