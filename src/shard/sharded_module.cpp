@@ -127,9 +127,10 @@ void ShardedModule::gather(size_t g) {
     // never runs. So they are installed when the group points its parameters at a new full
     // buffer (the old ones removed first), once per step.
     group_hooks_[g].reset();
+    std::vector<std::string> names;
+    for (size_t i : groups_[g]->members()) names.push_back(names_[i]);
     group_hooks_[g] = std::make_unique<reducer::AutogradHooks>(
-        groups_[g]->params(), std::vector<std::string>(groups_[g]->params().size(), "?"),
-        [this, g](size_t) { on_grad_ready(g); });
+        groups_[g]->params(), names, [this, g](size_t) { on_grad_ready(g); });
   }
   note_memory();
 }

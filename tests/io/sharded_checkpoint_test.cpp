@@ -145,14 +145,14 @@ DDP_TEST_WORKER(sharded_checkpoint_train) {
     return;
   }
   const io::TensorMap want = oracle(optimizer);
-  require_close_maps(io::gather_full_state(*pg, model.plan(), *net), want,
+  require_close_maps(io::gather_full_state(*pg, model, *net), want,
                      "resumed at world " + std::to_string(w));
 
   const std::string export_dir = worker_env("DDP_TEST_EXPORT", "");
   if (export_dir.empty()) return;
   for (const std::string name : {"export.safetensors", "export.pt"}) {
     const std::string path = (fs::path(export_dir) / name).string();
-    io::export_full_state(*pg, model.plan(), *net, path);
+    io::export_full_state(*pg, model, *net, path);
     if (r != 0) continue;
     auto plain = make_net();  // a single-process model that knows nothing of shards
     io::load_model_tensors(*plain, io::load_weights(path), path);

@@ -14,12 +14,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
-#include <map>
 
 #include "common/ddp_flags.hpp"
 #include "ddp/comm/init.hpp"
 #include "ddp/io/checkpoint_coordinator.hpp"
 #include "ddp/io/checkpoint_state.hpp"
+#include "ddp/io/full_state_dict.hpp"
 #include "ddp/io/torch_save.hpp"
 #include "ddp/launch/spawn.hpp"
 #include "ddp/models/registry.hpp"
@@ -233,19 +233,8 @@ int run_worker(const Args& args) {
   // Whole weights to write: the sharded styles gather them on every rank (collective).
   ddp::io::TensorMap weights;
   if (!args.save_weights.empty()) {
-    weights = ddp::io::model_tensors(*w.ptr);
-    if (sharded) {
-      std::map<const c10::TensorImpl*, torch::Tensor> full;
-      const auto gathered = sharded->full_parameters();
-      for (const auto& item : w.ptr->named_parameters()) {
-        for (const auto& [name, tensor] : gathered) {
-          if (name == item.key()) full[item.value().unsafeGetTensorImpl()] = tensor;
-        }
-      }
-      for (const auto& item : w.ptr->named_parameters()) {
-        weights[item.key()] = full.at(item.value().unsafeGetTensorImpl()).cpu();
-      }
-    }
+    weights = sharded ? ddp::io::gather_full_state(*pg, *sharded, *w.ptr)
+                      : ddp::io::model_tensors(*w.ptr);
   }
   if (lead) {
     progress.finish();

@@ -11,24 +11,24 @@
 
 #include "ddp/comm/process_group.hpp"
 #include "ddp/io/safetensors.hpp"
-#include "ddp/shard/shard_plan.hpp"
+#include "ddp/shard/sharded_module.hpp"
 
 namespace ddp::io {
 
 // Every parameter of `model` (under each of its names, as named_parameters() lists a tied one)
-// and every buffer, at full shape on the CPU: each sharded parameter all-gathered over `group`
-// (one all-gather each, padding rows dropped), the replicated ones and the buffers as this rank
-// holds them. `plan`: the ShardedModule's plan() over `group`. Collective; call it between steps
-// (the sharded parameters are their [chunk, ...] shards). Every rank gets the whole map: the
-// all-gather delivers it everywhere, so a rank that wants it (an evaluation) need not ask again.
-TensorMap gather_full_state(comm::ProcessGroup& group, const shard::ShardPlan& plan,
+// and every buffer, at full shape on the CPU: the sharded parameters gathered by the wrapper
+// (ShardedModule::full_parameters: one all-gather per unit, padding rows dropped), the buffers as
+// this rank holds them. `sharded` wraps `model` over `group`. Collective; call it between steps.
+// Every rank gets the whole map: the all-gather delivers it everywhere, so a rank that wants it
+// (an evaluation) need not ask again.
+TensorMap gather_full_state(comm::ProcessGroup& group, const shard::ShardedModule& sharded,
                             const torch::nn::Module& model);
 
 // gather_full_state, then rank 0 writes it to `path` (atomically): torch.save's format for
 // ".pt"/".pth", safetensors otherwise (save_weights in torch_save.hpp). Collective; returns once
 // the file is written. A failed write throws c10::Error on every rank, rank 0's naming the file
 // and errno's text.
-void export_full_state(comm::ProcessGroup& group, const shard::ShardPlan& plan,
+void export_full_state(comm::ProcessGroup& group, const shard::ShardedModule& sharded,
                        const torch::nn::Module& model, const std::string& path);
 
 }  // namespace ddp::io
