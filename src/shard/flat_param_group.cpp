@@ -209,25 +209,36 @@ void FlatParamGroup::start_reduce_scatter() {
     }
   }
   // The (world, S) input of [Note: flat shard layout]; padding rows stay zero.
-  reduce_input_ = at::zeros({world_ * shard_numel_},
+  // The (world, S) input of [Note: flat shard layout]. Not zero-filled: every element is
+  // written below, the padding rows and an absent gradient's block by zero_().
+  reduce_input_ = at::empty({world_ * shard_numel_},
                             shard_.options().dtype(reduce_dtype_.value_or(shard_.scalar_type())));
   const at::Tensor by_rank = reduce_input_.view({world_, shard_numel_});
   for (Member& m : params_) {
+    const at::Tensor block = by_rank.narrow(1, m.offset, m.chunk * m.row_numel);  // (world, ...)
     const at::Tensor grad = m.param.grad();
-    if (!grad.defined()) continue;
+    if (!grad.defined()) {
+      block.zero_();
+      continue;
+    }
     TORCH_CHECK(grad.sizes().vec() == m.full_sizes, "ddp: unit '", unit_name_,
                 "': a gradient of shape ", grad.sizes(), " for a parameter of shape ",
                 at::IntArrayRef(m.full_sizes));
-    // Rank k's rows straight into row k of the layout: one pass over the gradient, and the
-    // padding rows keep the zeros the input was made with.
     const at::Tensor rows = grad.reshape({m.rows, m.row_numel});
-    const comm::FlatShards split{m.rows, world_};
-    for (int k = 0; k < world_; ++k) {
-      const int64_t n = split.length(k);
-      if (n == 0) continue;
-      by_rank[k]
-          .narrow(0, m.offset, n * m.row_numel)
-          .copy_(rows.narrow(0, split.offset(k), n).reshape({-1}));
+    if (m.rows == world_ * m.chunk) {
+      block.copy_(rows.view({world_, -1}));  // dim 0 divides: one strided copy, no padding
+    } else {
+      // Rank k's rows into row k of the layout, then its padding rows (zeros).
+      const comm::FlatShards split{m.rows, world_};
+      for (int k = 0; k < world_; ++k) {
+        const int64_t n = split.length(k);
+        const at::Tensor mine = block[k];
+        if (n > 0) {
+          mine.narrow(0, 0, n * m.row_numel)
+              .copy_(rows.narrow(0, split.offset(k), n).reshape({-1}));
+        }
+        if (n < m.chunk) mine.narrow(0, n * m.row_numel, (m.chunk - n) * m.row_numel).zero_();
+      }
     }
     m.param.mutable_grad() = at::Tensor();  // the full gradient is in the layout now
   }
