@@ -14,20 +14,25 @@ std::vector<int64_t> with_dim0(const std::vector<int64_t>& sizes, int64_t dim0) 
   return out;
 }
 
-// Points `param` at `sizes` (contiguous) elements of `source` from `offset`, keeping its identity.
+// Points `param` at `sizes` (contiguous) elements of `source` from `offset`, keeping its identity
+// (and taking `source`'s dtype: [Note: gathering in param_dtype]).
 void point(at::Tensor& param, const at::Tensor& source, int64_t offset,
            const std::vector<int64_t>& sizes) {
   at::NoGradGuard no_grad;  // set_ on a leaf that requires grad is not an autograd operation
   std::vector<int64_t> strides(sizes.size(), 1);
   for (size_t d = sizes.size(); d-- > 1;) strides[d - 1] = strides[d] * sizes[d];
-  param.set_(source.storage(), source.storage_offset() + offset, sizes, strides);
+  if (param.scalar_type() == source.scalar_type()) {
+    param.set_(source.storage(), source.storage_offset() + offset, sizes, strides);
+  } else {
+    param.set_data(source.as_strided(sizes, strides, source.storage_offset() + offset));
+  }
 }
 
 }  // namespace
 
 FlatParamGroup::FlatParamGroup(const ShardPlan& plan, size_t unit,
                                const std::vector<at::Tensor>& params, comm::ProcessGroupPtr pg)
-    : pg_(std::move(pg)), world_(plan.world) {
+    : pg_(std::move(pg)), world_(plan.world), gather_dtype_(at::kFloat) {
   TORCH_CHECK(pg_, "ddp: FlatParamGroup needs a process group");
   TORCH_CHECK(unit < plan.units.size(), "ddp: FlatParamGroup: unit ", unit, " of ",
               plan.units.size());
@@ -68,6 +73,7 @@ FlatParamGroup::FlatParamGroup(const ShardPlan& plan, size_t unit,
   }
   const auto options = params_.empty() ? at::TensorOptions(at::kFloat) : params_[0].param.options();
   shard_ = at::zeros({shard_numel_}, options.requires_grad(false));
+  gather_dtype_ = shard_.scalar_type();
   at::NoGradGuard no_grad;
   for (Member& m : params_) {
     const int64_t rows_here = comm::FlatShards{m.rows, world_}.length(rank);
@@ -99,15 +105,22 @@ void FlatParamGroup::require_state(bool ok, const char* operation) const {
               " state", reducing_ ? " with a reduce-scatter in flight" : "");
 }
 
+void FlatParamGroup::set_param_dtype(c10::ScalarType dtype) {
+  require_state(state_ == ShardedState::kSharded && !gathering_, "set_param_dtype");
+  TORCH_CHECK(at::isFloatingType(dtype), "ddp: param_dtype ", dtype,
+              " is not a floating-point type (unit '", unit_name_, "')");
+  gather_dtype_ = dtype;
+}
+
 int64_t FlatParamGroup::full_bytes() const {
-  return world_ * shard_numel_ * static_cast<int64_t>(shard_.element_size());
+  return world_ * shard_numel_ * static_cast<int64_t>(c10::elementSize(gather_dtype_));
 }
 
 int64_t FlatParamGroup::transient_bytes() const {
   int64_t bytes = full_has_memory_ ? full_bytes() : 0;
   // A gathered output counts as long as its handle keeps it alive (in flight, or not dropped).
   if (gather_.result().defined()) bytes += full_bytes();
-  if (reduce_input_.defined()) bytes += full_bytes();
+  if (reduce_input_.defined()) bytes += static_cast<int64_t>(reduce_input_.nbytes());
   return bytes;
 }
 
@@ -121,7 +134,11 @@ void FlatParamGroup::point_at_shards() {
 void FlatParamGroup::start_unshard() {
   if (state_ == ShardedState::kUnsharded || gathering_) return;
   require_state(!reducing_, "start_unshard");
-  gather_ = pg_->all_gather_async(shard_, shard_numel_ * world_);
+  if (gather_dtype_ == shard_.scalar_type()) {
+    gather_ = pg_->all_gather_async(shard_, shard_numel_ * world_);
+  } else {  // [Note: gathering in param_dtype]
+    gather_ = pg_->all_gather_async(shard_.to(gather_dtype_).view(at::kByte), full_bytes());
+  }
   gathering_ = true;
 }
 
@@ -141,7 +158,8 @@ bool FlatParamGroup::unshard() {
   if (state_ == ShardedState::kUnsharded) return false;
   require_state(!reducing_, "unshard");
   start_unshard();
-  const at::Tensor gathered = gather_.wait_on_stream("all-gather of unit '" + unit_name_ + "'");
+  at::Tensor gathered = gather_.wait_on_stream("all-gather of unit '" + unit_name_ + "'");
+  if (gathered.scalar_type() != gather_dtype_) gathered = gathered.view(gather_dtype_);
   // The pending collective keeps its result: drop it, or every unit would keep its last gathered
   // copy (a whole model's worth, measured: 1.6 GB on gpt2-medium) alive between steps.
   gather_ = comm::PendingCollective();
@@ -149,7 +167,7 @@ bool FlatParamGroup::unshard() {
   const size_t nbytes = static_cast<size_t>(full_bytes());
   const bool from_shards = state_ == ShardedState::kSharded;
   if (from_shards) {
-    full_ = at::empty({world_ * shard_numel_}, shard_.options());
+    full_ = at::empty({world_ * shard_numel_}, shard_.options().dtype(gather_dtype_));
   } else {
     // [Note: releasing without set_]: new memory under the same StorageImpl.
     c10::StorageImpl* storage = full_.storage().unsafeGetStorageImpl();
@@ -208,7 +226,6 @@ void FlatParamGroup::start_reduce_scatter() {
       m.param.mutable_grad() = at::Tensor();
     }
   }
-  // The (world, S) input of [Note: flat shard layout]; padding rows stay zero.
   // The (world, S) input of [Note: flat shard layout]. Not zero-filled: every element is
   // written below, the padding rows and an absent gradient's block by zero_().
   reduce_input_ = at::empty({world_ * shard_numel_},

@@ -49,9 +49,25 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module, comm::Pr
     unit_of_group_.push_back(u);
     groups_.push_back(std::make_unique<FlatParamGroup>(plan_, u, params_, pg_));
   }
-  if (options_.reduce_dtype) check_reduce_dtype(*options_.reduce_dtype);
+  if (options_.param_dtype) {
+    TORCH_CHECK(at::isFloatingType(*options_.param_dtype), "ddp: param_dtype ",
+                *options_.param_dtype, " is not a floating-point type");
+    for (size_t i = 0; i < params_.size(); ++i) {
+      TORCH_CHECK(plan_.params[i].placement == Placement::kShard, "ddp: param_dtype ",
+                  *options_.param_dtype, " with style default: parameter '", names_[i],
+                  "' is replicated (dim 0 of ",
+                  plan_.shapes[i].shape.empty() ? 1 : plan_.shapes[i].shape[0],
+                  " does not divide by ", pg_->world_size(),
+                  " ranks) and would keep its dtype beside cast ones; use style fully_shard");
+    }
+  }
+  // FSDP2's default: gradients are reduced in the dtype they were computed in.
+  const std::optional<c10::ScalarType> reduce_dtype =
+      options_.reduce_dtype ? options_.reduce_dtype : options_.param_dtype;
+  if (reduce_dtype) check_reduce_dtype(*reduce_dtype, !options_.reduce_dtype);
   for (auto& group : groups_) {
-    if (options_.reduce_dtype) group->set_reduce_dtype(*options_.reduce_dtype);
+    if (reduce_dtype) group->set_reduce_dtype(*reduce_dtype);
+    if (options_.param_dtype) group->set_param_dtype(*options_.param_dtype);
   }
   group_hooks_.resize(groups_.size());
   ready_.assign(groups_.size(), 0);
@@ -84,7 +100,7 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module, comm::Pr
 
 ShardedModule::~ShardedModule() = default;
 
-void ShardedModule::check_reduce_dtype(c10::ScalarType dtype) {
+void ShardedModule::check_reduce_dtype(c10::ScalarType dtype, bool from_param_dtype) {
   TORCH_CHECK(at::isFloatingType(dtype), "ddp: reduce_dtype ", dtype,
               " is not a floating-point type; gradients are averaged");
   // One tiny reduce-scatter in that dtype, on every rank: a backend that cannot reduce it refuses
@@ -96,8 +112,12 @@ void ShardedModule::check_reduce_dtype(c10::ScalarType dtype) {
   try {
     pg_->reduce_scatter(probe, comm::ReduceOp::kAvg, "reduce_dtype probe");
   } catch (const c10::Error& e) {
-    TORCH_CHECK(false, "ddp: reduce_dtype ", dtype, ": the ", pg_->backend_name(),
-                " backend cannot reduce it (", e.what_without_backtrace(), ")");
+    TORCH_CHECK(false, "ddp: reduce_dtype ", dtype,
+                from_param_dtype
+                    ? " (param_dtype's, the default; set reduce_dtype to reduce in another)"
+                    : "",
+                ": the ", pg_->backend_name(), " backend cannot reduce it (",
+                e.what_without_backtrace(), ")");
   }
 }
 
@@ -172,7 +192,15 @@ at::Tensor ShardedModule::post_forward(const at::Tensor& output) {
   });
 }
 
-void ShardedModule::before_unit_forward(size_t unit) {
+at::Tensor ShardedModule::cast_input(const at::Tensor& input) const {
+  if (!options_.param_dtype || !input.defined() || !at::isFloatingType(input.scalar_type()) ||
+      input.scalar_type() == *options_.param_dtype) {
+    return input;
+  }
+  return input.to(*options_.param_dtype);
+}
+
+at::Tensor ShardedModule::before_unit_forward(size_t unit, const at::Tensor& input) {
   const bool in_forward = phase_ == Phase::kForward;
   if (in_forward && std::find(order_.begin(), order_.end(), unit) == order_.end()) {
     order_.push_back(unit);
@@ -181,6 +209,7 @@ void ShardedModule::before_unit_forward(size_t unit) {
   const int g = group_of_unit_[unit];
   if (g >= 0) gather(static_cast<size_t>(g));
   if (in_forward) prefetch_after(unit, /*backward=*/false);
+  return cast_input(input);
 }
 
 at::Tensor ShardedModule::after_unit_forward(size_t unit, const at::Tensor& output) {

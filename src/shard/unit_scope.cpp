@@ -68,8 +68,8 @@ at::Tensor run_unit(const torch::nn::Module& module,
     if (it != registry().end()) entry = it->second;
   }
   if (entry.listener == nullptr) return fn(input);
-  entry.listener->before_unit_forward(entry.unit);
-  return entry.listener->after_unit_forward(entry.unit, fn(input));
+  const at::Tensor in = entry.listener->before_unit_forward(entry.unit, input);
+  return entry.listener->after_unit_forward(entry.unit, fn(in));
 }
 
 at::Tensor on_backward(const at::Tensor& output, std::function<void()> fn) {

@@ -45,6 +45,17 @@ const char* state_name(ShardedState state);
 // nbytes 0); gathering again allocates a fresh DataPtr of the same size into the same StorageImpl.
 // Nothing autograd can see changes: FSDP2 does the same with storage resize_(0). The parameters
 // move to their shards with set_() only between steps (end of backward), when no graph holds them.
+//
+// [Note: gathering in param_dtype] With a param_dtype other than the shards' (FSDP2's
+// mixed-precision policy), the shards stay in their dtype (the optimizer's master weights) and
+// unshard() gathers a cast copy: each rank casts its shard and the all-gather moves the cast
+// bytes (viewed as uint8: the bits are what is gathered, and Gloo 1.13 moves no bf16), half the
+// traffic and half the gathered memory for bf16. set_() cannot change a tensor's dtype, so the
+// parameters move between their shards and the full buffer with set_data() (Python's
+// `param.data = ...`): dtype, storage and shape of the same TensorImpl, version counter untouched.
+// It drops the gradient accumulator, as set_() effectively does (the hooks are installed again
+// with every new full buffer). Backward then produces param_dtype gradients, reduce-scattered in
+// the reduce dtype, and the shards' .grad is in the shards' dtype again.
 
 class FlatParamGroup {
  public:
@@ -87,6 +98,10 @@ class FlatParamGroup {
   bool reduce_scatter_in_flight() const { return reducing_; }
   // The dtype of the reduce-scatter (default: the parameters'); set before the first backward.
   void set_reduce_dtype(c10::ScalarType dtype) { reduce_dtype_ = dtype; }
+  // The dtype of the gathered parameters (default: the shards'; [Note: gathering in
+  // param_dtype]); set while sharded, before the first unshard.
+  void set_param_dtype(c10::ScalarType dtype);
+  c10::ScalarType param_dtype() const { return gather_dtype_; }
   // The full parameters, gathered into new tensors (trimmed of padding, registration order);
   // the group's state and the parameters are untouched. Collective.
   std::vector<at::Tensor> gather_full() const;
@@ -97,7 +112,7 @@ class FlatParamGroup {
   const std::vector<size_t>& members() const { return members_; }
   const std::vector<at::Tensor>& params() const { return handles_; }
   const at::Tensor& flat_shard() const { return shard_; }
-  // Bytes of the gathered parameters (world * S elements): what unshard() holds.
+  // Bytes of the gathered parameters (world * S elements of param_dtype): what unshard() holds.
   int64_t full_bytes() const;
   // Bytes this group holds beyond its shard now: the full buffer when it has memory, and an
   // all-gather output or reduce-scatter input in flight.
@@ -134,7 +149,8 @@ class FlatParamGroup {
   at::Tensor reduce_input_;         // kept alive until it completes
   bool reducing_ = false;           // issued, not finished
   std::optional<c10::ScalarType> reduce_dtype_;
-  at::Tensor reduced_;  // the waited result, until finish_reduce_scatter
+  c10::ScalarType gather_dtype_;  // the full buffer's dtype: param_dtype, else the shard's
+  at::Tensor reduced_;            // the waited result, until finish_reduce_scatter
   ShardedState state_ = ShardedState::kSharded;
 };
 

@@ -70,12 +70,19 @@ struct ShardOptions {
   // buckets, each all-reduced as soon as its gradients are ready, overlapping the rest of backward.
   // Its defaults (PyTorch's caps, gradients as bucket views) for the same reasons as DDP's.
   reducer::ReducerOptions replicated;
-  // The reduce side of FSDP2's mixed-precision policy: the dtype in which gradients are
-  // reduce-scattered (the shards come back in the parameters' dtype). Default none: the
+  // FSDP2's mixed-precision policy, the gather side: the dtype of the gathered parameters, so the
+  // forward and backward compute in it ([Note: gathering in param_dtype]). Default none: the
+  // parameters' own dtype. kBFloat16 halves the all-gather bytes and the gathered memory and makes
+  // the model compute in bf16 without autocast; the shards, their gradients and the optimizer
+  // state stay in the parameters' dtype (master weights). As FSDP2 (cast_forward_inputs), the
+  // floating-point inputs of the root's and of every unit's forward are cast to it. Style default
+  // with replicated parameters is refused: they would keep their dtype beside cast ones.
+  std::optional<c10::ScalarType> param_dtype;
+  // The reduce side: the dtype in which gradients are reduce-scattered (the shards come back in
+  // the parameters' dtype). Default none: param_dtype when set (FSDP2's default), else the
   // parameters' own dtype, exact fp32 averages. kHalf / kBFloat16 halve the bytes on the wire for
   // a rounding of the sum; a dtype the backend cannot reduce (Gloo: bf16) is refused at
-  // construction, naming it. The gathered parameters keep their dtype (param_dtype is not built:
-  // a C++ module's parameter cannot change dtype under it; autocast gives the compute precision).
+  // construction, naming it.
   std::optional<c10::ScalarType> reduce_dtype;
 };
 
@@ -97,6 +104,8 @@ class ShardedModule : private UnitListener {
 
   // Before the module's forward (the template wrapper calls both): gathers what run_unit will not.
   void pre_forward();
+  // A floating-point forward input in param_dtype (unchanged without one, or not floating).
+  at::Tensor cast_input(const at::Tensor& input) const;
   // After it: with grad mode on, a node on the output starts the backward's bookkeeping; without
   // (an evaluation forward) every unit goes back to its shards at once.
   at::Tensor post_forward(const at::Tensor& output);
@@ -126,7 +135,7 @@ class ShardedModule : private UnitListener {
   // What the runtime is doing; checked where a step moves on.
   enum class Phase { kIdle, kForward, kBackward };
 
-  void before_unit_forward(size_t unit) override;
+  at::Tensor before_unit_forward(size_t unit, const at::Tensor& input) override;
   at::Tensor after_unit_forward(size_t unit, const at::Tensor& output) override;
   void before_unit_backward(size_t unit);
   void begin_backward();
@@ -135,7 +144,7 @@ class ShardedModule : private UnitListener {
   void on_grad_ready(size_t group);
   void finish_backward();
   void note_memory();
-  void check_reduce_dtype(c10::ScalarType dtype);
+  void check_reduce_dtype(c10::ScalarType dtype, bool from_param_dtype);
 
   std::shared_ptr<torch::nn::Module> module_;
   comm::ProcessGroupPtr pg_;
@@ -181,7 +190,7 @@ class FullyShardedDataParallel : public ShardedModule {
   template <typename... Args>
   auto forward(Args&&... args) {
     pre_forward();
-    auto output = module_->forward(std::forward<Args>(args)...);
+    auto output = module_->forward(cast_forward_input(std::forward<Args>(args))...);
     if constexpr (std::is_same_v<decltype(output), at::Tensor>) {
       return post_forward(output);
     } else {
@@ -196,6 +205,15 @@ class FullyShardedDataParallel : public ShardedModule {
   ModuleType& module() { return module_; }
 
  private:
+  template <typename Arg>
+  decltype(auto) cast_forward_input(Arg&& arg) {
+    if constexpr (std::is_same_v<std::decay_t<Arg>, at::Tensor>) {
+      return cast_input(arg);
+    } else {
+      return std::forward<Arg>(arg);
+    }
+  }
+
   ModuleType module_;
 };
 

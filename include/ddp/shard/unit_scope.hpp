@@ -8,7 +8,8 @@
 // Without a sharded wrapper that has `block` as a unit, run_unit is fn(x): the model stays a plain
 // model, trains alone, under DDP and in tests. With one (ShardedModule registers its units here),
 //
-//   before fn    the runtime gathers the unit's parameters (and may prefetch the next unit)
+//   before fn    the runtime gathers the unit's parameters (and may prefetch the next unit), and
+//                may cast a floating-point input to the gathered parameters' dtype
 //   after fn     the runtime may release them again (reshard_after_forward), and a node on the
 //                output calls the runtime back when the output's gradient arrives: just before the
 //                unit's own backward, when its parameters must be gathered again
@@ -39,7 +40,8 @@ namespace ddp::shard {
 class UnitListener {
  public:
   virtual ~UnitListener() = default;
-  virtual void before_unit_forward(size_t unit) = 0;
+  // Returns the input fn will get (the runtime may cast it: param_dtype).
+  virtual at::Tensor before_unit_forward(size_t unit, const at::Tensor& input) = 0;
   // Returns the output, possibly with a node attached (on_backward) that will call back.
   virtual at::Tensor after_unit_forward(size_t unit, const at::Tensor& output) = 0;
 };
