@@ -56,6 +56,10 @@ def parse_args(argv):
     p.add_argument("--fsdp", action="store_true", help="FSDP2 fully_shard of the model (torch 2.x)")
     p.add_argument("--fsdp-wrap", action="store_true",
                    help="with --fsdp: fully_shard each block / layer first, then the root")
+    p.add_argument("--param-dtype", choices=["fp32", "bf16", "fp16"], default=None,
+                   help="with --fsdp: MixedPrecisionPolicy(param_dtype=...)")
+    p.add_argument("--reduce-dtype", choices=["fp32", "bf16", "fp16"], default=None,
+                   help="with --fsdp: MixedPrecisionPolicy(reduce_dtype=...)")
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
     p.add_argument("--repeat", type=int, default=10, help="timed steps")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
@@ -97,6 +101,8 @@ def parse_args(argv):
         p.error("--ddp and --fsdp are exclusive")
     if args.fsdp_wrap and not args.fsdp:
         p.error("--fsdp-wrap needs --fsdp")
+    if (args.param_dtype or args.reduce_dtype) and not args.fsdp:
+        p.error("--param-dtype and --reduce-dtype need --fsdp")
     return args, unknown
 
 
@@ -234,17 +240,21 @@ def memory_per_rank(net, opt, device):
     }
 
 
-def make_fsdp(model, name, device, wrap):
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def make_fsdp(model, name, device, wrap, param_dtype=None, reduce_dtype=None):
     """FSDP2: with wrap, fully_shard each block (GPT blocks, ResNet blocks, Linears of Net/MLP),
-    then the root; without, the root alone (one unit, as ddp-bench --fsdp without --fsdp-wrap)."""
+    then the root; without, the root alone (one unit, as ddp-bench --fsdp without --fsdp-wrap).
+    param_dtype / reduce_dtype ("bf16", ...): its MixedPrecisionPolicy, as ddp-bench's flags."""
     fully_shard = None
     # Any exception, not only ImportError: torch 1.13's fsdp package raises ValueError on import
     # under Python 3.11 (a dataclass with a mutable default).
     try:
-        from torch.distributed.fsdp import fully_shard  # torch >= 2.6
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # torch >= 2.6
     except Exception:
         try:
-            from torch.distributed._composable.fsdp import fully_shard  # torch 2.4-2.5
+            from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard  # 2.4-2.5
         except Exception:
             pass
     if fully_shard is None:
@@ -258,9 +268,13 @@ def make_fsdp(model, name, device, wrap):
         units = [b for layer in (model.layer1, model.layer2, model.layer3, model.layer4) for b in layer]
     else:
         units = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    kwargs = {}
+    if param_dtype or reduce_dtype:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=DTYPES.get(param_dtype),
+                                                   reduce_dtype=DTYPES.get(reduce_dtype))
     for unit in units if wrap else []:
-        fully_shard(unit)
-    fully_shard(model)
+        fully_shard(unit, **kwargs)
+    fully_shard(model, **kwargs)
     return model
 
 
@@ -410,7 +424,8 @@ def worker(args, unknown):
         )
         register_hook(model, args, device)
     elif args.fsdp:
-        model = make_fsdp(model, args.model, device, args.fsdp_wrap)
+        model = make_fsdp(model, args.model, device, args.fsdp_wrap, args.param_dtype,
+                          args.reduce_dtype)
     model.train()
     lossf = loss_fn(args.model)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0)

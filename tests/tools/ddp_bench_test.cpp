@@ -139,8 +139,8 @@ TEST(DdpBench, ActivationCheckpointingParityUnderDdpAndFullyShard) {
 TEST(DdpBench, UnitFlagsNeedAShardedStyle) {
   const auto [out, code] = run_command(kBench + " --ddp --fsdp-wrap --model toy");
   EXPECT_EQ(code, 2);
-  EXPECT_NE(out.find("ddp-bench: --fsdp-wrap, --reshard-after-forward and --prefetch need --fsdp "
-                     "or a sharded --style"),
+  EXPECT_NE(out.find("ddp-bench: --fsdp-wrap, --reshard-after-forward, --prefetch, --param-dtype "
+                     "and --reduce-dtype need --fsdp or a sharded --style"),
             std::string::npos)
       << out;
 }
@@ -170,6 +170,33 @@ TEST(DdpBench, JsonReportsMemoryPerRank) {
   EXPECT_EQ(ddp["peak_gathered_bytes"], 0);
   EXPECT_GT(fsdp["peak_gathered_bytes"], 0);
   EXPECT_LT(fsdp["peak_gathered_bytes"], ddp["param_bytes"]);
+}
+
+// --param-dtype bf16 gathers bf16 copies (less gathered memory than fp32 with every unit kept
+// gathered) while the shards and their gradients stay fp32; on Gloo, which cannot reduce bf16,
+// the reduce dtype must be named.
+TEST(DdpBench, ParamDtypeGathersBFloat16AndKeepsFp32Shards) {
+  const std::string common = kBench +
+                             " --model mlp --nproc 2 --batch-size 4 --repeat 2 --json --fsdp "
+                             "--fsdp-wrap --reshard-after-forward false ";
+  const auto memory_of = [](const std::string& out, const char* key) {
+    const size_t k = out.find(std::string("\"") + key + "\":", out.find("\"memory\":"));
+    return k == std::string::npos ? -1LL : std::stoll(out.substr(k + std::strlen(key) + 3));
+  };
+  const auto [fp32_out, fp32_code] = run_command(common);
+  ASSERT_EQ(fp32_code, 0) << fp32_out;
+  const auto [bf16_out, bf16_code] = run_command(common + "--param-dtype bf16 --reduce-dtype fp32");
+  ASSERT_EQ(bf16_code, 0) << bf16_out;
+  EXPECT_EQ(memory_of(bf16_out, "param_bytes"), memory_of(fp32_out, "param_bytes"));
+  EXPECT_EQ(memory_of(bf16_out, "grad_bytes"), memory_of(fp32_out, "grad_bytes"));
+  EXPECT_GT(memory_of(bf16_out, "peak_gathered_bytes"), 0);
+  EXPECT_LT(memory_of(bf16_out, "peak_gathered_bytes"), memory_of(fp32_out, "peak_gathered_bytes"));
+  const auto [gloo_out, gloo_code] = run_command(common + "--param-dtype bf16");
+  EXPECT_NE(gloo_code, 0);
+  EXPECT_NE(gloo_out.find("ddp: reduce_dtype BFloat16 (param_dtype's, the default; set "
+                          "reduce_dtype to reduce in another): the gloo backend cannot reduce it"),
+            std::string::npos)
+      << gloo_out;
 }
 
 }  // namespace

@@ -82,7 +82,23 @@ void add_shard_flags(CLI::App& app, ShardFlags& flags) {
   app.add_option("--prefetch", flags.options.prefetch,
                  "sharded styles: issue the next unit's all-gather early")
       ->capture_default_str();
+  app.add_option("--param-dtype", flags.param_dtype,
+                 "sharded styles: gather the parameters and compute in this dtype (FSDP2's "
+                 "param_dtype); shards and optimizer state keep theirs")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  app.add_option(
+         "--reduce-dtype", flags.reduce_dtype,
+         "sharded styles: reduce-scatter gradients in this dtype (default: --param-dtype's)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
 }
+
+namespace {
+c10::ScalarType dtype_of(const std::string& name) {
+  if (name == "bf16") return c10::kBFloat16;
+  if (name == "fp16") return c10::kHalf;
+  return c10::kFloat;
+}
+}  // namespace
 
 std::string check_shard_flags(ShardFlags& flags, const std::vector<std::string>& ddp_only) {
   if (flags.fsdp) flags.style = "fully_shard";
@@ -96,9 +112,13 @@ std::string check_shard_flags(ShardFlags& flags, const std::vector<std::string>&
   const shard::ShardOptions defaults;
   if (!flags.sharded() &&
       (flags.fsdp_wrap || flags.options.reshard_after_forward != defaults.reshard_after_forward ||
-       flags.options.prefetch != defaults.prefetch)) {
-    return "--fsdp-wrap, --reshard-after-forward and --prefetch need --fsdp or a sharded --style";
+       flags.options.prefetch != defaults.prefetch || !flags.param_dtype.empty() ||
+       !flags.reduce_dtype.empty())) {
+    return "--fsdp-wrap, --reshard-after-forward, --prefetch, --param-dtype and --reduce-dtype "
+           "need --fsdp or a sharded --style";
   }
+  if (!flags.param_dtype.empty()) flags.options.param_dtype = dtype_of(flags.param_dtype);
+  if (!flags.reduce_dtype.empty()) flags.options.reduce_dtype = dtype_of(flags.reduce_dtype);
   return "";
 }
 

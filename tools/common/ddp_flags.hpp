@@ -35,11 +35,15 @@ struct ShardFlags {
   shard::ShardOptions options;      // --reshard-after-forward, --prefetch write here
   bool checkpoint =
       false;  // --fsdp-checkpoint: recompute every wrap unit's activations (any style)
+  std::string param_dtype;   // --param-dtype fp32|bf16|fp16 ("": the parameters' dtype)
+  std::string reduce_dtype;  // --reduce-dtype fp32|bf16|fp16 ("": param_dtype's, else theirs)
   bool sharded() const { return style != "replicate"; }
 };
-// --fsdp, --style, --fsdp-wrap, --reshard-after-forward, --prefetch, --fsdp-checkpoint.
+// --fsdp, --style, --fsdp-wrap, --reshard-after-forward, --prefetch, --fsdp-checkpoint,
+// --param-dtype, --reduce-dtype.
 void add_shard_flags(CLI::App& app, ShardFlags& flags);
-// After parsing: applies --fsdp, and returns the complaint about flags that do not go together
+// After parsing: applies --fsdp and the dtypes to flags.options, and returns the complaint about
+// flags that do not go together
 // ("" when they do). `ddp_only`: the tool's DistributedDataParallel-only flags that were given
 // (e.g. "--ddp"), refused with a sharded style.
 std::string check_shard_flags(ShardFlags& flags, const std::vector<std::string>& ddp_only);

@@ -231,7 +231,9 @@ int run_worker(const Args& args) {
       std::optional<ddp::parallel::AutocastGuard> autocast;
       if (args.autocast_bf16) autocast.emplace(device.type(), torch::kBFloat16);
       if (sharded_model) sharded_model->pre_forward();
-      torch::Tensor out = model ? model->forward(x) : w.module.forward(x);
+      torch::Tensor out = model           ? model->forward(x)
+                          : sharded_model ? w.module.forward(sharded_model->cast_input(x))
+                                          : w.module.forward(x);
       if (sharded_model) out = sharded_model->post_forward(out);
       loss = w.loss(out, y);
     }

@@ -116,7 +116,7 @@ int run_worker(const Args& args) {
   const auto forward = [&](const torch::Tensor& x) {
     if (ddp_model) return ddp_model->forward(x);
     sharded->pre_forward();
-    return sharded->post_forward(w.module.forward(x));
+    return sharded->post_forward(w.module.forward(sharded->cast_input(x)));
   };
   // The parameters once each (a tied weight has two names): what the optimizer steps.
   std::vector<torch::Tensor> params;
