@@ -148,7 +148,7 @@ if has sharded; then
   # FULLY_SHARD on NCCL. Correctness: ddp-train's loss curve under fully_shard per block equals
   # DDP's (same seed, same batches). Speed and memory: ours (fully_shard per block, and DDP) against
   # PyTorch FSDP2 (fully_shard per block + root), same flags, one after the other in this run.
-  for style in "" "--fsdp --fsdp-wrap"; do
+  for style in "" "--fsdp --fsdp-wrap" "--fsdp --fsdp-wrap --param-dtype bf16 --reduce-dtype fp32"; do
     timeout 300 build-gpu/ddp-train --nproc 2 --device cuda --model gpt --steps 30 --timeout-s 120 \
       $style >"$OUT/train-style.log" 2>&1
     note "ddp-train gpt nccl ${style:-ddp} rc=$?: $(tail -1 "$OUT/train-style.log")"
@@ -163,18 +163,29 @@ if has sharded; then
   note "ddp-train fully_shard sharded checkpoint+resume nccl rc=$rc,$?: $(grep -m1 'resumed from' "$OUT/train-sckpt.log"); $(tail -1 "$OUT/train-sckpt.log")"
   rm -rf "$OUT/sckpt"
   for model in ${SHARD_MODELS:-gpt2-medium}; do
-    flags="${FLAGS[$model]} --device cuda --nproc 2 --repeat ${SHARD_REPEAT:-20} --warmup 5 --json"
-    run_side() {  # name, then the command
-      local name="$1"; shift
-      timeout 240 "$@" $flags >"$OUT/sharded-$model-$name.log" 2>&1
+    flags="${FLAGS[$model]} --device cuda --repeat ${SHARD_REPEAT:-20} --warmup 5 --json"
+    run_side() {  # name, then the command (2 ranks unless the name ends in -1gpu)
+      local name="$1" nproc=2; shift
+      [[ "$name" == *-1gpu ]] && nproc=1
+      timeout 240 "$@" $flags --nproc $nproc >"$OUT/sharded-$model-$name.log" 2>&1
       note "sharded $model $name rc=$?: $(grep -m1 '^{' "$OUT/sharded-$model-$name.log")"
     }
+    # Pairs, ours then PyTorch's, so that a drift of the shared machine hits both alike.
     run_side ours-fsdp-wrap "$BENCH" --fsdp --fsdp-wrap
     run_side torch-fsdp2-wrap $PY bench/reference/torch_ddp.py --fsdp --fsdp-wrap
+    mp="--param-dtype bf16 --reduce-dtype fp32"  # FSDP2's recommended policy
+    run_side ours-fsdp-wrap-bf16 "$BENCH" --fsdp --fsdp-wrap $mp
+    run_side torch-fsdp2-wrap-bf16 $PY bench/reference/torch_ddp.py --fsdp --fsdp-wrap $mp
+    run_side ours-fsdp-wrap-bf16-reduce-bf16 "$BENCH" --fsdp --fsdp-wrap --param-dtype bf16
+    run_side torch-fsdp2-wrap-bf16-reduce-bf16 $PY bench/reference/torch_ddp.py --fsdp --fsdp-wrap --param-dtype bf16
     run_side ours-ddp "$BENCH" --ddp
-    run_side ours-fsdp-wrap-keep "$BENCH" --fsdp --fsdp-wrap --reshard-after-forward false
-    run_side ours-fsdp-one-unit "$BENCH" --fsdp
-    run_side ours-fsdp-wrap-checkpoint "$BENCH" --fsdp --fsdp-wrap --fsdp-checkpoint
+    run_side torch-ddp $PY bench/reference/torch_ddp.py --ddp
+    run_side ours-1gpu "$BENCH"
+    if [[ -n "${SHARD_EXTRA:-}" ]]; then  # measured 2026-11-22 (docs/benchmarks.md); on request
+      run_side ours-fsdp-wrap-keep "$BENCH" --fsdp --fsdp-wrap --reshard-after-forward false
+      run_side ours-fsdp-one-unit "$BENCH" --fsdp
+      run_side ours-fsdp-wrap-checkpoint "$BENCH" --fsdp --fsdp-wrap --fsdp-checkpoint
+    fi
   done
 fi
 

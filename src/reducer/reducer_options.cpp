@@ -8,6 +8,7 @@ void describe(const ReducerOptions& options, const std::string& prefix,
   out.emplace_back(prefix + "gradient_as_bucket_view", flag(options.gradient_as_bucket_view));
   out.emplace_back(prefix + "find_unused_parameters", flag(options.find_unused_parameters));
   out.emplace_back(prefix + "static_graph", flag(options.static_graph));
+  out.emplace_back(prefix + "overlap", flag(options.overlap));
   buckets::describe(options.buckets, prefix + "buckets.", out);
 }
 

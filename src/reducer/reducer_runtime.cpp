@@ -293,7 +293,7 @@ void Reducer::mark_ready(size_t index, bool used) {
       target.zero_();  // only an unused parameter can be here; it contributes zero
     }
   }
-  launched(runtime_->register_grad_ready(index));
+  if (options_.overlap) launched(runtime_->register_grad_ready(index));
 }
 
 void Reducer::launched(size_t count) {
@@ -355,6 +355,13 @@ void Reducer::finalize_backward() {
   // Finish what was launched even on the error path: those collectives are already matched with
   // the other ranks' and must not be left half-done.
   std::exception_ptr failure;
+  if (!options_.overlap) {  // every bucket now, in plan order (the runtime keeps it)
+    size_t count = 0;
+    for (size_t p = 0; p < params_.size(); ++p) {
+      if (ready_[p]) count += runtime_->register_grad_ready(p);
+    }
+    launched(count);
+  }
   while (runtime_->has_in_flight()) {
     try {
       write_back(runtime_->finish_next());

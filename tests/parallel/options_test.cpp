@@ -22,7 +22,7 @@ TEST(Options, DescribeReachesNestedFields) {
   for (const auto& [name, value] : parallel::describe(options)) {
     EXPECT_TRUE(d.emplace(name, value).second) << "duplicate option name " << name;
   }
-  EXPECT_EQ(d.size(), 10u);
+  EXPECT_EQ(d.size(), 11u);
   EXPECT_EQ(d.at("reducer.static_graph"), "true");
   EXPECT_EQ(d.at("reducer.find_unused_parameters"), "false");
   EXPECT_EQ(d.at("reducer.buckets.bucket_cap_bytes"), "12345");

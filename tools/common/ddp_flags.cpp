@@ -39,6 +39,9 @@ void add_ddp_flags(CLI::App& app, parallel::DDPOptions& options) {
       "--static-graph", [&options] { options.reducer.static_graph = true; },
       "the set of used parameters never changes");
   app.add_flag_callback(
+      "--no-overlap", [&options] { options.reducer.overlap = false; },
+      "launch every bucket after backward (attribution: what overlap hides)");
+  app.add_flag_callback(
       "--no-graph-planning", [&options] { options.graph_planning = false; },
       "bucket in reverse order, rebuild after iteration 1 (PyTorch eager's way; the seed's "
       "--dynamo-no-optimize-ddp)");

@@ -22,6 +22,11 @@ struct ReducerOptions {
   // first iteration records it and later ones skip the graph walk and the used-map all-reduce. A
   // later change of that set is an error that says so.
   bool static_graph = false;
+  // Default true: a bucket is launched the moment its last gradient is ready, so communication
+  // runs under the rest of backward. False launches every bucket at the end of backward, as if
+  // there were no overlap: slower, and only for attribution (what overlap hides, measured in
+  // docs/benchmarks.md); the gradients are the same.
+  bool overlap = true;
   // Bucket caps (PyTorch's defaults: 1 MiB first, 25 MiB after). The plan starts in reverse
   // registration order and is rebuilt once, after iteration 1, from the order rank 0 observed,
   // unless Reducer::set_predicted_order supplies the order at the first forward (graph planning,
