@@ -67,7 +67,7 @@ def parse_args(argv):
     p.add_argument("--threads", type=int, default=1, help="intra-op threads per process")
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
     p.add_argument("--first-bucket-cap-mb", type=float, default=1.0)
-    p.add_argument("--comm-hook", choices=["allreduce", "fp16", "bf16", "powersgd"], default="allreduce")
+    p.add_argument("--comm-hook", choices=["allreduce", "fp16", "bf16", "powersgd", "noop"], default="allreduce")
     p.add_argument("--autocast-bf16", action="store_true", help="forward and loss under bf16 autocast")
     p.add_argument("--json", action="store_true", help="one JSON object per result line")
     p.add_argument("--verbose", action="store_true")
@@ -309,6 +309,11 @@ def register_hook(model, args, device):
         return None
     if args.comm_hook == "bf16":
         model.register_comm_hook(None, default_hooks.bf16_compress_hook)
+        return None
+    if args.comm_hook == "noop":  # no communication: what DDP costs without it (attribution)
+        from torch.distributed.algorithms.ddp_comm_hooks import debugging_hooks
+
+        model.register_comm_hook(None, debugging_hooks.noop_hook)
         return None
     state = powerSGD_hook.PowerSGDState(
         process_group=None,

@@ -10,7 +10,10 @@ at::Tensor GradBucket::gradient(size_t i) const {
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> completed_future(const at::Tensor& value) {
-  auto future = c10::make_intrusive<c10::ivalue::Future>(c10::TensorType::get());
+  // A future on the value's device: a CPU future refuses CUDA tensors.
+  std::vector<c10::Device> devices;
+  if (!value.is_cpu()) devices.push_back(value.device());
+  auto future = c10::make_intrusive<c10::ivalue::Future>(c10::TensorType::get(), devices);
   future->markCompleted(c10::IValue(value));
   return future;
 }

@@ -29,6 +29,14 @@ class AllreduceHook : public CommHook {
   comm::ProcessGroupPtr pg_;
 };
 
+class NoopHook : public CommHook {
+ public:
+  c10::intrusive_ptr<c10::ivalue::Future> run(GradBucket& bucket) override {
+    return completed_future(bucket.buffer);
+  }
+  std::string name() const override { return "noop"; }
+};
+
 class CompressHook : public CommHook {
  public:
   CompressHook(comm::ProcessGroupPtr pg, at::ScalarType wire, std::string name)
@@ -96,5 +104,7 @@ CommHookPtr fp16_compress_hook(comm::ProcessGroupPtr pg) {
 CommHookPtr bf16_compress_hook(comm::ProcessGroupPtr pg) {
   return std::make_shared<CompressHook>(std::move(pg), at::kBFloat16, "bf16_compress");
 }
+
+CommHookPtr noop_hook() { return std::make_shared<NoopHook>(); }
 
 }  // namespace ddp::hooks

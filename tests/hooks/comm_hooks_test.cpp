@@ -66,6 +66,16 @@ DDP_TEST_WORKER(builtin_hooks) {
   require(bf16 < 8e-3 && bf16 > fp16, "bf16 hook error " + std::to_string(bf16));
   require(avg < 1e-6, "allreduce hook differs from the built-in average: " + std::to_string(avg));
 
+  // noop communicates nothing: each rank keeps its own gradient, which differs from the average
+  // at world > 1 (every rank has its own batch) and equals it at world 1.
+  const auto own = grads_with(pg, hooks::noop_hook());
+  const double noop = max_rel(own, reference);
+  if (pg->world_size() == 1) {
+    require(noop < 1e-6, "noop at world 1 differs from the average: " + std::to_string(noop));
+  } else {
+    require(noop > 1e-3, "noop at world > 1 equals the average: " + std::to_string(noop));
+  }
+
   auto sum = std::make_shared<SumHook>(pg);
   const auto summed = grads_with(pg, sum);
   require(sum->calls > 1, "the user hook was not called for every bucket");

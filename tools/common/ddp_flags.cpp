@@ -51,12 +51,13 @@ void add_ddp_flags(CLI::App& app, parallel::DDPOptions& options) {
 }
 
 const std::vector<std::string>& comm_hook_names() {
-  static const std::vector<std::string> names = {"allreduce", "fp16", "bf16", "powersgd"};
+  static const std::vector<std::string> names = {"allreduce", "fp16", "bf16", "powersgd", "noop"};
   return names;
 }
 
 void add_comm_hook_flag(CLI::App& app, std::string& name) {
-  app.add_option("--comm-hook", name, "allreduce, fp16, bf16 or powersgd")
+  app.add_option("--comm-hook", name,
+                 "allreduce, fp16, bf16, powersgd or noop (no communication: attribution only)")
       ->check(CLI::IsMember(comm_hook_names()))
       ->capture_default_str();
 }
@@ -66,7 +67,9 @@ hooks::CommHookPtr make_comm_hook(const std::string& name, comm::ProcessGroupPtr
   if (name == "fp16") return hooks::fp16_compress_hook(std::move(pg));
   if (name == "bf16") return hooks::bf16_compress_hook(std::move(pg));
   if (name == "powersgd") return hooks::powersgd_hook(std::move(pg));
-  TORCH_CHECK(false, "unknown comm hook '", name, "': expected allreduce, fp16, bf16 or powersgd");
+  if (name == "noop") return hooks::noop_hook();
+  TORCH_CHECK(false, "unknown comm hook '", name,
+              "': expected allreduce, fp16, bf16, powersgd or noop");
 }
 
 void add_shard_flags(CLI::App& app, ShardFlags& flags) {

@@ -19,7 +19,7 @@ namespace ddp::tools {
 // values are the shown defaults.
 void add_ddp_flags(CLI::App& app, parallel::DDPOptions& options);
 
-// The comm hooks a tool can name: allreduce (the built-in average), fp16, bf16, powersgd.
+// The comm hooks a tool can name: allreduce (the built-in average), fp16, bf16, powersgd, noop.
 const std::vector<std::string>& comm_hook_names();
 // --comm-hook NAME (default allreduce).
 void add_comm_hook_flag(CLI::App& app, std::string& name);

@@ -1,5 +1,6 @@
 #pragma once
-// The built-in hooks of PyTorch's default_hooks.py: allreduce (average), and fp16/bf16 compression.
+// The built-in hooks of PyTorch's default_hooks.py: allreduce (average), and fp16/bf16 compression;
+// and debugging_hooks.py's noop.
 
 #include "ddp/comm/process_group.hpp"
 #include "ddp/hooks/comm_hook.hpp"
@@ -16,5 +17,10 @@ CommHookPtr allreduce_hook(comm::ProcessGroupPtr pg);
 // rounding behaviour.
 CommHookPtr fp16_compress_hook(comm::ProcessGroupPtr pg);
 CommHookPtr bf16_compress_hook(comm::ProcessGroupPtr pg);
+
+// Communicates nothing: each bucket keeps this rank's own gradients (PyTorch's
+// debugging_hooks.noop_hook). Wrong for training; it measures what DDP costs without its
+// communication (attribution, docs/benchmarks.md).
+CommHookPtr noop_hook();
 
 }  // namespace ddp::hooks
