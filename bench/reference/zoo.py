@@ -9,6 +9,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 MODELS = ("toy", "toy8k", "mlp-deep", "gpt-tiny", "gpt2-small", "gpt2-medium", "resnet-small")
+# torch >= 2.0: the fused kernel (flash / memory-efficient on CUDA), as models/src/causal_attention.cpp
+# uses at::scaled_dot_product_attention there; 1.13 has none, and both sides write attention out.
+FUSED_ATTENTION = hasattr(F, "scaled_dot_product_attention")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -47,8 +50,27 @@ class MLP(nn.Module):
         return x
 
 
+def causal_attention(q, k, v):
+    """models/src/causal_attention.cpp: q, k, v [B, H, T, hd] -> [B, H, T, hd], position t
+    attending to positions <= t, scale 1/sqrt(hd). Fused where torch has it, else written out."""
+    if FUSED_ATTENTION:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return written_out_causal_attention(q, k, v)
+
+
+def written_out_causal_attention(q, k, v):
+    """The same math on every torch version (torch 1.13's path, and the fused path's check)."""
+    seq, head_dim = q.size(-2), q.size(-1)
+    att = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(head_dim))
+    future = torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(1)
+    att = att.masked_fill(future, float("-inf"))
+    att = torch.softmax(att, dim=-1)
+    return torch.matmul(att, v)
+
+
 class CausalSelfAttention(nn.Module):
-    """models/src/gpt.cpp's attention, written out (no fused kernel, as on the C++ side)."""
+    """models/src/gpt.cpp's attention (causal_attention: fused on torch >= 2.0, as on the C++
+    side)."""
 
     def __init__(self, d_model, n_heads):
         super().__init__()
@@ -64,12 +86,7 @@ class CausalSelfAttention(nn.Module):
         def to_heads(t):
             return t.view(batch, seq, self.n_heads, head_dim).transpose(1, 2)  # [B, H, T, hd]
 
-        q, k, v = to_heads(q), to_heads(k), to_heads(v)
-        att = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(head_dim))
-        future = torch.ones(seq, seq, dtype=torch.bool, device=x.device).triu(1)
-        att = att.masked_fill(future, float("-inf"))
-        att = torch.softmax(att, dim=-1)
-        y = torch.matmul(att, v)  # [B, H, T, hd]
+        y = causal_attention(to_heads(q), to_heads(k), to_heads(v))  # [B, H, T, hd]
         y = y.transpose(1, 2).contiguous().view(batch, seq, width)
         return self.c_proj(y)
 

@@ -1,8 +1,8 @@
 #pragma once
 // A nanoGPT-style decoder-only transformer. Submodule names follow nanoGPT (and so GPT-2 /
 // Hugging Face checkpoints): wte, wpe, h.<i>.{ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc,
-// mlp.c_proj}, ln_f, lm_head. Attention is written out by hand because
-// scaled_dot_product_attention does not exist in libtorch 1.13.
+// mlp.c_proj}, ln_f, lm_head. Attention is libtorch's fused scaled_dot_product_attention on
+// torch >= 2.0 and written out on 1.13 (causal_attention.hpp).
 
 #include <cstdint>
 
