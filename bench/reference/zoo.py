@@ -9,6 +9,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 MODELS = ("toy", "toy8k", "mlp-deep", "gpt-tiny", "gpt2-small", "gpt2-medium", "resnet-small")
+# The models --tie-weights applies to: those with a token embedding to tie the output layer to.
+TIED_WEIGHTS_MODELS = ("gpt-tiny", "gpt2-small", "gpt2-medium")
 # torch >= 2.0: the fused kernel (flash / memory-efficient on CUDA), as models/src/causal_attention.cpp
 # uses at::scaled_dot_product_attention there; 1.13 has none, and both sides write attention out.
 FUSED_ATTENTION = hasattr(F, "scaled_dot_product_attention")
@@ -115,9 +117,11 @@ class GPTBlock(nn.Module):
 
 
 class GPT(nn.Module):
-    """models/src/gpt.cpp's GPTImpl (untied): wte, wpe, h.<i>, ln_f, lm_head (no bias)."""
+    """models/src/gpt.cpp's GPTImpl: wte, wpe, h.<i>, ln_f, lm_head (no bias). tie_weights:
+    lm_head.weight is wte.weight, as in GPT-2 (named_parameters() then lists it once, as wte.weight,
+    as ddp-bench's --save-params does)."""
 
-    def __init__(self, vocab_size, seq_len, d_model, n_heads, n_layers):
+    def __init__(self, vocab_size, seq_len, d_model, n_heads, n_layers, tie_weights=False):
         super().__init__()
         assert d_model % n_heads == 0, f"GPT: d_model {d_model} not divisible by n_heads {n_heads}"
         self.seq_len = seq_len
@@ -135,6 +139,10 @@ class GPT(nn.Module):
                         nn.init.zeros_(m.bias)
                 elif isinstance(m, nn.Embedding):
                     nn.init.normal_(m.weight, 0.0, 0.02)
+        if tie_weights:
+            # After the init, as the C++ constructor ties: lm_head's own draw is dropped, so the
+            # generator ends where the untied model's does.
+            self.lm_head.weight = self.wte.weight
 
     def forward(self, idx):
         seq = idx.size(1)
@@ -220,14 +228,31 @@ SPECS = {
     "toy": (lambda: Net(2000), regression_loss, ("float", 2000)),
     "toy8k": (lambda: Net(8192), regression_loss, ("float", 8192)),
     "mlp-deep": (lambda: MLP(512, 16), regression_loss, ("float", 512)),
-    "gpt-tiny": (lambda: GPT(**_GPT), token_loss, ("tokens", _GPT["seq_len"], _GPT["vocab_size"])),
-    "gpt2-small": (lambda: GPT(**_GPT2_SMALL), token_loss, ("tokens", 1024, 50304)),
-    "gpt2-medium": (lambda: GPT(**_GPT2_MEDIUM), token_loss, ("tokens", 1024, 50304)),
+    "gpt-tiny": (lambda tie=False: GPT(**_GPT, tie_weights=tie), token_loss,
+                 ("tokens", _GPT["seq_len"], _GPT["vocab_size"])),
+    "gpt2-small": (lambda tie=False: GPT(**_GPT2_SMALL, tie_weights=tie), token_loss,
+                   ("tokens", 1024, 50304)),
+    "gpt2-medium": (lambda tie=False: GPT(**_GPT2_MEDIUM, tie_weights=tie), token_loss,
+                    ("tokens", 1024, 50304)),
     "resnet-small": (lambda: ResNetSmall(10, 64), token_loss, ("image", 10)),
 }
 
 
-def build_model(name):
+def tie_weights_error(name):
+    """The complaint about --tie-weights for model `name`, or None where it applies (the same
+    words as ddp-bench's, tools/common/ddp_flags.cpp)."""
+    if name in TIED_WEIGHTS_MODELS:
+        return None
+    return (f"--tie-weights needs a GPT model ({', '.join(TIED_WEIGHTS_MODELS)}), got --model {name}, "
+            "which has no token embedding to tie")
+
+
+def build_model(name, tie_weights=False):
+    if tie_weights:
+        error = tie_weights_error(name)
+        if error is not None:
+            raise ValueError(error)
+        return SPECS[name][0](tie=True)
     return SPECS[name][0]()
 
 

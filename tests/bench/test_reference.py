@@ -129,7 +129,7 @@ class ModelsTest(unittest.TestCase):
 
 
 class GptRegimeTest(unittest.TestCase):
-    """The GPT as users run it: fused attention where torch has it."""
+    """The GPT as users run it: fused attention where torch has it, GPT-2's tied weights."""
 
     def test_attention_matches_a_float64_oracle(self):
         # One query position at a time in float64: no mask, no -inf. Forward and the gradients.
@@ -154,6 +154,29 @@ class GptRegimeTest(unittest.TestCase):
             q, k, v = (torch.randn(1, 2, 5, 4) for _ in range(3))
             self.assertTrue(torch.equal(zoo.causal_attention(q, k, v),
                                         zoo.written_out_causal_attention(q, k, v)))
+
+    def test_tied_gpt_lists_the_shared_weight_once_as_wte(self):
+        torch.manual_seed(0)
+        untied = torch_ddp.build_model("gpt-tiny")
+        torch.manual_seed(0)
+        tied = torch_ddp.build_model("gpt-tiny", tie_weights=True)
+        self.assertIs(tied.lm_head.weight, tied.wte.weight)
+        names = [n for n, _ in tied.named_parameters()]
+        self.assertEqual(names, [n for n, _ in untied.named_parameters() if n != "lm_head.weight"])
+        # Tied after the same init: wte as the untied model draws it, 4096 x 256 fewer parameters.
+        self.assertTrue(torch.equal(tied.wte.weight, untied.wte.weight))
+        self.assertEqual(sum(p.numel() for p in untied.parameters())
+                         - sum(p.numel() for p in tied.parameters()), 4096 * 256)
+
+    def test_tie_weights_for_a_model_without_an_embedding_is_refused(self):
+        proc = subprocess.run([sys.executable, SCRIPT, "--model", "toy", "--tie-weights"],
+                              capture_output=True, text=True, timeout=120, cwd=ROOT)
+        self.assertEqual(proc.returncode, 2, proc.stderr)
+        self.assertIn("torch_ddp.py: error: --tie-weights needs a GPT model (gpt-tiny, gpt2-small, "
+                      "gpt2-medium), got --model toy, which has no token embedding to tie",
+                      proc.stderr)
+        with self.assertRaisesRegex(ValueError, r"^--tie-weights needs a GPT model"):
+            torch_ddp.build_model("mlp-deep", tie_weights=True)
 
 
 class RunTest(unittest.TestCase):

@@ -1,7 +1,7 @@
 // The zoo's GPT in the regime users run: causal attention (fused at::scaled_dot_product_attention
 // on torch >= 2.0, written out on 1.13; models/causal_attention.hpp) against a float64 oracle
 // computed one query position at a time, forward and backward, on the CPU and on a GPU where there
-// is one.
+// is one; and the tied wte / lm_head weight (WorkloadOptions::tie_weights, --tie-weights).
 
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
@@ -13,6 +13,8 @@
 
 #include "ddp/models/causal_attention.hpp"
 #include "ddp/models/gpt.hpp"
+#include "ddp/models/registry.hpp"
+#include "support/error_text.hpp"
 
 namespace ddp::models {
 namespace {
@@ -106,6 +108,36 @@ TEST(GptModel, ALaterTokenChangesNoEarlierLogit) {
   const auto a = gpt->forward(idx), b = gpt->forward(changed);
   EXPECT_TRUE(torch::equal(a.narrow(1, 0, 10), b.narrow(1, 0, 10)));
   EXPECT_FALSE(torch::equal(a.narrow(1, 10, 6), b.narrow(1, 10, 6)));
+}
+
+TEST(GptModel, TiedWeightsAreOneTensorUnderTwoNames) {
+  EXPECT_EQ(tied_weights_workload_names(),
+            (std::vector<std::string>{"gpt", "gpt-tiny", "gpt2-small", "gpt2-medium"}));
+  WorkloadOptions tied;
+  tied.tie_weights = true;
+  const auto untied_w = make_workload("gpt");
+  auto tied_w = make_workload("gpt", tied);
+  const auto params = tied_w.ptr->named_parameters();
+  EXPECT_TRUE(params["lm_head.weight"].is_same(params["wte.weight"]));
+  EXPECT_FALSE(untied_w.ptr->named_parameters()["lm_head.weight"].is_same(
+      untied_w.ptr->named_parameters()["wte.weight"]));
+  // libtorch lists the tied tensor under both names: the same count, one tensor fewer distinct.
+  EXPECT_EQ(params.size(), untied_w.ptr->named_parameters().size());
+  // The same seed draws the same wte; the tied lm_head is that wte (vocab 256 x d_model 64).
+  EXPECT_TRUE(torch::equal(params["wte.weight"], untied_w.ptr->named_parameters()["wte.weight"]));
+  EXPECT_EQ(params["lm_head.weight"].sizes(), (std::vector<int64_t>{256, 64}));
+  // Forward and backward run through both uses of the tied weight.
+  auto [x, y] = tied_w.batch(0, 4);
+  tied_w.loss(tied_w.module.forward(x), y).backward();
+  EXPECT_TRUE(params["wte.weight"].grad().defined());
+}
+
+TEST(GptModel, TieWeightsIsRefusedForAModelWithoutAnEmbedding) {
+  WorkloadOptions tied;
+  tied.tie_weights = true;
+  EXPECT_EQ(ddp::testing::error_of([&] { make_workload("toy", tied); }),
+            "make_workload('toy'): tie_weights needs a model with a token embedding and an output "
+            "layer to tie; the workloads that have them: gpt, gpt-tiny, gpt2-small, gpt2-medium");
 }
 
 }  // namespace

@@ -27,8 +27,10 @@ struct GPTConfig {
   int64_t n_heads = 4;
   // 4: enough blocks for per-block buckets/units; GPT-2 small is 12.
   int64_t n_layers = 4;
-  // false: a tied lm_head appears twice in named_parameters() (libtorch does not deduplicate),
-  // which only tests of shared-parameter handling want.
+  // false: lm_head has its own weight. true: lm_head->weight is wte->weight, as in GPT-2
+  // (--tie-weights; vocab_size x d_model fewer parameters). Off by default because a tied weight
+  // appears twice in named_parameters() (libtorch does not deduplicate), which code that walks
+  // parameters by name must be ready for.
   bool tie_weights = false;
 };
 
