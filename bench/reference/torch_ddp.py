@@ -39,7 +39,16 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import safetensors_io  # noqa: E402  (next to this file, not an installed package)
 
-from zoo import GPT, MODELS, ResNetSmall, build_model, loss_fn, random_batch  # noqa: E402,F401
+from zoo import (  # noqa: E402,F401
+    FUSED_ATTENTION,
+    GPT,
+    MODELS,
+    ResNetSmall,
+    build_model,
+    loss_fn,
+    random_batch,
+    tie_weights_error,
+)
 
 # ---------------------------------------------------------------------------------------------
 
@@ -52,6 +61,8 @@ def parse_args(argv):
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--toy-model", action="store_true", help="same as --model toy")
     p.add_argument("--model", choices=MODELS, default="toy")
+    p.add_argument("--tie-weights", action="store_true",
+                   help="GPT models: lm_head shares the token embedding's weight (wte), as in GPT-2")
     p.add_argument("--ddp", action="store_true", help="wrap in DistributedDataParallel")
     p.add_argument("--fsdp", action="store_true", help="FSDP2 fully_shard of the model (torch 2.x)")
     p.add_argument("--fsdp-wrap", action="store_true",
@@ -88,6 +99,8 @@ def parse_args(argv):
     args, unknown = p.parse_known_args(argv)
     if args.toy_model:
         args.model = "toy"
+    if args.tie_weights and tie_weights_error(args.model) is not None:
+        p.error(tie_weights_error(args.model))
     if args.trace_file is not None:
         args.profile = True
     if args.trace_file is None:
@@ -404,7 +417,7 @@ def worker(args, unknown):
 
     # The same construction on every rank (DDP broadcasts rank 0's parameters anyway).
     torch.manual_seed(1234)
-    model = build_model(args.model)
+    model = build_model(args.model, tie_weights=args.tie_weights)
     if args.init_params:
         load_params(model, args.init_params)
     model.to(device)
@@ -445,9 +458,14 @@ def worker(args, unknown):
 
     if lead and args.verbose:
         n = sum(p.numel() for p in net.parameters())
+        gpt = ""  # which attention ran, and the tie: what a GPT timing depends on
+        if isinstance(net, GPT):
+            gpt = f", attention {'fused' if FUSED_ATTENTION else 'written out'}"
+            gpt += ", tied wte/lm_head" if args.tie_weights else ""
         print(f"torch_ddp.py: torch {torch.__version__}, model {args.model}, {n} parameters in "
               f"{len(list(net.parameters()))} tensors, world {world}, device {device}, "
-              f"{'DDP' if args.ddp else 'FSDP2' if args.fsdp else 'plain'}, comm hook {args.comm_hook}")
+              f"{'DDP' if args.ddp else 'FSDP2' if args.fsdp else 'plain'}, comm hook {args.comm_hook}"
+              f"{gpt}")
 
     autocast = (
         (lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16))

@@ -9,6 +9,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 MODELS = ("toy", "toy8k", "mlp-deep", "gpt-tiny", "gpt2-small", "gpt2-medium", "resnet-small")
+# The models --tie-weights applies to: those with a token embedding to tie the output layer to.
+TIED_WEIGHTS_MODELS = ("gpt-tiny", "gpt2-small", "gpt2-medium")
+# torch >= 2.0: the fused kernel (flash / memory-efficient on CUDA), as models/src/causal_attention.cpp
+# uses at::scaled_dot_product_attention there; 1.13 has none, and both sides write attention out.
+FUSED_ATTENTION = hasattr(F, "scaled_dot_product_attention")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -47,8 +52,27 @@ class MLP(nn.Module):
         return x
 
 
+def causal_attention(q, k, v):
+    """models/src/causal_attention.cpp: q, k, v [B, H, T, hd] -> [B, H, T, hd], position t
+    attending to positions <= t, scale 1/sqrt(hd). Fused where torch has it, else written out."""
+    if FUSED_ATTENTION:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return written_out_causal_attention(q, k, v)
+
+
+def written_out_causal_attention(q, k, v):
+    """The same math on every torch version (torch 1.13's path, and the fused path's check)."""
+    seq, head_dim = q.size(-2), q.size(-1)
+    att = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(head_dim))
+    future = torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(1)
+    att = att.masked_fill(future, float("-inf"))
+    att = torch.softmax(att, dim=-1)
+    return torch.matmul(att, v)
+
+
 class CausalSelfAttention(nn.Module):
-    """models/src/gpt.cpp's attention, written out (no fused kernel, as on the C++ side)."""
+    """models/src/gpt.cpp's attention (causal_attention: fused on torch >= 2.0, as on the C++
+    side)."""
 
     def __init__(self, d_model, n_heads):
         super().__init__()
@@ -64,12 +88,7 @@ class CausalSelfAttention(nn.Module):
         def to_heads(t):
             return t.view(batch, seq, self.n_heads, head_dim).transpose(1, 2)  # [B, H, T, hd]
 
-        q, k, v = to_heads(q), to_heads(k), to_heads(v)
-        att = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(head_dim))
-        future = torch.ones(seq, seq, dtype=torch.bool, device=x.device).triu(1)
-        att = att.masked_fill(future, float("-inf"))
-        att = torch.softmax(att, dim=-1)
-        y = torch.matmul(att, v)  # [B, H, T, hd]
+        y = causal_attention(to_heads(q), to_heads(k), to_heads(v))  # [B, H, T, hd]
         y = y.transpose(1, 2).contiguous().view(batch, seq, width)
         return self.c_proj(y)
 
@@ -98,9 +117,11 @@ class GPTBlock(nn.Module):
 
 
 class GPT(nn.Module):
-    """models/src/gpt.cpp's GPTImpl (untied): wte, wpe, h.<i>, ln_f, lm_head (no bias)."""
+    """models/src/gpt.cpp's GPTImpl: wte, wpe, h.<i>, ln_f, lm_head (no bias). tie_weights:
+    lm_head.weight is wte.weight, as in GPT-2 (named_parameters() then lists it once, as wte.weight,
+    as ddp-bench's --save-params does)."""
 
-    def __init__(self, vocab_size, seq_len, d_model, n_heads, n_layers):
+    def __init__(self, vocab_size, seq_len, d_model, n_heads, n_layers, tie_weights=False):
         super().__init__()
         assert d_model % n_heads == 0, f"GPT: d_model {d_model} not divisible by n_heads {n_heads}"
         self.seq_len = seq_len
@@ -118,6 +139,10 @@ class GPT(nn.Module):
                         nn.init.zeros_(m.bias)
                 elif isinstance(m, nn.Embedding):
                     nn.init.normal_(m.weight, 0.0, 0.02)
+        if tie_weights:
+            # After the init, as the C++ constructor ties: lm_head's own draw is dropped, so the
+            # generator ends where the untied model's does.
+            self.lm_head.weight = self.wte.weight
 
     def forward(self, idx):
         seq = idx.size(1)
@@ -203,14 +228,31 @@ SPECS = {
     "toy": (lambda: Net(2000), regression_loss, ("float", 2000)),
     "toy8k": (lambda: Net(8192), regression_loss, ("float", 8192)),
     "mlp-deep": (lambda: MLP(512, 16), regression_loss, ("float", 512)),
-    "gpt-tiny": (lambda: GPT(**_GPT), token_loss, ("tokens", _GPT["seq_len"], _GPT["vocab_size"])),
-    "gpt2-small": (lambda: GPT(**_GPT2_SMALL), token_loss, ("tokens", 1024, 50304)),
-    "gpt2-medium": (lambda: GPT(**_GPT2_MEDIUM), token_loss, ("tokens", 1024, 50304)),
+    "gpt-tiny": (lambda tie=False: GPT(**_GPT, tie_weights=tie), token_loss,
+                 ("tokens", _GPT["seq_len"], _GPT["vocab_size"])),
+    "gpt2-small": (lambda tie=False: GPT(**_GPT2_SMALL, tie_weights=tie), token_loss,
+                   ("tokens", 1024, 50304)),
+    "gpt2-medium": (lambda tie=False: GPT(**_GPT2_MEDIUM, tie_weights=tie), token_loss,
+                    ("tokens", 1024, 50304)),
     "resnet-small": (lambda: ResNetSmall(10, 64), token_loss, ("image", 10)),
 }
 
 
-def build_model(name):
+def tie_weights_error(name):
+    """The complaint about --tie-weights for model `name`, or None where it applies (the same
+    words as ddp-bench's, tools/common/ddp_flags.cpp)."""
+    if name in TIED_WEIGHTS_MODELS:
+        return None
+    return (f"--tie-weights needs a GPT model ({', '.join(TIED_WEIGHTS_MODELS)}), got --model {name}, "
+            "which has no token embedding to tie")
+
+
+def build_model(name, tie_weights=False):
+    if tie_weights:
+        error = tie_weights_error(name)
+        if error is not None:
+            raise ValueError(error)
+        return SPECS[name][0](tie=True)
     return SPECS[name][0]()
 
 

@@ -1,13 +1,12 @@
 #include "ddp/models/gpt.hpp"
 
-#include <cmath>
-#include <limits>
 #include <vector>
 
 #include <c10/util/Exception.h>
 #include <torch/nn/init.h>
 #include <torch/utils.h>
 
+#include "ddp/models/causal_attention.hpp"
 #include "ddp/models/replace_parameter.hpp"
 #include "ddp/models/unit_call.hpp"
 
@@ -45,14 +44,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   const auto k = to_heads(qkv[1]);
   const auto v = to_heads(qkv[2]);
 
-  auto att =
-      torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(head_dim)));
-  // Built per call for this T rather than kept as a seq_len^2 buffer, so the model has no buffers
-  // to broadcast and shorter inputs pay only for their own size.
-  const auto future = torch::ones({seq, seq}, x.options().dtype(torch::kBool)).triu(1);
-  att = att.masked_fill(future, -std::numeric_limits<double>::infinity());
-  att = torch::softmax(att, /*dim=*/-1);
-  auto y = torch::matmul(att, v);  // [B, H, T, hd]
+  auto y = causal_attention(q, k, v);  // [B, H, T, hd]
   y = y.transpose(1, 2).contiguous().view({batch, seq, width});
   return linear(c_proj, y);
 }

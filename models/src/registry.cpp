@@ -33,81 +33,95 @@ void build_mlp(Workload& w, const MLPOptions& options, uint64_t seed) {
   add_regression_task(w, options.in, options.out, seed);
 }
 
-void build_gpt(Workload& w, const GPTConfig& config, uint64_t seed) {
+// The GPT rows' shapes, with the options every GPT takes (tie_weights, seed).
+void build_gpt(Workload& w, GPTConfig config, const WorkloadOptions& options) {
+  config.tie_weights = options.tie_weights;
   GPT gpt(config);
   set_model(w, gpt);
   w.set_checkpointing = [impl = gpt.ptr()](bool on) { impl->checkpoint_units = on; };
   for (int64_t i = 0; i < config.n_layers; ++i) w.wrap_units.push_back("h." + std::to_string(i));
-  add_counting_task(w, config.vocab_size, config.seq_len, seed);
+  add_counting_task(w, config.vocab_size, config.seq_len, options.seed);
 }
 
 struct Entry {
   const char* name;
-  void (*build)(Workload& w, int64_t dim, uint64_t seed);  // dim: options.dim, 0 = default
+  // Whether WorkloadOptions::tie_weights applies: the model has a token embedding and an output
+  // layer of its shape (the GPTs).
+  bool ties_weights;
+  void (*build)(Workload& w, const WorkloadOptions& options);  // options.dim 0 = default
 };
 
 // One row per workload; the order is the order of workload_names().
 const Entry kEntries[] = {
-    {"net", [](Workload& w, int64_t dim, uint64_t seed) { build_net(w, pick(dim, 2000), seed); }},
-    {"toy", [](Workload& w, int64_t dim, uint64_t seed) { build_net(w, pick(dim, 2000), seed); }},
-    {"toy8k", [](Workload& w, int64_t dim, uint64_t seed) { build_net(w, pick(dim, 8192), seed); }},
-    {"mlp",
-     [](Workload& w, int64_t dim, uint64_t seed) {
-       const int64_t width = pick(dim, 64);
-       build_mlp(w, MLPOptions{width, width, width, 4}, seed);
+    {"net", false,
+     [](Workload& w, const WorkloadOptions& o) { build_net(w, pick(o.dim, 2000), o.seed); }},
+    {"toy", false,
+     [](Workload& w, const WorkloadOptions& o) { build_net(w, pick(o.dim, 2000), o.seed); }},
+    {"toy8k", false,
+     [](Workload& w, const WorkloadOptions& o) { build_net(w, pick(o.dim, 8192), o.seed); }},
+    {"mlp", false,
+     [](Workload& w, const WorkloadOptions& o) {
+       const int64_t width = pick(o.dim, 64);
+       build_mlp(w, MLPOptions{width, width, width, 4}, o.seed);
      }},
-    {"mlp-deep",
-     [](Workload& w, int64_t dim, uint64_t seed) {
+    {"mlp-deep", false,
+     [](Workload& w, const WorkloadOptions& o) {
        MLPOptions options;
-       if (dim != 0) options.in = options.hidden = options.out = dim;
-       build_mlp(w, options, seed);
+       if (o.dim != 0) options.in = options.hidden = options.out = o.dim;
+       build_mlp(w, options, o.seed);
      }},
-    {"gpt",
-     [](Workload& w, int64_t dim, uint64_t seed) {
+    {"gpt", true,
+     [](Workload& w, const WorkloadOptions& o) {
        // Small enough that 100 CPU steps take seconds.
        GPTConfig config;
        config.vocab_size = 256;
        config.seq_len = 32;
-       config.d_model = pick(dim, 64);
+       config.d_model = pick(o.dim, 64);
        config.n_layers = 2;
-       build_gpt(w, config, seed);
+       build_gpt(w, config, o);
      }},
-    {"gpt-tiny",
-     [](Workload& w, int64_t dim, uint64_t seed) {
+    {"gpt-tiny", true,
+     [](Workload& w, const WorkloadOptions& o) {
        GPTConfig config;
-       config.d_model = pick(dim, config.d_model);
-       build_gpt(w, config, seed);
+       config.d_model = pick(o.dim, config.d_model);
+       build_gpt(w, config, o);
      }},
-    {"gpt2-small",
-     [](Workload& w, int64_t dim, uint64_t seed) {
+    {"gpt2-small", true,
+     [](Workload& w, const WorkloadOptions& o) {
        // GPT-2 small's shape (124 M parameters untied), vocab padded to 50304 as in nanoGPT.
        GPTConfig config;
        config.vocab_size = 50304;
        config.seq_len = 1024;
-       config.d_model = pick(dim, 768);
+       config.d_model = pick(o.dim, 768);
        config.n_heads = 12;
        config.n_layers = 12;
-       build_gpt(w, config, seed);
+       build_gpt(w, config, o);
      }},
-    {"gpt2-medium",
-     [](Workload& w, int64_t dim, uint64_t seed) {
+    {"gpt2-medium", true,
+     [](Workload& w, const WorkloadOptions& o) {
        GPTConfig config;
        config.vocab_size = 50304;
        config.seq_len = 1024;
-       config.d_model = pick(dim, 1024);
+       config.d_model = pick(o.dim, 1024);
        config.n_heads = 16;
        config.n_layers = 24;
-       build_gpt(w, config, seed);
+       build_gpt(w, config, o);
      }},
-    {"resnet-small",
-     [](Workload& w, int64_t dim, uint64_t seed) {
+    {"resnet-small", false,
+     [](Workload& w, const WorkloadOptions& o) {
        const int64_t classes = 10;
-       set_model(w, ResNetSmall(classes, pick(dim, 64)));
+       set_model(w, ResNetSmall(classes, pick(o.dim, 64)));
        w.wrap_units = {"layer1", "layer2", "layer3", "layer4"};
-       add_image_class_task(w, classes, seed);
+       add_image_class_task(w, classes, o.seed);
        w.lr = 0.05;
      }},
 };
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& name : names) out += (out.empty() ? "" : ", ") + name;
+  return out;
+}
 
 }  // namespace
 
@@ -117,22 +131,33 @@ std::vector<std::string> workload_names() {
   return names;
 }
 
+std::vector<std::string> tied_weights_workload_names() {
+  std::vector<std::string> names;
+  for (const auto& entry : kEntries) {
+    if (entry.ties_weights) names.emplace_back(entry.name);
+  }
+  return names;
+}
+
 Workload make_workload(const std::string& name, const WorkloadOptions& options) {
   TORCH_CHECK(options.dim >= 0, "make_workload('", name,
               "'): dim must be >= 0 (0 = the model's default), got ", options.dim);
   for (const auto& entry : kEntries) {
     if (name != entry.name) continue;
+    TORCH_CHECK(!options.tie_weights || entry.ties_weights, "make_workload('", name,
+                "'): tie_weights needs a model with a token embedding and an output layer to "
+                "tie; the workloads that have them: ",
+                joined(tied_weights_workload_names()));
     Workload w;
     w.name = name;
     // Parameters are drawn from the global generator during construction; seeding it here makes
     // every process build the same initial model without a broadcast.
     torch::manual_seed(options.seed);
-    entry.build(w, options.dim, options.seed);
+    entry.build(w, options);
     return w;
   }
-  std::string valid;
-  for (const auto& known : workload_names()) valid += (valid.empty() ? "" : ", ") + known;
-  TORCH_CHECK(false, "make_workload: unknown workload '", name, "'; valid names: ", valid);
+  TORCH_CHECK(false, "make_workload: unknown workload '", name,
+              "'; valid names: ", joined(workload_names()));
 }
 
 }  // namespace ddp::models

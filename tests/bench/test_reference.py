@@ -16,6 +16,7 @@ import tempfile
 import unittest
 
 import torch
+import torch.nn.functional as F
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REF_DIR = os.path.join(ROOT, "bench", "reference")
@@ -25,6 +26,7 @@ sys.path.insert(0, REF_DIR)
 
 import safetensors_io  # noqa: E402
 import torch_ddp  # noqa: E402
+import zoo  # noqa: E402
 
 
 def run_reference(*flags, timeout=300):
@@ -124,6 +126,57 @@ class ModelsTest(unittest.TestCase):
             a, b = model(idx), model(changed)
         self.assertTrue(torch.equal(a[0, :10], b[0, :10]), "a later token changed an earlier logit")
         self.assertFalse(torch.equal(a[0, 10:], b[0, 10:]))
+
+
+class GptRegimeTest(unittest.TestCase):
+    """The GPT as users run it: fused attention where torch has it, GPT-2's tied weights."""
+
+    def test_attention_matches_a_float64_oracle(self):
+        # One query position at a time in float64: no mask, no -inf. Forward and the gradients.
+        torch.manual_seed(7)
+        q, k, v = (torch.randn(2, 3, 7, 8, requires_grad=True) for _ in range(3))
+        w = torch.randn(2, 3, 7, 8)
+        (zoo.causal_attention(q, k, v) * w).sum().backward()
+        qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+        rows = []
+        for t in range(7):
+            scores = qd[..., t:t + 1, :] @ kd[..., :t + 1, :].transpose(-2, -1) / 8 ** 0.5
+            rows.append(torch.softmax(scores, -1) @ vd[..., :t + 1, :])
+        want = torch.cat(rows, -2)
+        (want * w.double()).sum().backward()
+        self.assertLess(rel_diff(zoo.causal_attention(q, k, v).detach(), want.detach()), 1e-5)
+        for got, ref, name in ((q, qd, "dq"), (k, kd, "dk"), (v, vd, "dv")):
+            self.assertLess(rel_diff(got.grad, ref.grad), 1e-5, name)
+
+    def test_fused_attention_exactly_where_torch_has_it(self):
+        self.assertEqual(zoo.FUSED_ATTENTION, hasattr(F, "scaled_dot_product_attention"))
+        if not zoo.FUSED_ATTENTION:  # torch 1.13: the written-out form, bit for bit
+            q, k, v = (torch.randn(1, 2, 5, 4) for _ in range(3))
+            self.assertTrue(torch.equal(zoo.causal_attention(q, k, v),
+                                        zoo.written_out_causal_attention(q, k, v)))
+
+    def test_tied_gpt_lists_the_shared_weight_once_as_wte(self):
+        torch.manual_seed(0)
+        untied = torch_ddp.build_model("gpt-tiny")
+        torch.manual_seed(0)
+        tied = torch_ddp.build_model("gpt-tiny", tie_weights=True)
+        self.assertIs(tied.lm_head.weight, tied.wte.weight)
+        names = [n for n, _ in tied.named_parameters()]
+        self.assertEqual(names, [n for n, _ in untied.named_parameters() if n != "lm_head.weight"])
+        # Tied after the same init: wte as the untied model draws it, 4096 x 256 fewer parameters.
+        self.assertTrue(torch.equal(tied.wte.weight, untied.wte.weight))
+        self.assertEqual(sum(p.numel() for p in untied.parameters())
+                         - sum(p.numel() for p in tied.parameters()), 4096 * 256)
+
+    def test_tie_weights_for_a_model_without_an_embedding_is_refused(self):
+        proc = subprocess.run([sys.executable, SCRIPT, "--model", "toy", "--tie-weights"],
+                              capture_output=True, text=True, timeout=120, cwd=ROOT)
+        self.assertEqual(proc.returncode, 2, proc.stderr)
+        self.assertIn("torch_ddp.py: error: --tie-weights needs a GPT model (gpt-tiny, gpt2-small, "
+                      "gpt2-medium), got --model toy, which has no token embedding to tie",
+                      proc.stderr)
+        with self.assertRaisesRegex(ValueError, r"^--tie-weights needs a GPT model"):
+            torch_ddp.build_model("mlp-deep", tie_weights=True)
 
 
 class RunTest(unittest.TestCase):

@@ -60,6 +60,16 @@ TEST(DdpBench, ShardedStylesRefuseDdpOnlyFlags) {
       << out;
 }
 
+// Refused before any worker starts, naming the flag, the model and the models it fits.
+TEST(DdpBench, TieWeightsNeedsAGptModel) {
+  const auto [out, code] = run_command(kBench + " --ddp --nproc 2 --model mlp-deep --tie-weights");
+  EXPECT_EQ(code, 2);
+  EXPECT_NE(out.find("ddp-bench: --tie-weights needs a GPT model (gpt, gpt-tiny, gpt2-small, "
+                     "gpt2-medium), got --model mlp-deep, which has no token embedding to tie"),
+            std::string::npos)
+      << out;
+}
+
 TEST(DdpBench, ProfileWritesOneTrackPerRankWithComputeAndBucketSpans) {
   const std::string dir = temp_dir("profile");
   const std::string trace = dir + "/trace.json", dot = dir + "/graph.dot";

@@ -125,6 +125,33 @@ TEST(DdpTrain, BadFlagIsRefusedWithItsName) {
   EXPECT_NE(out.find("--model: nope not in"), std::string::npos) << out;
 }
 
+// --tie-weights reaches the model: the gpt workload's lm_head shares wte's vocab 256 x d_model 64
+// weight, 16384 parameters fewer, and trains (one step, DDP at world 2).
+TEST(DdpTrain, TieWeightsSharesTheEmbeddingWithTheOutputLayer) {
+  const auto parameters = [](const std::string& flags) -> long long {
+    const auto [out, code] = run(std::string(DDP_TRAIN_PATH) +
+                                 " --nproc 2 --model gpt --steps 1 --timeout-s 60 " + flags);
+    EXPECT_EQ(code, 0) << out;
+    long long n = -1;
+    const auto at = out.find("ddp-train: model gpt, ");
+    EXPECT_NE(at, std::string::npos) << out;
+    if (at != std::string::npos) std::sscanf(out.c_str() + at, "ddp-train: model gpt, %lld", &n);
+    return n;
+  };
+  const long long untied = parameters("");
+  EXPECT_GT(untied, 0);
+  EXPECT_EQ(parameters("--tie-weights"), untied - 256 * 64);
+}
+
+TEST(DdpTrain, TieWeightsNeedsAGptModel) {
+  const auto [out, code] = run(std::string(DDP_TRAIN_PATH) + " --model net --tie-weights");
+  EXPECT_EQ(code, 2);
+  EXPECT_NE(out.find("ddp-train: --tie-weights needs a GPT model (gpt, gpt-tiny, gpt2-small, "
+                     "gpt2-medium), got --model net, which has no token embedding to tie"),
+            std::string::npos)
+      << out;
+}
+
 TEST(DdpTrain, MissingLauncherVariableIsNamed) {
   // Under a launcher (RANK set) but without MASTER_PORT: the error names the variable.
   const auto [out, code] = run("env -u MASTER_PORT RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 " +

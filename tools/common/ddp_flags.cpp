@@ -2,6 +2,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+
 #include "ddp/buckets/bucket_plan.hpp"
 #include "ddp/hooks/default_hooks.hpp"
 #include "ddp/hooks/powersgd_hook.hpp"
@@ -70,6 +72,20 @@ hooks::CommHookPtr make_comm_hook(const std::string& name, comm::ProcessGroupPtr
   if (name == "noop") return hooks::noop_hook();
   TORCH_CHECK(false, "unknown comm hook '", name,
               "': expected allreduce, fp16, bf16, powersgd or noop");
+}
+
+void add_model_flags(CLI::App& app, models::WorkloadOptions& options) {
+  app.add_flag("--tie-weights", options.tie_weights,
+               "GPT models: lm_head shares the token embedding's weight (wte), as in GPT-2");
+}
+
+std::string check_model_flags(const std::string& model, const models::WorkloadOptions& options) {
+  const auto tied = models::tied_weights_workload_names();
+  if (!options.tie_weights || std::find(tied.begin(), tied.end(), model) != tied.end()) return "";
+  std::string list;
+  for (const auto& name : tied) list += (list.empty() ? "" : ", ") + name;
+  return "--tie-weights needs a GPT model (" + list + "), got --model " + model +
+         ", which has no token embedding to tie";
 }
 
 void add_shard_flags(CLI::App& app, ShardFlags& flags) {

@@ -9,6 +9,7 @@
 
 #include "ddp/comm/process_group.hpp"
 #include "ddp/hooks/comm_hook.hpp"
+#include "ddp/models/registry.hpp"
 #include "ddp/parallel/ddp_options.hpp"
 #include "ddp/shard/sharded_module.hpp"
 
@@ -26,6 +27,13 @@ void add_comm_hook_flag(CLI::App& app, std::string& name);
 // The hook for `name` over `pg`; null for "allreduce" (the built-in average). Unknown names are an
 // error that lists the known ones.
 hooks::CommHookPtr make_comm_hook(const std::string& name, comm::ProcessGroupPtr pg);
+
+// The zoo's model flags, shared by ddp-bench and ddp-train: --tie-weights (GPT-2's tied wte /
+// lm_head weight, WorkloadOptions::tie_weights); each writes into `options`.
+void add_model_flags(CLI::App& app, models::WorkloadOptions& options);
+// After parsing: the complaint about a model flag that --model `model` cannot take ("" when it
+// can), so that it is refused before any worker starts.
+std::string check_model_flags(const std::string& model, const models::WorkloadOptions& options);
 
 // The sharded styles' flags (docs/sharding.md), shared by ddp-bench and ddp-train.
 struct ShardFlags {

@@ -25,6 +25,8 @@
 #include "ddp/io/checkpoint_state.hpp"
 #include "ddp/io/safetensors.hpp"
 #include "ddp/launch/spawn.hpp"
+#include "ddp/models/causal_attention.hpp"
+#include "ddp/models/gpt.hpp"
 #include "ddp/models/registry.hpp"
 #include "ddp/obs/chrome_trace.hpp"
 #include "ddp/obs/device_memory.hpp"
@@ -39,6 +41,7 @@ struct Args {
   std::string device = "cpu";
   bool toy_model = false;
   std::string model = "toy";
+  ddp::models::WorkloadOptions workload;  // --tie-weights (tools/common)
   bool ddp = false;
   ddp::tools::ShardFlags shard;  // --fsdp, --style, --fsdp-wrap, ... (tools/common)
   int64_t batch_size = 32;
@@ -155,7 +158,7 @@ int run_worker(const Args& args) {
     if (args.profile) sync();
   };
 
-  auto w = ddp::models::make_workload(args.model);
+  auto w = ddp::models::make_workload(args.model, args.workload);
   if (args.shard.checkpoint) {
     TORCH_CHECK(w.set_checkpointing, "--fsdp-checkpoint: model ", args.model,
                 " has no activation checkpointing");
@@ -215,8 +218,14 @@ int run_worker(const Args& args) {
     int64_t numel = 0;
     for (const auto& p : params) numel += p.numel();
     std::cout << "ddp-bench: model " << args.model << ", " << numel << " parameters, world "
-              << world << ", device " << args.device << ", batch " << args.batch_size << " per rank"
-              << std::endl;
+              << world << ", device " << args.device << ", batch " << args.batch_size
+              << " per rank";
+    if (dynamic_cast<const ddp::models::GPTImpl*>(w.ptr.get()) != nullptr) {
+      std::cout << ", attention "
+                << (ddp::models::causal_attention_is_fused() ? "fused" : "written out")
+                << (args.workload.tie_weights ? ", tied wte/lm_head" : "");
+    }
+    std::cout << std::endl;
   }
 
   ddp::obs::ChromeTrace trace(rank);
@@ -348,6 +357,7 @@ int main(int argc, char** argv) {
   app.add_option("--model", args.model, "model from the zoo")
       ->check(CLI::IsMember(names))
       ->capture_default_str();
+  ddp::tools::add_model_flags(app, args.workload);
   app.add_flag("--ddp", args.ddp, "wrap the model in DistributedDataParallel");
   ddp::tools::add_shard_flags(app, args.shard);
   app.add_option("--batch-size", args.batch_size, "samples per rank")
@@ -383,6 +393,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (args.toy_model) args.model = "toy";
+  if (const std::string wrong = ddp::tools::check_model_flags(args.model, args.workload);
+      !wrong.empty()) {
+    std::cerr << "ddp-bench: " << wrong << std::endl;
+    return 2;
+  }
 
   std::vector<std::string> ddp_only;
   if (args.ddp) ddp_only.push_back("--ddp");

@@ -32,9 +32,9 @@ struct Args {
   std::string model = "net";
   int nproc = 0;  // 0: 2 when not under a launcher
   int steps = 200;
-  int64_t batch_size = 32;  // per worker
-  int64_t dim = 0;
-  double lr = 0;  // 0: the workload's own
+  int64_t batch_size = 32;                // per worker
+  ddp::models::WorkloadOptions workload;  // --dim, --tie-weights
+  double lr = 0;                          // 0: the workload's own
   std::string optimizer = "sgd";
   std::string backend = "";  // "": gloo on cpu, nccl on cuda
   std::string device = "cpu";
@@ -90,9 +90,7 @@ int run_worker(const Args& args) {
                                    ? torch::Device(torch::kCUDA, static_cast<int>(local_rank))
                                    : torch::Device(torch::kCPU);
 
-  ddp::models::WorkloadOptions wopts;
-  wopts.dim = args.dim;
-  auto w = ddp::models::make_workload(args.model, wopts);
+  auto w = ddp::models::make_workload(args.model, args.workload);
   if (args.shard.checkpoint) {
     TORCH_CHECK(w.set_checkpointing, "--fsdp-checkpoint: model ", args.model,
                 " has no activation checkpointing");
@@ -272,7 +270,9 @@ int main(int argc, char** argv) {
   app.add_option("--batch-size", args.batch_size, "samples per worker per step")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
       ->capture_default_str();
-  app.add_option("--dim", args.dim, "model width (0: the model's default)")->capture_default_str();
+  app.add_option("--dim", args.workload.dim, "model width (0: the model's default)")
+      ->capture_default_str();
+  ddp::tools::add_model_flags(app, args.workload);
   app.add_option("--lr", args.lr, "learning rate (0: the model's default)")->capture_default_str();
   app.add_option("--optimizer", args.optimizer, "sgd or adam")
       ->check(CLI::IsMember({"sgd", "adam"}))
@@ -315,6 +315,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  if (const std::string wrong = ddp::tools::check_model_flags(args.model, args.workload);
+      !wrong.empty()) {
+    std::cerr << "ddp-train: " << wrong << std::endl;
+    return 2;
+  }
 
   std::vector<std::string> ddp_only;
   if (args.optimizer_overlap) ddp_only.push_back("--optimizer-overlap");

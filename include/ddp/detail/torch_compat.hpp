@@ -35,6 +35,15 @@
 #define DDP_AUTOCAST_PER_DEVICE_API 0
 #endif
 
+// Fused attention: at::scaled_dot_product_attention (flash / memory-efficient kernels on CUDA)
+// exists since 2.0; 1.13 has only the private _scaled_dot_product_attention, so the zoo's GPT
+// writes attention out there (models/src/causal_attention.cpp).
+#if TORCH_VERSION_MAJOR >= 2
+#define DDP_HAVE_SDPA 1
+#else
+#define DDP_HAVE_SDPA 0
+#endif
+
 namespace ddp::detail {
 
 #if TORCH_VERSION_MAJOR >= 2

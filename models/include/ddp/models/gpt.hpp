@@ -1,8 +1,8 @@
 #pragma once
 // A nanoGPT-style decoder-only transformer. Submodule names follow nanoGPT (and so GPT-2 /
 // Hugging Face checkpoints): wte, wpe, h.<i>.{ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc,
-// mlp.c_proj}, ln_f, lm_head. Attention is written out by hand because
-// scaled_dot_product_attention does not exist in libtorch 1.13.
+// mlp.c_proj}, ln_f, lm_head. Attention is libtorch's fused scaled_dot_product_attention on
+// torch >= 2.0 and written out on 1.13 (causal_attention.hpp).
 
 #include <cstdint>
 
@@ -27,8 +27,10 @@ struct GPTConfig {
   int64_t n_heads = 4;
   // 4: enough blocks for per-block buckets/units; GPT-2 small is 12.
   int64_t n_layers = 4;
-  // false: a tied lm_head appears twice in named_parameters() (libtorch does not deduplicate),
-  // which only tests of shared-parameter handling want.
+  // false: lm_head has its own weight. true: lm_head->weight is wte->weight, as in GPT-2
+  // (--tie-weights; vocab_size x d_model fewer parameters). Off by default because a tied weight
+  // appears twice in named_parameters() (libtorch does not deduplicate), which code that walks
+  // parameters by name must be ready for.
   bool tie_weights = false;
 };
 

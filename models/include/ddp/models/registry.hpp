@@ -46,6 +46,10 @@ struct WorkloadOptions {
   // 1234: arbitrary but fixed, so two processes given no seed build the same model and data.
   // Seeds both the model init (torch::manual_seed) and the data stream.
   uint64_t seed = 1234;
+  // false: the GPTs' lm_head has its own weight. true: it shares wte's, as GPT-2 does
+  // (GPTConfig::tie_weights, --tie-weights). Only for tied_weights_workload_names(); any other
+  // workload refuses it, since it has no token embedding to tie.
+  bool tie_weights = false;
 };
 
 // Names, model, what `dim` sets, task:
@@ -76,5 +80,8 @@ Workload make_workload(const std::string& name, const WorkloadOptions& options =
 
 // The names make_workload accepts, in the order of the table above.
 std::vector<std::string> workload_names();
+
+// The workloads that accept WorkloadOptions::tie_weights (the GPTs), in the same order.
+std::vector<std::string> tied_weights_workload_names();
 
 }  // namespace ddp::models
