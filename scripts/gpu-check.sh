@@ -7,7 +7,7 @@
 #   bash scripts/gpu-check.sh                 # build, tests, levers, table
 #   bash scripts/gpu-check.sh build tests     # only those stages
 #
-# Stages: build, tests, sharded (FULLY_SHARD vs FSDP2), final (the documented table), overlap, levers (ours only: each tuning lever against our default), table (bench/compare,
+# Stages: build, tests, sharded (FULLY_SHARD vs FSDP2), attribution (issue 13: noop hook, --no-overlap), final (the documented table), overlap, levers (ours only: each tuning lever against our default), table (bench/compare,
 # ours vs PyTorch in the same run, with the 1-GPU baselines), parity (C++ vs PyTorch parameters).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -128,6 +128,28 @@ if has final; then
   TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 compare table-toy8k-tf32-bf16 50 --pairs 2 ${FLAGS[toy8k]} \
     --ours-args="--comm-hook bf16"
   compare table-toy8k-bf16 50 --pairs 2 ${FLAGS[toy8k]} --ours-args="--comm-hook bf16"
+fi
+
+if has attribution; then
+  # Issue 13's attribution, ours and PyTorch's alternated: the 1-GPU step, DDP, DDP with its
+  # communication skipped (noop hook: what the bookkeeping costs), and ours with every bucket
+  # launched after backward (--no-overlap: how much the overlap hides).
+  for model in ${ATTR_MODELS:-gpt2-medium gpt2-small}; do
+    flags="${FLAGS[$model]} --device cuda --repeat ${ATTR_REPEAT:-20} --warmup 5"
+    attr() {  # name, then the command
+      local name="$1"; shift
+      timeout 240 "$@" $flags >"$OUT/attr-$model-$name.log" 2>&1
+      printf '  %-22s %8s ms\n' "$name" "$(median "$OUT/attr-$model-$name.log")" | tee -a "$SUMMARY"
+    }
+    note "attribution $model (median step ms; 2 GPUs unless 1gpu)"
+    attr ours-1gpu "$BENCH"
+    attr torch-1gpu $PY bench/reference/torch_ddp.py
+    attr ours-ddp "$BENCH" --ddp --nproc 2
+    attr torch-ddp $PY bench/reference/torch_ddp.py --ddp --nproc 2
+    attr ours-ddp-noop "$BENCH" --ddp --nproc 2 --comm-hook noop
+    attr torch-ddp-noop $PY bench/reference/torch_ddp.py --ddp --nproc 2 --comm-hook noop
+    attr ours-ddp-no-overlap "$BENCH" --ddp --nproc 2 --no-overlap
+  done
 fi
 
 if has overlap; then
