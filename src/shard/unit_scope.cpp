@@ -22,8 +22,9 @@ std::mutex& registry_mutex() {
   static std::mutex m;
   return m;
 }
-std::unordered_map<const torch::nn::Module*, Entry>& registry() {
-  static std::unordered_map<const torch::nn::Module*, Entry> r;
+// Per module, its listeners in registration order.
+std::unordered_map<const torch::nn::Module*, std::vector<Entry>>& registry() {
+  static std::unordered_map<const torch::nn::Module*, std::vector<Entry>> r;
   return r;
 }
 
@@ -45,31 +46,49 @@ struct BackwardCallback : torch::autograd::Node {
 
 UnitRegistration::UnitRegistration(const torch::nn::Module& module, UnitListener& listener,
                                    size_t unit)
-    : module_(&module) {
+    : module_(&module), listener_(&listener) {
   std::lock_guard<std::mutex> lock(registry_mutex());
-  const bool fresh = registry().emplace(module_, Entry{&listener, unit}).second;
-  TORCH_CHECK(fresh,
-              "ddp: this submodule is already a unit of another sharded wrapper; wrap a "
-              "model once");
+  std::vector<Entry>& entries = registry()[module_];
+  for (const Entry& e : entries) {
+    TORCH_CHECK(e.listener->kind() != listener.kind(),
+                "ddp: this submodule is already a unit of another ", listener.kind(),
+                " wrapper; wrap a model once");
+  }
+  entries.push_back(Entry{&listener, unit});
 }
 
 UnitRegistration::~UnitRegistration() {
   std::lock_guard<std::mutex> lock(registry_mutex());
-  registry().erase(module_);
+  const auto it = registry().find(module_);
+  if (it == registry().end()) return;
+  auto& entries = it->second;
+  for (auto e = entries.begin(); e != entries.end(); ++e) {
+    if (e->listener == listener_) {
+      entries.erase(e);
+      break;
+    }
+  }
+  if (entries.empty()) registry().erase(it);
 }
 
 at::Tensor run_unit(const torch::nn::Module& module,
                     const std::function<at::Tensor(const at::Tensor&)>& fn,
                     const at::Tensor& input) {
-  Entry entry;
+  std::vector<Entry> entries;
   {
     std::lock_guard<std::mutex> lock(registry_mutex());
     const auto it = registry().find(&module);
-    if (it != registry().end()) entry = it->second;
+    if (it != registry().end()) entries = it->second;
   }
-  if (entry.listener == nullptr) return fn(input);
-  const at::Tensor in = entry.listener->before_unit_forward(entry.unit, input);
-  return entry.listener->after_unit_forward(entry.unit, fn(in));
+  if (entries.empty()) return fn(input);
+  // [Note: nested unit listeners]: the last registered is the outermost.
+  at::Tensor in = input;
+  for (auto e = entries.rbegin(); e != entries.rend(); ++e) {
+    in = e->listener->before_unit_forward(e->unit, in);
+  }
+  at::Tensor out = fn(in);
+  for (const Entry& e : entries) out = e.listener->after_unit_forward(e.unit, out);
+  return out;
 }
 
 at::Tensor on_backward(const at::Tensor& output, std::function<void()> fn) {

@@ -135,6 +135,7 @@ class ShardedModule : private UnitListener {
   // What the runtime is doing; checked where a step moves on.
   enum class Phase { kIdle, kForward, kBackward };
 
+  const char* kind() const override { return "sharded data-parallel"; }
   at::Tensor before_unit_forward(size_t unit, const at::Tensor& input) override;
   at::Tensor after_unit_forward(size_t unit, const at::Tensor& output) override;
   void before_unit_backward(size_t unit);

@@ -36,10 +36,20 @@ class Module;
 
 namespace ddp::shard {
 
-// What a sharded runtime does at unit boundaries; `unit` is the index it registered.
+// [Note: nested unit listeners] One module may be a unit of several runtimes of different kinds
+// (tensor parallelism shards a Linear's weight and wraps its input and output; a sharded
+// data-parallel wrapper gathers that weight). They nest in registration order, the last registered
+// outermost, as wrapping applies them: before fn the outermost runs first (gather the parameters,
+// then transform the input), after fn the innermost (all-reduce the output, then put the
+// data-parallel backward node on the result, so that in backward the gather comes first).
+
+// What a runtime does at unit boundaries; `unit` is the index it registered.
 class UnitListener {
  public:
   virtual ~UnitListener() = default;
+  // What kind of runtime this is ("sharded data-parallel", "tensor-parallel"): a module is a unit
+  // of at most one runtime of each kind.
+  virtual const char* kind() const = 0;
   // Returns the input fn will get (the runtime may cast it: param_dtype).
   virtual at::Tensor before_unit_forward(size_t unit, const at::Tensor& input) = 0;
   // Returns the output, possibly with a node attached (on_backward) that will call back.
@@ -47,7 +57,7 @@ class UnitListener {
 };
 
 // While alive, run_unit(module, ...) calls `listener` with `unit`. A module is a unit of at most
-// one runtime at a time: a second registration throws naming nothing but the fact (the module has
+// one runtime of a kind: a second registration of that kind throws naming the kind (the module has
 // no name of its own), as wrapping one model twice would gather its parameters twice.
 class UnitRegistration {
  public:
@@ -58,6 +68,7 @@ class UnitRegistration {
 
  private:
   const torch::nn::Module* module_;
+  const UnitListener* listener_;
 };
 
 // fn(input) as a unit's forward (see above).

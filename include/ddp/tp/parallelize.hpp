@@ -1,0 +1,87 @@
+#pragma once
+// Tensor parallelism for torch::nn::Linear, Megatron's pairing, applied by a plan keyed by
+// qualified submodule name (torchtitan's way: the model's code stays as written):
+//
+//   auto tp = ddp::tp::parallelize_module(net.ptr(), mesh["tp"],
+//                                         {{"fc1", TpStyle::kColwise}, {"fc2",
+//                                         TpStyle::kRowwise}});
+//
+//   colwise  weight [out, in] -> rows [r * out/n, (r+1) * out/n) and the same slice of the bias:
+//            the input is replicated (copy_to_region: its gradient is all-reduced in backward),
+//            the output stays sharded on its last dim
+//   rowwise  weight [out, in] -> columns [r * in/n, (r+1) * in/n), bias replicated: the input is
+//            sharded on its last dim (a replicated input is split first), the partial products are
+//            all-reduced (reduce_from_region), then the bias is added once
+//
+// So colwise followed by rowwise costs one all-reduce forward and one backward, and every
+// gradient is exact locally: a sharded weight's gradient is its shard of the full gradient, and a
+// replicated parameter (rowwise bias, or any parameter outside the plan) gets the same gradient
+// on every tp rank. Data parallelism over another mesh dim then averages them as usual.
+//
+// The C++ frontend has no forward hooks: a planned Linear must run through shard::run_unit (the
+// zoo's models do; see unit_scope.hpp). Parameters keep their identity (set_ to the local shard),
+// so an optimizer or a data-parallel wrapper built afterwards sees the shards.
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ddp/comm/process_group.hpp"
+#include "ddp/shard/unit_scope.hpp"
+
+namespace ddp::tp {
+
+enum class TpStyle { kColwise, kRowwise };
+const char* style_name(TpStyle style);
+
+// Qualified submodule name -> style, applied in this order.
+using TpPlan = std::vector<std::pair<std::string, TpStyle>>;
+
+class TensorParallel : private shard::UnitListener {
+ public:
+  // Collective over `group`: rank 0's full weights are broadcast, then every rank keeps its
+  // shard. Errors name the plan entry: a missing submodule, one that is not a Linear, a sharded
+  // dim the group size does not divide.
+  TensorParallel(std::shared_ptr<torch::nn::Module> module, comm::ProcessGroupPtr group,
+                 const TpPlan& plan);
+  ~TensorParallel() override;
+  TensorParallel(const TensorParallel&) = delete;
+  TensorParallel& operator=(const TensorParallel&) = delete;
+
+  const comm::ProcessGroupPtr& group() const { return group_; }
+  // How parameter `name` is split over the tp group: the tensor dim, or -1 when replicated.
+  int64_t shard_dim(const std::string& name) const;
+  // `local` (parameter `name`'s local shard, or a tensor shaped like it, e.g. its gradient) made
+  // whole; a replicated parameter's tensor comes back as a copy. Collective over the tp group.
+  at::Tensor full(const std::string& name, const at::Tensor& local) const;
+  // Every parameter of the module, whole (named_parameters order). Collective.
+  std::vector<std::pair<std::string, at::Tensor>> full_parameters() const;
+
+ private:
+  struct Planned {
+    std::string name;
+    TpStyle style;
+    torch::nn::LinearImpl* linear = nullptr;
+    at::Tensor bias;  // rowwise: the registered bias, added after the all-reduce
+  };
+  const char* kind() const override { return "tensor-parallel"; }
+  at::Tensor before_unit_forward(size_t unit, const at::Tensor& input) override;
+  at::Tensor after_unit_forward(size_t unit, const at::Tensor& output) override;
+
+  std::shared_ptr<torch::nn::Module> module_;
+  comm::ProcessGroupPtr group_;
+  std::vector<Planned> planned_;
+  std::map<std::string, int64_t> shard_dims_;  // qualified parameter name -> sharded tensor dim
+  std::vector<std::unique_ptr<shard::UnitRegistration>> registrations_;
+};
+
+// TensorParallel over `module`; keep it alive as long as the module trains.
+std::unique_ptr<TensorParallel> parallelize_module(std::shared_ptr<torch::nn::Module> module,
+                                                   comm::ProcessGroupPtr group, const TpPlan& plan);
+
+}  // namespace ddp::tp

@@ -1,0 +1,132 @@
+// Tensor parallelism (tp/parallelize.hpp) on Gloo: the seed test's case (DDP_TP_Test). A 2-D mesh
+// ("dp", "tp"), the seed Net with fc1 / fc3 colwise and fc2 / fc4 rowwise over "tp", replicated
+// over "dp" by DistributedDataParallel: the gradients of the first step and the parameters after
+// K SGD steps, made whole over "tp", equal the single-process model on the global batch
+// (rel. err < 1e-5). Meshes 2x2, 1x2, 2x1, 1x4, 4x1. Bad plans: a missing submodule, a tp size
+// that does not divide the sharded dim, each named.
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <sstream>
+
+#include "ddp/comm/device_mesh.hpp"
+#include "ddp/models/net.hpp"
+#include "ddp/parallel/distributed_data_parallel.hpp"
+#include "ddp/tp/parallelize.hpp"
+#include "support/error_text.hpp"
+#include "support/oracle.hpp"
+#include "support/workers.hpp"
+
+namespace ddp::testing {
+namespace {
+
+constexpr int64_t kDim = 8;  // divides by 1, 2 and 4
+
+tp::TpPlan seed_plan() {
+  return {{"fc1", tp::TpStyle::kColwise},
+          {"fc2", tp::TpStyle::kRowwise},
+          {"fc3", tp::TpStyle::kColwise},
+          {"fc4", tp::TpStyle::kRowwise}};
+}
+
+DDP_TEST_WORKER(tp_seed_net) {
+  auto pg = worker_process_group(std::chrono::seconds(60));
+  const int64_t dp = std::stoll(worker_env("DDP_TEST_DP")),
+                tps = std::stoll(worker_env("DDP_TEST_TP"));
+  comm::DeviceMesh mesh(pg, {dp, tps}, {"dp", "tp"});
+  const int64_t dp_rank = mesh.coordinate()[0];
+  torch::manual_seed(pg->rank());  // rank 0's values must reach every rank
+  models::Net net(kDim);
+  torch::manual_seed(0);
+  models::Net oracle(kDim);
+  auto tensor_parallel = tp::parallelize_module(net.ptr(), mesh["tp"], seed_plan());
+  require(net->fc1->weight.size(0) == kDim / tps && net->fc2->weight.size(1) == kDim / tps,
+          "the planned weights hold their shards");
+  parallel::DistributedDataParallel<models::Net> model(net, mesh["dp"]);
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::SGD oracle_opt(oracle->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::manual_seed(1);
+  const int64_t per_dp = 3;
+  for (int step = 0; step < 3; ++step) {
+    const auto x = torch::randn({per_dp * dp, kDim});
+    const auto y = torch::randn({per_dp * dp, kDim});
+    const auto mine = [&](const torch::Tensor& t) { return t.narrow(0, per_dp * dp_rank, per_dp); };
+    torch::mse_loss(model(mine(x)), mine(y)).backward();
+    torch::mse_loss(oracle->forward(x), y).backward();
+    if (step == 0) {
+      std::vector<std::string> names;
+      std::vector<torch::Tensor> ours, want;
+      for (const auto& item : net->named_parameters()) {
+        names.push_back(item.key());
+        ours.push_back(tensor_parallel->full(item.key(), item.value().grad()));
+        want.push_back(oracle->named_parameters()[item.key()].grad());
+      }
+      require_close(names, ours, want, 1e-5, "gradients of step 1");
+    }
+    opt.step();
+    opt.zero_grad();
+    oracle_opt.step();
+    oracle_opt.zero_grad();
+  }
+  std::vector<std::string> names;
+  std::vector<torch::Tensor> ours, want;
+  for (const auto& [name, t] : tensor_parallel->full_parameters()) {
+    names.push_back(name);
+    ours.push_back(t);
+    want.push_back(oracle->named_parameters()[name]);
+  }
+  std::ostringstream mesh_text;
+  mesh_text << "mesh " << dp << "x" << tps;
+  require_close(names, ours, want, 1e-5, mesh_text.str() + ", parameters after 3 steps");
+}
+
+struct Mesh {
+  int dp, tp;
+};
+
+void PrintTo(const Mesh& m, std::ostream* out) { *out << "mesh " << m.dp << "x" << m.tp; }
+
+class TensorParallelSeedNet : public ::testing::TestWithParam<Mesh> {};
+
+TEST_P(TensorParallelSeedNet, EqualsTheSingleProcessModelOnTheGlobalBatch) {
+  const Mesh m = GetParam();
+  const auto result =
+      run_workers("tp_seed_net", m.dp * m.tp,
+                  {{"DDP_TEST_DP", std::to_string(m.dp)}, {"DDP_TEST_TP", std::to_string(m.tp)}});
+  EXPECT_TRUE(result.ok()) << result.describe();
+}
+
+INSTANTIATE_TEST_SUITE_P(Meshes, TensorParallelSeedNet,
+                         ::testing::Values(Mesh{2, 2}, Mesh{1, 2}, Mesh{2, 1}, Mesh{1, 4},
+                                           Mesh{4, 1}),
+                         [](const auto& info) {
+                           return "dp" + std::to_string(info.param.dp) + "_tp" +
+                                  std::to_string(info.param.tp);
+                         });
+
+DDP_TEST_WORKER(tp_bad_plans) {
+  auto pg = worker_process_group(std::chrono::seconds(60));
+  const std::string missing = error_of([&] {
+    models::Net net(kDim);
+    tp::parallelize_module(net.ptr(), pg, {{"fc9", tp::TpStyle::kColwise}});
+  });
+  require(missing ==
+              "ddp: the tensor-parallel plan names 'fc9', which is not a submodule of the model "
+              "(its Linear submodules: fc1, fc2, fc3, fc4)",
+          "missing submodule: " + missing);
+  const std::string uneven = error_of([&] {
+    models::Net net(6);
+    tp::parallelize_module(net.ptr(), pg, {{"fc2", tp::TpStyle::kRowwise}});
+  });
+  require(uneven == "ddp: RowwiseParallel on 'fc2': in_features 6 does not divide by the tp size 4",
+          "uneven split: " + uneven);
+}
+
+TEST(TensorParallelPlan, AMissingSubmoduleOrAnUnevenSplitIsNamed) {
+  const auto result = run_workers("tp_bad_plans", 4);
+  EXPECT_TRUE(result.ok()) << result.describe();
+}
+
+}  // namespace
+}  // namespace ddp::testing
