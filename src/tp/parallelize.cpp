@@ -115,6 +115,14 @@ std::vector<std::pair<std::string, at::Tensor>> TensorParallel::full_parameters(
   return out;
 }
 
+std::vector<std::pair<std::string, at::Tensor>> TensorParallel::local_parameters() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+    out.emplace_back(item.key(), item.value().detach());
+  }
+  return out;
+}
+
 std::unique_ptr<TensorParallel> parallelize_module(std::shared_ptr<torch::nn::Module> module,
                                                    comm::ProcessGroupPtr group,
                                                    const TpPlan& plan) {

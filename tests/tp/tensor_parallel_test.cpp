@@ -13,6 +13,7 @@
 #include "ddp/comm/device_mesh.hpp"
 #include "ddp/models/net.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
+#include "ddp/shard/sharded_module.hpp"
 #include "ddp/tp/parallelize.hpp"
 #include "support/error_text.hpp"
 #include "support/oracle.hpp"
@@ -30,10 +31,14 @@ tp::TpPlan seed_plan() {
           {"fc4", tp::TpStyle::kRowwise}};
 }
 
+// One run over a dp x tp mesh; DDP_TEST_DP_STYLE: "ddp" (DistributedDataParallel over "dp") or
+// "fully_shard" (FULLY_SHARD over "dp", a unit per layer: each Linear is then a unit of both
+// runtimes, [Note: nested unit listeners]).
 DDP_TEST_WORKER(tp_seed_net) {
   auto pg = worker_process_group(std::chrono::seconds(60));
-  const int64_t dp = std::stoll(worker_env("DDP_TEST_DP")),
-                tps = std::stoll(worker_env("DDP_TEST_TP"));
+  const int64_t dp = std::stoll(worker_env("DDP_TEST_DP"));
+  const int64_t tps = std::stoll(worker_env("DDP_TEST_TP"));
+  const bool fully_shard = worker_env("DDP_TEST_DP_STYLE", "ddp") == "fully_shard";
   comm::DeviceMesh mesh(pg, {dp, tps}, {"dp", "tp"});
   const int64_t dp_rank = mesh.coordinate()[0];
   torch::manual_seed(pg->rank());  // rank 0's values must reach every rank
@@ -43,7 +48,17 @@ DDP_TEST_WORKER(tp_seed_net) {
   auto tensor_parallel = tp::parallelize_module(net.ptr(), mesh["tp"], seed_plan());
   require(net->fc1->weight.size(0) == kDim / tps && net->fc2->weight.size(1) == kDim / tps,
           "the planned weights hold their shards");
-  parallel::DistributedDataParallel<models::Net> model(net, mesh["dp"]);
+  std::unique_ptr<parallel::DistributedDataParallel<models::Net>> ddp;
+  std::unique_ptr<shard::FullyShardedDataParallel<models::Net>> sharded;
+  if (fully_shard) {
+    shard::ShardOptions options;
+    options.units = {"fc1", "fc2", "fc3", "fc4"};
+    sharded =
+        std::make_unique<shard::FullyShardedDataParallel<models::Net>>(net, mesh["dp"], options);
+  } else {
+    ddp = std::make_unique<parallel::DistributedDataParallel<models::Net>>(net, mesh["dp"]);
+  }
+  const auto model = [&](const torch::Tensor& x) { return ddp ? (*ddp)(x) : (*sharded)(x); };
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   torch::optim::SGD oracle_opt(oracle->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   torch::manual_seed(1);
@@ -54,7 +69,7 @@ DDP_TEST_WORKER(tp_seed_net) {
     const auto mine = [&](const torch::Tensor& t) { return t.narrow(0, per_dp * dp_rank, per_dp); };
     torch::mse_loss(model(mine(x)), mine(y)).backward();
     torch::mse_loss(oracle->forward(x), y).backward();
-    if (step == 0) {
+    if (step == 0 && ddp) {  // (FULLY_SHARD's gradients are dp shards: its parameters are checked)
       std::vector<std::string> names;
       std::vector<torch::Tensor> ours, want;
       for (const auto& item : net->named_parameters()) {
@@ -69,23 +84,29 @@ DDP_TEST_WORKER(tp_seed_net) {
     oracle_opt.step();
     oracle_opt.zero_grad();
   }
+  // Whole over "dp" first (FULLY_SHARD), then over "tp".
+  const auto local = sharded ? sharded->full_parameters() : tensor_parallel->local_parameters();
   std::vector<std::string> names;
   std::vector<torch::Tensor> ours, want;
-  for (const auto& [name, t] : tensor_parallel->full_parameters()) {
+  for (const auto& [name, t] : local) {
     names.push_back(name);
-    ours.push_back(t);
+    ours.push_back(tensor_parallel->full(name, t));
     want.push_back(oracle->named_parameters()[name]);
   }
-  std::ostringstream mesh_text;
-  mesh_text << "mesh " << dp << "x" << tps;
-  require_close(names, ours, want, 1e-5, mesh_text.str() + ", parameters after 3 steps");
+  std::ostringstream context;
+  context << "mesh " << dp << "x" << tps << " " << (fully_shard ? "fully_shard" : "ddp")
+          << " over dp, parameters after 3 steps";
+  require_close(names, ours, want, 1e-5, context.str());
 }
 
 struct Mesh {
   int dp, tp;
+  std::string dp_style = "ddp";
 };
 
-void PrintTo(const Mesh& m, std::ostream* out) { *out << "mesh " << m.dp << "x" << m.tp; }
+void PrintTo(const Mesh& m, std::ostream* out) {
+  *out << "mesh " << m.dp << "x" << m.tp << ", " << m.dp_style << " over dp";
+}
 
 class TensorParallelSeedNet : public ::testing::TestWithParam<Mesh> {};
 
@@ -99,10 +120,11 @@ TEST_P(TensorParallelSeedNet, EqualsTheSingleProcessModelOnTheGlobalBatch) {
 
 INSTANTIATE_TEST_SUITE_P(Meshes, TensorParallelSeedNet,
                          ::testing::Values(Mesh{2, 2}, Mesh{1, 2}, Mesh{2, 1}, Mesh{1, 4},
-                                           Mesh{4, 1}),
+                                           Mesh{4, 1}, Mesh{2, 2, "fully_shard"},
+                                           Mesh{1, 2, "fully_shard"}),
                          [](const auto& info) {
                            return "dp" + std::to_string(info.param.dp) + "_tp" +
-                                  std::to_string(info.param.tp);
+                                  std::to_string(info.param.tp) + "_" + info.param.dp_style;
                          });
 
 DDP_TEST_WORKER(tp_bad_plans) {

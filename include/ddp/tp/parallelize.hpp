@@ -61,6 +61,8 @@ class TensorParallel : private shard::UnitListener {
   at::Tensor full(const std::string& name, const at::Tensor& local) const;
   // Every parameter of the module, whole (named_parameters order). Collective.
   std::vector<std::pair<std::string, at::Tensor>> full_parameters() const;
+  // Every parameter as this rank holds it (named_parameters order), detached.
+  std::vector<std::pair<std::string, at::Tensor>> local_parameters() const;
 
  private:
   struct Planned {
