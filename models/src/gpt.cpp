@@ -18,8 +18,12 @@ namespace {
 // with the bias fused in. The C++ frontend's Linear::forward runs matmul and then adds the bias,
 // one more kernel and pass over the output (measured on an H200: gpt2-medium 4.5% slower per step
 // than the same model in Python), and rounds differently from the Python model (7e-7 on CPU).
+//
+// Through shard::run_unit, so that tensor parallelism can split it (tp/parallelize.hpp); a plain
+// call without a tensor-parallel plan.
 torch::Tensor linear(const torch::nn::Linear& m, const torch::Tensor& x) {
-  return at::linear(x, m->weight, m->bias);
+  return shard::run_unit(
+      *m, [&m](const torch::Tensor& in) { return at::linear(in, m->weight, m->bias); }, x);
 }
 
 }  // namespace
@@ -33,12 +37,16 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& config)
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   const int64_t batch = x.size(0);
   const int64_t seq = x.size(1);
-  const int64_t width = x.size(2);
-  const int64_t head_dim = width / n_heads_;
+  const int64_t head_dim = x.size(2) / n_heads_;
 
-  auto qkv = linear(c_attn, x).split(width, /*dim=*/2);
+  // Under tensor parallelism c_attn's output holds this rank's heads only (colwise, packed 3):
+  // the widths and the head count come from the tensors, not the config.
+  const auto fused = linear(c_attn, x);
+  const int64_t width = fused.size(2) / 3;
+  const int64_t heads = width / head_dim;
+  auto qkv = fused.split(width, /*dim=*/2);
   auto to_heads = [&](const torch::Tensor& t) {
-    return t.view({batch, seq, n_heads_, head_dim}).transpose(1, 2);  // [B, H, T, hd]
+    return t.view({batch, seq, heads, head_dim}).transpose(1, 2);  // [B, H, T, hd]
   };
   const auto q = to_heads(qkv[0]);
   const auto k = to_heads(qkv[1]);
@@ -117,6 +125,18 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& idx) {
   auto x = wte(idx) + wpe(positions);  // [B, T, d] + [T, d]
   for (const auto& block : *h) x = call_block(*block->as<GPTBlockImpl>(), x, checkpoint_units);
   return linear(lm_head, ln_f(x));
+}
+
+tp::TpPlan gpt_tensor_parallel_plan(const GPTConfig& config) {
+  tp::TpPlan plan;
+  for (int64_t i = 0; i < config.n_layers; ++i) {
+    const std::string block = "h." + std::to_string(i) + ".";
+    plan.emplace_back(block + "attn.c_attn", tp::ColwiseParallel(/*packed=*/3));
+    plan.emplace_back(block + "attn.c_proj", tp::RowwiseParallel());
+    plan.emplace_back(block + "mlp.c_fc", tp::ColwiseParallel());
+    plan.emplace_back(block + "mlp.c_proj", tp::RowwiseParallel());
+  }
+  return plan;
 }
 
 }  // namespace ddp::models

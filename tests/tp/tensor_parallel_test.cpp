@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "ddp/comm/device_mesh.hpp"
+#include "ddp/models/gpt.hpp"
 #include "ddp/models/net.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
 #include "ddp/shard/sharded_module.hpp"
@@ -25,10 +26,10 @@ namespace {
 constexpr int64_t kDim = 8;  // divides by 1, 2 and 4
 
 tp::TpPlan seed_plan() {
-  return {{"fc1", tp::TpStyle::kColwise},
-          {"fc2", tp::TpStyle::kRowwise},
-          {"fc3", tp::TpStyle::kColwise},
-          {"fc4", tp::TpStyle::kRowwise}};
+  return {{"fc1", tp::ColwiseParallel()},
+          {"fc2", tp::RowwiseParallel()},
+          {"fc3", tp::ColwiseParallel()},
+          {"fc4", tp::RowwiseParallel()}};
 }
 
 // One run over a dp x tp mesh; DDP_TEST_DP_STYLE: "ddp" (DistributedDataParallel over "dp") or
@@ -127,11 +128,88 @@ INSTANTIATE_TEST_SUITE_P(Meshes, TensorParallelSeedNet,
                                   std::to_string(info.param.tp) + "_" + info.param.dp_style;
                          });
 
+// The zoo GPT's plan (c_attn colwise by heads, projections rowwise, MLP colwise then rowwise) over
+// "tp", DDP over "dp": the same equality, gradients of step 1 and parameters after 3 steps.
+DDP_TEST_WORKER(tp_gpt) {
+  auto pg = worker_process_group(std::chrono::seconds(60));
+  const int64_t dp = std::stoll(worker_env("DDP_TEST_DP"));
+  const int64_t tps = std::stoll(worker_env("DDP_TEST_TP"));
+  comm::DeviceMesh mesh(pg, {dp, tps}, {"dp", "tp"});
+  const int64_t dp_rank = mesh.coordinate()[0];
+  models::GPTConfig config;
+  config.vocab_size = 37;
+  config.seq_len = 8;
+  config.d_model = 16;
+  config.n_heads = 4;
+  config.n_layers = 2;
+  torch::manual_seed(pg->rank());
+  models::GPT gpt(config);
+  torch::manual_seed(0);
+  models::GPT oracle(config);
+  auto tensor_parallel =
+      tp::parallelize_module(gpt.ptr(), mesh["tp"], models::gpt_tensor_parallel_plan(config));
+  require(gpt->h[0]->as<models::GPTBlockImpl>()->attn->c_attn->weight.size(0) ==
+              3 * config.d_model / tps,
+          "c_attn holds this rank's heads of q, k and v");
+  parallel::DistributedDataParallel<models::GPT> model(gpt, mesh["dp"]);
+  torch::optim::SGD opt(gpt->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::SGD oracle_opt(oracle->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  const auto loss = [](const torch::Tensor& logits, const torch::Tensor& targets) {
+    return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
+                                                targets.reshape({-1}));
+  };
+  const auto compare = [&](bool grads, const std::string& context) {
+    std::vector<std::string> names;
+    std::vector<torch::Tensor> ours, want;
+    for (const auto& item : gpt->named_parameters()) {
+      const torch::Tensor mine = grads ? item.value().grad() : item.value();
+      const torch::Tensor theirs =
+          oracle->named_parameters()[item.key()];  // a copy: the dict is a temporary
+      names.push_back(item.key());
+      ours.push_back(tensor_parallel->full(item.key(), mine));
+      want.push_back(grads ? theirs.grad() : theirs);
+    }
+    require_close(names, ours, want, 1e-5, context);
+  };
+  torch::manual_seed(1);
+  const int64_t per_dp = 2;
+  for (int step = 0; step < 3; ++step) {
+    const auto x = torch::randint(config.vocab_size, {per_dp * dp, config.seq_len});
+    const auto y = torch::randint(config.vocab_size, {per_dp * dp, config.seq_len});
+    const auto mine = [&](const torch::Tensor& t) { return t.narrow(0, per_dp * dp_rank, per_dp); };
+    loss(model(mine(x)), mine(y)).backward();
+    loss(oracle->forward(x), y).backward();
+    if (step == 0) compare(true, "GPT plan, gradients of step 1");
+    opt.step();
+    opt.zero_grad();
+    oracle_opt.step();
+    oracle_opt.zero_grad();
+  }
+  compare(false, "GPT plan, mesh " + std::to_string(dp) + "x" + std::to_string(tps) +
+                     ", parameters after 3 steps");
+}
+
+class TensorParallelGpt : public ::testing::TestWithParam<Mesh> {};
+
+TEST_P(TensorParallelGpt, EqualsTheSingleProcessModelOnTheGlobalBatch) {
+  const Mesh m = GetParam();
+  const auto result =
+      run_workers("tp_gpt", m.dp * m.tp,
+                  {{"DDP_TEST_DP", std::to_string(m.dp)}, {"DDP_TEST_TP", std::to_string(m.tp)}});
+  EXPECT_TRUE(result.ok()) << result.describe();
+}
+
+INSTANTIATE_TEST_SUITE_P(Meshes, TensorParallelGpt, ::testing::Values(Mesh{1, 2}, Mesh{2, 2}),
+                         [](const auto& info) {
+                           return "dp" + std::to_string(info.param.dp) + "_tp" +
+                                  std::to_string(info.param.tp);
+                         });
+
 DDP_TEST_WORKER(tp_bad_plans) {
   auto pg = worker_process_group(std::chrono::seconds(60));
   const std::string missing = error_of([&] {
     models::Net net(kDim);
-    tp::parallelize_module(net.ptr(), pg, {{"fc9", tp::TpStyle::kColwise}});
+    tp::parallelize_module(net.ptr(), pg, {{"fc9", tp::ColwiseParallel()}});
   });
   require(missing ==
               "ddp: the tensor-parallel plan names 'fc9', which is not a submodule of the model "
@@ -139,7 +217,7 @@ DDP_TEST_WORKER(tp_bad_plans) {
           "missing submodule: " + missing);
   const std::string uneven = error_of([&] {
     models::Net net(6);
-    tp::parallelize_module(net.ptr(), pg, {{"fc2", tp::TpStyle::kRowwise}});
+    tp::parallelize_module(net.ptr(), pg, {{"fc2", tp::RowwiseParallel()}});
   });
   require(uneven == "ddp: RowwiseParallel on 'fc2': in_features 6 does not divide by the tp size 4",
           "uneven split: " + uneven);

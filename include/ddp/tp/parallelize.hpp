@@ -3,8 +3,8 @@
 // qualified submodule name (torchtitan's way: the model's code stays as written):
 //
 //   auto tp = ddp::tp::parallelize_module(net.ptr(), mesh["tp"],
-//                                         {{"fc1", TpStyle::kColwise}, {"fc2",
-//                                         TpStyle::kRowwise}});
+//                                         {{"fc1", ColwiseParallel()}, {"fc2",
+//                                         RowwiseParallel()}});
 //
 //   colwise  weight [out, in] -> rows [r * out/n, (r+1) * out/n) and the same slice of the bias:
 //            the input is replicated (copy_to_region: its gradient is all-reduced in backward),
@@ -39,8 +39,20 @@ namespace ddp::tp {
 enum class TpStyle { kColwise, kRowwise };
 const char* style_name(TpStyle style);
 
+// How one Linear is split.
+struct ParallelStyle {
+  TpStyle style = TpStyle::kColwise;
+  // Colwise only: the output is `packed` equal chunks side by side (a fused q, k, v projection:
+  // 3), and each chunk is split on its own, so that every rank gets the same heads of each. 1
+  // (default): one chunk.
+  int64_t packed = 1;
+  ParallelStyle(TpStyle s = TpStyle::kColwise, int64_t p = 1) : style(s), packed(p) {}  // NOLINT
+};
+inline ParallelStyle ColwiseParallel(int64_t packed = 1) { return {TpStyle::kColwise, packed}; }
+inline ParallelStyle RowwiseParallel() { return {TpStyle::kRowwise, 1}; }
+
 // Qualified submodule name -> style, applied in this order.
-using TpPlan = std::vector<std::pair<std::string, TpStyle>>;
+using TpPlan = std::vector<std::pair<std::string, ParallelStyle>>;
 
 class TensorParallel : private shard::UnitListener {
  public:
@@ -67,7 +79,7 @@ class TensorParallel : private shard::UnitListener {
  private:
   struct Planned {
     std::string name;
-    TpStyle style;
+    ParallelStyle style;
     torch::nn::LinearImpl* linear = nullptr;
     at::Tensor bias;  // rowwise: the registered bias, added after the all-reduce
   };
@@ -78,7 +90,11 @@ class TensorParallel : private shard::UnitListener {
   std::shared_ptr<torch::nn::Module> module_;
   comm::ProcessGroupPtr group_;
   std::vector<Planned> planned_;
-  std::map<std::string, int64_t> shard_dims_;  // qualified parameter name -> sharded tensor dim
+  struct Split {
+    int64_t dim = 0;     // the sharded tensor dim
+    int64_t packed = 1;  // chunks split separately (dim 0 only)
+  };
+  std::map<std::string, Split> splits_;  // qualified parameter name -> how it is sharded
   std::vector<std::unique_ptr<shard::UnitRegistration>> registrations_;
 };
 

@@ -14,6 +14,8 @@
 #include <torch/nn/pimpl.h>
 #include <torch/types.h>
 
+#include "ddp/tp/parallelize.hpp"
+
 namespace ddp::models {
 
 struct GPTConfig {
@@ -104,5 +106,10 @@ class GPTImpl : public torch::nn::Module {
   GPTConfig config_;
 };
 TORCH_MODULE(GPT);
+
+// The GPT's tensor-parallel plan (Megatron's): in every block, attn.c_attn colwise by heads
+// (packed q, k, v), attn.c_proj rowwise, mlp.c_fc colwise, mlp.c_proj rowwise; embeddings,
+// LayerNorms and lm_head stay replicated. The tp size must divide n_heads.
+tp::TpPlan gpt_tensor_parallel_plan(const GPTConfig& config);
 
 }  // namespace ddp::models
