@@ -22,6 +22,10 @@ void build_net(Workload& w, int64_t dim, uint64_t seed) {
   set_model(w, net);
   w.set_checkpointing = [impl = net.ptr()](bool on) { impl->checkpoint_units = on; };
   w.wrap_units = {"fc1", "fc2", "fc3", "fc4"};
+  w.tp_plan = {{"fc1", tp::ColwiseParallel()},
+               {"fc2", tp::RowwiseParallel()},
+               {"fc3", tp::ColwiseParallel()},
+               {"fc4", tp::RowwiseParallel()}};
   add_regression_task(w, dim, dim, seed);
 }
 
@@ -40,6 +44,7 @@ void build_gpt(Workload& w, GPTConfig config, const WorkloadOptions& options) {
   set_model(w, gpt);
   w.set_checkpointing = [impl = gpt.ptr()](bool on) { impl->checkpoint_units = on; };
   for (int64_t i = 0; i < config.n_layers; ++i) w.wrap_units.push_back("h." + std::to_string(i));
+  w.tp_plan = gpt_tensor_parallel_plan(config);
   add_counting_task(w, config.vocab_size, config.seq_len, options.seed);
 }
 

@@ -34,74 +34,108 @@ TensorParallel::TensorParallel(std::shared_ptr<torch::nn::Module> module,
     : module_(std::move(module)), group_(std::move(group)) {
   TORCH_CHECK(module_, "ddp: parallelize_module needs a module");
   TORCH_CHECK(group_, "ddp: parallelize_module needs a process group");
-  const int64_t n = group_->world_size(), r = group_->rank();
   const auto modules = module_->named_modules(/*name_prefix=*/"", /*include_self=*/false);
-  // Checked first, so that a bad plan fails before any collective, the same on every rank.
-  for (bool apply : {false, true}) {
-    if (apply) {
-      // Every tp rank starts from rank 0's values: the planned weights are sliced from the same
-      // full tensors, and the replicated parameters must be equal for their gradients to be.
-      std::vector<at::Tensor> params;
-      for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
-        bool seen = false;
-        for (const auto& p : params) seen = seen || p.is_same(item.value());
-        if (!seen) params.push_back(item.value());
+  // Every entry is checked before anything is communicated or changed: a bad plan fails the same
+  // way on every rank and leaves the model as it was.
+  std::vector<torch::nn::Module*> targets;
+  for (const auto& [name, spec] : plan) targets.push_back(&check_entry(modules, name, spec));
+  // Every tp rank starts from rank 0's values: the planned weights are sliced from the same full
+  // tensors, and the replicated parameters must be equal for their gradients to be.
+  std::vector<at::Tensor> params;
+  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+    bool seen = false;
+    for (const auto& p : params) seen = seen || p.is_same(item.value());
+    if (!seen) params.push_back(item.value());
+  }
+  comm::broadcast_coalesced(*group_, params, 0, "tensor-parallel broadcast of rank 0's parameters");
+  for (size_t i = 0; i < plan.size(); ++i) apply_entry(plan[i].first, plan[i].second, *targets[i]);
+}
+
+torch::nn::Module& TensorParallel::check_entry(
+    const torch::OrderedDict<std::string, std::shared_ptr<torch::nn::Module>>& modules,
+    const std::string& name, const ParallelStyle& spec) const {
+  const int64_t n = group_->world_size();
+  const auto* found = modules.find(name);
+  if (found == nullptr) {
+    std::string linears;
+    for (const auto& item : modules) {
+      if (item.value()->as<torch::nn::Linear>() != nullptr) {
+        linears += (linears.empty() ? "" : ", ") + item.key();
       }
-      comm::broadcast_coalesced(*group_, params, 0,
-                                "tensor-parallel broadcast of rank 0's parameters");
     }
-    for (const auto& [name, spec] : plan) {
-      const TpStyle style = spec.style;
-      const auto* found = modules.find(name);
-      if (found == nullptr) {
-        std::string linears;
-        for (const auto& item : modules) {
-          if (item.value()->as<torch::nn::Linear>() != nullptr) {
-            linears += (linears.empty() ? "" : ", ") + item.key();
-          }
-        }
-        TORCH_CHECK(false, "ddp: the tensor-parallel plan names '", name,
-                    "', which is not a submodule of the model (its Linear submodules: ",
-                    linears.empty() ? "none" : linears, ")");
+    TORCH_CHECK(false, "ddp: the tensor-parallel plan names '", name,
+                "', which is not a submodule of the model (its Linear submodules: ",
+                linears.empty() ? "none" : linears, ")");
+  }
+  const bool colwise = spec.style == TpStyle::kColwise;
+  if (auto* embedding = (*found)->as<torch::nn::Embedding>()) {
+    // RowwiseParallel on an Embedding splits the vocabulary (PyTorch's meaning too).
+    TORCH_CHECK(!colwise && spec.packed == 1, "ddp: ", style_name(spec.style), " on '", name,
+                "': an Embedding takes RowwiseParallel (the vocabulary split) only");
+    const int64_t vocab = embedding->weight.size(0);
+    TORCH_CHECK(vocab % n == 0, "ddp: RowwiseParallel on '", name, "': num_embeddings ", vocab,
+                " does not divide by the tp size ", n);
+    return **found;
+  }
+  auto* linear = (*found)->as<torch::nn::Linear>();
+  TORCH_CHECK(linear != nullptr, "ddp: ", style_name(spec.style), " on '", name,
+              "': it is not a torch::nn::Linear or Embedding");
+  TORCH_CHECK(spec.packed >= 1 && (colwise || spec.packed == 1), "ddp: ", style_name(spec.style),
+              " on '", name, "': packed ", spec.packed, " (colwise only, >= 1)");
+  const int64_t split = colwise ? linear->weight.size(0) : linear->weight.size(1);
+  TORCH_CHECK(
+      split % (n * spec.packed) == 0, "ddp: ", style_name(spec.style), " on '", name,
+      "': ", colwise ? "out_features " : "in_features ", split,
+      spec.packed > 1 ? " in " + std::to_string(spec.packed) + " packed chunks" : std::string(),
+      " does not divide by the tp size ", n);
+  return **found;
+}
+
+void TensorParallel::apply_entry(const std::string& name, const ParallelStyle& spec,
+                                 torch::nn::Module& target) {
+  const int64_t n = group_->world_size(), r = group_->rank();
+  Planned p;
+  p.name = name;
+  p.style = spec;
+  if (auto* embedding = target.as<torch::nn::Embedding>()) {
+    const int64_t rows = embedding->weight.size(0) / n;
+    replace_with(embedding->weight, embedding->weight.detach().narrow(0, r * rows, rows));
+    splits_[name + ".weight"] = Split{0, 1};
+    p.embedding = embedding;
+    p.first_row = r * rows;
+  } else {
+    auto* linear = target.as<torch::nn::Linear>();
+    p.linear = linear;
+    if (spec.style == TpStyle::kColwise) {
+      replace_with(linear->weight, packed_rows(linear->weight.detach(), spec.packed, n, r));
+      splits_[name + ".weight"] = Split{0, spec.packed};
+      if (linear->bias.defined()) {
+        replace_with(linear->bias, packed_rows(linear->bias.detach(), spec.packed, n, r));
+        splits_[name + ".bias"] = Split{0, spec.packed};
       }
-      auto* linear = (*found)->as<torch::nn::Linear>();
-      TORCH_CHECK(linear != nullptr, "ddp: ", style_name(style), " on '", name,
-                  "': it is not a torch::nn::Linear");
-      const int64_t out = linear->weight.size(0), in = linear->weight.size(1);
-      const bool colwise = style == TpStyle::kColwise;
-      const int64_t packed = colwise ? spec.packed : 1;
-      TORCH_CHECK(spec.packed >= 1 && (colwise || spec.packed == 1), "ddp: ", style_name(style),
-                  " on '", name, "': packed ", spec.packed, " (colwise only, >= 1)");
-      const int64_t split = colwise ? out : in;
-      TORCH_CHECK(split % (n * packed) == 0, "ddp: ", style_name(style), " on '", name,
-                  "': ", colwise ? "out_features " : "in_features ", split,
-                  packed > 1 ? " in " + std::to_string(packed) + " packed chunks" : std::string(),
-                  " does not divide by the tp size ", n);
-      if (!apply) continue;  // the first pass only checks
-      Planned p{name, spec, linear, at::Tensor()};
-      if (colwise) {
-        replace_with(linear->weight, packed_rows(linear->weight.detach(), packed, n, r));
-        splits_[name + ".weight"] = Split{0, packed};
-        if (linear->bias.defined()) {
-          replace_with(linear->bias, packed_rows(linear->bias.detach(), packed, n, r));
-          splits_[name + ".bias"] = Split{0, packed};
-        }
-      } else {
-        replace_with(linear->weight, linear->weight.detach().narrow(1, r * (in / n), in / n));
-        splits_[name + ".weight"] = Split{1, 1};
-        p.bias = linear->bias;
-      }
-      registrations_.push_back(std::make_unique<shard::UnitRegistration>(
-          *linear, static_cast<shard::UnitListener&>(*this), planned_.size()));
-      planned_.push_back(std::move(p));
+    } else {
+      const int64_t cols = linear->weight.size(1) / n;
+      replace_with(linear->weight, linear->weight.detach().narrow(1, r * cols, cols));
+      splits_[name + ".weight"] = Split{1, 1};
+      p.bias = linear->bias;
     }
   }
+  registrations_.push_back(std::make_unique<shard::UnitRegistration>(
+      target, static_cast<shard::UnitListener&>(*this), planned_.size()));
+  planned_.push_back(std::move(p));
 }
 
 TensorParallel::~TensorParallel() = default;
 
 at::Tensor TensorParallel::before_unit_forward(size_t unit, const at::Tensor& input) {
   Planned& p = planned_[unit];
+  if (p.embedding != nullptr) {
+    // Ids outside this rank's rows look up row 0 and are zeroed after: the all-reduce then
+    // sums exactly one real row per id.
+    const int64_t rows = p.embedding->weight.size(0);
+    p.outside = (input < p.first_row).logical_or(input >= p.first_row + rows);
+    return (input - p.first_row).masked_fill(p.outside, 0);
+  }
   if (p.style.style == TpStyle::kColwise) return copy_to_region(input, group_);
   const int64_t local = p.linear->weight.size(1);
   const int64_t full = local * group_->world_size();
@@ -115,6 +149,11 @@ at::Tensor TensorParallel::before_unit_forward(size_t unit, const at::Tensor& in
 
 at::Tensor TensorParallel::after_unit_forward(size_t unit, const at::Tensor& output) {
   Planned& p = planned_[unit];
+  if (p.embedding != nullptr) {
+    const at::Tensor mine = output.masked_fill(p.outside.unsqueeze(-1), 0);
+    p.outside = at::Tensor();
+    return reduce_from_region(mine, group_);
+  }
   if (p.style.style == TpStyle::kColwise) return output;
   p.linear->bias = p.bias;
   at::Tensor out = reduce_from_region(output, group_);

@@ -96,14 +96,17 @@ TEST(DdpBench, ProfileWritesOneTrackPerRankWithComputeAndBucketSpans) {
 // Parity mode against the single-process path of the same tool: `world` ranks on slices of a
 // batch with plain SGD end where one process on the whole batch ends, for DDP and the sharded
 // styles (mlp-deep's 512 rows split unevenly at world 3).
-void expect_parity(const std::string& style_flags, int world) {
+// `world` ranks of `data_ranks` (world / tp with --tp) data-parallel groups.
+void expect_parity(const std::string& style_flags, int world, const std::string& model = "mlp-deep",
+                   int64_t width = 512, size_t tensors = 32, int data_ranks = 0) {
+  if (data_ranks == 0) data_ranks = world;
   const std::string dir = temp_dir("parity");
   torch::manual_seed(3);
   ddp::io::TensorMap inputs, whole;
   for (int step = 0; step < 3; ++step) {
-    auto x = torch::randn({4 * world, 512});
-    auto y = torch::randn({4 * world, 512});
-    for (int r = 0; r < world; ++r) {
+    auto x = torch::randn({4 * data_ranks, width});
+    auto y = torch::randn({4 * data_ranks, width});
+    for (int r = 0; r < data_ranks; ++r) {
       inputs["x." + std::to_string(step) + "." + std::to_string(r)] = x.narrow(0, 4 * r, 4);
       inputs["y." + std::to_string(step) + "." + std::to_string(r)] = y.narrow(0, 4 * r, 4);
     }
@@ -112,7 +115,7 @@ void expect_parity(const std::string& style_flags, int world) {
   }
   ddp::io::save_safetensors(dir + "/inputs.safetensors", inputs);
   ddp::io::save_safetensors(dir + "/whole.safetensors", whole);
-  const std::string common = kBench + " --model mlp-deep --lr 0.05 ";
+  const std::string common = kBench + " --model " + model + " --lr 0.05 ";
   auto [out1, code1] =
       run_command(common + style_flags + " --nproc " + std::to_string(world) + " --inputs " + dir +
                   "/inputs.safetensors --save-params " + dir + "/dp.safetensors");
@@ -123,7 +126,7 @@ void expect_parity(const std::string& style_flags, int world) {
   ASSERT_EQ(code2, 0) << out2;
   const auto a = ddp::io::load_safetensors(dir + "/dp.safetensors");
   const auto b = ddp::io::load_safetensors(dir + "/single.safetensors");
-  ASSERT_EQ(a.size(), 32u);
+  ASSERT_EQ(a.size(), tensors);
   for (const auto& [name, t] : b) {
     ASSERT_EQ(a.at(name).sizes(), t.sizes()) << name;
     const double rel = (a.at(name) - t).norm().item<double>() / t.norm().item<double>();
@@ -133,6 +136,25 @@ void expect_parity(const std::string& style_flags, int world) {
 }
 
 TEST(DdpBench, ParityModeMatchesTheSingleProcessRun) { expect_parity("--ddp", 2); }
+// --tp 2 at world 4: the seed Net split over "tp", DDP over "dp" (2 data ranks); --save-params
+// makes the shards whole.
+TEST(DdpBench, TensorParallelWithDdpParityAtWorldFour) {
+  expect_parity("--ddp --tp 2", 4, "toy", 2000, 8, 2);
+}
+TEST(DdpBench, TensorParallelNeedsADataParallelStyleAndAPlan) {
+  auto [out, code] = run_command(kBench + " --model toy --nproc 4 --tp 2 --repeat 1 --warmup 0");
+  EXPECT_NE(code, 0);
+  EXPECT_NE(out.find("ddp-bench: --tp 2 at world size 4 leaves 2 data-parallel ranks: add --ddp "
+                     "or a sharded --style"),
+            std::string::npos)
+      << out;
+  std::tie(out, code) = run_command(kBench + " --model mlp --nproc 2 --tp 2 --repeat 1");
+  EXPECT_NE(code, 0);
+  EXPECT_NE(out.find("ddp-bench: --tp: model mlp has no tensor-parallel plan (net, toy, toy8k and "
+                     "the GPTs have one)"),
+            std::string::npos)
+      << out;
+}
 TEST(DdpBench, FullyShardedParityAtWorldThree) { expect_parity("--fsdp", 3); }
 TEST(DdpBench, DefaultStyleParityAtWorldTwo) { expect_parity("--style default", 2); }
 TEST(DdpBench, FullyShardedPerLayerWithoutPrefetchParityAtWorldThree) {

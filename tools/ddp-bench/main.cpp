@@ -21,6 +21,7 @@
 #include <sstream>
 
 #include "common/ddp_flags.hpp"
+#include "ddp/comm/device_mesh.hpp"
 #include "ddp/comm/init.hpp"
 #include "ddp/io/checkpoint_state.hpp"
 #include "ddp/io/safetensors.hpp"
@@ -34,6 +35,7 @@
 #include "ddp/parallel/distributed_data_parallel.hpp"
 #include "ddp/planner/graph_dot.hpp"
 #include "ddp/shard/sharded_module.hpp"
+#include "ddp/tp/parallelize.hpp"
 
 namespace {
 
@@ -43,6 +45,7 @@ struct Args {
   std::string model = "toy";
   ddp::models::WorkloadOptions workload;  // --tie-weights (tools/common)
   bool ddp = false;
+  int64_t tp = 0;  // --tp N: tensor parallel over N ranks of a (world / N, N) mesh; 0: none
   ddp::tools::ShardFlags shard;  // --fsdp, --style, --fsdp-wrap, ... (tools/common)
   int64_t batch_size = 32;
   int repeat = 10;
@@ -129,7 +132,7 @@ Memory measure_memory(torch::nn::Module& module, torch::optim::Optimizer& opt,
 
 bool sharded(const Args& args) { return args.shard.sharded(); }
 // A process group is made: DDP, or a sharded style (which runs at any world size).
-bool distributed(const Args& args) { return args.ddp || sharded(args); }
+bool distributed(const Args& args) { return args.ddp || sharded(args) || args.tp > 0; }
 
 int run_worker(const Args& args) {
   at::set_num_threads(args.threads);
@@ -166,13 +169,33 @@ int run_worker(const Args& args) {
   }
   if (!args.init_params.empty()) load_params(*w.ptr, args.init_params);
   w.ptr->to(device);
+  // --tp: the model is split over the mesh's "tp" dim first; data parallelism runs over "dp", and
+  // the ranks of one tp group read the same batch (their dp coordinate's).
+  std::unique_ptr<ddp::comm::DeviceMesh> mesh;
+  std::unique_ptr<ddp::tp::TensorParallel> tensor_parallel;
+  ddp::comm::ProcessGroupPtr dp_group = pg;
+  int data_rank = rank;
+  if (args.tp > 0) {
+    TORCH_CHECK(world % args.tp == 0, "ddp-bench: --tp ", args.tp,
+                " does not divide the world size ", world);
+    TORCH_CHECK(!w.tp_plan.empty(), "ddp-bench: --tp: model ", args.model,
+                " has no tensor-parallel plan (net, toy, toy8k and the GPTs have one)");
+    mesh = std::make_unique<ddp::comm::DeviceMesh>(
+        pg, std::vector<int64_t>{world / args.tp, args.tp}, std::vector<std::string>{"dp", "tp"});
+    tensor_parallel = ddp::tp::parallelize_module(w.ptr, (*mesh)["tp"], w.tp_plan);
+    dp_group = (*mesh)["dp"];
+    data_rank = static_cast<int>(mesh->coordinate()[0]);
+    TORCH_CHECK(world == args.tp || args.ddp || sharded(args), "ddp-bench: --tp ", args.tp,
+                " at world size ", world, " leaves ", world / args.tp,
+                " data-parallel ranks: add --ddp or a sharded --style");
+  }
 
   // Batches: from --inputs (parity), or one deterministic batch per rank made before timing.
   std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
   if (!args.inputs.empty()) {
     const auto tensors = ddp::io::load_safetensors(args.inputs);
     for (int step = 0;; ++step) {
-      const std::string suffix = "." + std::to_string(step) + "." + std::to_string(rank);
+      const std::string suffix = "." + std::to_string(step) + "." + std::to_string(data_rank);
       auto x = tensors.find("x" + suffix);
       auto y = tensors.find("y" + suffix);
       if (x == tensors.end()) break;
@@ -181,9 +204,10 @@ int run_worker(const Args& args) {
       batches.emplace_back(x->second.to(device), y->second.to(device));
     }
     TORCH_CHECK(!batches.empty(), "ddp-bench: --inputs file '", args.inputs,
-                "' has no batches for rank ", rank, " (expected tensors x.<step>.", rank, ")");
+                "' has no batches for rank ", data_rank, " (expected tensors x.<step>.", data_rank,
+                ")");
   } else {
-    auto [x, y] = w.batch(rank * args.batch_size, args.batch_size);
+    auto [x, y] = w.batch(data_rank * args.batch_size, args.batch_size);
     batches.emplace_back(x.to(device), y.to(device));
   }
   const bool parity = !args.inputs.empty();
@@ -195,12 +219,14 @@ int run_worker(const Args& args) {
   if (sharded(args)) {
     ddp::shard::ShardOptions shard_options = args.shard.options;
     if (args.shard.fsdp_wrap) shard_options.units = w.wrap_units;
-    sharded_model = std::make_unique<ddp::shard::ShardedModule>(w.ptr, pg, shard_options);
+    sharded_model = std::make_unique<ddp::shard::ShardedModule>(w.ptr, dp_group, shard_options);
     if (lead && args.options.verbose) std::cout << sharded_model->unit_table();
   } else if (args.ddp) {
-    model = std::make_unique<ddp::DistributedDataParallel<torch::nn::AnyModule>>(w.module, pg,
+    model = std::make_unique<ddp::DistributedDataParallel<torch::nn::AnyModule>>(w.module, dp_group,
                                                                                  args.options);
-    if (auto hook = ddp::tools::make_comm_hook(args.comm_hook, pg)) model->register_comm_hook(hook);
+    if (auto hook = ddp::tools::make_comm_hook(args.comm_hook, dp_group)) {
+      model->register_comm_hook(hook);
+    }
   }
   std::vector<torch::Tensor> params;
   for (auto& [name, p] : named_params(*w.ptr)) params.push_back(p);
@@ -288,10 +314,10 @@ int run_worker(const Args& args) {
   const Memory memory = measure_memory(*w.ptr, opt, sharded_model.get(), device);
   if (!args.save_params.empty()) {
     ddp::io::TensorMap out;
-    if (sharded_model) {  // collective: every rank gathers
-      for (auto& [name, p] : sharded_model->full_parameters()) out[name] = p.cpu();
-    } else {
-      for (auto& [name, p] : named_params(*w.ptr)) out[name] = p.detach().cpu();
+    // Collective: whole over "dp" (a sharded style), then over "tp" (--tp).
+    auto params = sharded_model ? sharded_model->full_parameters() : named_params(*w.ptr);
+    for (auto& [name, p] : params) {
+      out[name] = (tensor_parallel ? tensor_parallel->full(name, p) : p.detach()).cpu();
     }
     if (lead) ddp::io::save_safetensors(args.save_params, out);
   }
@@ -359,6 +385,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   ddp::tools::add_model_flags(app, args.workload);
   app.add_flag("--ddp", args.ddp, "wrap the model in DistributedDataParallel");
+  app.add_option(
+         "--tp", args.tp,
+         "tensor parallel over N ranks of a (world / N, N) mesh (\"dp\", \"tp\"); --ddp or a "
+         "sharded style runs over \"dp\" (docs/tensor_parallel.md)")
+      ->check(CLI::Range(int64_t{1}, int64_t{64}));
   ddp::tools::add_shard_flags(app, args.shard);
   app.add_option("--batch-size", args.batch_size, "samples per rank")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))

@@ -12,6 +12,9 @@
 //   rowwise  weight [out, in] -> columns [r * in/n, (r+1) * in/n), bias replicated: the input is
 //            sharded on its last dim (a replicated input is split first), the partial products are
 //            all-reduced (reduce_from_region), then the bias is added once
+//   rowwise on an Embedding [vocab, dim] -> rows [r * vocab/n, (r+1) * vocab/n) (the vocabulary
+//            split, as PyTorch's RowwiseParallel on nn.Embedding): ids held elsewhere give zeros,
+//            and the all-reduce of the lookups gives every id its row
 //
 // So colwise followed by rowwise costs one all-reduce forward and one backward, and every
 // gradient is exact locally: a sharded weight's gradient is its shard of the full gradient, and a
@@ -23,7 +26,9 @@
 // so an optimizer or a data-parallel wrapper built afterwards sees the shards.
 
 #include <torch/nn/module.h>
+#include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/ordered_dict.h>
 
 #include <map>
 #include <memory>
@@ -80,9 +85,16 @@ class TensorParallel : private shard::UnitListener {
   struct Planned {
     std::string name;
     ParallelStyle style;
-    torch::nn::LinearImpl* linear = nullptr;
-    at::Tensor bias;  // rowwise: the registered bias, added after the all-reduce
+    torch::nn::LinearImpl* linear = nullptr;        // a Linear entry, or
+    torch::nn::EmbeddingImpl* embedding = nullptr;  // a vocabulary-parallel Embedding entry
+    at::Tensor bias;        // rowwise Linear: the registered bias, added after the all-reduce
+    int64_t first_row = 0;  // Embedding: the first vocabulary row this rank holds
+    at::Tensor outside;     // Embedding: this forward's ids held by other ranks (until after)
   };
+  torch::nn::Module& check_entry(
+      const torch::OrderedDict<std::string, std::shared_ptr<torch::nn::Module>>& modules,
+      const std::string& name, const ParallelStyle& spec) const;
+  void apply_entry(const std::string& name, const ParallelStyle& spec, torch::nn::Module& target);
   const char* kind() const override { return "tensor-parallel"; }
   at::Tensor before_unit_forward(size_t unit, const at::Tensor& input) override;
   at::Tensor after_unit_forward(size_t unit, const at::Tensor& output) override;

@@ -15,6 +15,8 @@
 #include <torch/nn/modules/container/any.h>
 #include <torch/types.h>
 
+#include "ddp/tp/parallelize.hpp"
+
 namespace ddp::models {
 
 struct Workload {
@@ -35,6 +37,9 @@ struct Workload {
   // shard::run_unit (Net: fc1..fc4; MLP: layers.N; GPT: h.N; ResNet: layer1..layer4, which it
   // does not run through run_unit, so they are gathered with the root at the start of forward).
   std::vector<std::string> wrap_units;
+  // The tensor-parallel plan (--tp): Net's seed plan (fc1 / fc3 colwise, fc2 / fc4 rowwise), the
+  // GPT's Megatron plan; empty for a model without one.
+  tp::TpPlan tp_plan;
   // Turns activation checkpointing of every wrap unit on or off (--fsdp-checkpoint); empty for a
   // model that cannot.
   std::function<void(bool)> set_checkpointing;
