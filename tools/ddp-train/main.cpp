@@ -16,6 +16,7 @@
 #include <iostream>
 
 #include "common/ddp_flags.hpp"
+#include "ddp/comm/device_mesh.hpp"
 #include "ddp/comm/init.hpp"
 #include "ddp/io/checkpoint_coordinator.hpp"
 #include "ddp/io/checkpoint_state.hpp"
@@ -24,6 +25,7 @@
 #include "ddp/launch/spawn.hpp"
 #include "ddp/models/registry.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
+#include "ddp/tp/parallelize.hpp"
 #include "progress.hpp"
 
 namespace {
@@ -34,6 +36,7 @@ struct Args {
   int steps = 200;
   int64_t batch_size = 32;                // per worker
   ddp::models::WorkloadOptions workload;  // --dim, --tie-weights
+  int64_t tp = 0;                         // --tp N: tensor parallel over N ranks; 0: none
   double lr = 0;                          // 0: the workload's own
   std::string optimizer = "sgd";
   std::string backend = "";  // "": gloo on cpu, nccl on cuda
@@ -97,17 +100,38 @@ int run_worker(const Args& args) {
     w.set_checkpointing(true);
   }
   w.ptr->to(device);
+  // --tp: split over the mesh's "tp" dim first; data parallelism runs over "dp", and the ranks of
+  // one tp group train on the same samples (their dp coordinate's).
+  const int world = pg->world_size();
+  std::unique_ptr<ddp::comm::DeviceMesh> mesh;
+  std::unique_ptr<ddp::tp::TensorParallel> tensor_parallel;
+  ddp::comm::ProcessGroupPtr dp_group = pg;
+  int data_rank = pg->rank();
+  if (args.tp > 0) {
+    TORCH_CHECK(world % args.tp == 0, "ddp-train: --tp ", args.tp,
+                " does not divide the world size ", world);
+    TORCH_CHECK(!w.tp_plan.empty(), "ddp-train: --tp: model ", args.model,
+                " has no tensor-parallel plan (net, toy, toy8k and the GPTs have one)");
+    TORCH_CHECK(args.checkpoint_dir.empty(),
+                "ddp-train: --checkpoint-dir with --tp: checkpoints of tensor-parallel shards are "
+                "not built yet (docs/tensor_parallel.md)");
+    mesh = std::make_unique<ddp::comm::DeviceMesh>(
+        pg, std::vector<int64_t>{world / args.tp, args.tp}, std::vector<std::string>{"dp", "tp"});
+    tensor_parallel = ddp::tp::parallelize_module(w.ptr, (*mesh)["tp"], w.tp_plan);
+    dp_group = (*mesh)["dp"];
+    data_rank = static_cast<int>(mesh->coordinate()[0]);
+  }
   // REPLICATE: DistributedDataParallel; the sharded styles: a ShardedModule around the same module.
   std::unique_ptr<ddp::DistributedDataParallel<torch::nn::AnyModule>> ddp_model;
   std::unique_ptr<ddp::shard::ShardedModule> sharded;
   if (args.shard.sharded()) {
     ddp::shard::ShardOptions options = args.shard.options;
     if (args.shard.fsdp_wrap) options.units = w.wrap_units;
-    sharded = std::make_unique<ddp::shard::ShardedModule>(w.ptr, pg, options);
+    sharded = std::make_unique<ddp::shard::ShardedModule>(w.ptr, dp_group, options);
   } else {
-    ddp_model = std::make_unique<ddp::DistributedDataParallel<torch::nn::AnyModule>>(w.module, pg,
-                                                                                     args.ddp);
-    if (auto hook = ddp::tools::make_comm_hook(args.comm_hook, pg)) {
+    ddp_model = std::make_unique<ddp::DistributedDataParallel<torch::nn::AnyModule>>(
+        w.module, dp_group, args.ddp);
+    if (auto hook = ddp::tools::make_comm_hook(args.comm_hook, dp_group)) {
       ddp_model->register_comm_hook(hook);
     }
   }
@@ -156,7 +180,7 @@ int run_worker(const Args& args) {
               << ", batch " << args.batch_size << " per worker" << std::endl;
   }
 
-  const int64_t global_batch = args.batch_size * pg->world_size();
+  const int64_t global_batch = args.batch_size * dp_group->world_size();
   // Step `step` trains on samples [(step - 1) * global_batch, step * global_batch): a pure
   // function of the step and the rank, so a resumed run sees the batches an uninterrupted one does.
   ddp::io::TrainingState state;
@@ -198,7 +222,7 @@ int run_worker(const Args& args) {
                 << " exits with code 3 (test hook)" << std::endl;
       std::_Exit(3);
     }
-    const int64_t offset = (step - 1) * global_batch + pg->rank() * args.batch_size;
+    const int64_t offset = (step - 1) * global_batch + data_rank * args.batch_size;
     auto [x_cpu, y_cpu] = w.batch(offset, args.batch_size);
     auto x = x_cpu.to(device);
     auto y = y_cpu.to(device);
@@ -231,8 +255,11 @@ int run_worker(const Args& args) {
   // Whole weights to write: the sharded styles gather them on every rank (collective).
   ddp::io::TensorMap weights;
   if (!args.save_weights.empty()) {
-    weights = sharded ? ddp::io::gather_full_state(*pg, *sharded, *w.ptr)
+    weights = sharded ? ddp::io::gather_full_state(*dp_group, *sharded, *w.ptr)
                       : ddp::io::model_tensors(*w.ptr);
+    if (tensor_parallel) {  // whole over "tp" too (collective)
+      for (auto& [name, t] : weights) t = tensor_parallel->full(name, t);
+    }
   }
   if (lead) {
     progress.finish();
@@ -291,6 +318,11 @@ int main(int argc, char** argv) {
                "step each parameter's optimizer inside backward, once its bucket is reduced");
   ddp::tools::add_comm_hook_flag(app, args.comm_hook);
   app.add_flag("--verbose", args.ddp.verbose, "print the bucket table and runtime stats");
+  app.add_option(
+         "--tp", args.tp,
+         "tensor parallel over N ranks of a (world / N, N) mesh (\"dp\", \"tp\"); the style "
+         "runs over \"dp\" (docs/tensor_parallel.md)")
+      ->check(CLI::Range(int64_t{1}, int64_t{64}));
   ddp::tools::add_shard_flags(app, args.shard);
   app.add_option("--checkpoint-dir", args.checkpoint_dir,
                  "directory of step-<N> checkpoints (written by rank 0, read by every rank)");
