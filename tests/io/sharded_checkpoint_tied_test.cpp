@@ -14,6 +14,7 @@
 #include "ddp/shard/sharded_module.hpp"
 #include "support/oracle.hpp"
 #include "support/temp_dir.hpp"
+#include "support/tiny_gpt.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::testing {
@@ -22,26 +23,7 @@ namespace {
 constexpr int64_t kSteps = 3;        // before the checkpoint, and again after it
 constexpr int64_t kGlobalBatch = 6;  // sequences; divides world 1, 2 and 3
 
-models::GPTConfig tied_gpt() {
-  models::GPTConfig c;
-  c.vocab_size = 37;  // uneven at world 2 and 3
-  c.seq_len = 8;
-  c.d_model = 16;
-  c.n_heads = 2;
-  c.n_layers = 2;
-  c.tie_weights = true;
-  return c;
-}
-
-std::vector<torch::Tensor> distinct(const std::vector<torch::Tensor>& params) {
-  std::vector<torch::Tensor> out;
-  for (const auto& p : params) {
-    bool seen = false;
-    for (const auto& q : out) seen = seen || q.is_same(p);
-    if (!seen) out.push_back(p);
-  }
-  return out;
-}
+models::GPTConfig tied_gpt() { return tiny_gpt(/*n_layers=*/2); }
 
 torch::Tensor loss_of(const torch::Tensor& logits, const torch::Tensor& targets) {
   return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),

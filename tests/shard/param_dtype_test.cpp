@@ -17,6 +17,7 @@
 #include "support/oracle.hpp"
 #include "support/param_names.hpp"
 #include "support/regression_steps.hpp"
+#include "support/tiny_gpt.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::testing {
@@ -146,13 +147,7 @@ DDP_TEST_WORKER(param_dtype_mlp) {
 DDP_TEST_WORKER(param_dtype_gpt) {
   auto pg = worker_process_group(std::chrono::seconds(60));
   const int w = pg->world_size(), r = pg->rank();
-  models::GPTConfig config;
-  config.vocab_size = 37;  // uneven at world 2 and 3
-  config.seq_len = 8;
-  config.d_model = 16;
-  config.n_heads = 2;
-  config.n_layers = 3;
-  config.tie_weights = true;
+  const models::GPTConfig config = tiny_gpt(/*n_layers=*/3);
   shard::ShardOptions options;
   for (int64_t i = 0; i < config.n_layers; ++i) options.units.push_back("h." + std::to_string(i));
   options.param_dtype = torch::kBFloat16;
@@ -162,22 +157,11 @@ DDP_TEST_WORKER(param_dtype_gpt) {
   torch::manual_seed(0);
   LowPrecisionOracle<models::GPT> oracle{models::GPT(config), models::GPT(config), w};
   shard::FullyShardedDataParallel<models::GPT> model(gpt, pg, options);
-  std::vector<torch::Tensor> distinct;
-  for (const auto& p : gpt->parameters()) {
-    bool seen = false;
-    for (const auto& q : distinct) seen = seen || q.is_same(p);
-    if (!seen) distinct.push_back(p);
-  }
-  require(distinct.size() + 1 == gpt->parameters().size(), "wte and lm_head stay tied");
-  torch::optim::SGD opt(distinct, torch::optim::SGDOptions(0.1).momentum(0.9));
-  // The oracle's master is tied too; its optimizer must see the tied weight once.
-  std::vector<torch::Tensor> oracle_distinct;
-  for (const auto& p : oracle.master()->parameters()) {
-    bool seen = false;
-    for (const auto& q : oracle_distinct) seen = seen || q.is_same(p);
-    if (!seen) oracle_distinct.push_back(p);
-  }
-  torch::optim::SGD oracle_opt(oracle_distinct, torch::optim::SGDOptions(0.1).momentum(0.9));
+  require(distinct(gpt->parameters()).size() + 1 == gpt->parameters().size(),
+          "wte and lm_head stay tied");
+  torch::optim::SGD opt(distinct(gpt->parameters()), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::SGD oracle_opt(distinct(oracle.master()->parameters()),
+                               torch::optim::SGDOptions(0.1).momentum(0.9));
   const auto loss = [](const torch::Tensor& logits, const torch::Tensor& targets) {
     return torch::nn::functional::cross_entropy(
         logits.to(torch::kFloat).reshape({-1, logits.size(-1)}), targets.reshape({-1}));

@@ -15,6 +15,7 @@
 #include "support/oracle.hpp"
 #include "support/param_names.hpp"
 #include "support/regression_steps.hpp"
+#include "support/tiny_gpt.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::testing {
@@ -22,16 +23,7 @@ namespace {
 
 // Small and uneven: vocab 37 rows do not divide by 2 or 3; 6 blocks so that a block is a small
 // part of the model and the memory bound below means something.
-models::GPTConfig tiny() {
-  models::GPTConfig c;
-  c.vocab_size = 37;
-  c.seq_len = 8;
-  c.d_model = 16;
-  c.n_heads = 2;
-  c.n_layers = 6;
-  c.tie_weights = true;
-  return c;
-}
+models::GPTConfig tiny() { return tiny_gpt(/*n_layers=*/6); }
 
 std::vector<std::string> block_units(const models::GPTConfig& c) {
   std::vector<std::string> units;
@@ -49,17 +41,6 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind,
         params, torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
   }
   return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1).momentum(0.9));
-}
-
-// parameters() lists a tied weight under each name; an optimizer must see it once.
-std::vector<torch::Tensor> distinct(const std::vector<torch::Tensor>& params) {
-  std::vector<torch::Tensor> out;
-  for (const auto& p : params) {
-    bool seen = false;
-    for (const auto& q : out) seen = seen || q.is_same(p);
-    if (!seen) out.push_back(p);
-  }
-  return out;
 }
 
 // One run: `model` (sharded) and `oracle` (the same initial values) train on the same global

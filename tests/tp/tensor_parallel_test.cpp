@@ -18,6 +18,8 @@
 #include "ddp/tp/parallelize.hpp"
 #include "support/error_text.hpp"
 #include "support/oracle.hpp"
+#include "support/regression_steps.hpp"
+#include "support/tiny_gpt.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::testing {
@@ -86,18 +88,12 @@ DDP_TEST_WORKER(tp_seed_net) {
     oracle_opt.zero_grad();
   }
   // Whole over "dp" first (FULLY_SHARD), then over "tp".
-  const auto local = sharded ? sharded->full_parameters() : tensor_parallel->local_parameters();
-  std::vector<std::string> names;
-  std::vector<torch::Tensor> ours, want;
-  for (const auto& [name, t] : local) {
-    names.push_back(name);
-    ours.push_back(tensor_parallel->full(name, t));
-    want.push_back(oracle->named_parameters()[name]);
-  }
+  auto whole = sharded ? sharded->full_parameters() : tensor_parallel->local_parameters();
+  for (auto& [name, t] : whole) t = tensor_parallel->full(name, t);
   std::ostringstream context;
   context << "mesh " << dp << "x" << tps << " " << (fully_shard ? "fully_shard" : "ddp")
           << " over dp, parameters after 3 steps";
-  require_close(names, ours, want, 1e-5, context.str());
+  require_close_by_name(whole, *oracle, 1e-5, context.str());
 }
 
 struct Mesh {
@@ -136,12 +132,7 @@ DDP_TEST_WORKER(tp_gpt) {
   const int64_t tps = std::stoll(worker_env("DDP_TEST_TP"));
   comm::DeviceMesh mesh(pg, {dp, tps}, {"dp", "tp"});
   const int64_t dp_rank = mesh.coordinate()[0];
-  models::GPTConfig config;
-  config.vocab_size = 37;
-  config.seq_len = 8;
-  config.d_model = 16;
-  config.n_heads = 4;
-  config.n_layers = 2;
+  const models::GPTConfig config = tiny_gpt(/*n_layers=*/2, /*n_heads=*/4, /*tied=*/false);
   torch::manual_seed(pg->rank());
   models::GPT gpt(config);
   torch::manual_seed(0);
@@ -259,14 +250,8 @@ DDP_TEST_WORKER(tp_embedding) {
     oracle_opt.step();
     oracle_opt.zero_grad();
   }
-  std::vector<std::string> names;
-  std::vector<torch::Tensor> ours, want;
-  for (const auto& [name, t] : tensor_parallel->full_parameters()) {
-    names.push_back(name);
-    ours.push_back(t);
-    want.push_back(oracle->named_parameters()[name]);
-  }
-  require_close(names, ours, want, 1e-5, "vocabulary-parallel embedding, parameters after 3 steps");
+  require_close_by_name(tensor_parallel->full_parameters(), *oracle, 1e-5,
+                        "vocabulary-parallel embedding, parameters after 3 steps");
 }
 
 class TensorParallelEmbedding : public ::testing::TestWithParam<Mesh> {};
