@@ -7,7 +7,7 @@
 #   bash scripts/gpu-check.sh                 # build, tests, levers, table
 #   bash scripts/gpu-check.sh build tests     # only those stages
 #
-# Stages: build, tests, sharded (FULLY_SHARD vs FSDP2), attribution (issue 13: noop hook, --no-overlap), final (the documented table), overlap, levers (ours only: each tuning lever against our default), table (bench/compare,
+# Stages: build, tests, sharded (FULLY_SHARD vs FSDP2), attribution (issue 13: noop hook, --no-overlap), tp (issue 15: --tp 2), final (the documented table), overlap, levers (ours only: each tuning lever against our default), table (bench/compare,
 # ours vs PyTorch in the same run, with the 1-GPU baselines), parity (C++ vs PyTorch parameters).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -149,6 +149,20 @@ if has attribution; then
     attr ours-ddp-noop "$BENCH" --ddp --nproc 2 --comm-hook noop
     attr torch-ddp-noop $PY bench/reference/torch_ddp.py --ddp --nproc 2 --comm-hook noop
     attr ours-ddp-no-overlap "$BENCH" --ddp --nproc 2 --no-overlap
+  done
+fi
+
+if has tp; then
+  # Tensor parallelism (issue 15): gpt2-medium split over the 2 GPUs (--tp 2, the Megatron plan),
+  # against our DDP and our 1-GPU step, same flags. PyTorch's parallelize_module side is not in
+  # bench/reference yet. 2x2 DP x TP needs 4 GPUs: docs/benchmarks.md has its command.
+  for model in ${TP_MODELS:-gpt2-medium}; do
+    flags="${FLAGS[$model]} --device cuda --repeat 20 --warmup 5"
+    for run in "tp2:--nproc 2 --tp 2" "ddp:--nproc 2 --ddp" "1gpu:"; do
+      name="${run%%:*}"
+      timeout 240 "$BENCH" $flags ${run#*:} >"$OUT/tp-$model-$name.log" 2>&1
+      printf '  tp %-8s %8s ms\n' "$name" "$(median "$OUT/tp-$model-$name.log")" | tee -a "$SUMMARY"
+    done
   done
 fi
 
