@@ -129,6 +129,8 @@ class FlatParamGroup {
   };
   void require_state(bool ok, const char* operation) const;
   void point_at_shards();
+  // Completes the all-gather in flight and drops its handle; the gathered full buffer.
+  at::Tensor wait_gather();
   void copy_out(const at::Tensor& gathered);
 
   comm::ProcessGroupPtr pg_;
