@@ -21,7 +21,7 @@
 #include <sstream>
 
 #include "common/ddp_flags.hpp"
-#include "ddp/comm/device_mesh.hpp"
+#include "common/tensor_parallel_setup.hpp"
 #include "ddp/comm/init.hpp"
 #include "ddp/io/checkpoint_state.hpp"
 #include "ddp/io/safetensors.hpp"
@@ -35,7 +35,6 @@
 #include "ddp/parallel/distributed_data_parallel.hpp"
 #include "ddp/planner/graph_dot.hpp"
 #include "ddp/shard/sharded_module.hpp"
-#include "ddp/tp/parallelize.hpp"
 
 namespace {
 
@@ -171,24 +170,13 @@ int run_worker(const Args& args) {
   w.ptr->to(device);
   // --tp: the model is split over the mesh's "tp" dim first; data parallelism runs over "dp", and
   // the ranks of one tp group read the same batch (their dp coordinate's).
-  std::unique_ptr<ddp::comm::DeviceMesh> mesh;
-  std::unique_ptr<ddp::tp::TensorParallel> tensor_parallel;
-  ddp::comm::ProcessGroupPtr dp_group = pg;
-  int data_rank = rank;
-  if (args.tp > 0) {
-    TORCH_CHECK(world % args.tp == 0, "ddp-bench: --tp ", args.tp,
-                " does not divide the world size ", world);
-    TORCH_CHECK(!w.tp_plan.empty(), "ddp-bench: --tp: model ", args.model,
-                " has no tensor-parallel plan (net, toy, toy8k and the GPTs have one)");
-    mesh = std::make_unique<ddp::comm::DeviceMesh>(
-        pg, std::vector<int64_t>{world / args.tp, args.tp}, std::vector<std::string>{"dp", "tp"});
-    tensor_parallel = ddp::tp::parallelize_module(w.ptr, (*mesh)["tp"], w.tp_plan);
-    dp_group = (*mesh)["dp"];
-    data_rank = static_cast<int>(mesh->coordinate()[0]);
-    TORCH_CHECK(world == args.tp || args.ddp || sharded(args), "ddp-bench: --tp ", args.tp,
-                " at world size ", world, " leaves ", world / args.tp,
-                " data-parallel ranks: add --ddp or a sharded --style");
-  }
+  TORCH_CHECK(args.tp == 0 || world == args.tp || args.ddp || sharded(args), "ddp-bench: --tp ",
+              args.tp, " at world size ", world, " leaves ", world / std::max<int64_t>(args.tp, 1),
+              " data-parallel ranks: add --ddp or a sharded --style");
+  const auto split = ddp::tools::setup_tensor_parallel("ddp-bench", args.tp, pg, w, args.model);
+  const auto& tensor_parallel = split.tensor_parallel;
+  const ddp::comm::ProcessGroupPtr& dp_group = split.dp_group;
+  const int data_rank = split.data_rank;
 
   // Batches: from --inputs (parity), or one deterministic batch per rank made before timing.
   std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
@@ -385,11 +373,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   ddp::tools::add_model_flags(app, args.workload);
   app.add_flag("--ddp", args.ddp, "wrap the model in DistributedDataParallel");
-  app.add_option(
-         "--tp", args.tp,
-         "tensor parallel over N ranks of a (world / N, N) mesh (\"dp\", \"tp\"); --ddp or a "
-         "sharded style runs over \"dp\" (docs/tensor_parallel.md)")
-      ->check(CLI::Range(int64_t{1}, int64_t{64}));
+  ddp::tools::add_tp_flag(app, args.tp);
   ddp::tools::add_shard_flags(app, args.shard);
   app.add_option("--batch-size", args.batch_size, "samples per rank")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))

@@ -16,7 +16,7 @@
 #include <iostream>
 
 #include "common/ddp_flags.hpp"
-#include "ddp/comm/device_mesh.hpp"
+#include "common/tensor_parallel_setup.hpp"
 #include "ddp/comm/init.hpp"
 #include "ddp/io/checkpoint_coordinator.hpp"
 #include "ddp/io/checkpoint_state.hpp"
@@ -25,7 +25,6 @@
 #include "ddp/launch/spawn.hpp"
 #include "ddp/models/registry.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
-#include "ddp/tp/parallelize.hpp"
 #include "progress.hpp"
 
 namespace {
@@ -102,25 +101,13 @@ int run_worker(const Args& args) {
   w.ptr->to(device);
   // --tp: split over the mesh's "tp" dim first; data parallelism runs over "dp", and the ranks of
   // one tp group train on the same samples (their dp coordinate's).
-  const int world = pg->world_size();
-  std::unique_ptr<ddp::comm::DeviceMesh> mesh;
-  std::unique_ptr<ddp::tp::TensorParallel> tensor_parallel;
-  ddp::comm::ProcessGroupPtr dp_group = pg;
-  int data_rank = pg->rank();
-  if (args.tp > 0) {
-    TORCH_CHECK(world % args.tp == 0, "ddp-train: --tp ", args.tp,
-                " does not divide the world size ", world);
-    TORCH_CHECK(!w.tp_plan.empty(), "ddp-train: --tp: model ", args.model,
-                " has no tensor-parallel plan (net, toy, toy8k and the GPTs have one)");
-    TORCH_CHECK(args.checkpoint_dir.empty(),
-                "ddp-train: --checkpoint-dir with --tp: checkpoints of tensor-parallel shards are "
-                "not built yet (docs/tensor_parallel.md)");
-    mesh = std::make_unique<ddp::comm::DeviceMesh>(
-        pg, std::vector<int64_t>{world / args.tp, args.tp}, std::vector<std::string>{"dp", "tp"});
-    tensor_parallel = ddp::tp::parallelize_module(w.ptr, (*mesh)["tp"], w.tp_plan);
-    dp_group = (*mesh)["dp"];
-    data_rank = static_cast<int>(mesh->coordinate()[0]);
-  }
+  TORCH_CHECK(args.tp == 0 || args.checkpoint_dir.empty(),
+              "ddp-train: --checkpoint-dir with --tp: checkpoints of tensor-parallel shards are "
+              "not built yet (docs/tensor_parallel.md)");
+  const auto split = ddp::tools::setup_tensor_parallel("ddp-train", args.tp, pg, w, args.model);
+  const auto& tensor_parallel = split.tensor_parallel;
+  const ddp::comm::ProcessGroupPtr& dp_group = split.dp_group;
+  const int data_rank = split.data_rank;
   // REPLICATE: DistributedDataParallel; the sharded styles: a ShardedModule around the same module.
   std::unique_ptr<ddp::DistributedDataParallel<torch::nn::AnyModule>> ddp_model;
   std::unique_ptr<ddp::shard::ShardedModule> sharded;
@@ -318,11 +305,7 @@ int main(int argc, char** argv) {
                "step each parameter's optimizer inside backward, once its bucket is reduced");
   ddp::tools::add_comm_hook_flag(app, args.comm_hook);
   app.add_flag("--verbose", args.ddp.verbose, "print the bucket table and runtime stats");
-  app.add_option(
-         "--tp", args.tp,
-         "tensor parallel over N ranks of a (world / N, N) mesh (\"dp\", \"tp\"); the style "
-         "runs over \"dp\" (docs/tensor_parallel.md)")
-      ->check(CLI::Range(int64_t{1}, int64_t{64}));
+  ddp::tools::add_tp_flag(app, args.tp);
   ddp::tools::add_shard_flags(app, args.shard);
   app.add_option("--checkpoint-dir", args.checkpoint_dir,
                  "directory of step-<N> checkpoints (written by rank 0, read by every rank)");

@@ -1,0 +1,36 @@
+#include "common/tensor_parallel_setup.hpp"
+
+#include <c10/util/Exception.h>
+
+#include <vector>
+
+namespace ddp::tools {
+
+void add_tp_flag(CLI::App& app, int64_t& tp) {
+  app.add_option("--tp", tp,
+                 "tensor parallel over N ranks of a (world / N, N) mesh (\"dp\", \"tp\"); the "
+                 "data-parallel style runs over \"dp\" (docs/tensor_parallel.md)")
+      ->check(CLI::Range(int64_t{1}, int64_t{64}));
+}
+
+TensorParallelSetup setup_tensor_parallel(const std::string& tool, int64_t tp,
+                                          const comm::ProcessGroupPtr& world,
+                                          const models::Workload& workload,
+                                          const std::string& model) {
+  TensorParallelSetup out;
+  out.dp_group = world;
+  out.data_rank = world ? world->rank() : 0;
+  if (tp == 0) return out;
+  const int64_t size = world->world_size();
+  TORCH_CHECK(size % tp == 0, tool, ": --tp ", tp, " does not divide the world size ", size);
+  TORCH_CHECK(!workload.tp_plan.empty(), tool, ": --tp: model ", model,
+              " has no tensor-parallel plan (net, toy, toy8k and the GPTs have one)");
+  out.mesh = std::make_unique<comm::DeviceMesh>(world, std::vector<int64_t>{size / tp, tp},
+                                                std::vector<std::string>{"dp", "tp"});
+  out.tensor_parallel = tp::parallelize_module(workload.ptr, (*out.mesh)["tp"], workload.tp_plan);
+  out.dp_group = (*out.mesh)["dp"];
+  out.data_rank = static_cast<int>(out.mesh->coordinate()[0]);
+  return out;
+}
+
+}  // namespace ddp::tools
