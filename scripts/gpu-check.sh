@@ -7,7 +7,7 @@
 #   bash scripts/gpu-check.sh                 # build, tests, levers, table
 #   bash scripts/gpu-check.sh build tests     # only those stages
 #
-# Stages: build, tests, sharded (FULLY_SHARD vs FSDP2), attribution (issue 13: noop hook, --no-overlap), tp (issue 15: --tp 2), final (the documented table), overlap, levers (ours only: each tuning lever against our default), table (bench/compare,
+# Stages: build, tests, onegpu (ours vs PyTorch with one GPU: bare, DDP and FULLY_SHARD at world 1), sharded (FULLY_SHARD vs FSDP2), attribution (issue 13: noop hook, --no-overlap), tp (issue 15: --tp 2), final (the documented table), overlap, levers (ours only: each tuning lever against our default), table (bench/compare,
 # ours vs PyTorch in the same run, with the 1-GPU baselines), parity (C++ vs PyTorch parameters).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +25,10 @@ SUMMARY="$OUT/summary.txt"
 note() { echo "$*" | tee -a "$SUMMARY"; }
 PY=python3
 BENCH=build-gpu/ddp-bench
+# The multi-process runs of the tests stage use at most 2 GPUs, and 1 where the machine has only one
+# (NCCL refuses two ranks on one device).
+NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
+NP=$((NGPU >= 2 ? 2 : 1))
 
 {
   nvidia-smi -L
@@ -51,17 +55,17 @@ if has tests; then
   note "tests rc=$?: $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/tests.log" | tr '\n' ' ')"
   grep -E '^\[  FAILED  \]|relative error' "$OUT/tests.log" | head -20 | tee -a "$SUMMARY"
   for model in net gpt; do
-    timeout 300 build-gpu/ddp-train --nproc 2 --device cuda --model "$model" --steps 50 \
+    timeout 300 build-gpu/ddp-train --nproc $NP --device cuda --model "$model" --steps 50 \
       --timeout-s 120 >"$OUT/train-$model.log" 2>&1
-    note "ddp-train $model nccl rc=$? ($(grep -ciE 'warn|error' "$OUT/train-$model.log") warning/error lines): $(tail -1 "$OUT/train-$model.log")"
+    note "ddp-train $model nccl world $NP rc=$? ($(grep -ciE 'warn|error' "$OUT/train-$model.log") warning/error lines): $(tail -1 "$OUT/train-$model.log")"
   done
   # The checkpoint coordinator's control scalars on NCCL, and pruning (keep 2 of 6 saves) in a
   # process that links the wheel's libtorch (posix_file.hpp, remove_tree): saves every 5 steps.
   rm -rf "$OUT/ckpt"
-  timeout 300 build-gpu/ddp-train --nproc 2 --device cuda --model net --steps 20 --timeout-s 120 \
+  timeout 300 build-gpu/ddp-train --nproc $NP --device cuda --model net --steps 20 --timeout-s 120 \
     --checkpoint-dir "$OUT/ckpt" --checkpoint-every 5 --keep-checkpoints 2 >"$OUT/train-ckpt.log" 2>&1
   rc=$?
-  timeout 300 build-gpu/ddp-train --nproc 2 --device cuda --model net --steps 30 --timeout-s 120 \
+  timeout 300 build-gpu/ddp-train --nproc $NP --device cuda --model net --steps 30 --timeout-s 120 \
     --checkpoint-dir "$OUT/ckpt" --checkpoint-every 5 --keep-checkpoints 2 --resume --verbose >>"$OUT/train-ckpt.log" 2>&1
   note "ddp-train checkpoint+resume nccl rc=$rc,$?: $(grep -m1 'resumed from' "$OUT/train-ckpt.log"); left: $(ls "$OUT/ckpt" | tr '\n' ' ')"
   rm -rf "$OUT/ckpt"  # 64 MB per checkpoint: too big to bring back
@@ -75,6 +79,30 @@ declare -A FLAGS=(
   [gpt2-medium]="--model gpt2-medium --batch-size 8 --autocast-bf16"
 )
 median() { grep -oE 'median_ms=[0-9.]+' "$1" | head -1 | cut -d= -f2; }
+
+if has onegpu; then
+  # What one GPU can measure: the step with no wrapper, and DDP and FULLY_SHARD (per block) at world
+  # 1, ours then PyTorch's in turn. At world 1 no bytes cross a link, so the gap to the bare step is
+  # each wrapper's own cost: hooks, bucket copies, gathers into full buffers, the bf16 casts.
+  for model in ${ONE_MODELS:-gpt2-medium gpt2-small}; do
+    flags="${FLAGS[$model]} --device cuda --repeat ${ONE_REPEAT:-20} --warmup 5"
+    one() {  # name, then the command
+      local name="$1"; shift
+      timeout 200 "$@" $flags >"$OUT/one-$model-$name.log" 2>&1
+      printf '  %-26s rc=%s %8s ms\n' "$name" "$?" "$(median "$OUT/one-$model-$name.log")" | tee -a "$SUMMARY"
+    }
+    note "one GPU $model (median step ms)"
+    one ours-bare "$BENCH"
+    one torch-bare $PY bench/reference/torch_ddp.py
+    one ours-ddp "$BENCH" --ddp --nproc 1
+    one torch-ddp $PY bench/reference/torch_ddp.py --ddp --nproc 1
+    one ours-fsdp-wrap "$BENCH" --fsdp --fsdp-wrap --nproc 1
+    one torch-fsdp2-wrap $PY bench/reference/torch_ddp.py --fsdp --fsdp-wrap --nproc 1
+    mp="--param-dtype bf16 --reduce-dtype fp32"
+    one ours-fsdp-wrap-bf16 "$BENCH" --fsdp --fsdp-wrap --nproc 1 $mp
+    one torch-fsdp2-wrap-bf16 $PY bench/reference/torch_ddp.py --fsdp --fsdp-wrap --nproc 1 $mp
+  done
+fi
 
 if has levers; then
   # Ours only, one run each: the default, then one lever at a time, and the 1-GPU baseline.
