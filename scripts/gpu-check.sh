@@ -260,7 +260,8 @@ if has parity; then
 fi
 grep -E '^torch|max relative error' "$OUT/machine.log" "$OUT/tests.log" 2>/dev/null | sed 's/^[^:]*://' >>"$SUMMARY"
 # The device tool returns a handful of files: everything goes back as one archive.
-tar -czf "$OUT/gpu-check-logs.tgz" -C "$OUT" --exclude gpu-check-logs.tgz . &&
+# Written outside $OUT first: tar reading the folder it writes into fails with "file changed".
+tar -czf /tmp/gpu-check-logs.tgz -C "$OUT" . && mv /tmp/gpu-check-logs.tgz "$OUT/" &&
   find "$OUT" -type f ! -name gpu-check-logs.tgz ! -name summary.txt -delete
 echo "=== summary ($SUMMARY)"
 cat "$SUMMARY"
