@@ -21,6 +21,7 @@
 #include "ddp/io/safetensors.hpp"
 #include "ddp/io/sha256.hpp"
 #include "ddp/io/sharded_checkpoint.hpp"
+#include "ddp/io/tensor_parallel_state.hpp"
 #include "ddp/obs/log.hpp"
 
 namespace ddp::io {
@@ -120,6 +121,19 @@ std::string save_checkpoint_files(const CheckpointOptions& options, const Traini
               "ddp: save_checkpoint: the state is sharded over ", options.world_size,
               " ranks; every rank writes its shard, so save with save_and_barrier "
               "(checkpoint_coordinator.hpp)");
+  TORCH_CHECK(state.shard_plan == nullptr || state.tensor_parallel == nullptr,
+              "ddp: save_checkpoint: checkpoints of a sharded style over tensor-parallel shards "
+              "are not supported; checkpoint tensor parallelism with DDP over the dp dim");
+  // Tensor parallelism: whole tensors, gathered by every rank (collective) before rank 0 writes.
+  TensorMap model, optim;
+  if (state.tensor_parallel != nullptr) {
+    model = whole_tensors(*state.tensor_parallel, model_tensors(*state.model), StateKeys::kModel);
+    if (state.optimizer != nullptr) {
+      optim =
+          whole_tensors(*state.tensor_parallel, optimizer_tensors(*state.optimizer, *state.model),
+                        StateKeys::kOptimizer);
+    }
+  }
   if (options.rank != 0) return "";  // replicated state: rank 0's copy is the checkpoint
 
   const std::string tmp = detail::temp_checkpoint_dir(options.root, state.step, ::getpid());
@@ -141,11 +155,13 @@ std::string save_checkpoint_files(const CheckpointOptions& options, const Traini
     const std::map<std::string, std::string> meta = {{"format", "ddp-checkpoint"},
                                                      {"step", std::to_string(state.step)}};
     std::vector<std::string> files = {kModelFile};
-    save_safetensors((fs::path(tmp) / kModelFile).string(), model_tensors(*state.model), meta);
+    if (state.tensor_parallel == nullptr) model = model_tensors(*state.model);
+    save_safetensors((fs::path(tmp) / kModelFile).string(), model, meta);
     if (state.optimizer != nullptr) {
       manifest.optimizer = optimizer_kind(*state.optimizer);
-      save_safetensors((fs::path(tmp) / kOptimFile).string(),
-                       optimizer_tensors(*state.optimizer, *state.model), meta);
+      if (state.tensor_parallel == nullptr)
+        optim = optimizer_tensors(*state.optimizer, *state.model);
+      save_safetensors((fs::path(tmp) / kOptimFile).string(), optim, meta);
       files.push_back(kOptimFile);
     }
     save_safetensors((fs::path(tmp) / kRngFile).string(), rng_tensors(), meta);
@@ -218,6 +234,11 @@ Manifest load_checkpoint(const std::string& dir, int world_size, TrainingState& 
   const Manifest head = read_manifest(dir);
   const bool rank_files = std::any_of(head.files.begin(), head.files.end(),
                                       [](const ManifestFile& f) { return f.rank != kReplicated; });
+  TORCH_CHECK(state.tensor_parallel == nullptr || (state.shard_plan == nullptr && !rank_files),
+              "ddp: checkpoint ", dir,
+              (rank_files ? " was written by a sharded run" : " cannot be loaded here"),
+              ": a tensor-parallel run loads the whole tensors of a replicated or "
+              "tensor-parallel checkpoint (not a sharded style's)");
   if (state.shard_plan != nullptr || rank_files) {
     // Sharded state in the run or in the checkpoint: each rank reads (and verifies) only the files
     // holding rows it needs, at any world size.
@@ -225,9 +246,11 @@ Manifest load_checkpoint(const std::string& dir, int world_size, TrainingState& 
   }
   verify_manifest_files(dir, head);
   const Manifest& manifest = head;
-  TORCH_CHECK(manifest.world_size == world_size, "ddp: checkpoint ", dir,
-              " was written at world size ", manifest.world_size, " but this run has world size ",
-              world_size,
+  // Whole tensors load at any world size and mesh under tensor parallelism: the caller checks
+  // that its data position still fits.
+  TORCH_CHECK(manifest.world_size == world_size || state.tensor_parallel != nullptr,
+              "ddp: checkpoint ", dir, " was written at world size ", manifest.world_size,
+              " but this run has world size ", world_size,
               "; a replicated checkpoint resumes at the world size that wrote it (a sharded one, "
               "from a ShardedModule run, reshards): run with ",
               manifest.world_size, " processes, or start without resuming");
@@ -240,7 +263,12 @@ Manifest load_checkpoint(const std::string& dir, int world_size, TrainingState& 
   const std::string model_path = (fs::path(dir) / kModelFile).string();
   const std::string optim_path = (fs::path(dir) / kOptimFile).string();
   const std::string rng_path = (fs::path(dir) / kRngFile).string();
-  const TensorMap model = load_safetensors(model_path);
+  // Tensor parallelism: this rank's slices of the whole tensors.
+  const auto held = [&](TensorMap whole, StateKeys keys) {
+    return state.tensor_parallel != nullptr ? held_tensors(*state.tensor_parallel, whole, keys)
+                                            : whole;
+  };
+  const TensorMap model = held(load_safetensors(model_path), StateKeys::kModel);
   const TensorMap rng = load_safetensors(rng_path);
   // All checks before the first change, so a refused checkpoint leaves the run as it was; the
   // optimizer's state is built aside and swapped in by load_optimizer_tensors.
@@ -252,8 +280,8 @@ Manifest load_checkpoint(const std::string& dir, int world_size, TrainingState& 
                 manifest.optimizer.empty() ? std::string("no optimizer state")
                                            : "the state of a " + manifest.optimizer + " optimizer",
                 " but this run uses ", kind);
-    load_optimizer_tensors(*state.optimizer, *state.model, load_safetensors(optim_path),
-                           optim_path);
+    load_optimizer_tensors(*state.optimizer, *state.model,
+                           held(load_safetensors(optim_path), StateKeys::kOptimizer), optim_path);
   }
   load_model_tensors(*state.model, model, model_path);
   load_rng_tensors(rng, rng_path);

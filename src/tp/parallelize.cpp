@@ -3,6 +3,10 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <array>
+#include <sstream>
+
 #include "ddp/comm/broadcast_coalesced.hpp"
 #include "ddp/tp/region_ops.hpp"
 
@@ -29,6 +33,21 @@ const char* style_name(TpStyle style) {
   return style == TpStyle::kColwise ? "ColwiseParallel" : "RowwiseParallel";
 }
 
+namespace {
+
+std::string packed_style(const ParallelStyle& spec) {
+  return std::string(style_name(spec.style)) +
+         (spec.packed > 1 ? " (packed " + std::to_string(spec.packed) + ")" : "");
+}
+
+std::string shape_text(at::IntArrayRef sizes) {
+  std::ostringstream out;
+  out << sizes;
+  return out.str();
+}
+
+}  // namespace
+
 TensorParallel::TensorParallel(std::shared_ptr<torch::nn::Module> module,
                                comm::ProcessGroupPtr group, const TpPlan& plan)
     : module_(std::move(module)), group_(std::move(group)) {
@@ -49,6 +68,19 @@ TensorParallel::TensorParallel(std::shared_ptr<torch::nn::Module> module,
   }
   comm::broadcast_coalesced(*group_, params, 0, "tensor-parallel broadcast of rank 0's parameters");
   for (size_t i = 0; i < plan.size(); ++i) apply_entry(plan[i].first, plan[i].second, *targets[i]);
+  // A tied parameter (an embedding shared with the output layer) is split under every name, so
+  // that full() and local() of either name agree with the one tensor.
+  const auto named = module_->named_parameters(/*recurse=*/true);
+  for (const auto& item : named) {
+    if (splits_.count(item.key()) != 0) continue;
+    for (const auto& other : named) {
+      const auto it = splits_.find(other.key());
+      if (it != splits_.end() && other.value().is_same(item.value())) {
+        splits_[item.key()] = it->second;
+        break;
+      }
+    }
+  }
 }
 
 torch::nn::Module& TensorParallel::check_entry(
@@ -100,7 +132,7 @@ void TensorParallel::apply_entry(const std::string& name, const ParallelStyle& s
   if (auto* embedding = target.as<torch::nn::Embedding>()) {
     const int64_t rows = embedding->weight.size(0) / n;
     replace_with(embedding->weight, embedding->weight.detach().narrow(0, r * rows, rows));
-    splits_[name + ".weight"] = Split{0, 1};
+    splits_[name + ".weight"] = Split{0, 1, "RowwiseParallel (vocabulary)"};
     p.embedding = embedding;
     p.first_row = r * rows;
   } else {
@@ -108,15 +140,15 @@ void TensorParallel::apply_entry(const std::string& name, const ParallelStyle& s
     p.linear = linear;
     if (spec.style == TpStyle::kColwise) {
       replace_with(linear->weight, packed_rows(linear->weight.detach(), spec.packed, n, r));
-      splits_[name + ".weight"] = Split{0, spec.packed};
+      splits_[name + ".weight"] = Split{0, spec.packed, packed_style(spec)};
       if (linear->bias.defined()) {
         replace_with(linear->bias, packed_rows(linear->bias.detach(), spec.packed, n, r));
-        splits_[name + ".bias"] = Split{0, spec.packed};
+        splits_[name + ".bias"] = Split{0, spec.packed, packed_style(spec)};
       }
     } else {
       const int64_t cols = linear->weight.size(1) / n;
       replace_with(linear->weight, linear->weight.detach().narrow(1, r * cols, cols));
-      splits_[name + ".weight"] = Split{1, 1};
+      splits_[name + ".weight"] = Split{1, 1, style_name(spec.style)};
       p.bias = linear->bias;
     }
   }
@@ -176,6 +208,54 @@ at::Tensor TensorParallel::full(const std::string& name, const at::Tensor& local
   std::vector<int64_t> sizes{n, split.packed, piece};
   for (int64_t d = 1; d < local.dim(); ++d) sizes.push_back(local.size(d));
   return whole.reshape(sizes).transpose(0, 1).reshape(whole.sizes());
+}
+
+at::Tensor TensorParallel::local(const std::string& name, const at::Tensor& whole) const {
+  const auto it = splits_.find(name);
+  if (it == splits_.end()) return whole.detach().clone();
+  const Split& split = it->second;
+  const int64_t n = group_->world_size(), r = group_->rank();
+  TORCH_CHECK(
+      whole.dim() > split.dim && whole.size(split.dim) % (n * split.packed) == 0,
+      "ddp: tensor-parallel parameter '", name, "' is split on dim ", split.dim,
+      split.packed > 1 ? " in " + std::to_string(split.packed) + " packed chunks" : std::string(),
+      " over ", n, " ranks, but the whole tensor given has shape ", whole.sizes());
+  const at::Tensor w = whole.detach();
+  if (split.dim == 0) return packed_rows(w, split.packed, n, r).contiguous().clone();
+  const int64_t width = w.size(split.dim) / n;
+  return w.narrow(split.dim, r * width, width).contiguous().clone();
+}
+
+std::string TensorParallel::table() const {
+  std::vector<std::array<std::string, 4>> rows{
+      {"Parameter", "Style", "Whole shape", "Local shape"}};
+  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+    const auto it = splits_.find(item.key());
+    if (it == splits_.end()) continue;
+    std::vector<int64_t> whole = item.value().sizes().vec();
+    whole[it->second.dim] *= group_->world_size();
+    rows.push_back(
+        {item.key(), it->second.style, shape_text(whole), shape_text(item.value().sizes())});
+  }
+  std::array<size_t, 4> width{};
+  for (const auto& row : rows)
+    for (size_t c = 0; c < 4; ++c) width[c] = std::max(width[c], row[c].size());
+  std::ostringstream out;
+  out << "Tensor-parallel split (tp size " << group_->world_size() << ", " << rows.size() - 1
+      << " parameters split, the others replicated)\n";
+  for (size_t r = 0; r < rows.size(); ++r) {
+    out << "|";
+    for (size_t c = 0; c < 4; ++c) {
+      out << " " << rows[r][c] << std::string(width[c] - rows[r][c].size(), ' ') << " |";
+    }
+    out << "\n";
+    if (r == 0) {
+      out << "|";
+      for (size_t c = 0; c < 4; ++c) out << std::string(width[c] + 2, '-') << "|";
+      out << "\n";
+    }
+  }
+  return out.str();
 }
 
 std::vector<std::pair<std::string, at::Tensor>> TensorParallel::full_parameters() const {

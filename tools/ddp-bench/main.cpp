@@ -240,6 +240,7 @@ int run_worker(const Args& args) {
                 << (args.workload.tie_weights ? ", tied wte/lm_head" : "");
     }
     std::cout << std::endl;
+    if (tensor_parallel) std::cout << tensor_parallel->table();
   }
 
   ddp::obs::ChromeTrace trace(rank);

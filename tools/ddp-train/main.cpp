@@ -74,6 +74,10 @@ void check_checkpoint_flags(const Args& args) {
   TORCH_CHECK(!args.optimizer_overlap,
               "--checkpoint-dir cannot be combined with --optimizer-overlap: the per-parameter "
               "optimizers live inside DDP and their state is not checkpointed");
+  TORCH_CHECK(args.tp == 0 || !args.shard.sharded(),
+              "--checkpoint-dir with --tp and a sharded style: checkpoints of sharded "
+              "tensor-parallel shards are not built; use --ddp over the dp dim "
+              "(docs/tensor_parallel.md)");
   TORCH_CHECK(args.comm_hook != "powersgd",
               "--checkpoint-dir cannot be combined with --comm-hook powersgd: its error-feedback "
               "state is not checkpointed, so a resumed run would differ");
@@ -101,9 +105,6 @@ int run_worker(const Args& args) {
   w.ptr->to(device);
   // --tp: split over the mesh's "tp" dim first; data parallelism runs over "dp", and the ranks of
   // one tp group train on the same samples (their dp coordinate's).
-  TORCH_CHECK(args.tp == 0 || args.checkpoint_dir.empty(),
-              "ddp-train: --checkpoint-dir with --tp: checkpoints of tensor-parallel shards are "
-              "not built yet (docs/tensor_parallel.md)");
   const auto split = ddp::tools::setup_tensor_parallel("ddp-train", args.tp, pg, w, args.model);
   const auto& tensor_parallel = split.tensor_parallel;
   const ddp::comm::ProcessGroupPtr& dp_group = split.dp_group;
@@ -162,6 +163,7 @@ int run_worker(const Args& args) {
         sharded ? std::to_string(sharded->plan().units.size()) + " units (" + args.shard.style + ")"
                 : std::to_string(ddp_model->bucket_plan().buckets.size()) + " buckets";
     if (sharded && args.ddp.verbose) std::cout << sharded->unit_table();
+    if (tensor_parallel && args.ddp.verbose) std::cout << tensor_parallel->table();
     std::cout << "ddp-train: model " << args.model << ", " << numel << " parameters in " << layout
               << ", world size " << pg->world_size() << ", backend " << pg->backend_name()
               << ", batch " << args.batch_size << " per worker" << std::endl;
@@ -175,6 +177,8 @@ int run_worker(const Args& args) {
   state.optimizer = opt.get();
   // Sharded styles: every rank writes its shard, and a resume at another world size reshards.
   if (sharded) state.shard_plan = &sharded->plan();
+  // --tp: whole tensors, so a resume may change the mesh (the global batch kept).
+  state.tensor_parallel = tensor_parallel.get();
   ddp::io::CoordinatorOptions ckpt;
   ckpt.root = args.checkpoint_dir;
   ckpt.keep = args.keep_checkpoints;

@@ -14,6 +14,9 @@
 // at most a .tmp-step-* directory that the next save removes. Only after that are older step-*
 // directories beyond `keep` deleted.
 //
+// Tensor-parallel state (TrainingState::tensor_parallel set) is written as whole tensors, as if
+// replicated: every rank gathers, rank 0 writes, every rank loads its slice, at any mesh shape.
+//
 // Replicated state (data parallel): rank 0 writes, every rank loads. The ranks agree that a save is
 // complete and which checkpoint to load through checkpoint_coordinator.hpp (save_and_barrier,
 // resume_latest); this layer touches files only.
@@ -33,6 +36,10 @@
 
 #include "ddp/io/checkpoint_manifest.hpp"
 #include "ddp/shard/shard_plan.hpp"
+
+namespace ddp::tp {
+class TensorParallel;
+}
 
 namespace ddp::io {
 
@@ -60,6 +67,11 @@ struct TrainingState {
   // rank's [chunk, ...] shards between steps, and the optimizer's state of them too. Default
   // null: every parameter is full on every rank (replicated, DDP).
   const shard::ShardPlan* shard_plan = nullptr;
+  // The tensor parallelism of the model (tp::parallelize_module), or null (default: none). The
+  // checkpoint then holds whole tensors: saving gathers them over the tp group on every rank (a
+  // collective; save_and_barrier calls it on all), loading takes this rank's slice, so a
+  // checkpoint loads on another mesh (tensor_parallel_state.hpp). Not with shard_plan.
+  const tp::TensorParallel* tensor_parallel = nullptr;
 };
 
 // "<root>/step-<step>".

@@ -76,6 +76,15 @@ class TensorParallel : private shard::UnitListener {
   // `local` (parameter `name`'s local shard, or a tensor shaped like it, e.g. its gradient) made
   // whole; a replicated parameter's tensor comes back as a copy. Collective over the tp group.
   at::Tensor full(const std::string& name, const at::Tensor& local) const;
+  // This rank's part of `whole` (parameter `name` made whole, e.g. by full() on another mesh):
+  // the slice the plan gives this rank, a copy; a replicated parameter's tensor comes back as a
+  // copy. No communication. Throws naming the parameter when `whole` has the wrong shape for the
+  // tp size. Loading a whole checkpoint onto any tp size goes through it.
+  at::Tensor local(const std::string& name, const at::Tensor& whole) const;
+  // The split parameters as a markdown table: name, style, whole shape, this rank's shape (what
+  // ddp-train / ddp-bench --tp --verbose print next to the bucket or unit table, whose sizes are
+  // the local ones). No communication.
+  std::string table() const;
   // Every parameter of the module, whole (named_parameters order). Collective.
   std::vector<std::pair<std::string, at::Tensor>> full_parameters() const;
   // Every parameter as this rank holds it (named_parameters order), detached.
@@ -105,8 +114,10 @@ class TensorParallel : private shard::UnitListener {
   struct Split {
     int64_t dim = 0;     // the sharded tensor dim
     int64_t packed = 1;  // chunks split separately (dim 0 only)
+    std::string style;   // the plan entry's style, for table()
   };
-  std::map<std::string, Split> splits_;  // qualified parameter name -> how it is sharded
+  // Qualified parameter name -> how it is sharded; a tied parameter under each of its names.
+  std::map<std::string, Split> splits_;
   std::vector<std::unique_ptr<shard::UnitRegistration>> registrations_;
 };
 
