@@ -7,7 +7,7 @@
 #   bash scripts/gpu-check.sh                 # build, tests, levers, table
 #   bash scripts/gpu-check.sh build tests     # only those stages
 #
-# Stages: build, tests, onegpu (ours vs PyTorch with one GPU: bare, DDP and FULLY_SHARD at world 1), sharded (FULLY_SHARD vs FSDP2), attribution (issue 13: noop hook, --no-overlap), tp (issue 15: --tp 2), final (the documented table), overlap, levers (ours only: each tuning lever against our default), table (bench/compare,
+# Stages: build, tests, tpref (PyTorch's --tp reference checked on CPU Gloo), onegpu (ours vs PyTorch with one GPU: bare, DDP and FULLY_SHARD at world 1), sharded (FULLY_SHARD vs FSDP2), attribution (issue 13: noop hook, --no-overlap), tp (issue 15: --tp 2), final (the documented table), overlap, levers (ours only: each tuning lever against our default), table (bench/compare,
 # ours vs PyTorch in the same run, with the 1-GPU baselines), parity (C++ vs PyTorch parameters).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -182,16 +182,49 @@ fi
 
 if has tp; then
   # Tensor parallelism (issue 15): gpt2-medium split over the 2 GPUs (--tp 2, the Megatron plan),
-  # against our DDP and our 1-GPU step, same flags. PyTorch's parallelize_module side is not in
-  # bench/reference yet. 2x2 DP x TP needs 4 GPUs: docs/benchmarks.md has its command.
+  # ours then PyTorch's parallelize_module (torch_tp.py), then DDP both sides and our 1-GPU step,
+  # same flags. 2x2 DP x TP needs 4 GPUs: docs/benchmarks.md has its command.
   for model in ${TP_MODELS:-gpt2-medium}; do
     flags="${FLAGS[$model]} --device cuda --repeat 20 --warmup 5"
-    for run in "tp2:--nproc 2 --tp 2" "ddp:--nproc 2 --ddp" "1gpu:"; do
+    for run in "ours-tp2:$BENCH --nproc 2 --tp 2" "torch-tp2:$PY bench/reference/torch_ddp.py --nproc 2 --tp 2" \
+      "ours-ddp:$BENCH --nproc 2 --ddp" "torch-ddp:$PY bench/reference/torch_ddp.py --nproc 2 --ddp" \
+      "ours-1gpu:$BENCH"; do
       name="${run%%:*}"
-      timeout 240 "$BENCH" $flags ${run#*:} >"$OUT/tp-$model-$name.log" 2>&1
-      printf '  tp %-8s %8s ms\n' "$name" "$(median "$OUT/tp-$model-$name.log")" | tee -a "$SUMMARY"
+      timeout 240 ${run#*:} $flags >"$OUT/tp-$model-$name.log" 2>&1
+      printf '  tp %-10s %8s ms\n' "$name" "$(median "$OUT/tp-$model-$name.log")" | tee -a "$SUMMARY"
     done
   done
+fi
+
+if has tpref; then
+  # PyTorch's side of --tp (bench/reference/torch_tp.py: parallelize_module + DDP over "dp") checked
+  # for correctness on CPU Gloo (torch >= 2.2 only; Debian's 1.13 refuses --tp): at 1x2 it must end
+  # where one process ends, at 2x2 where DDP at world 2 ends, same batches (rel. err < 1e-5).
+  T="$OUT/tpref"; mkdir -p "$T"
+  ref() { timeout 200 $PY bench/reference/torch_ddp.py --model "${TPREF_MODEL:-gpt-tiny}" \
+    --batch-size 2 --repeat 3 --warmup 0 --lr 0.05 --timeout-s 60 "$@" >>"$T/runs.log" 2>&1; }
+  ref --save-params "$T/plain.safetensors"
+  ref --tp 2 --nproc 2 --save-params "$T/tp1x2.safetensors"
+  ref --ddp --nproc 2 --save-params "$T/ddp2.safetensors"
+  ref --ddp --tp 2 --nproc 4 --save-params "$T/tp2x2.safetensors"
+  (cd bench/reference && $PY - "$T" <<'PYEOF'
+import sys, safetensors_io
+t = sys.argv[1]
+for a, b in (("plain", "tp1x2"), ("ddp2", "tp2x2")):
+    try:
+        x = safetensors_io.load_file(f"{t}/{a}.safetensors")
+        y = safetensors_io.load_file(f"{t}/{b}.safetensors")
+    except Exception as e:
+        print(f"tpref {b} vs {a}: missing ({e})"); continue
+    if set(x) != set(y):
+        print(f"tpref {b} vs {a}: names differ: only in {a}: {sorted(set(x) - set(y))[:4]}, "
+              f"only in {b}: {sorted(set(y) - set(x))[:4]}"); continue
+    worst = max(((x[k] - y[k]).norm() / x[k].norm()).item() for k in x)
+    print(f"tpref {b} vs {a}: {len(x)} tensors, max rel. err {worst:.3g}", "ok" if worst < 1e-5 else "MISMATCH")
+PYEOF
+  ) 2>&1 | tee -a "$SUMMARY"
+  grep -iE "error|Traceback" "$T/runs.log" | head -5 | tee -a "$SUMMARY"
+  rm -f "$T"/*.safetensors
 fi
 
 if has overlap; then

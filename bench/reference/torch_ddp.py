@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import safetensors_io  # noqa: E402  (next to this file, not an installed package)
+import torch_tp  # noqa: E402
 
 from zoo import (  # noqa: E402,F401
     FUSED_ATTENTION,
@@ -71,6 +72,9 @@ def parse_args(argv):
                    help="with --fsdp: MixedPrecisionPolicy(param_dtype=...)")
     p.add_argument("--reduce-dtype", choices=["fp32", "bf16", "fp16"], default=None,
                    help="with --fsdp: MixedPrecisionPolicy(reduce_dtype=...)")
+    p.add_argument("--tp", type=int, default=0,
+                   help="tensor parallel over N ranks of a (world / N, N) mesh, DDP over the rest "
+                        "(torch >= 2.2: parallelize_module; torch_tp.py)")
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
     p.add_argument("--repeat", type=int, default=10, help="timed steps")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
@@ -116,6 +120,14 @@ def parse_args(argv):
         p.error("--fsdp-wrap needs --fsdp")
     if (args.param_dtype or args.reduce_dtype) and not args.fsdp:
         p.error("--param-dtype and --reduce-dtype need --fsdp")
+    if args.tp < 0:
+        p.error(f"--tp must be >= 1, got {args.tp}")
+    if args.tp:
+        if args.fsdp:
+            p.error("--tp with --fsdp is not in the reference: use --tp N --ddp")
+        why = torch_tp.unavailable()
+        if why is not None:
+            p.error(why)
     return args, unknown
 
 
@@ -374,7 +386,7 @@ def merge_traces(parts, out_path):
 
 def worker(args, unknown):
     torch.set_num_threads(args.threads)
-    distributed = args.ddp or args.fsdp
+    distributed = args.ddp or args.fsdp or args.tp > 0
     if distributed:
         # Without a launcher (no RANK) a --ddp run is a world of one: DDP's overhead, no peers.
         os.environ.setdefault("RANK", "0")
@@ -422,6 +434,13 @@ def worker(args, unknown):
         load_params(model, args.init_params)
     model.to(device)
     net = model  # what named_parameters() is read from at the end
+    dp_group, data_rank, tp_state = None, rank, None
+    if args.tp:
+        if world > args.tp and not args.ddp:
+            raise SystemExit(f"torch_ddp.py: --tp {args.tp} at world {world} needs --ddp over the "
+                             f"dp dim")
+        # The ranks of one tp group read the same batch: their dp coordinate's.
+        dp_group, data_rank, tp_state = torch_tp.apply(model, args.tp, device.type, world)
     if args.ddp:
         if args.first_bucket_cap_mb != 1.0:
             # DDP reads the first bucket's cap from this module attribute at construction (1.13 and
@@ -438,6 +457,7 @@ def worker(args, unknown):
             gradient_as_bucket_view=args.bucket_view,
             static_graph=args.static_graph,
             find_unused_parameters=args.find_unused_parameters,
+            process_group=dp_group,
             **kwargs,
         )
         register_hook(model, args, device)
@@ -449,10 +469,10 @@ def worker(args, unknown):
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0)
 
     if args.inputs:
-        batches = load_inputs(args.inputs, rank, device)
+        batches = load_inputs(args.inputs, data_rank, device)
         warmup, repeat = 0, len(batches)
     else:
-        gen = torch.Generator().manual_seed(1000 + rank)
+        gen = torch.Generator().manual_seed(1000 + data_rank)
         batches = [random_batch(args.model, args.batch_size, gen, device)]
         warmup, repeat = args.warmup, args.repeat
 
@@ -521,8 +541,10 @@ def worker(args, unknown):
     if args.save_params:
         if args.fsdp:
             raise SystemExit("torch_ddp.py: --save-params with --fsdp is not supported")
+        params = (torch_tp.whole_params(net, tp_state) if tp_state is not None
+                  else {n: p.detach() for n, p in net.named_parameters()})
         if lead:
-            safetensors_io.save_file({n: p.detach() for n, p in net.named_parameters()}, args.save_params)
+            safetensors_io.save_file(params, args.save_params)
 
     if lead:
         median = statistics.median(times_ms)
@@ -564,7 +586,7 @@ def worker(args, unknown):
 def main(argv):
     args, unknown = parse_args(argv)
     is_worker = os.environ.get("TORCH_DDP_REFERENCE_WORKER") == "1"
-    if not is_worker and args.nproc > 0 and (args.ddp or args.fsdp):
+    if not is_worker and args.nproc > 0 and (args.ddp or args.fsdp or args.tp):
         return spawn(args.nproc, argv)
     if not is_worker and args.nproc > 1:
         print("torch_ddp.py: --nproc without --ddp/--fsdp: running the plain model in one process "

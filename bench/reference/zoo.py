@@ -76,20 +76,21 @@ class CausalSelfAttention(nn.Module):
 
     def __init__(self, d_model, n_heads):
         super().__init__()
-        self.n_heads = n_heads
+        self.head_dim = d_model // n_heads
         self.c_attn = nn.Linear(d_model, 3 * d_model)
         self.c_proj = nn.Linear(d_model, d_model)
 
     def forward(self, x):
-        batch, seq, width = x.shape
-        head_dim = width // self.n_heads
-        q, k, v = self.c_attn(x).split(width, dim=2)
+        batch, seq, _ = x.shape
+        # The head count comes from the tensors, as in gpt.cpp: under tensor parallelism c_attn
+        # yields this rank's heads only ([q_r, k_r, v_r], torch_tp.py).
+        q, k, v = self.c_attn(x).chunk(3, dim=2)
 
         def to_heads(t):
-            return t.view(batch, seq, self.n_heads, head_dim).transpose(1, 2)  # [B, H, T, hd]
+            return t.view(batch, seq, -1, self.head_dim).transpose(1, 2)  # [B, H, T, hd]
 
         y = causal_attention(to_heads(q), to_heads(k), to_heads(v))  # [B, H, T, hd]
-        y = y.transpose(1, 2).contiguous().view(batch, seq, width)
+        y = y.transpose(1, 2).contiguous().view(batch, seq, -1)
         return self.c_proj(y)
 
 
