@@ -26,6 +26,7 @@ sys.path.insert(0, REF_DIR)
 
 import safetensors_io  # noqa: E402
 import torch_ddp  # noqa: E402
+import torch_tp  # noqa: E402
 import zoo  # noqa: E402
 
 
@@ -177,6 +178,36 @@ class GptRegimeTest(unittest.TestCase):
                       proc.stderr)
         with self.assertRaisesRegex(ValueError, r"^--tie-weights needs a GPT model"):
             torch_ddp.build_model("mlp-deep", tie_weights=True)
+
+
+class TensorParallelPlanTest(unittest.TestCase):
+    """torch_tp.py's pure parts, on any torch: the plan and the head order of c_attn's rows."""
+
+    def test_plans_match_the_cpp_plans(self):
+        self.assertEqual(torch_tp.plan_names(zoo.build_model("toy")),
+                         {"fc1": "colwise", "fc2": "rowwise", "fc3": "colwise", "fc4": "rowwise"})
+        plan = torch_tp.plan_names(zoo.build_model("gpt-tiny"))
+        self.assertEqual(len(plan), 4 * 4)
+        self.assertEqual(plan["h.3.attn.c_attn"], "colwise")
+        self.assertEqual(plan["h.0.mlp.c_proj"], "rowwise")
+        self.assertIsNone(torch_tp.plan_names(zoo.build_model("mlp-deep")))
+
+    def test_each_rank_block_is_its_q_k_v_heads(self):
+        d, tp = 8, 2  # rows [q | k | v], 8 each; rank r's block must be q_r, k_r, v_r
+        order = torch_tp._head_order(3 * d, tp, "cpu")
+        rows = torch.arange(3 * d)[order]
+        self.assertEqual(rows[:12].tolist(), [0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19])
+        self.assertEqual(rows[12:].tolist(), [4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23])
+        self.assertEqual(rows[torch.argsort(order)].tolist(), list(range(3 * d)))
+
+    def test_tp_needs_torch_2_2_and_says_so(self):
+        if torch_tp.unavailable() is None:
+            self.skipTest("this torch has parallelize_module (checked on the GPU machine)")
+        r = subprocess.run([sys.executable, os.path.join(REF_DIR, "torch_ddp.py"), "--tp", "2"],
+                           capture_output=True, text=True)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--tp needs torch >= 2.2 (torch.distributed.tensor.parallel and DeviceMesh); "
+                      f"this is torch {torch.__version__}", r.stderr)
 
 
 class RunTest(unittest.TestCase):
