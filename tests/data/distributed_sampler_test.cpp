@@ -6,6 +6,8 @@
 // checked) or, without shuffle, 0..size-1 itself. Resume: seek() and save/load at every batch
 // boundary of a 3-epoch run continue with exactly the batches the uninterrupted run took.
 // LoaderSampler: passes of a torch::data DataLoader advance epochs and keep a resumed position.
+// Parity: the Python torch.utils.data.DistributedSampler gives the same indices (needs
+// python3-torch; skipped without it outside CI).
 //
 // The shapes are loops with SCOPED_TRACE, not TEST_P: ctest runs each gtest case in a process of
 // its own, and libtorch's start-up made 216 parameterized cases cost 4 minutes of ctest on this
@@ -15,6 +17,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -28,6 +31,9 @@
 #include "ddp/data/distributed_sampler.hpp"
 #include "ddp/data/loader_sampler.hpp"
 #include "support/error_text.hpp"
+#include "support/pytorch_required.hpp"
+#include "support/run_command.hpp"
+#include "support/temp_dir.hpp"
 
 namespace ddp::data {
 namespace {
@@ -579,6 +585,61 @@ TEST(DistributedSamplerLoader, ExplicitSetEpochPerPassWorksToo) {
     }
   }
   EXPECT_EQ(seen, concat_epochs(*sampler, 0, kLastEpoch));
+}
+
+// The Python torch.utils.data.DistributedSampler (python3-torch), same options and set_epoch:
+// the same indices, rank by rank, padded and drop_last, shuffled or not; where Python gives every
+// rank 0 samples (drop_last, size < world) we refuse instead.
+TEST(DataPyTorchParity, DistributedSamplerMatchesTorchUtilsData) {
+  DDP_REQUIRE_PYTORCH(ddp::testing::python_has_torch(),
+                      "/usr/bin/python3 has no torch (python3-torch)");
+  ddp::testing::TempDir dir;
+  std::ostringstream script;
+  script << "import torch\nfrom torch.utils.data import DistributedSampler\n"
+         << "for n in [1, 2, 7, 10, 11, 100]:\n"
+         << " for w in [1, 2, 3, 4]:\n"
+         << "  for r in range(w):\n"
+         << "   for drop in [False, True]:\n"
+         << "    for shuffle in [True, False]:\n"
+         << "     for seed in [0, 12345, 2**32 + 5]:\n"
+         << "      for e in [0, 1, 7]:\n"
+         << "       s = DistributedSampler(range(n), num_replicas=w, rank=r, shuffle=shuffle,"
+         << " seed=seed, drop_last=drop)\n"
+         << "       s.set_epoch(e)\n"
+         << "       print(n, w, r, int(drop), int(shuffle), seed, e, ':', *list(s))\n";
+  std::ofstream(dir.file("parity.py")) << script.str();
+  const auto [out, code] = ddp::testing::run_command("/usr/bin/python3 " + dir.file("parity.py"));
+  ASSERT_EQ(code, 0) << out;
+
+  std::istringstream lines(out);
+  std::string line;
+  int compared = 0;
+  int refused = 0;
+  while (std::getline(lines, line)) {
+    std::istringstream in(line);
+    int64_t n = 0, e = 0;
+    int w = 0, r = 0, drop = 0, shuffle = 0;
+    uint64_t seed = 0;
+    std::string colon;
+    in >> n >> w >> r >> drop >> shuffle >> seed >> e >> colon;
+    ASSERT_EQ(colon, ":") << line;
+    std::vector<int64_t> python;
+    for (int64_t v; in >> v;) python.push_back(v);
+    SamplerOptions o = make(n, w, r, drop != 0);
+    o.shuffle = shuffle != 0;
+    o.seed = seed;
+    if (drop != 0 && n < w) {
+      EXPECT_TRUE(python.empty()) << line;
+      EXPECT_NE(error_of([&] { DistributedSampler s(o); }), "");
+      ++refused;
+      continue;
+    }
+    EXPECT_EQ(DistributedSampler(o).epoch_indices(e), python) << line;
+    ++compared;
+  }
+  // Every line was read: 6 sizes x (1+2+3+4 ranks) x 2 x 2 x 3 seeds x 3 epochs.
+  EXPECT_EQ(compared + refused, 6 * 10 * 2 * 2 * 3 * 3);
+  EXPECT_GT(refused, 0);
 }
 
 }  // namespace
