@@ -10,11 +10,10 @@
 //
 // Build against an installed libddp (cmake --install build --prefix <prefix>):
 //   cmake -S examples/fsdp_checkpoint -B /tmp/fsdp -DCMAKE_PREFIX_PATH=<prefix>
-//   cmake --build /tmp/fsdp
+//   cmake --build /tmp/fsdp && cd /tmp/fsdp
 // Run at world 2, 10 steps (checkpoints at 5 and 10), then resume from step 10 and go on to 20:
-//   <prefix>/bin/ddp-run --nproc-per-node 2 -- /tmp/fsdp/fsdp_checkpoint --dir /tmp/ckpt --steps 10
-//   <prefix>/bin/ddp-run --nproc-per-node 2 -- /tmp/fsdp/fsdp_checkpoint --dir /tmp/ckpt --steps 20
-//   --resume
+//   <prefix>/bin/ddp-run --nproc-per-node 2 -- ./fsdp_checkpoint --dir ckpt --steps 10
+//   <prefix>/bin/ddp-run --nproc-per-node 2 -- ./fsdp_checkpoint --dir ckpt --steps 20 --resume
 // The second run's last line equals that of one uninterrupted run with --steps 20 (another
 // --dir). Without ddp-run, start one process per rank with RANK=0|1 WORLD_SIZE=2
 // MASTER_ADDR=127.0.0.1 MASTER_PORT=29500; torchrun, mpirun and srun work too (README).

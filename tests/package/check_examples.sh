@@ -22,7 +22,8 @@ if command -v ccache >/dev/null; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=cc
 for ex in "${examples[@]}"; do
   { cmake -S "$src/examples/$ex" -B "$work/$ex" -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DCMAKE_PREFIX_PATH="$prefix" "${launcher[@]}" && cmake --build "$work/$ex"; } \
-    >"$work/$ex.build.log" 2>&1 || { echo "building $ex failed:"; cat "$work/$ex.build.log"; exit 1; }
+    >"$work/$ex.build.log" 2>&1 ||
+    { echo "building $ex failed:"; cat "$work/$ex.build.log"; exit 1; }
 done
 echo "installed and built ${examples[*]} in $((SECONDS - t0)) s"
 
