@@ -8,7 +8,7 @@
 # seconds instead of a libtorch translation unit's ~25 s each.
 set -euo pipefail
 build=$1 src=$2 work=$3
-examples=(fsdp_checkpoint)
+examples=(minimal_ddp fsdp_checkpoint)
 [[ -n "$work" && "$work" != / ]] || { echo "check_examples.sh: bad WORK_DIR '$work'"; exit 2; }
 rm -rf "$work"
 mkdir -p "$work"
@@ -43,6 +43,21 @@ close() {
   awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; if (d < 0) d = -d; m = (a < 0 ? -a : a);
     n = (b < 0 ? -b : b); if (n > m) m = n; exit !(a != "" && b != "" && d <= 1e-5 * m) }' ||
     { echo "$3: $1 and $2 differ by more than 1e-5 relative"; exit 1; }
+}
+
+check_minimal_ddp() {
+  run2 "$work/minimal.log" "$work/minimal_ddp/minimal_ddp"
+  local initial final0 final1
+  initial=$(field "$work/minimal.log" 0 "initial loss")
+  final0=$(field "$work/minimal.log" 0 "final loss")
+  final1=$(field "$work/minimal.log" 1 "final loss")
+  grep -q "rank 1: world size 2," "$work/minimal.log" ||
+    { echo "minimal_ddp did not run at world size 2:"; cat "$work/minimal.log"; exit 1; }
+  # DDP keeps the replicas equal: both ranks' models have the same loss on the whole data set.
+  close "$final0" "$final1" "minimal_ddp final loss, rank 0 vs rank 1"
+  awk -v a="$initial" -v b="$final0" 'BEGIN { exit !(b < 0.2 * a) }' ||
+    { echo "minimal_ddp: the loss did not fall enough: $initial -> $final0"; exit 1; }
+  echo "minimal_ddp: both ranks end with loss $final0 (from $initial)"
 }
 
 check_fsdp_checkpoint() {
