@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
 # Installs what libddp needs on Debian 12 (apt) and builds it into build/. Idempotent: packages
 # already present are not reinstalled, and the build is incremental.
+#   setup.sh [--tests] [CMAKE_ARGS...]    --tests: also the packages only the tests use (test.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+with_tests=0
+if [[ "${1:-}" == "--tests" ]]; then
+  with_tests=1
+  shift
+fi
 
 PACKAGES=(
   build-essential cmake ninja-build ccache
@@ -15,6 +21,11 @@ PACKAGES=(
   python3-torch       # PyTorch 1.13 itself: the oracle of every comparison test (torch.save files,
                       # torchrun, bench/compare --parity), so they run on every fresh machine
 )
+# Only the tests use these; the main job (scripts/train.sh) does not install them.
+TEST_PACKAGES=(
+  openmpi-bin         # mpirun: the test that launches ddp-train through OpenMPI for real
+)
+if ((with_tests)); then PACKAGES+=("${TEST_PACKAGES[@]}"); fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

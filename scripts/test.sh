@@ -2,7 +2,7 @@
 # Set up, build and run the whole test suite. Fails when any test fails or when no test ran.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh -DDDP_BUILD_TESTS=ON
+scripts/setup.sh --tests -DDDP_BUILD_TESTS=ON
 cd build
 # Two tests at a time on 2 cores: multi-process tests are mostly waiting on each other.
 ctest --output-on-failure --no-tests=error -j 2 --timeout 600 | tee ctest.log

@@ -37,18 +37,25 @@ std::string require(const EnvLookup& env, const std::string& name, const std::st
 
 }  // namespace
 
+std::optional<std::string> launcher_from_env(const EnvLookup& env) {
+  // torchrun's names win when RANK is set (ddp-run and torchrun set it, and a user may set it by
+  // hand under any launcher), else OpenMPI's, else Slurm's.
+  if (env("RANK")) return "torchrun";
+  if (env("OMPI_COMM_WORLD_RANK")) return "openmpi";
+  if (env("SLURM_PROCID")) return "slurm";
+  return std::nullopt;
+}
+
 WorldInfo world_info_from_env(const EnvLookup& env) {
   WorldInfo info;
-  // Which launcher's names to read: torchrun's when RANK is set (ddp-run and torchrun set it,
-  // and a user may set it by hand under any launcher), else OpenMPI's, else Slurm's.
+  // Without any launcher's rank, torchrun's names: the error then asks for RANK and WORLD_SIZE.
+  info.launcher = launcher_from_env(env).value_or("torchrun");
   std::string rank_var = "RANK", world_var = "WORLD_SIZE", local_var = "LOCAL_RANK";
-  if (!env("RANK") && env("OMPI_COMM_WORLD_RANK")) {
-    info.launcher = "openmpi";
+  if (info.launcher == "openmpi") {
     rank_var = "OMPI_COMM_WORLD_RANK";
     world_var = "OMPI_COMM_WORLD_SIZE";
     local_var = "OMPI_COMM_WORLD_LOCAL_RANK";
-  } else if (!env("RANK") && env("SLURM_PROCID")) {
-    info.launcher = "slurm";
+  } else if (info.launcher == "slurm") {
     rank_var = "SLURM_PROCID";
     world_var = "SLURM_NTASKS";
     local_var = "SLURM_LOCALID";

@@ -80,6 +80,24 @@ TEST(Env, TorchrunVariablesWinOverMpiAndSlurm) {
   EXPECT_EQ(info.world_size, 3);
 }
 
+// What ddp-train and ddp-bench ask before deciding to spawn their own workers: under mpirun or
+// srun (no RANK) they must run as one worker, as world_info_from_env will read those variables.
+TEST(Env, LauncherIsTheOneWhoseRankIsSet) {
+  EXPECT_EQ(launcher_from_env(env_of({{"MASTER_PORT", "1"}})), std::nullopt);
+  EXPECT_EQ(launcher_from_env(env_of({{"OMPI_COMM_WORLD_RANK", "1"}})), "openmpi");
+  EXPECT_EQ(launcher_from_env(env_of({{"SLURM_PROCID", "0"}})), "slurm");
+  EXPECT_EQ(launcher_from_env(env_of({{"SLURM_PROCID", "0"}, {"OMPI_COMM_WORLD_RANK", "0"}})),
+            "openmpi");
+  EXPECT_EQ(launcher_from_env(env_of({{"RANK", "0"}, {"OMPI_COMM_WORLD_RANK", "1"}})), "torchrun");
+  // The same launcher as world_info_from_env reports.
+  EXPECT_EQ(world_info_from_env(env_of({{"SLURM_PROCID", "1"},
+                                        {"SLURM_NTASKS", "2"},
+                                        {"MASTER_ADDR", "a"},
+                                        {"MASTER_PORT", "1"}}))
+                .launcher,
+            launcher_from_env(env_of({{"SLURM_PROCID", "1"}})));
+}
+
 TEST(Env, MpiAndSlurmErrorsNameTheirOwnVariables) {
   EXPECT_NE(error_of({{"OMPI_COMM_WORLD_RANK", "0"}, {"MASTER_ADDR", "a"}, {"MASTER_PORT", "1"}})
                 .find("environment variable OMPI_COMM_WORLD_SIZE is not set"),

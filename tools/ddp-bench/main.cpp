@@ -425,8 +425,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    const bool worker = std::getenv("DDP_BENCH_WORKER") != nullptr ||
-                        (std::getenv("RANK") != nullptr && args.nproc == 0);
+    // Under a launcher (torchrun, ddp-run, mpirun, srun: comm/env.hpp) this process is a worker.
+    const bool under_launcher = ddp::comm::launcher_from_env(ddp::comm::process_env()).has_value();
+    const bool worker =
+        std::getenv("DDP_BENCH_WORKER") != nullptr || (under_launcher && args.nproc == 0);
     if (worker || !distributed(args)) {
       TORCH_CHECK(distributed(args) || args.nproc <= 1, "ddp-bench: --nproc ", args.nproc,
                   " needs --ddp or a sharded --style (without them the plain model "

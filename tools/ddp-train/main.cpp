@@ -55,7 +55,10 @@ struct Args {
   int fail_rank = 0;
 };
 
-bool under_launcher() { return std::getenv("RANK") != nullptr; }
+// Started by a launcher (torchrun, ddp-run, mpirun, srun): then this process is one worker. The
+// same variables world_info_from_env reads: under mpirun only OMPI_COMM_WORLD_RANK is set, and a
+// check of RANK alone made every mpirun rank spawn a job of its own.
+bool under_launcher() { return ddp::comm::launcher_from_env(ddp::comm::process_env()).has_value(); }
 
 // Set by a launcher that restarts failed workers (ddp-run): > 0 on every restart.
 int restart_count() {

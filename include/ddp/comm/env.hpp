@@ -27,6 +27,13 @@ using EnvLookup = std::function<std::optional<std::string>(const std::string& na
 // The process environment.
 EnvLookup process_env();
 
+// The launcher whose variables give this process its rank: "torchrun" when RANK is set (torchrun,
+// ddp-run, ddp-train --nproc, or a user by hand), else "openmpi" when OMPI_COMM_WORLD_RANK is set
+// (mpirun), else "slurm" when SLURM_PROCID is set (srun); nullopt when none is. A tool asks this
+// to decide between running as one worker and spawning its own, so that it agrees with
+// world_info_from_env, which reads the variables of the launcher named here.
+std::optional<std::string> launcher_from_env(const EnvLookup& env);
+
 // Reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT. RANK, WORLD_SIZE and MASTER_PORT
 // are required; a missing or malformed one is an error that names the variable and what it expects.
 // Without RANK, mpirun's OMPI_COMM_WORLD_RANK / _SIZE / _LOCAL_RANK or srun's SLURM_PROCID /
