@@ -6,6 +6,8 @@
 #include "ddp/comm/env.hpp"
 #include "ddp/comm/init.hpp"
 #include "ddp/comm/process_group.hpp"
+#include "ddp/data/distributed_sampler.hpp"
+#include "ddp/data/loader_sampler.hpp"
 #include "ddp/launch/spawn.hpp"
 #include "ddp/parallel/ddp_options.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"

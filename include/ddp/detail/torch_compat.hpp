@@ -44,6 +44,11 @@
 #define DDP_HAVE_SDPA 0
 #endif
 
+// torch::data samplers (data/): the Sampler base class returns and takes c10::optional, a type of
+// its own in 1.13 and an alias of std::optional since 2.x, so overrides spell c10::optional and
+// compile against both without a version test (the data headers do not include this file, to
+// stay free of c10d).
+
 namespace ddp::detail {
 
 #if TORCH_VERSION_MAJOR >= 2
