@@ -1,6 +1,7 @@
 // ddp-train: a short data-parallel training run of a model from the zoo on a learnable synthetic
-// task. `ddp-train` alone spawns 2 local workers (the README's main job); `--nproc N` spawns N;
-// under an external launcher (torchrun --no-python, ddp-run, mpirun) it runs as one worker.
+// task, or with --data on the bytes of a text file (text_training.hpp). `ddp-train` alone spawns 2
+// local workers; `--nproc N` spawns N; under an external launcher (torchrun --no-python, ddp-run,
+// mpirun) it runs as one worker.
 
 #include <ATen/Parallel.h>
 #include <torch/cuda.h>
@@ -21,11 +22,14 @@
 #include "ddp/io/checkpoint_coordinator.hpp"
 #include "ddp/io/checkpoint_state.hpp"
 #include "ddp/io/full_state_dict.hpp"
+#include "ddp/io/posix_file.hpp"
 #include "ddp/io/torch_save.hpp"
 #include "ddp/launch/spawn.hpp"
 #include "ddp/models/registry.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
+#include "loss_plot.hpp"
 #include "progress.hpp"
+#include "text_training.hpp"
 
 namespace {
 
@@ -53,6 +57,8 @@ struct Args {
   std::string save_weights;  // "": none; ".pt"/".pth": torch.save format, else safetensors
   int fail_at_step = 0;      // test hook; 0: never
   int fail_rank = 0;
+  ddp::tools::TextFlags text;  // --data, --eval-every, --sample-bytes (text_training.hpp)
+  std::string plot;            // --plot FILE.svg; "": none
 };
 
 // Started by a launcher (torchrun, ddp-run, mpirun, srun): then this process is one worker. The
@@ -112,6 +118,12 @@ int run_worker(const Args& args) {
   const auto& tensor_parallel = split.tensor_parallel;
   const ddp::comm::ProcessGroupPtr& dp_group = split.dp_group;
   const int data_rank = split.data_rank;
+  // --data: the batches come from the text, through a sampler per data rank.
+  std::unique_ptr<ddp::tools::TextTraining> text;
+  if (args.text.data) {
+    text = std::make_unique<ddp::tools::TextTraining>(
+        args.text, w, dp_group, data_rank, args.batch_size, args.workload.seed, device, lead);
+  }
   // REPLICATE: DistributedDataParallel; the sharded styles: a ShardedModule around the same module.
   std::unique_ptr<ddp::DistributedDataParallel<torch::nn::AnyModule>> ddp_model;
   std::unique_ptr<ddp::shard::ShardedModule> sharded;
@@ -189,9 +201,10 @@ int run_worker(const Args& args) {
   if (!args.checkpoint_dir.empty() && (args.resume || restart_count() > 0)) {
     // Every rank loads the checkpoint rank 0 picked (checkpoint_coordinator.hpp).
     if (const auto resumed = ddp::io::resume_latest(*pg, ckpt, state)) {
-      TORCH_CHECK(state.data_position == state.step * global_batch, "checkpoint ", resumed->dir,
-                  " had consumed ", state.data_position, " samples at step ", state.step,
-                  ", but this run's global batch of ", global_batch, " gives ",
+      if (text) text->seek(state.data_position);
+      TORCH_CHECK(text || state.data_position == state.step * global_batch, "checkpoint ",
+                  resumed->dir, " had consumed ", state.data_position, " samples at step ",
+                  state.step, ", but this run's global batch of ", global_batch, " gives ",
                   state.step * global_batch, ": resume with the --batch-size of the saved run");
       first_step = int(state.step) + 1;
       if (lead) {
@@ -205,6 +218,8 @@ int run_worker(const Args& args) {
   }
 
   ddp::tools::Progress progress(args.steps, lead && ::isatty(STDOUT_FILENO), 20);
+  if (text) progress.set_tokens_per_step(text->tokens_per_step());
+  ddp::tools::LossCurve curve;  // for --plot
   const auto start = std::chrono::steady_clock::now();
   double first_loss = 0, last_loss = 0;
   for (int step = first_step; step <= args.steps; ++step) {
@@ -217,7 +232,7 @@ int run_worker(const Args& args) {
       std::_Exit(3);
     }
     const int64_t offset = (step - 1) * global_batch + data_rank * args.batch_size;
-    auto [x_cpu, y_cpu] = w.batch(offset, args.batch_size);
+    auto [x_cpu, y_cpu] = text ? text->next_batch() : w.batch(offset, args.batch_size);
     auto x = x_cpu.to(device);
     auto y = y_cpu.to(device);
     if (ddp_model) {
@@ -238,9 +253,11 @@ int run_worker(const Args& args) {
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (lead) progress.update(step, last_loss, (step - first_step + 1) / secs);
+    curve.train.push_back({step, last_loss});
+    if (text) text->after_step(step, args.steps, last_loss, forward, curve, progress);
     if (args.checkpoint_every > 0 && step % args.checkpoint_every == 0) {
       state.step = step;
-      state.data_position = step * global_batch;
+      state.data_position = text ? text->data_position() : step * global_batch;
       // Returns on every rank once the checkpoint is complete on disk.
       const std::string dir = ddp::io::save_and_barrier(*pg, ckpt, state);
       if (lead && args.ddp.verbose) std::cout << "ddp-train: checkpoint " << dir << std::endl;
@@ -255,6 +272,8 @@ int run_worker(const Args& args) {
       for (auto& [name, t] : weights) t = tensor_parallel->full(name, t);
     }
   }
+  // Every rank samples: the forward is collective under the sharded styles and --tp.
+  const std::string sample = text ? text->sample_report(forward) : "";
   if (lead) {
     progress.finish();
     if (args.ddp.verbose && ddp_model) {
@@ -265,6 +284,16 @@ int run_worker(const Args& args) {
     const int ran = std::max(0, args.steps - first_step + 1);
     std::cout << "ddp-train: loss " << first_loss << " -> " << last_loss << " in " << ran
               << " steps (" << secs << " s, " << ran / secs << " steps/s)" << std::endl;
+    if (!sample.empty()) std::cout << sample << std::endl;
+    if (!args.plot.empty() && !curve.train.empty()) {
+      const auto options =
+          text ? text->plot_options(args.model, pg->world_size()) : ddp::tools::LossPlotOptions{};
+      const std::string svg = ddp::tools::render_loss_svg(curve, options);
+      ddp::io::AtomicFile file(args.plot);
+      file.write(svg.data(), svg.size());
+      file.commit();
+      std::cout << "ddp-train: loss plot written to " << args.plot << std::endl;
+    }
     if (!args.save_weights.empty()) {
       ddp::io::save_weights(args.save_weights, weights);
       std::cout << "ddp-train: weights written to " << args.save_weights << std::endl;
@@ -336,7 +365,18 @@ int main(int argc, char** argv) {
   app.add_option("--fail-rank", args.fail_rank, "the rank --fail-at-step ends")
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
+  ddp::tools::add_text_flags(app, args.text);
+  app.add_option("--plot", args.plot,
+                 "write the training (and with --data the validation) loss against steps to "
+                 "FILE.svg")
+      ->type_name("FILE.svg");
   CLI11_PARSE(app, argc, argv);
+  if (const std::string wrong =
+          ddp::tools::check_text_flags(app, args.text, args.model, args.optimizer);
+      !wrong.empty()) {
+    std::cerr << "ddp-train: " << wrong << std::endl;
+    return 2;
+  }
   if (const std::string wrong = ddp::tools::check_model_flags(args.model, args.workload);
       !wrong.empty()) {
     std::cerr << "ddp-train: " << wrong << std::endl;
@@ -351,7 +391,13 @@ int main(int argc, char** argv) {
     std::cerr << "ddp-train: " << wrong << std::endl;
     return 2;
   }
+  if (const std::string wrong = args.plot.empty() ? "" : ddp::tools::check_plot_path(args.plot);
+      !wrong.empty()) {
+    std::cerr << "ddp-train: " << wrong << std::endl;
+    return 2;
+  }
   try {
+    if (args.text.data) ddp::tools::check_text_file(args.text, args.model, args.workload);
     check_checkpoint_flags(args);
     if (std::getenv("DDP_TRAIN_WORKER") != nullptr || (under_launcher() && args.nproc == 0)) {
       return run_worker(args);

@@ -13,14 +13,20 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/svg.hpp"
+
 namespace ddp::tools {
 namespace {
 
 using json = nlohmann::json;
+using svg::escape;
+using svg::kSwatch;
+using LegendEntry = svg::LegendEntry;
 
-// Vertical geometry (px). A lane is tall enough for an 11 px label inside a bar.
-constexpr double kTitleBaseline = 28;
-constexpr double kSubtitleBaseline = 48;
+std::string fmt(double v, int decimals = 3) { return svg::number(v, decimals); }
+
+// Vertical geometry (px), below the shared heading (common/svg.hpp). A lane is tall enough for an
+// 11 px label inside a bar.
 constexpr double kTickLabelBaseline = 72;
 constexpr double kAxisY = 80;
 constexpr double kRowsTop = 88;
@@ -29,13 +35,10 @@ constexpr double kLaneGap = 3;
 constexpr double kRowGap = 12;
 constexpr double kRowHeight = 2 * kLaneHeight + kLaneGap;
 constexpr double kLegendGap = 26;
-constexpr double kSwatch = 12;
-constexpr double kLegendLine = 22;
 // More names than this (a per-step name, say) would bury the picture under its legend.
 constexpr size_t kMaxLegendEntries = 48;
 // A rough width of one character, to decide whether a label fits in a bar (no font metrics here).
 constexpr double kCharWidth11 = 6.3;
-constexpr double kCharWidth12 = 6.9;
 
 struct Bar {
   std::string name;
@@ -45,41 +48,6 @@ struct Bar {
   double start_ms = 0, dur_ms = 0;
   json args;
 };
-
-std::string fmt(double v, int decimals = 3) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
-  std::string s = buf;
-  if (s.find_first_not_of("-0.") == std::string::npos)
-    s = decimals > 0 ? "0." + std::string(decimals, '0') : "0";
-  return s;
-}
-
-std::string escape(const std::string& text) {
-  std::string out;
-  for (const char c : text) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      case '\'':
-        out += "&apos;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
 
 std::string lower(std::string s) {
   for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
@@ -120,11 +88,6 @@ const char* text_colour(const std::string& fill) {
   const double luma = 0.299 * channel(0) + 0.587 * channel(1) + 0.114 * channel(2);
   return luma > 150 ? "#1f1f1f" : "#ffffff";
 }
-
-struct LegendEntry {
-  std::string name;
-  std::string colour;
-};
 
 // One colour per event name, and the legend's order: forward, backward, optimizer, other compute
 // names by first start, then the comm names by bucket number.
@@ -168,14 +131,6 @@ double number_field(const json& ev, const char* key, size_t index, bool required
                      (it == ev.end() ? "missing" : "not a number but " + it->dump()));
   }
   return it->get<double>();
-}
-
-// "1 ms" steps: 1, 2 or 5 times a power of ten, about every 110 px.
-double tick_step(double span_ms, double plot_width) {
-  const double raw = span_ms / std::max(2.0, plot_width / 110);
-  const double mag = std::pow(10.0, std::floor(std::log10(raw)));
-  const double norm = raw / mag;
-  return (norm <= 1 ? 1 : norm <= 2 ? 2 : norm <= 5 ? 5 : 10) * mag;
 }
 
 }  // namespace
@@ -282,35 +237,17 @@ std::string render_timeline_svg(const json& trace, const SvgOptions& options) {
   for (const LegendEntry& e : legend) colour[e.name] = e.colour;
 
   // Legend rows: entries flow left to right and wrap at the right margin.
-  struct Placed {
-    double x, y;
-  };
-  std::vector<Placed> legend_at;
   const size_t legend_shown = std::min(legend.size(), kMaxLegendEntries);
-  double lx = 12, ly = rows_bottom + kLegendGap;
-  for (size_t i = 0; i < legend_shown; ++i) {
-    const double item = kSwatch + 6 + double(legend[i].name.size()) * kCharWidth12 + 18;
-    if (lx > 12 && lx + item > width - kRightMargin) {
-      lx = 12;
-      ly += kLegendLine;
-    }
-    legend_at.push_back({lx, ly});
-    lx += item;
-  }
-  const double height = ly + kSwatch + 20;
+  const svg::LegendLayout legend_at =
+      svg::layout_legend(legend, legend_shown, 12, rows_bottom + kLegendGap, width - kRightMargin);
+  const double height = legend_at.bottom + 20;
 
   std::ostringstream svg;
-  svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << fmt(width, 0) << "\" height=\""
-      << fmt(height, 0) << "\" viewBox=\"0 0 " << fmt(width, 0) << ' ' << fmt(height, 0)
-      << "\" font-family=\"Helvetica, Arial, sans-serif\">\n";
-  svg << "<rect width=\"100%\" height=\"100%\" fill=\"#ffffff\"/>\n";
-  svg << "<text x=\"12\" y=\"" << kTitleBaseline
-      << "\" font-size=\"18\" font-weight=\"bold\" fill=\"#1f1f1f\">" << escape(options.title)
-      << "</text>\n";
-  svg << "<text x=\"12\" y=\"" << kSubtitleBaseline << "\" font-size=\"12\" fill=\"#666666\">"
-      << pids.size() << (pids.size() == 1 ? " rank, " : " ranks, ") << bars.size()
-      << " events; showing " << fmt(from) << " to " << fmt(to)
-      << " ms after the first event; hover a bar for details</text>\n";
+  svg << svg::open(width, height);
+  svg << svg::title(options.title);
+  svg << svg::subtitle(std::to_string(pids.size()) + (pids.size() == 1 ? " rank, " : " ranks, ") +
+                       std::to_string(bars.size()) + " events; showing " + fmt(from) + " to " +
+                       fmt(to) + " ms after the first event; hover a bar for details");
 
   // Lanes first, then the grid over them, then the bars over the grid.
   svg << "<g id=\"lanes\">\n";
@@ -333,17 +270,14 @@ std::string render_timeline_svg(const json& trace, const SvgOptions& options) {
   }
   svg << "</g>\n";
 
-  const double step = tick_step(to - from, plot_width);
-  const int decimals = std::max(0, int(-std::floor(std::log10(step) + 1e-9)));
+  const svg::Ticks ticks = svg::ticks(from, to, plot_width);
   svg << "<g id=\"axis\" font-size=\"11\" fill=\"#444444\" text-anchor=\"middle\">\n";
-  svg << "<line x1=\"" << fmt(kLeftMargin) << "\" y1=\"" << fmt(kAxisY) << "\" x2=\""
-      << fmt(kLeftMargin + plot_width) << "\" y2=\"" << fmt(kAxisY) << "\" stroke=\"#888888\"/>\n";
-  for (double t = std::ceil(from / step - 1e-9) * step; t <= to + step * 1e-6; t += step) {
+  svg << svg::line(kLeftMargin, kAxisY, kLeftMargin + plot_width, kAxisY, "#888888");
+  for (const double t : ticks.values) {
     const double x = x_of(t);
-    svg << "<line x1=\"" << fmt(x) << "\" y1=\"" << fmt(kAxisY - 4) << "\" x2=\"" << fmt(x)
-        << "\" y2=\"" << fmt(rows_bottom) << "\" stroke=\"#c8ccd2\" stroke-width=\"0.7\"/>\n";
+    svg << svg::line(x, kAxisY - 4, x, rows_bottom, "#c8ccd2", 0.7);
     svg << "<text x=\"" << fmt(x) << "\" y=\"" << fmt(kTickLabelBaseline) << "\">"
-        << fmt(t, decimals) << " ms</text>\n";
+        << fmt(t, ticks.decimals) << " ms</text>\n";
   }
   svg << "</g>\n";
 
@@ -388,19 +322,13 @@ std::string render_timeline_svg(const json& trace, const SvgOptions& options) {
   svg << "</g>\n";
 
   svg << "<g id=\"legend\" font-size=\"12\" fill=\"#1f1f1f\">\n";
-  for (size_t i = 0; i < legend_at.size(); ++i) {
-    svg << "<rect x=\"" << fmt(legend_at[i].x) << "\" y=\"" << fmt(legend_at[i].y) << "\" width=\""
-        << fmt(kSwatch) << "\" height=\"" << fmt(kSwatch) << "\" fill=\"" << legend[i].colour
-        << "\"/>\n";
-    svg << "<text x=\"" << fmt(legend_at[i].x + kSwatch + 6) << "\" y=\""
-        << fmt(legend_at[i].y + kSwatch - 1) << "\">" << escape(legend[i].name) << "</text>\n";
-  }
+  svg << svg::legend_items(legend, legend_at);
   if (legend.size() > legend_shown) {
-    svg << "<text x=\"" << fmt(lx) << "\" y=\"" << fmt(ly + kSwatch - 1) << "\" fill=\"#666666\">+ "
-        << legend.size() - legend_shown << " more names</text>\n";
+    svg << "<text x=\"" << fmt(legend_at.end_x) << "\" y=\"" << fmt(legend_at.end_y + kSwatch - 1)
+        << "\" fill=\"#666666\">+ " << legend.size() - legend_shown << " more names</text>\n";
   }
   svg << "</g>\n";
-  svg << "</svg>\n";
+  svg << svg::close();
   return svg.str();
 }
 
