@@ -7,7 +7,7 @@
 #   bash scripts/gpu-check.sh                 # build, tests, levers, table
 #   bash scripts/gpu-check.sh build tests     # only those stages
 #
-# Stages: build, tests, tpref (PyTorch's --tp reference checked on CPU Gloo), onegpu (ours vs PyTorch with one GPU: bare, DDP and FULLY_SHARD at world 1), sharded (FULLY_SHARD vs FSDP2), attribution (issue 13: noop hook, --no-overlap), tp (issue 15: --tp 2), final (the documented table), overlap, levers (ours only: each tuning lever against our default), table (bench/compare,
+# Stages: build, tests, text (ddp-train --data on the GPU), tpref (PyTorch's --tp reference checked on CPU Gloo), onegpu (ours vs PyTorch with one GPU: bare, DDP and FULLY_SHARD at world 1), sharded (FULLY_SHARD vs FSDP2), attribution (issue 13: noop hook, --no-overlap), tp (issue 15: --tp 2), final (the documented table), overlap, levers (ours only: each tuning lever against our default), table (bench/compare,
 # ours vs PyTorch in the same run, with the 1-GPU baselines), parity (C++ vs PyTorch parameters).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -69,6 +69,17 @@ if has tests; then
     --checkpoint-dir "$OUT/ckpt" --checkpoint-every 5 --keep-checkpoints 2 --resume --verbose >>"$OUT/train-ckpt.log" 2>&1
   note "ddp-train checkpoint+resume nccl rc=$rc,$?: $(grep -m1 'resumed from' "$OUT/train-ckpt.log"); left: $(ls "$OUT/ckpt" | tr '\n' ' ')"
   rm -rf "$OUT/ckpt"  # 64 MB per checkpoint: too big to bring back
+fi
+
+if has text; then
+  # ddp-train --data on the GPU: the byte-level GPT on GPL-3 under DDP and under FULLY_SHARD, whose
+  # validation and sample forwards are collective; the validation all-reduce runs on NCCL.
+  for style in ddp fsdp; do
+    extra=""; [[ $style == fsdp ]] && extra="--fsdp --fsdp-wrap"
+    timeout 300 build-gpu/ddp-train --nproc $NP --device cuda --data --steps 200 --eval-every 50 \
+      --sample-bytes 80 --timeout-s 120 --plot "$OUT/loss-$style.svg" $extra >"$OUT/train-text-$style.log" 2>&1
+    note "ddp-train --data $style nccl world $NP rc=$?: $(grep 'validation loss' "$OUT/train-text-$style.log" | tail -1)"
+  done
 fi
 
 # model -> flags shared by both sides

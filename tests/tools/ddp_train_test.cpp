@@ -8,14 +8,15 @@
 
 #include <torch/torch.h>
 
-#include "ddp/io/safetensors.hpp"
 #include "ddp/launch/spawn.hpp"
 #include "support/pytorch_required.hpp"
 #include "support/run_command.hpp"
+#include "support/same_weights.hpp"
 #include "support/temp_dir.hpp"
 
 namespace {
 
+using ddp::testing::expect_same_weights;
 using ddp::testing::run_command;
 auto run(const std::string& command) { return run_command(command); }
 
@@ -80,28 +81,7 @@ TEST(DdpTrain, ShardedStylesEndWhereDdpEnds) {
       EXPECT_NE(out.find("3 units (fully_shard)"), std::string::npos) << out;
       EXPECT_NE(out.find("| h.0    | h.0.ln_1.weight"), std::string::npos) << out;
     }
-    const auto a = ddp::io::load_safetensors(dir + "/ddp.safetensors");
-    const auto b = ddp::io::load_safetensors(dir + "/sharded.safetensors");
-    ASSERT_EQ(a.size(), b.size());
-    for (const auto& [name, t] : a) {
-      const auto& u = b.at(name);
-      const double err = (t - u).norm().item<double>() / t.norm().item<double>();
-      EXPECT_LT(err, 1e-5) << style << ": " << name;
-    }
-  }
-}
-
-// Whole weights of two safetensors files agree within rel. err 1e-5, name by name.
-void expect_same_weights(const std::string& a_path, const std::string& b_path) {
-  const auto a = ddp::io::load_safetensors(a_path);
-  const auto b = ddp::io::load_safetensors(b_path);
-  ASSERT_EQ(a.size(), b.size());
-  for (const auto& [name, t] : a) {
-    ASSERT_EQ(b.count(name), 1u) << name;
-    const auto& u = b.at(name);
-    ASSERT_EQ(t.sizes(), u.sizes()) << name;
-    const double err = (t - u).norm().item<double>() / t.norm().item<double>();
-    EXPECT_LT(err, 1e-5) << name;
+    expect_same_weights(dir + "/ddp.safetensors", dir + "/sharded.safetensors", style + ": ");
   }
 }
 
@@ -199,13 +179,7 @@ TEST(DdpTrain, ShardedCheckpointSavedAtThreeResumesAtTwo) {
   const auto [c_out, c_code] =
       run(train + "--nproc 2 --batch-size 6 --steps 16 --save-weights " + dir + "/ddp.safetensors");
   ASSERT_EQ(c_code, 0) << c_out;
-  const auto a = ddp::io::load_safetensors(dir + "/ddp.safetensors");
-  const auto b = ddp::io::load_safetensors(dir + "/resumed.safetensors");
-  ASSERT_EQ(a.size(), b.size());
-  for (const auto& [name, t] : a) {
-    const double err = (t - b.at(name)).norm().item<double>() / t.norm().item<double>();
-    EXPECT_LT(err, 1e-5) << name;
-  }
+  expect_same_weights(dir + "/ddp.safetensors", dir + "/resumed.safetensors");
 }
 
 TEST(DdpTrain, BadFlagIsRefusedWithItsName) {

@@ -12,8 +12,8 @@
 
 #include <torch/torch.h>
 
-#include "ddp/io/safetensors.hpp"
 #include "support/run_command.hpp"
+#include "support/same_weights.hpp"
 #include "support/temp_dir.hpp"
 
 namespace {
@@ -222,13 +222,7 @@ TEST(DdpTrainText, ShardedCheckpointAtTwoResumesAtThreeOnTheSameWindows) {
   ASSERT_EQ(validation_losses(b_out).size(), 1u) << b_out;
   ASSERT_EQ(validation_losses(c_out).size(), 2u) << c_out;
   EXPECT_NEAR(validation_losses(b_out).back().second, validation_losses(c_out).back().second, 2e-4);
-  const auto a = ddp::io::load_safetensors(dir + "/ddp.safetensors");
-  const auto b = ddp::io::load_safetensors(dir + "/resumed.safetensors");
-  ASSERT_EQ(a.size(), b.size());
-  for (const auto& [name, t] : a) {
-    const double err = (t - b.at(name)).norm().item<double>() / t.norm().item<double>();
-    EXPECT_LT(err, 1e-5) << name;
-  }
+  ddp::testing::expect_same_weights(dir + "/ddp.safetensors", dir + "/resumed.safetensors");
 }
 
 }  // namespace
