@@ -3,10 +3,9 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
-#include <algorithm>
-#include <array>
 #include <sstream>
 
+#include "ddp/buckets/bucket_table.hpp"
 #include "ddp/comm/broadcast_coalesced.hpp"
 #include "ddp/tp/region_ops.hpp"
 
@@ -227,8 +226,7 @@ at::Tensor TensorParallel::local(const std::string& name, const at::Tensor& whol
 }
 
 std::string TensorParallel::table() const {
-  std::vector<std::array<std::string, 4>> rows{
-      {"Parameter", "Style", "Whole shape", "Local shape"}};
+  std::vector<std::vector<std::string>> rows;
   for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
     const auto it = splits_.find(item.key());
     if (it == splits_.end()) continue;
@@ -237,25 +235,10 @@ std::string TensorParallel::table() const {
     rows.push_back(
         {item.key(), it->second.style, shape_text(whole), shape_text(item.value().sizes())});
   }
-  std::array<size_t, 4> width{};
-  for (const auto& row : rows)
-    for (size_t c = 0; c < 4; ++c) width[c] = std::max(width[c], row[c].size());
-  std::ostringstream out;
-  out << "Tensor-parallel split (tp size " << group_->world_size() << ", " << rows.size() - 1
-      << " parameters split, the others replicated)\n";
-  for (size_t r = 0; r < rows.size(); ++r) {
-    out << "|";
-    for (size_t c = 0; c < 4; ++c) {
-      out << " " << rows[r][c] << std::string(width[c] - rows[r][c].size(), ' ') << " |";
-    }
-    out << "\n";
-    if (r == 0) {
-      out << "|";
-      for (size_t c = 0; c < 4; ++c) out << std::string(width[c] + 2, '-') << "|";
-      out << "\n";
-    }
-  }
-  return out.str();
+  return "Tensor-parallel split (tp size " + std::to_string(group_->world_size()) + ", " +
+         std::to_string(rows.size()) + " parameters split, the others replicated)\n" +
+         buckets::format_text_table({"Parameter", "Style", "Whole shape", "Local shape"}, rows,
+                                    {false, false, false, false});
 }
 
 std::vector<std::pair<std::string, at::Tensor>> TensorParallel::full_parameters() const {
