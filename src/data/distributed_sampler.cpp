@@ -89,6 +89,31 @@ void DistributedSampler::seek(int64_t consumed) {
   index_ = consumed % samples_per_rank_;
 }
 
+int64_t DistributedSampler::group_epoch_end() const {
+  return std::min(options_.size, samples_per_rank_ * options_.world_size);
+}
+
+int64_t DistributedSampler::data_position() const {
+  const int64_t taken = index_ * options_.world_size;
+  return taken >= group_epoch_end() ? (epoch_ + 1) * options_.size : epoch_ * options_.size + taken;
+}
+
+void DistributedSampler::seek_data_position(int64_t position) {
+  TORCH_CHECK(position >= 0, "DistributedSampler::seek_data_position: position must be >= 0, got ",
+              position);
+  const int64_t epoch = position / options_.size, taken = position % options_.size;
+  if (taken >= group_epoch_end()) {  // drop_last at this world size: the epoch's tail is dropped
+    set_epoch(epoch + 1);
+    return;
+  }
+  TORCH_CHECK(taken % options_.world_size == 0, "DistributedSampler::seek_data_position: position ",
+              position, " is sample ", taken, " of epoch ", epoch, ", which does not divide over ",
+              options_.world_size,
+              " ranks; resume with a global batch that divides it (the saved run's)");
+  set_epoch(epoch);
+  index_ = taken / options_.world_size;
+}
+
 c10::optional<std::vector<size_t>> DistributedSampler::next(size_t batch_size) {
   // An empty batch is not a batch: torch's DataLoader asserts that a request is non-empty.
   TORCH_CHECK(batch_size > 0, "DistributedSampler::next: batch_size must be > 0, got 0");

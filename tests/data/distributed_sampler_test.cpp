@@ -314,6 +314,95 @@ TEST(DistributedSamplerShapes, SeekResumesLikeAnUninterruptedRun) {
   }
 }
 
+// One step of a whole group of W samplers with batch B each: the global batch in order of the
+// epoch's positions (element i of every rank, rank by rank), empty at the epoch's end.
+std::vector<int64_t> group_step(std::vector<DistributedSampler>& group, size_t batch_size) {
+  std::vector<std::vector<int64_t>> batches;
+  for (auto& sampler : group) batches.push_back(take(sampler, batch_size));
+  std::vector<int64_t> global;
+  for (size_t i = 0; i < batches[0].size(); ++i) {
+    for (const auto& batch : batches) global.push_back(batch.at(i));
+  }
+  return global;
+}
+
+std::vector<DistributedSampler> group_of(const Shape& s) {
+  std::vector<DistributedSampler> group;
+  for (int r = 0; r < s.world; ++r) group.emplace_back(options_of(s, r, true, /*seed=*/5));
+  return group;
+}
+
+// data_position() is world-independent: a group of W ranks stopped after any number of steps of
+// global batch 6 and resumed by a group of W' ranks (W, W' in 1..3, batch 6 / W') continues at the
+// same position of the epoch's order, as the closed form says: the rest of the epoch is positions
+// [g, W' * spr') of order_e (position j holding order_e[j % size]), then the next epoch whole.
+// consumed() * W, the old recipe, lands elsewhere after the first epoch (spr differs with W).
+TEST(DistributedSamplerResume, DataPositionResumesAtAnotherWorldSize) {
+  constexpr int64_t kGlobalBatch = 6;
+  for (const int64_t size : {7, 10, 11}) {
+    for (const bool drop_last : {false, true}) {
+      for (int world = 1; world <= 3; ++world) {
+        const Shape saving{world, size, drop_last};
+        std::vector<DistributedSampler> group = group_of(saving);
+        for (int step = 0; step < 8; ++step) {
+          if (group_step(group, kGlobalBatch / world).empty()) {
+            for (auto& sampler : group) sampler.set_epoch(sampler.epoch() + 1);
+            --step;  // the epoch's end is not a step
+            continue;
+          }
+          const int64_t position = group[0].data_position();
+          for (const auto& sampler : group) ASSERT_EQ(sampler.data_position(), position);
+          for (int resumed_world = 1; resumed_world <= 3; ++resumed_world) {
+            SCOPED_TRACE(name_of(saving) + ", step " + std::to_string(step + 1) +
+                         ", resumed at world " + std::to_string(resumed_world));
+            const Shape resuming{resumed_world, size, drop_last};
+            std::vector<DistributedSampler> resumed = group_of(resuming);
+            for (auto& sampler : resumed) sampler.seek_data_position(position);
+            // At the saving world size, seek_data_position(data_position()) is the identity.
+            if (resumed_world == world) EXPECT_EQ(resumed[0].consumed(), group[0].consumed());
+            const int64_t spr =
+                drop_last ? size / resumed_world : (size + resumed_world - 1) / resumed_world;
+            const int64_t end = resumed_world * spr;
+            int64_t epoch = position / size, g = position % size;
+            if (g >= std::min(size, end)) epoch += 1, g = 0;
+            std::vector<int64_t> expected;
+            for (int64_t e : {epoch, epoch + 1}) {
+              const std::vector<int64_t> order = order_of(size, true, 5, e);
+              for (int64_t j = e == epoch ? g : 0; j < end; ++j) {
+                expected.push_back(order[size_t(j % size)]);
+              }
+            }
+            std::vector<int64_t> got;
+            for (int epochs = 0; epochs < 2;) {
+              const std::vector<int64_t> batch = group_step(resumed, kGlobalBatch / resumed_world);
+              if (batch.empty()) {
+                for (auto& sampler : resumed) sampler.set_epoch(sampler.epoch() + 1);
+                ++epochs;
+              }
+              got.insert(got.end(), batch.begin(), batch.end());
+            }
+            EXPECT_EQ(got, expected);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(DistributedSamplerResume, DataPositionThatDoesNotDivideIsRefused) {
+  DistributedSampler sampler(options_of({2, 11, false}, 1));
+  EXPECT_EQ(error_of([&] { sampler.seek_data_position(14); }),
+            "DistributedSampler::seek_data_position: position 14 is sample 3 of epoch 1, which "
+            "does not divide over 2 ranks; resume with a global batch that divides it (the saved "
+            "run's)");
+  EXPECT_EQ(error_of([&] { sampler.seek_data_position(-1); }),
+            "DistributedSampler::seek_data_position: position must be >= 0, got -1");
+  sampler.seek_data_position(15);  // sample 4 of epoch 1: index 2 of rank 1's shard
+  EXPECT_EQ(sampler.epoch(), 1);
+  EXPECT_EQ(sampler.consumed(), sampler.samples_per_rank() + 2);
+  EXPECT_EQ(sampler.data_position(), 15);
+}
+
 std::string saved(const DistributedSampler& sampler) {
   std::ostringstream out;
   torch::save(sampler, out);

@@ -225,4 +225,31 @@ TEST(DdpTrainText, ShardedCheckpointAtTwoResumesAtThreeOnTheSameWindows) {
   ddp::testing::expect_same_weights(dir + "/ddp.safetensors", dir + "/resumed.safetensors");
 }
 
+// The same across an epoch's end, where the world sizes' epochs differ (world 2 pads none of this
+// file's 328 training windows, world 3 pads them to 330): saved at world 2 after step 28, the end
+// of epoch 0 there, and resumed at world 3, the run continues with epoch 1's first windows and
+// ends where world 2 ends. The position kept before, consumed() * world_size = 328, resumed each
+// world-3 rank at index 109 of its 110 in epoch 0 instead.
+TEST(DdpTrainText, ShardedCheckpointResumesAtAnotherWorldSizeAfterAnEpoch) {
+  const TempDir tmp("train_text_epoch");
+  const std::string dir = tmp.str();
+  std::string bytes;
+  while (bytes.size() < 400) bytes += "The quick brown fox jumps over the lazy dog. ";
+  const std::string text = write(tmp, "fox.txt", bytes.substr(0, 400));  // 328 training windows
+  const std::string train =
+      "--data " + text + " --optimizer sgd --eval-every 100 --sample-bytes 0 --timeout-s 60 ";
+  const std::string fsdp = "--fsdp --fsdp-wrap --checkpoint-dir " + dir + "/ckpt ";
+  const auto [a_out, a_code] =
+      run(train + fsdp + "--nproc 2 --batch-size 6 --steps 28 --checkpoint-every 28");
+  ASSERT_EQ(a_code, 0) << a_out;
+  const auto [b_out, b_code] = run(train + fsdp + "--nproc 3 --batch-size 4 --steps 36 --resume " +
+                                   "--save-weights " + dir + "/resumed.safetensors");
+  ASSERT_EQ(b_code, 0) << b_out;
+  EXPECT_NE(b_out.find("at step 28"), std::string::npos) << b_out;
+  const auto [c_out, c_code] =
+      run(train + "--nproc 2 --batch-size 6 --steps 36 --save-weights " + dir + "/ddp.safetensors");
+  ASSERT_EQ(c_code, 0) << c_out;
+  ddp::testing::expect_same_weights(dir + "/ddp.safetensors", dir + "/resumed.safetensors");
+}
+
 }  // namespace

@@ -143,13 +143,9 @@ int64_t TextTraining::tokens_per_step() const {
   return batch_size_ * text_.seq_len() * dp_group_->world_size();
 }
 
-int64_t TextTraining::data_position() const {
-  return sampler_.consumed() * dp_group_->world_size();
-}
+int64_t TextTraining::data_position() const { return sampler_.data_position(); }
 
-void TextTraining::seek(int64_t data_position) {
-  sampler_.seek(data_position / dp_group_->world_size());
-}
+void TextTraining::seek(int64_t data_position) { sampler_.seek_data_position(data_position); }
 
 double TextTraining::validation_loss(const TokenForward& forward) const {
   torch::NoGradGuard no_grad;

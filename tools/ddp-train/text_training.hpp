@@ -4,7 +4,8 @@
 //
 //   data        each rank draws its batch of training windows from its own
 //               data::DistributedSampler over the window starts (a new shuffle every epoch);
-//               checkpoints keep the global samples consumed, and a resume seeks there
+//               checkpoints keep the sampler's data_position, and a resume at any number of
+//               data ranks (same global batch) continues at that window
 //   validation  every --eval-every steps and at the last one, the mean loss over the fixed
 //               validation windows, split across the data ranks and all-reduced
 //   sample      at the end, --sample-bytes bytes the model writes after a prompt from the
@@ -80,9 +81,9 @@ class TextTraining {
   // Tokens all data ranks train on in one full step: batch size * seq_len * data ranks.
   int64_t tokens_per_step() const;
 
-  // Global samples consumed since the start (consumed() of every rank's sampler summed), what a
-  // checkpoint keeps as TrainingState::data_position; seek() continues from there (at any number
-  // of data ranks: each rank seeks to data_position / data ranks).
+  // The position a checkpoint keeps as TrainingState::data_position, and where a resume
+  // continues: DistributedSampler::data_position, which any number of data ranks can resume (with
+  // the same global batch).
   int64_t data_position() const;
   void seek(int64_t data_position);
 

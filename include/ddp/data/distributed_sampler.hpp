@@ -86,6 +86,19 @@ class DistributedSampler : public torch::data::samplers::Sampler<std::vector<siz
   // that run went next too.
   void seek(int64_t consumed);
 
+  // The group's position in a form any world size can resume (a checkpoint's data_position):
+  // epoch * size + the positions of the epoch's order the group has taken (index * world_size),
+  // or (epoch + 1) * size once this epoch is done. consumed() * world_size counts padding and
+  // per-world epoch lengths, so it means another sample at another world size after the first
+  // epoch; this does not. The same number on every rank.
+  int64_t data_position() const;
+  // Continue at data_position() of a run over the same order (size, shuffle, seed, drop_last) at
+  // any world size; at the same world size, seek_data_position(data_position()) is the identity.
+  // Within an epoch the group's position must divide over world_size (it does when the global
+  // batch is kept): otherwise throws naming the position, since rounding would replay or skip
+  // samples. A position at or past this world size's epoch end resumes at the next epoch.
+  void seek_data_position(int64_t position);
+
   // libtorch's Sampler interface. The next up to batch_size (> 0) indices of this rank in this
   // epoch; nullopt at the epoch's end (the caller then calls set_epoch(epoch() + 1)). The
   // epoch's last batch is short when batch_size does not divide samples_per_rank.
@@ -105,6 +118,10 @@ class DistributedSampler : public torch::data::samplers::Sampler<std::vector<siz
 
  private:
   SamplerOptions options_;
+  // Positions of an epoch's order the group takes before the epoch ends: size with padding (the
+  // padded tail repeats samples already taken), world_size * samples_per_rank with drop_last.
+  int64_t group_epoch_end() const;
+
   int64_t samples_per_rank_ = 0;  // from options_ (validated, > 0); changes only with reset(n)
   int64_t epoch_ = 0;             // the epoch being read, >= 0
   int64_t index_ = 0;             // samples taken in epoch_, in [0, samples_per_rank_]
