@@ -149,37 +149,24 @@ void TextTraining::seek(int64_t data_position) { sampler_.seek_data_position(dat
 
 double TextTraining::validation_loss(const TokenForward& forward) const {
   torch::NoGradGuard no_grad;
-  // Rank r takes windows r, r + W, r + 2W, ...; every rank runs the same number of batches (a
-  // rank out of windows runs one it then ignores), since a sharded forward is collective.
+  // Rank r takes the contiguous windows [r * per_rank, (r + 1) * per_rank) that exist. Every rank
+  // runs the same number of forwards (one out of windows runs window 0 and ignores it), since a
+  // sharded forward is collective.
   const int64_t n = text_.validation_windows();
-  const int64_t world = dp_group_->world_size();
-  const int64_t most = (n + world - 1) / world;
-  const int64_t batches = (most + batch_size_ - 1) / batch_size_;
+  const int64_t per_rank = (n + dp_group_->world_size() - 1) / dp_group_->world_size();
+  const int64_t first = std::min(n, data_rank_ * per_rank);
+  const int64_t mine = std::min(n, first + per_rank) - first;
   double sum = 0, count = 0;
-  for (int64_t b = 0; b < batches; ++b) {
-    std::vector<int64_t> mine;
-    for (int64_t k = b * batch_size_; k < std::min(most, (b + 1) * batch_size_); ++k) {
-      if (const int64_t window = k * world + data_rank_; window < n) mine.push_back(window);
-    }
-    torch::Tensor x, y;
-    if (mine.empty()) {
-      std::tie(x, y) = text_.validation_batch(0, 1);
-    } else {
-      std::vector<torch::Tensor> xs, ys;
-      for (const int64_t window : mine) {
-        auto [wx, wy] = text_.validation_batch(window, 1);
-        xs.push_back(wx);
-        ys.push_back(wy);
-      }
-      x = torch::cat(xs);
-      y = torch::cat(ys);
-    }
+  for (int64_t done = 0; done < per_rank; done += batch_size_) {
+    const int64_t take = std::clamp<int64_t>(mine - done, 0, batch_size_);
+    const auto [x, y] =
+        text_.validation_batch(take > 0 ? first + done : 0, std::max<int64_t>(take, 1));
     const auto logits = forward(x.to(device_));
-    if (mine.empty()) continue;
-    const auto loss = torch::nn::functional::cross_entropy(
-        logits.reshape({-1, logits.size(-1)}).to(torch::kFloat), y.reshape({-1}).to(device_),
-        torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
-    sum += loss.item<double>();
+    if (take == 0) continue;
+    sum += torch::nn::functional::cross_entropy(
+               logits.reshape({-1, logits.size(-1)}).to(torch::kFloat), y.reshape({-1}).to(device_),
+               torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+               .item<double>();
     count += double(y.numel());
   }
   auto totals = torch::tensor({sum, count}, torch::TensorOptions().dtype(torch::kDouble))
