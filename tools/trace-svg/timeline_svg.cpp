@@ -22,8 +22,7 @@ using json = nlohmann::json;
 using svg::escape;
 using svg::kSwatch;
 using LegendEntry = svg::LegendEntry;
-
-std::string fmt(double v, int decimals = 3) { return svg::number(v, decimals); }
+using svg::number;
 
 // Vertical geometry (px), below the shared heading (common/svg.hpp). A lane is tall enough for an
 // 11 px label inside a bar.
@@ -139,9 +138,9 @@ std::string render_timeline_svg(const json& trace, const SvgOptions& options) {
   const double width = options.width;
   const double plot_width = width - kLeftMargin - kRightMargin;
   if (!(plot_width >= 100)) {
-    throw std::invalid_argument("width " + fmt(width, 0) +
+    throw std::invalid_argument("width " + number(width, 0) +
                                 " px leaves no room for the plot (at least " +
-                                fmt(kLeftMargin + kRightMargin + 100, 0) + " px)");
+                                number(kLeftMargin + kRightMargin + 100, 0) + " px)");
   }
 
   const json* events = &trace;
@@ -184,7 +183,7 @@ std::string render_timeline_svg(const json& trace, const SvgOptions& options) {
     const double dur = number_field(ev, "dur", i, false);
     if (dur < 0) {
       throw TraceError("traceEvents[" + std::to_string(i) + "] (\"" + b.name + "\"): \"dur\" " +
-                       fmt(dur) + " is negative");
+                       number(dur) + " is negative");
     }
     b.pid = int64_t(number_field(ev, "pid", i, true));
     const int64_t tid = int64_t(number_field(ev, "tid", i, false));
@@ -210,8 +209,8 @@ std::string render_timeline_svg(const json& trace, const SvgOptions& options) {
   const double from = options.from_ms.value_or(0);
   double to = options.to_ms.value_or(std::max(end_ms, from));
   if (options.to_ms && !(to > from)) {
-    throw std::invalid_argument("the window ends at " + fmt(to) + " ms, not after its start " +
-                                fmt(from) + " ms");
+    throw std::invalid_argument("the window ends at " + number(to) + " ms, not after its start " +
+                                number(from) + " ms");
   }
   if (!(to > from)) to = from + 1;                // every event instantaneous: a 1 ms axis
   const double scale = plot_width / (to - from);  // px per ms
@@ -246,8 +245,8 @@ std::string render_timeline_svg(const json& trace, const SvgOptions& options) {
   svg << svg::open(width, height);
   svg << svg::title(options.title);
   svg << svg::subtitle(std::to_string(pids.size()) + (pids.size() == 1 ? " rank, " : " ranks, ") +
-                       std::to_string(bars.size()) + " events; showing " + fmt(from) + " to " +
-                       fmt(to) + " ms after the first event; hover a bar for details");
+                       std::to_string(bars.size()) + " events; showing " + number(from) + " to " +
+                       number(to) + " ms after the first event; hover a bar for details");
 
   // Lanes first, then the grid over them, then the bars over the grid.
   svg << "<g id=\"lanes\">\n";
@@ -255,15 +254,15 @@ std::string render_timeline_svg(const json& trace, const SvgOptions& options) {
     const auto label = labels.find(pid);
     const std::string rank = label != labels.end() ? label->second : "rank " + std::to_string(pid);
     const double top = lane_y(pid, 0);
-    svg << "<text x=\"12\" y=\"" << fmt(top + kRowHeight / 2 + 5)
+    svg << "<text x=\"12\" y=\"" << number(top + kRowHeight / 2 + 5)
         << "\" font-size=\"14\" font-weight=\"bold\" fill=\"#1f1f1f\">" << escape(rank)
         << "</text>\n";
     for (int lane = 0; lane < 2; ++lane) {
       const double y = lane_y(pid, lane);
-      svg << "<rect x=\"" << fmt(kLeftMargin) << "\" y=\"" << fmt(y) << "\" width=\""
-          << fmt(plot_width) << "\" height=\"" << fmt(kLaneHeight) << "\" fill=\""
+      svg << "<rect x=\"" << number(kLeftMargin) << "\" y=\"" << number(y) << "\" width=\""
+          << number(plot_width) << "\" height=\"" << number(kLaneHeight) << "\" fill=\""
           << (lane == 0 ? "#eef2f7" : "#f8efea") << "\"/>\n";
-      svg << "<text x=\"" << fmt(kLeftMargin - 8) << "\" y=\"" << fmt(y + kLaneHeight / 2 + 4)
+      svg << "<text x=\"" << number(kLeftMargin - 8) << "\" y=\"" << number(y + kLaneHeight / 2 + 4)
           << "\" font-size=\"11\" fill=\"#555555\" text-anchor=\"end\">"
           << (lane == 0 ? "compute" : "comm") << "</text>\n";
     }
@@ -276,8 +275,8 @@ std::string render_timeline_svg(const json& trace, const SvgOptions& options) {
   for (const double t : ticks.values) {
     const double x = x_of(t);
     svg << svg::line(x, kAxisY - 4, x, rows_bottom, "#c8ccd2", 0.7);
-    svg << "<text x=\"" << fmt(x) << "\" y=\"" << fmt(kTickLabelBaseline) << "\">"
-        << fmt(t, ticks.decimals) << " ms</text>\n";
+    svg << "<text x=\"" << number(x) << "\" y=\"" << number(kTickLabelBaseline) << "\">"
+        << number(t, ticks.decimals) << " ms</text>\n";
   }
   svg << "</g>\n";
 
@@ -304,17 +303,17 @@ std::string render_timeline_svg(const json& trace, const SvgOptions& options) {
     const auto label = labels.find(b->pid);
     const std::string rank =
         label != labels.end() ? label->second : "rank " + std::to_string(b->pid);
-    std::string tip = b->name + " (" + rank + ")\nstart " + fmt(b->start_ms) + " ms\nduration " +
-                      fmt(b->dur_ms) + " ms";
+    std::string tip = b->name + " (" + rank + ")\nstart " + number(b->start_ms) + " ms\nduration " +
+                      number(b->dur_ms) + " ms";
     for (const auto& [key, value] : b->args.items())
       tip += "\n" + key + ": " + (value.is_string() ? value.get<std::string>() : value.dump());
-    svg << "<rect class=\"bar\" x=\"" << fmt(x) << "\" y=\"" << fmt(y + 1) << "\" width=\""
-        << fmt(w) << "\" height=\"" << fmt(kLaneHeight - 2) << "\" fill=\"" << fill
+    svg << "<rect class=\"bar\" x=\"" << number(x) << "\" y=\"" << number(y + 1) << "\" width=\""
+        << number(w) << "\" height=\"" << number(kLaneHeight - 2) << "\" fill=\"" << fill
         << "\" stroke=\"#ffffff\" stroke-width=\"0.5\"><title>" << escape(tip)
         << "</title></rect>\n";
     // The name inside the bar when it fits; the text lets the pointer through to the bar's title.
     if (std::min(w, room[i]) >= double(b->name.size()) * kCharWidth11 + 8) {
-      svg << "<text x=\"" << fmt(x + 4) << "\" y=\"" << fmt(y + kLaneHeight / 2 + 4)
+      svg << "<text x=\"" << number(x + 4) << "\" y=\"" << number(y + kLaneHeight / 2 + 4)
           << "\" font-size=\"11\" fill=\"" << text_colour(fill) << "\" pointer-events=\"none\">"
           << escape(b->name) << "</text>\n";
     }
@@ -324,8 +323,9 @@ std::string render_timeline_svg(const json& trace, const SvgOptions& options) {
   svg << "<g id=\"legend\" font-size=\"12\" fill=\"#1f1f1f\">\n";
   svg << svg::legend_items(legend, legend_at);
   if (legend.size() > legend_shown) {
-    svg << "<text x=\"" << fmt(legend_at.end_x) << "\" y=\"" << fmt(legend_at.end_y + kSwatch - 1)
-        << "\" fill=\"#666666\">+ " << legend.size() - legend_shown << " more names</text>\n";
+    svg << "<text x=\"" << number(legend_at.end_x) << "\" y=\""
+        << number(legend_at.end_y + kSwatch - 1) << "\" fill=\"#666666\">+ "
+        << legend.size() - legend_shown << " more names</text>\n";
   }
   svg << "</g>\n";
   svg << svg::close();
