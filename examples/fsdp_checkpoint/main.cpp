@@ -55,7 +55,7 @@ struct NetImpl : torch::nn::Module {
       // run_unit marks a unit's forward (the C++ frontend has no forward hooks): FULLY_SHARD
       // gathers the block's parameters before it and frees them after. Without a sharded
       // wrapper it is just block->forward(x).
-      x = ddp::shard::run_unit(
+      x = ddp::unit::run_unit(
           *block, [&](const torch::Tensor& in) { return block->as<BlockImpl>()->forward(in); }, x);
     }
     return head(x);  // embed and head belong to the root unit, gathered for the whole step

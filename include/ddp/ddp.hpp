@@ -1,14 +1,57 @@
 #pragma once
-// libddp: everything a training program needs. Include narrower headers to build faster.
+// libddp's public entry points: what a training program calls. Everything here is also reachable
+// under its layer's namespace; the short names below are the ones the docs use. Include the
+// narrower headers to build faster.
+//
+//   start       ddp::init_process_group(), ddp::DeviceMesh(pg, {2, 2}, {"dp", "tp"}),
+//               ddp::world_info_from_env (torchrun / ddp-run / mpirun / srun variables)
+//   wrap        ddp::data_parallel(module, group or mesh, style) -> ddp::DataParallel, or the
+//               style's wrapper itself: ddp::DistributedDataParallel (replicate),
+//               ddp::FullyShardedDataParallel (fully_shard, default)
+//   split       ddp::parallelize_module(module, mesh["tp"], {{"fc1", ddp::ColwiseParallel()}})
+//   in a model  ddp::run_unit (a unit's or a planned module's forward), ddp::activation_checkpoint
+//   data        ddp::DistributedSampler, ddp::LoaderSampler
+//   checkpoints ddp::save_and_barrier, ddp::resume_latest over an io::TrainingState
+//
+// The public headers are the ones included here and what they name in their own comments as
+// user-facing (options structs, the layout and its gather). The rest (reducer/, buckets/,
+// planner/, hooks/ internals, shard/flat_param_group, comm's collectives, io's file formats) is
+// installed because the public headers include it, and is internal: it may change without notice
+// (docs/api.md draws the line).
 
-#include "ddp/buckets/bucket_plan.hpp"
-#include "ddp/buckets/bucket_table.hpp"
+#include "ddp/comm/device_mesh.hpp"
 #include "ddp/comm/env.hpp"
 #include "ddp/comm/init.hpp"
 #include "ddp/comm/process_group.hpp"
 #include "ddp/data/distributed_sampler.hpp"
 #include "ddp/data/loader_sampler.hpp"
-#include "ddp/launch/spawn.hpp"
+#include "ddp/io/checkpoint_coordinator.hpp"
+#include "ddp/parallel/data_parallel.hpp"
 #include "ddp/parallel/ddp_options.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
-#include "ddp/reducer/reducer_runtime.hpp"
+#include "ddp/shard/sharded_module.hpp"
+#include "ddp/tp/parallelize.hpp"
+#include "ddp/unit/activation_checkpoint.hpp"
+#include "ddp/unit/unit_scope.hpp"
+
+namespace ddp {
+using comm::DeviceMesh;
+using comm::init_process_group;
+using comm::InitOptions;
+using comm::ProcessGroupPtr;
+using comm::world_info_from_env;
+using data::DistributedSampler;
+using data::LoaderSampler;
+using data::SamplerOptions;
+using io::CoordinatorOptions;
+using io::resume_latest;
+using io::save_and_barrier;
+using io::TrainingState;
+using shard::FullyShardedDataParallel;
+using shard::ShardOptions;
+using tp::ColwiseParallel;
+using tp::parallelize_module;
+using tp::RowwiseParallel;
+using tp::TpPlan;
+using unit::run_unit;
+}  // namespace ddp

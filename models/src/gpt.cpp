@@ -19,10 +19,10 @@ namespace {
 // one more kernel and pass over the output (measured on an H200: gpt2-medium 4.5% slower per step
 // than the same model in Python), and rounds differently from the Python model (7e-7 on CPU).
 //
-// Through shard::run_unit, so that tensor parallelism can split it (tp/parallelize.hpp); a plain
+// Through unit::run_unit, so that tensor parallelism can split it (tp/parallelize.hpp); a plain
 // call without a tensor-parallel plan.
 torch::Tensor linear(const torch::nn::Linear& m, const torch::Tensor& x) {
-  return shard::run_unit(
+  return unit::run_unit(
       *m, [&m](const torch::Tensor& in) { return at::linear(in, m->weight, m->bias); }, x);
 }
 

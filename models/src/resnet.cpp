@@ -4,6 +4,8 @@
 #include <torch/nn/init.h>
 #include <torch/utils.h>
 
+#include "ddp/unit/unit_scope.hpp"
+
 namespace ddp::models {
 namespace {
 
@@ -71,7 +73,12 @@ torch::Tensor ResNetSmallImpl::forward(const torch::Tensor& x) {
   TORCH_CHECK(x.dim() == 4 && x.size(1) == 3, "ResNetSmall: expected images [B, 3, H, W], got ",
               x.sizes());
   auto y = torch::relu(bn1(conv1(x)));
-  y = layer4->forward(layer3->forward(layer2->forward(layer1->forward(y))));
+  // Each layer through run_unit, so that a sharded wrapper with layerN as units gathers one layer
+  // at a time (--fsdp-wrap); a plain forward otherwise.
+  for (torch::nn::Sequential* layer : {&layer1, &layer2, &layer3, &layer4}) {
+    y = unit::run_unit(
+        **layer, [layer](const torch::Tensor& in) { return (*layer)->forward(in); }, y);
+  }
   y = torch::adaptive_avg_pool2d(y, {1, 1}).flatten(1);
   return fc(y);
 }

@@ -168,7 +168,8 @@ void ProcessGroup::broadcast(at::Tensor& tensor, int root, const std::string& wh
        what);
 }
 
-std::vector<at::Tensor> ProcessGroup::allgather(const at::Tensor& tensor, const std::string& what) {
+std::vector<at::Tensor> ProcessGroup::all_gather_each(const at::Tensor& tensor,
+                                                      const std::string& what) {
   std::vector<std::vector<at::Tensor>> outputs(1);
   for (int r = 0; r < world_size(); ++r) outputs[0].push_back(at::empty_like(tensor));
   std::vector<at::Tensor> inputs{tensor};

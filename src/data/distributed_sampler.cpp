@@ -93,9 +93,14 @@ int64_t DistributedSampler::group_epoch_end() const {
   return std::min(options_.size, samples_per_rank_ * options_.world_size);
 }
 
-int64_t DistributedSampler::data_position() const {
-  const int64_t taken = index_ * options_.world_size;
-  return taken >= group_epoch_end() ? (epoch_ + 1) * options_.size : epoch_ * options_.size + taken;
+int64_t DistributedSampler::data_position() const { return data_position_at(consumed()); }
+
+int64_t DistributedSampler::data_position_at(int64_t consumed) const {
+  TORCH_CHECK(consumed >= 0, "DistributedSampler::data_position_at: consumed must be >= 0, got ",
+              consumed);
+  const int64_t epoch = consumed / samples_per_rank_, index = consumed % samples_per_rank_;
+  const int64_t taken = index * options_.world_size;
+  return taken >= group_epoch_end() ? (epoch + 1) * options_.size : epoch * options_.size + taken;
 }
 
 void DistributedSampler::seek_data_position(int64_t position) {

@@ -14,9 +14,9 @@
 #include "ddp/comm/control_scalars.hpp"
 #include "ddp/obs/log.hpp"
 #include "ddp/obs/timeline.hpp"
-#include "ddp/parallel/replica_check.hpp"
 #include "ddp/planner/reachability.hpp"
 #include "ddp/planner/ready_order.hpp"
+#include "ddp/unit/module_intake.hpp"
 
 namespace ddp::parallel {
 
@@ -45,48 +45,20 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
   TORCH_CHECK(pg_, "ddp: DistributedDataParallel needs a process group");
   TORCH_CHECK(options_.stats_every >= 1, "ddp: DDPOptions::stats_every must be at least 1, got ",
               options_.stats_every);
-  std::set<std::string> ignore(options_.params_to_ignore.begin(), options_.params_to_ignore.end());
-  std::set<std::string> known;
-  // Tied weights are registered under several names; C++ named_parameters() does not deduplicate,
-  // so the first name wins and the tensor is reduced once.
-  std::vector<std::string> all_names;
-  std::vector<torch::Tensor> grad_params;
-  std::vector<bool> expect_sparse;
+  // Tied weights once (the first name wins, the tensor is reduced once), frozen parameters in the
+  // replica and the broadcast but not the reducer, buffers broadcast: unit/module_intake.hpp.
+  const unit::ModuleIntake intake = unit::take_in(*module_, options_.params_to_ignore);
+  all_params_ = intake.params;
+  buffers_ = intake.buffers;
+  buffer_names_ = intake.buffer_names;
+  param_names_ = intake.trainable_names();
+  const std::vector<torch::Tensor> grad_params = intake.trainable_params();
   const auto sparse = sparse_gradient_params(*module_);
-  std::unordered_set<const c10::TensorImpl*> seen;
-  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
-    known.insert(item.key());
-    if (ignore.count(item.key())) continue;
-    if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
-    all_names.push_back(item.key());
-    all_params_.push_back(item.value());
-    if (item.value().requires_grad()) {
-      param_names_.push_back(item.key());
-      grad_params.push_back(item.value());
-      expect_sparse.push_back(sparse.count(item.value().unsafeGetTensorImpl()) > 0);
-    }
+  std::vector<bool> expect_sparse;
+  for (const auto& p : grad_params) {
+    expect_sparse.push_back(sparse.count(p.unsafeGetTensorImpl()) > 0);
   }
-  for (const auto& item : module_->named_buffers(/*recurse=*/true)) {
-    known.insert(item.key());
-    if (ignore.count(item.key())) continue;
-    if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
-    buffer_names_.push_back(item.key());
-    buffers_.push_back(item.value());
-  }
-  for (const auto& name : ignore) {
-    TORCH_CHECK(known.count(name), "ddp: params_to_ignore names '", name,
-                "', which is not a parameter or buffer of the module");
-  }
-
-  auto signature = replica_signature(all_names, all_params_, "parameter");
-  auto buffer_signature = replica_signature(buffer_names_, buffers_, "buffer");
-  signature.insert(signature.end(), buffer_signature.begin(), buffer_signature.end());
-  verify_replicas(*pg_, signature);
-
-  // Every rank starts from rank 0's state, as PyTorch DDP does.
-  std::vector<torch::Tensor> state = all_params_;
-  state.insert(state.end(), buffers_.begin(), buffers_.end());
-  comm::broadcast_coalesced(*pg_, state, 0, "broadcast of rank 0's parameters and buffers");
+  unit::synchronize_replicas(*pg_, intake, "DistributedDataParallel");
 
   reducer_ = std::make_unique<reducer::Reducer>(grad_params, param_names_, pg_, options_.reducer,
                                                 expect_sparse);
@@ -220,7 +192,7 @@ void DistributedDataParallelBase::join(const std::function<void()>& train_loop,
   }
   // The rank that trained longest holds the final state (its optimizer saw every step).
   const at::Tensor mine = comm::control_tensor(*pg_, {iterations_ - start_iterations});
-  const auto counts = pg_->allgather(mine, "join: all-gather of iteration counts");
+  const auto counts = pg_->all_gather_each(mine, "join: all-gather of iteration counts");
   int authority = 0;
   int64_t best = -1;
   for (int r = 0; r < pg_->world_size(); ++r) {

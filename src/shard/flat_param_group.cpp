@@ -192,7 +192,7 @@ bool FlatParamGroup::unshard() {
   return from_shards;
 }
 
-void FlatParamGroup::release() {
+void FlatParamGroup::free_full() {
   if (state_ != ShardedState::kUnsharded) return;
   c10::StorageImpl* storage = full_.storage().unsafeGetStorageImpl();
   storage->set_data_ptr_noswap(at::DataPtr(nullptr, full_.device()));
@@ -260,7 +260,7 @@ void FlatParamGroup::start_reduce_scatter() {
     }
     m.param.mutable_grad() = at::Tensor();  // the full gradient is in the layout now
   }
-  release();
+  free_full();
   reduce_ = pg_->reduce_scatter_async(reduce_input_, comm::ReduceOp::kAvg);
   reducing_ = true;
 }

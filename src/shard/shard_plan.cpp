@@ -34,7 +34,9 @@ size_t owner_of(const ParamShape& p, const std::vector<std::string>& unit_names,
 }
 
 Placement placement_of(const ParamShape& p, int world, DataParallelStyle style) {
-  if (style == DataParallelStyle::kReplicate || p.shape.empty()) return Placement::kReplicate;
+  if (style == DataParallelStyle::kReplicate || p.shape.empty() || !p.trainable) {
+    return Placement::kReplicate;
+  }
   if (style == DataParallelStyle::kFullyShard) return Placement::kShard;
   return p.shape[0] % world == 0 ? Placement::kShard : Placement::kReplicate;
 }
@@ -146,6 +148,7 @@ std::string format_unit_table(const ShardPlan& plan) {
       const int64_t bytes =
           s.local_numel() * static_cast<int64_t>(c10::elementSize(plan.shapes[i].dtype));
       std::string style = s.placement == Placement::kShard ? "shard" : "replicate";
+      if (!plan.shapes[i].trainable) style += " (frozen)";
       if (s.padding_rows(plan.world) > 0) {
         style += " (+" + std::to_string(s.padding_rows(plan.world)) + " pad rows)";
       }

@@ -8,8 +8,9 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "ddp/comm/broadcast_coalesced.hpp"
+#include "ddp/obs/log.hpp"
 #include "ddp/reducer/reducer_runtime.hpp"
+#include "ddp/unit/module_intake.hpp"
 
 namespace ddp::shard {
 
@@ -22,21 +23,18 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module, comm::Pr
               "ddp: style replicate is DistributedDataParallel's; ShardedModule takes "
               "fully_shard or default");
   // Tied weights are registered under several names: the first names the parameter, every name
-  // decides its unit (the plan puts it where all its users are).
+  // decides its unit (the plan puts it where all its users are). Every rank starts from rank 0's
+  // parameters and buffers, before they are split (unit/module_intake.hpp).
+  const unit::ModuleIntake intake = unit::take_in(*module_);
+  unit::synchronize_replicas(*pg_, intake, "ShardedModule");
+  params_ = intake.params;
+  names_ = intake.names;
   std::vector<ParamShape> shapes;
-  std::unordered_map<const c10::TensorImpl*, size_t> index;
-  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
-    const auto [it, fresh] = index.emplace(item.value().unsafeGetTensorImpl(), params_.size());
-    if (!fresh) {
-      shapes[it->second].aliases.push_back(item.key());
-      continue;
-    }
-    params_.push_back(item.value());
-    names_.push_back(item.key());
-    shapes.push_back({item.key(), item.value().sizes().vec(), item.value().scalar_type(), {}});
+  for (size_t i = 0; i < params_.size(); ++i) {
+    shapes.emplace_back(names_[i], params_[i].sizes().vec(), params_[i].scalar_type(),
+                        intake.aliases[i]);
+    shapes.back().trainable = params_[i].requires_grad();
   }
-  // Every rank starts from rank 0's values, before they are split.
-  comm::broadcast_coalesced(*pg_, params_, 0, "broadcast of rank 0's parameters");
   plan_ = plan_shards(shapes, options_.units, pg_->world_size(), options_.style);
   group_of_unit_.assign(plan_.units.size(), -1);
   for (size_t u = 0; u < plan_.units.size(); ++u) {
@@ -53,6 +51,11 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module, comm::Pr
     TORCH_CHECK(at::isFloatingType(*options_.param_dtype), "ddp: param_dtype ",
                 *options_.param_dtype, " is not a floating-point type");
     for (size_t i = 0; i < params_.size(); ++i) {
+      TORCH_CHECK(plan_.shapes[i].trainable, "ddp: param_dtype ", *options_.param_dtype,
+                  ": parameter '", names_[i],
+                  "' is frozen (requires_grad false), so it stays whole and would keep its dtype "
+                  "beside cast ones; cast it to ",
+                  *options_.param_dtype, " before wrapping");
       TORCH_CHECK(plan_.params[i].placement == Placement::kShard, "ddp: param_dtype ",
                   *options_.param_dtype, " with style default: parameter '", names_[i],
                   "' is replicated (dim 0 of ",
@@ -76,7 +79,8 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module, comm::Pr
   std::vector<at::Tensor> replicated_params;
   std::vector<std::string> replicated_names;
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (plan_.params[i].placement != Placement::kReplicate) continue;
+    // A frozen parameter gets no gradient: nothing to reduce, no hook (left alone).
+    if (plan_.params[i].placement != Placement::kReplicate || !plan_.shapes[i].trainable) continue;
     replicated_.push_back(i);
     replicated_params.push_back(params_[i]);
     replicated_names.push_back(names_[i]);
@@ -93,12 +97,30 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module, comm::Pr
   for (const auto& item : module_->named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
     const auto it = unit_by_name.find(item.key());
     if (it == unit_by_name.end()) continue;
-    registrations_.push_back(std::make_unique<UnitRegistration>(
-        *item.value(), static_cast<UnitListener&>(*this), it->second));
+    registrations_.push_back(std::make_unique<unit::UnitRegistration>(
+        *item.value(), static_cast<unit::UnitListener&>(*this), it->second));
   }
 }
 
 ShardedModule::~ShardedModule() = default;
+
+void ShardedModule::warn_units_not_run() const {
+  // A named unit the model never ran through run_unit is gathered with the root by pre_forward
+  // and stays gathered until the end of backward: correct, but it saves no memory, and nothing
+  // else would tell the user that the policy and the model's code disagree.
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const size_t u = unit_of_group_[g];
+    if (plan_.units[u].name.empty() || run_by_model_[u]) continue;
+    obs::log(obs::LogLevel::kWarn, pg_->rank(),
+             "ddp: warning: unit '" + plan_.units[u].name +
+                 "' did not run through ddp::unit::run_unit in the first forward, so it is "
+                 "gathered for the whole step (" +
+                 std::to_string(groups_[g]->full_bytes()) +
+                 " bytes per rank) instead of around its own forward and backward; run it as "
+                 "ddp::unit::run_unit(*module, fn, input) in the model's forward, or leave it "
+                 "out of ShardOptions::units");
+  }
+}
 
 void ShardedModule::check_reduce_dtype(c10::ScalarType dtype, bool from_param_dtype) {
   TORCH_CHECK(at::isFloatingType(dtype), "ddp: reduce_dtype ", dtype,
@@ -167,11 +189,15 @@ void ShardedModule::pre_forward() {
   }
 }
 
-at::Tensor ShardedModule::post_forward(const at::Tensor& output) {
-  if (phase_ == Phase::kForward) last_order_ = order_;
+void ShardedModule::end_forward() {
+  if (phase_ == Phase::kForward) {
+    last_order_ = order_;
+    if (!first_forward_done_) warn_units_not_run();
+    first_forward_done_ = true;
+  }
   if (!at::GradMode::is_enabled()) {
     reshard();  // an evaluation forward: no backward will come to put the shards back
-    return output;
+    return;
   }
   if (replicated_reducer_) {
     if (require_sync_) {
@@ -180,10 +206,13 @@ at::Tensor ShardedModule::post_forward(const at::Tensor& output) {
       replicated_reducer_->prepare_for_local_backward();
     }
   }
-  if (!output.defined()) return output;
-  return on_backward(output, [this] {
+}
+
+at::Tensor ShardedModule::backward_start(const at::Tensor& output) {
+  if (!output.defined() || !at::GradMode::is_enabled()) return output;
+  return unit::on_backward(output, [this] {
     begin_backward();
-    // The last unit of the forward runs its backward first.
+    // The last unit of the forward runs its backward first (a no-op when already gathering).
     if (options_.prefetch && !last_order_.empty()) {
       const int g = group_of_unit_[last_order_.back()];
       if (g >= 0) groups_[static_cast<size_t>(g)]->start_unshard();
@@ -216,9 +245,9 @@ at::Tensor ShardedModule::after_unit_forward(size_t unit, const at::Tensor& outp
   // A recompute inside backward (activation checkpointing) keeps the unit: its backward is next.
   if (phase_ != Phase::kForward) return output;
   const int g = group_of_unit_[unit];
-  at::Tensor out = on_backward(output, [this, unit] { before_unit_backward(unit); });
+  at::Tensor out = unit::on_backward(output, [this, unit] { before_unit_backward(unit); });
   if (g >= 0 && (options_.reshard_after_forward || !at::GradMode::is_enabled())) {
-    groups_[static_cast<size_t>(g)]->release();
+    groups_[static_cast<size_t>(g)]->free_full();
   }
   return out;
 }
@@ -268,7 +297,7 @@ void ShardedModule::on_grad_ready(size_t g) {
     reducing_order_.push_back(g);
     note_memory();
   } else if (run_by_model_[unit_of_group_[g]]) {
-    groups_[g]->release();  // no_sync: the full gradients stay, the parameters can go
+    groups_[g]->free_full();  // no_sync: the full gradients stay, the parameters can go
   }
 }
 
@@ -287,6 +316,24 @@ void ShardedModule::finish_backward() {
   note_memory();
   for (size_t g : reducing_order_) groups_[g]->finish_reduce_scatter();
   reducing_order_.clear();
+}
+
+layout::Layout ShardedModule::layout(const std::string& name) const {
+  for (size_t i = 0; i < plan_.shapes.size(); ++i) {
+    const ParamShape& shape = plan_.shapes[i];
+    if (shape.name != name &&
+        std::find(shape.aliases.begin(), shape.aliases.end(), name) == shape.aliases.end()) {
+      continue;
+    }
+    layout::Layout out;
+    out.shape = shape.shape;
+    out.mesh = {pg_->world_size()};
+    if (plan_.params[i].placement == Placement::kShard) {
+      out.placements.push_back(layout::Placement::shard(0, 0));
+    }
+    return out;
+  }
+  TORCH_CHECK(false, "ddp: ShardedModule::layout: the module has no parameter '", name, "'");
 }
 
 std::vector<std::pair<std::string, at::Tensor>> ShardedModule::full_parameters() const {

@@ -2,12 +2,15 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/grad_mode.h>
+#include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
 #include <sstream>
 
 #include "ddp/buckets/bucket_table.hpp"
-#include "ddp/comm/broadcast_coalesced.hpp"
 #include "ddp/tp/region_ops.hpp"
+#include "ddp/unit/module_intake.hpp"
 
 namespace ddp::tp {
 namespace {
@@ -28,14 +31,14 @@ at::Tensor packed_rows(const at::Tensor& full, int64_t packed, int64_t n, int64_
 
 }  // namespace
 
-const char* style_name(TpStyle style) {
+const char* tp_style_name(TpStyle style) {
   return style == TpStyle::kColwise ? "ColwiseParallel" : "RowwiseParallel";
 }
 
 namespace {
 
 std::string packed_style(const ParallelStyle& spec) {
-  return std::string(style_name(spec.style)) +
+  return std::string(tp_style_name(spec.style)) +
          (spec.packed > 1 ? " (packed " + std::to_string(spec.packed) + ")" : "");
 }
 
@@ -59,13 +62,7 @@ TensorParallel::TensorParallel(std::shared_ptr<torch::nn::Module> module,
   for (const auto& [name, spec] : plan) targets.push_back(&check_entry(modules, name, spec));
   // Every tp rank starts from rank 0's values: the planned weights are sliced from the same full
   // tensors, and the replicated parameters must be equal for their gradients to be.
-  std::vector<at::Tensor> params;
-  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
-    bool seen = false;
-    for (const auto& p : params) seen = seen || p.is_same(item.value());
-    if (!seen) params.push_back(item.value());
-  }
-  comm::broadcast_coalesced(*group_, params, 0, "tensor-parallel broadcast of rank 0's parameters");
+  unit::synchronize_replicas(*group_, unit::take_in(*module_), "parallelize_module");
   for (size_t i = 0; i < plan.size(); ++i) apply_entry(plan[i].first, plan[i].second, *targets[i]);
   // A tied parameter (an embedding shared with the output layer) is split under every name, so
   // that full() and local() of either name agree with the one tensor.
@@ -101,7 +98,7 @@ torch::nn::Module& TensorParallel::check_entry(
   const bool colwise = spec.style == TpStyle::kColwise;
   if (auto* embedding = (*found)->as<torch::nn::Embedding>()) {
     // RowwiseParallel on an Embedding splits the vocabulary (PyTorch's meaning too).
-    TORCH_CHECK(!colwise && spec.packed == 1, "ddp: ", style_name(spec.style), " on '", name,
+    TORCH_CHECK(!colwise && spec.packed == 1, "ddp: ", tp_style_name(spec.style), " on '", name,
                 "': an Embedding takes RowwiseParallel (the vocabulary split) only");
     const int64_t vocab = embedding->weight.size(0);
     TORCH_CHECK(vocab % n == 0, "ddp: RowwiseParallel on '", name, "': num_embeddings ", vocab,
@@ -109,13 +106,13 @@ torch::nn::Module& TensorParallel::check_entry(
     return **found;
   }
   auto* linear = (*found)->as<torch::nn::Linear>();
-  TORCH_CHECK(linear != nullptr, "ddp: ", style_name(spec.style), " on '", name,
+  TORCH_CHECK(linear != nullptr, "ddp: ", tp_style_name(spec.style), " on '", name,
               "': it is not a torch::nn::Linear or Embedding");
-  TORCH_CHECK(spec.packed >= 1 && (colwise || spec.packed == 1), "ddp: ", style_name(spec.style),
+  TORCH_CHECK(spec.packed >= 1 && (colwise || spec.packed == 1), "ddp: ", tp_style_name(spec.style),
               " on '", name, "': packed ", spec.packed, " (colwise only, >= 1)");
   const int64_t split = colwise ? linear->weight.size(0) : linear->weight.size(1);
   TORCH_CHECK(
-      split % (n * spec.packed) == 0, "ddp: ", style_name(spec.style), " on '", name,
+      split % (n * spec.packed) == 0, "ddp: ", tp_style_name(spec.style), " on '", name,
       "': ", colwise ? "out_features " : "in_features ", split,
       spec.packed > 1 ? " in " + std::to_string(spec.packed) + " packed chunks" : std::string(),
       " does not divide by the tp size ", n);
@@ -134,6 +131,8 @@ void TensorParallel::apply_entry(const std::string& name, const ParallelStyle& s
     splits_[name + ".weight"] = Split{0, 1, "RowwiseParallel (vocabulary)"};
     p.embedding = embedding;
     p.first_row = r * rows;
+    p.params = {embedding->weight};
+    p.param_names = {name + ".weight"};
   } else {
     auto* linear = target.as<torch::nn::Linear>();
     p.linear = linear;
@@ -144,22 +143,76 @@ void TensorParallel::apply_entry(const std::string& name, const ParallelStyle& s
         replace_with(linear->bias, packed_rows(linear->bias.detach(), spec.packed, n, r));
         splits_[name + ".bias"] = Split{0, spec.packed, packed_style(spec)};
       }
+      // Its bias is split like the weight: both are wrong when the module is called directly.
+      p.params = {linear->weight};
+      p.param_names = {name + ".weight"};
+      if (linear->bias.defined()) {
+        p.params.push_back(linear->bias);
+        p.param_names.push_back(name + ".bias");
+      }
     } else {
       const int64_t cols = linear->weight.size(1) / n;
       replace_with(linear->weight, linear->weight.detach().narrow(1, r * cols, cols));
-      splits_[name + ".weight"] = Split{1, 1, style_name(spec.style)};
+      splits_[name + ".weight"] = Split{1, 1, tp_style_name(spec.style)};
       p.bias = linear->bias;
+      // The replicated bias is added after the all-reduce; only the weight's gradient is wrong
+      // (a partial sum reaches everything below it) when the module is called directly.
+      p.params = {linear->weight};
+      p.param_names = {name + ".weight"};
     }
   }
-  registrations_.push_back(std::make_unique<shard::UnitRegistration>(
-      target, static_cast<shard::UnitListener&>(*this), planned_.size()));
+  registrations_.push_back(std::make_unique<unit::UnitRegistration>(
+      target, static_cast<unit::UnitListener&>(*this), planned_.size()));
   planned_.push_back(std::move(p));
+  watch_gradients(planned_.size() - 1);
+}
+
+void TensorParallel::watch_gradients(size_t unit) {
+  Planned& p = planned_[unit];
+  p.hooks.reset();
+  std::vector<at::Tensor> watched;
+  std::vector<std::string> names;
+  for (size_t i = 0; i < p.params.size(); ++i) {
+    if (!p.params[i].requires_grad()) continue;  // frozen: no gradient to check
+    watched.push_back(p.params[i]);
+    names.push_back(p.param_names[i]);
+  }
+  if (watched.empty()) return;
+  p.hooks = std::make_unique<reducer::AutogradHooks>(watched, names,
+                                                     [this, unit](size_t) { on_gradient(unit); });
+  p.watched_first = watched[0];
+  p.accumulator = torch::autograd::impl::grad_accumulator(watched[0]).get();
+}
+
+void TensorParallel::on_gradient(size_t unit) {
+  Planned& p = planned_[unit];
+  // [Note: a planned module called directly]
+  TORCH_CHECK(p.forwards > 0, "ddp: tensor-parallel module '", p.name, "' (", packed_style(p.style),
+              ") got a gradient in a backward after no forward through ddp::unit::run_unit: "
+              "called directly, it skips the tensor-parallel collectives and its gradients are "
+              "one rank's partial sums. Call it as ddp::unit::run_unit(*module, [&](const "
+              "at::Tensor& x) { return module->forward(x); }, input) in the model's forward");
+  if (end_queued_) return;
+  end_queued_ = true;
+  reducer::AutogradHooks::at_end_of_backward([this] {
+    end_queued_ = false;
+    for (Planned& q : planned_) q.forwards = std::max(0, q.forwards - 1);
+  });
 }
 
 TensorParallel::~TensorParallel() = default;
 
 at::Tensor TensorParallel::before_unit_forward(size_t unit, const at::Tensor& input) {
   Planned& p = planned_[unit];
+  if (at::GradMode::is_enabled()) {
+    ++p.forwards;
+    // A sharded wrapper over this module points its parameters at new storage every step, which
+    // gives them new accumulators: follow them ([Note: a planned module called directly]).
+    if (p.hooks &&
+        torch::autograd::impl::grad_accumulator(p.watched_first).get() != p.accumulator) {
+      watch_gradients(unit);
+    }
+  }
   if (p.embedding != nullptr) {
     // Ids outside this rank's rows look up row 0 and are zeroed after: the all-reduce then
     // sums exactly one real row per id.
@@ -194,6 +247,22 @@ at::Tensor TensorParallel::after_unit_forward(size_t unit, const at::Tensor& out
 int64_t TensorParallel::shard_dim(const std::string& name) const {
   const auto it = splits_.find(name);
   return it == splits_.end() ? -1 : it->second.dim;
+}
+
+layout::Layout TensorParallel::layout(const std::string& name) const {
+  const auto params = module_->named_parameters(/*recurse=*/true);
+  const auto* param = params.find(name);
+  TORCH_CHECK(param != nullptr, "ddp: TensorParallel::layout: the module has no parameter '", name,
+              "'");
+  layout::Layout out;
+  out.shape = param->sizes().vec();
+  out.mesh = {group_->world_size()};
+  const auto it = splits_.find(name);
+  if (it != splits_.end()) {
+    out.shape[it->second.dim] *= group_->world_size();
+    out.placements.push_back(layout::Placement::shard(0, it->second.dim, it->second.packed));
+  }
+  return out;
 }
 
 at::Tensor TensorParallel::full(const std::string& name, const at::Tensor& local) const {

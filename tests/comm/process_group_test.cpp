@@ -21,7 +21,8 @@ DDP_TEST_WORKER(collectives) {
   auto b = torch::full({3}, static_cast<float>(10 + r));
   pg->broadcast(b, n - 1, "test broadcast");
   require(b.eq(10.0f + n - 1).all().item<bool>(), "broadcast from the last rank is wrong");
-  auto gathered = pg->allgather(torch::full({2}, static_cast<float>(r * r)), "test allgather");
+  auto gathered =
+      pg->all_gather_each(torch::full({2}, static_cast<float>(r * r)), "test allgather");
   require(static_cast<int>(gathered.size()) == n, "allgather returned the wrong count");
   for (int i = 0; i < n; ++i) {
     require(gathered[i].eq(static_cast<float>(i * i)).all().item<bool>(), "allgather slot wrong");

@@ -352,6 +352,8 @@ TEST(DistributedSamplerResume, DataPositionResumesAtAnotherWorldSize) {
           }
           const int64_t position = group[0].data_position();
           for (const auto& sampler : group) ASSERT_EQ(sampler.data_position(), position);
+          // A loop that counted what it received (a loader running ahead) stores the same.
+          ASSERT_EQ(group[0].data_position_at(group[0].consumed()), position);
           for (int resumed_world = 1; resumed_world <= 3; ++resumed_world) {
             SCOPED_TRACE(name_of(saving) + ", step " + std::to_string(step + 1) +
                          ", resumed at world " + std::to_string(resumed_world));
@@ -359,7 +361,9 @@ TEST(DistributedSamplerResume, DataPositionResumesAtAnotherWorldSize) {
             std::vector<DistributedSampler> resumed = group_of(resuming);
             for (auto& sampler : resumed) sampler.seek_data_position(position);
             // At the saving world size, seek_data_position(data_position()) is the identity.
-            if (resumed_world == world) EXPECT_EQ(resumed[0].consumed(), group[0].consumed());
+            if (resumed_world == world) {
+              EXPECT_EQ(resumed[0].consumed(), group[0].consumed());
+            }
             const int64_t spr =
                 drop_last ? size / resumed_world : (size + resumed_world - 1) / resumed_world;
             const int64_t end = resumed_world * spr;
@@ -387,6 +391,21 @@ TEST(DistributedSamplerResume, DataPositionResumesAtAnotherWorldSize) {
       }
     }
   }
+}
+
+TEST(DistributedSamplerResume, DataPositionAtIsTheClosedForm) {
+  // size 10 at world 3 pads to 12 (spr 4): consumed 2 is positions [0, 6), consumed 4 ends the
+  // epoch, consumed 5 is epoch 1's first position taken by each rank.
+  const DistributedSampler padded({10, 3, 0, true, 5, false});
+  EXPECT_EQ(padded.data_position_at(0), 0);
+  EXPECT_EQ(padded.data_position_at(2), 6);
+  EXPECT_EQ(padded.data_position_at(3), 9);
+  EXPECT_EQ(padded.data_position_at(4), 10);
+  EXPECT_EQ(padded.data_position_at(5), 13);
+  // drop_last: spr 3, the group takes 9 of 10; consumed 3 ends the epoch.
+  const DistributedSampler dropped({10, 3, 0, true, 5, true});
+  EXPECT_EQ(dropped.data_position_at(3), 10);
+  EXPECT_EQ(dropped.data_position_at(7), 23);
 }
 
 TEST(DistributedSamplerResume, DataPositionThatDoesNotDivideIsRefused) {

@@ -61,7 +61,7 @@ double rel_error(const torch::Tensor& got, const torch::Tensor& want) {
 // The same on every rank: `out` equals rank 0's `out` bit for bit.
 void require_identical_on_all_ranks(comm::ProcessGroup& pg, const torch::Tensor& out,
                                     const std::string& what) {
-  auto all = pg.allgather(out, "compare " + what);
+  auto all = pg.all_gather_each(out, "compare " + what);
   for (size_t r = 1; r < all.size(); ++r) {
     require(torch::equal(all[0], all[r]),
             what + " differs between rank 0 and rank " + std::to_string(r));

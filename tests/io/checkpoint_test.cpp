@@ -370,7 +370,7 @@ DDP_TEST_WORKER(checkpoint_every_rank_loads) {
   // Every rank holds the same values: compare a sum of all parameters across ranks.
   at::Tensor sum = at::zeros({1}, at::kDouble);
   for (const auto& p : b.w.ptr->parameters()) sum += p.to(at::kDouble).sum();
-  const auto all = pg->allgather(sum, "parameter sums");
+  const auto all = pg->all_gather_each(sum, "parameter sums");
   for (const auto& s : all)
     ddp::testing::require(at::equal(s, all[0]), "ranks disagree after loading");
 }

@@ -92,5 +92,92 @@ INSTANTIATE_TEST_SUITE_P(Styles, DataParallelTest,
                                            Case{"default", true, 2}),
                          case_name);
 
+// What DistributedDataParallel accepts, every style accepts: a torch::nn::AnyModule, and a module
+// whose forward returns a tuple (every tensor in it carries the backward's start, so a loss over
+// either works). Both against the single-process oracle, world 1 to 3.
+struct TupleMlpImpl : torch::nn::Module {
+  explicit TupleMlpImpl(const models::MLPOptions& shape)
+      : mlp(register_module("mlp", models::MLP(shape))) {}
+  std::tuple<torch::Tensor, torch::Tensor> forward(const torch::Tensor& x) {
+    const auto out = mlp->forward(x);
+    return {out, out.square().mean()};
+  }
+  models::MLP mlp;
+};
+TORCH_MODULE(TupleMlp);
+
+DDP_TEST_WORKER(data_parallel_any_module) {
+  auto pg = worker_process_group(std::chrono::seconds(60));
+  const int w = pg->world_size(), r = pg->rank();
+  const auto style = shard::parse_style(worker_env("DDP_TEST_STYLE"));
+  models::MLPOptions shape;
+  shape.in = 4;
+  shape.hidden = 6;
+  shape.out = 5;
+  shape.depth = 3;
+  DataParallelOptions options;
+  options.shard.units = {"mlp.layers.0", "mlp.layers.1", "mlp.layers.2"};
+  const auto whole = [&](auto& model, torch::nn::Module& net) {
+    std::vector<std::pair<std::string, torch::Tensor>> out;
+    if (model.sharded()) return model.sharded()->full_parameters();
+    for (const auto& item : net.named_parameters()) out.emplace_back(item.key(), item.value());
+    return out;
+  };
+  {
+    torch::manual_seed(0);
+    models::MLP net(shape);
+    torch::manual_seed(0);
+    models::MLP oracle(shape);
+    options.shard.units = {"layers.0", "layers.1", "layers.2"};
+    auto model = data_parallel(torch::nn::AnyModule(net), pg, style, options);
+    regression_steps([&](const torch::Tensor& x) { return model(x); }, net->parameters(), oracle, w,
+                     r, shape.in, shape.out, 3);
+    require_close_by_name(whole(model, *net), *oracle, 1e-5,
+                          std::string("AnyModule, ") + shard::style_name(style));
+  }
+  torch::manual_seed(0);
+  TupleMlp net(shape);
+  torch::manual_seed(0);
+  TupleMlp oracle(shape);
+  options.shard.units = {"mlp.layers.0", "mlp.layers.1", "mlp.layers.2"};
+  auto model = data_parallel(net, pg, style, options);
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::SGD oracle_opt(oracle->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::manual_seed(1);
+  for (int step = 0; step < 3; ++step) {
+    const auto x = torch::randn({3 * w, shape.in});
+    const auto y = torch::randn({3 * w, shape.out});
+    // The second output is a per-rank mean, so it is weighted to make the oracle's the average.
+    const auto [out, aux] = model(x.narrow(0, 3 * r, 3));
+    (torch::mse_loss(out, y.narrow(0, 3 * r, 3)) + 0.1 * aux).backward();
+    opt.step();
+    opt.zero_grad();
+    const auto o_out = std::get<0>(oracle->forward(x));
+    torch::Tensor oracle_aux = torch::zeros({});
+    for (int k = 0; k < w; ++k) oracle_aux = oracle_aux + o_out.narrow(0, 3 * k, 3).square().mean();
+    (torch::mse_loss(o_out, y) + 0.1 * oracle_aux / w).backward();
+    oracle_opt.step();
+    oracle_opt.zero_grad();
+  }
+  require_close_by_name(whole(model, *net), *oracle, 1e-5,
+                        std::string("tuple output, ") + shard::style_name(style));
+}
+
+class DataParallelAnyModule : public ::testing::TestWithParam<Case> {};
+
+TEST_P(DataParallelAnyModule, TakesAnyModuleAndTupleOutputsInEveryStyle) {
+  const Case& c = GetParam();
+  const auto result =
+      run_workers("data_parallel_any_module", c.world, {{"DDP_TEST_STYLE", c.style}});
+  EXPECT_TRUE(result.ok()) << result.describe();
+}
+
+INSTANTIATE_TEST_SUITE_P(Styles, DataParallelAnyModule,
+                         ::testing::Values(Case{"replicate", false, 2},
+                                           Case{"fully_shard", false, 1},
+                                           Case{"fully_shard", false, 3},
+                                           Case{"default", false, 2}),
+                         case_name);
+
 }  // namespace
 }  // namespace ddp::testing

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "ddp/parallel/ddp_options.hpp"
+#include "ddp/shard/shard_options.hpp"
 
 namespace ddp::testing {
 namespace {
@@ -43,6 +44,38 @@ TEST(Options, DocsListEveryOption) {
     EXPECT_NE(docs.find(row), std::string::npos)
         << "docs/options.md has no row starting '" << row << "' (option " << name << ", default "
         << value << ")";
+  }
+}
+
+TEST(Options, ShardOptionsDescribeReachesNestedFields) {
+  shard::ShardOptions options;
+  options.units = {"h.0", "h.1"};
+  options.param_dtype = c10::kBFloat16;
+  options.replicated.buckets.bucket_cap_bytes = 7;
+  std::vector<std::pair<std::string, std::string>> out;
+  shard::describe(options, "shard.", out);
+  std::map<std::string, std::string> d(out.begin(), out.end());
+  EXPECT_EQ(d.size(), out.size()) << "duplicate option names";
+  EXPECT_EQ(d.size(), 12u);
+  EXPECT_EQ(d.at("shard.style"), "fully_shard");
+  EXPECT_EQ(d.at("shard.units"), "[h.0,h.1]");
+  EXPECT_EQ(d.at("shard.param_dtype"), "BFloat16");
+  EXPECT_EQ(d.at("shard.reduce_dtype"), "none");
+  EXPECT_EQ(d.at("shard.replicated.buckets.bucket_cap_bytes"), "7");
+}
+
+TEST(Options, DocsListEveryShardOption) {
+  std::ifstream file(std::string(DDP_SOURCE_DIR) + "/docs/options.md");
+  ASSERT_TRUE(file) << "cannot read docs/options.md";
+  std::stringstream text;
+  text << file.rdbuf();
+  const std::string docs = text.str();
+  std::vector<std::pair<std::string, std::string>> out;
+  shard::describe(shard::ShardOptions{}, "", out);
+  for (const auto& [name, value] : out) {
+    const std::string row = "| `" + name + "` | " + value;
+    EXPECT_NE(docs.find(row), std::string::npos)
+        << "docs/options.md has no row starting '" << row << "' (option " << name << ")";
   }
 }
 

@@ -132,7 +132,9 @@ DDP_TEST_WORKER(ignore_and_buffers) {
   const auto named = w.ptr->named_parameters();
   // Closed forms over ranks via all-gather: the ignored bias keeps its per-rank offset and its
   // local gradient; fc2.weight is identical on all ranks.
-  auto gather = [&](const torch::Tensor& t) { return pg->allgather(t.detach().clone(), "gather"); };
+  auto gather = [&](const torch::Tensor& t) {
+    return pg->all_gather_each(t.detach().clone(), "gather");
+  };
   const auto bias = gather(named["fc2.bias"]);
   const auto weight = gather(named["fc2.weight"]);
   const auto weight_grad = gather(named["fc2.weight"].grad());

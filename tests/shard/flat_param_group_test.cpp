@@ -69,7 +69,7 @@ DDP_TEST_WORKER(flat_param_group_closed_form) {
     versions.push_back(p._version());
   }
   require(group.transient_bytes() == group.full_bytes(), "the full buffer is counted");
-  group.release();
+  group.free_full();
   require(group.state() == ShardedState::kReleased && group.transient_bytes() == 0,
           "released: no memory behind the full buffer");
   require(params[0].storage().nbytes() == 0 && params[0].size(0) == original[0].size(0),

@@ -7,7 +7,7 @@
 
 #include "ddp/models/replace_parameter.hpp"
 #include "ddp/models/tasks.hpp"
-#include "ddp/shard/activation_checkpoint.hpp"
+#include "ddp/unit/activation_checkpoint.hpp"
 
 namespace ddp::testing {
 
@@ -64,7 +64,7 @@ torch::Tensor OutOfOrderNetImpl::forward(const torch::Tensor& x) {
 }
 
 torch::Tensor CheckpointNetImpl::forward(const torch::Tensor& x) {
-  const auto h = ddp::checkpoint(
+  const auto h = ddp::activation_checkpoint(
       *fc1, [this](const torch::Tensor& in) { return fc1(in); }, x);
   return fc4(fc3(fc2(h)));
 }

@@ -79,8 +79,9 @@ class OutOfOrderNetImpl : public torch::nn::Module {
 TORCH_MODULE(OutOfOrderNet);
 
 // The seed test's Net(checkpoint=True): models::Net's parameters (same names, same init from the
-// same seed), fc1 under ddp::checkpoint. fc1's input needs no gradient, so only the parameters
-// carry fc1's gradient out of the checkpoint (the case a reentrant checkpoint gets wrong).
+// same seed), fc1 under ddp::activation_checkpoint. fc1's input needs no gradient, so only the
+// parameters carry fc1's gradient out of the checkpoint (the case a reentrant checkpoint gets
+// wrong).
 class CheckpointNetImpl : public models::NetImpl {
  public:
   explicit CheckpointNetImpl(int64_t dim = 2000) : models::NetImpl(dim) {}

@@ -240,4 +240,14 @@ TEST(DdpTrain, RunsUnderTorchrunNoPython) {
   EXPECT_NE(out.find("ddp-train: loss "), std::string::npos) << out;
 }
 
+// An error from tools/common (which names the tool) reaches the terminal with one prefix.
+TEST(DdpTrain, ToolErrorsCarryOnePrefix) {
+  const auto [out, code] =
+      run(std::string(DDP_TRAIN_PATH) + " --nproc 4 --tp 3 --model net --steps 1 --timeout-s 60");
+  EXPECT_NE(code, 0);
+  EXPECT_NE(out.find("ddp-train: --tp 3 does not divide the world size 4"), std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("ddp-train: ddp-train:"), std::string::npos) << out;
+}
+
 }  // namespace

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "ddp/comm/device_mesh.hpp"
+#include "ddp/comm/layout_tensors.hpp"
 #include "ddp/models/gpt.hpp"
 #include "ddp/models/net.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
@@ -90,6 +91,22 @@ DDP_TEST_WORKER(tp_seed_net) {
   // Whole over "dp" first (FULLY_SHARD), then over "tp".
   auto whole = sharded ? sharded->full_parameters() : tensor_parallel->local_parameters();
   for (auto& [name, t] : whole) t = tensor_parallel->full(name, t);
+  // The same from the one layout description: TP's layout, with FULLY_SHARD's placement
+  // appended (layout::nest), gathered in one collective over the mesh.
+  for (const auto& [name, t] : whole) {
+    const torch::Tensor param = net->named_parameters()[name];
+    torch::Tensor again;
+    if (sharded) {
+      const auto both = layout::nest(tensor_parallel->layout(name), sharded->layout(name));
+      const auto rows = layout::local_shape(both, mesh.coordinate());
+      const torch::Tensor real = rows.empty() ? param : param.narrow(0, 0, rows[0]);
+      again = comm::gather_whole(both, real, mesh, "whole " + name);
+    } else {
+      again =
+          comm::gather_whole(tensor_parallel->layout(name), param, *mesh["tp"], "whole " + name);
+    }
+    require(torch::equal(again, t), "parameter '" + name + "' gathered by its layout differs");
+  }
   std::ostringstream context;
   context << "mesh " << dp << "x" << tps << " " << (fully_shard ? "fully_shard" : "ddp")
           << " over dp, parameters after 3 steps";
@@ -205,10 +222,10 @@ struct EmbedNetImpl : torch::nn::Module {
     down = register_module("down", torch::nn::Linear(2 * kDim, kDim));
   }
   torch::Tensor forward(const torch::Tensor& ids) {
-    auto x = shard::run_unit(
+    auto x = unit::run_unit(
         *embed, [this](const torch::Tensor& in) { return embed->forward(in); }, ids);
     for (auto* fc : {&up, &down}) {
-      x = shard::run_unit(
+      x = unit::run_unit(
           **fc, [fc](const torch::Tensor& in) { return (*fc)->forward(in); }, x);
     }
     return x;

@@ -21,7 +21,9 @@
 #include <sstream>
 
 #include "common/ddp_flags.hpp"
+#include "common/run_flags.hpp"
 #include "common/tensor_parallel_setup.hpp"
+#include "common/tool_error.hpp"
 #include "ddp/comm/init.hpp"
 #include "ddp/io/checkpoint_state.hpp"
 #include "ddp/io/safetensors.hpp"
@@ -32,29 +34,30 @@
 #include "ddp/obs/chrome_trace.hpp"
 #include "ddp/obs/device_memory.hpp"
 #include "ddp/parallel/autocast.hpp"
-#include "ddp/parallel/distributed_data_parallel.hpp"
+#include "ddp/parallel/data_parallel.hpp"
 #include "ddp/planner/graph_dot.hpp"
 #include "ddp/shard/sharded_module.hpp"
+#include "ddp/unit/module_intake.hpp"
 
 namespace {
 
-struct Args {
-  std::string device = "cpu";
+// The shared run flags (tools/common/run_flags.hpp) with this tool's defaults: --model toy and
+// SGD at --lr 0.01, as bench/reference/torch_ddp.py.
+struct Args : ddp::tools::RunFlags {
+  Args() {
+    model = "toy";
+    lr = 0.01;
+  }
   bool toy_model = false;
-  std::string model = "toy";
   ddp::models::WorkloadOptions workload;  // --tie-weights (tools/common)
   bool ddp = false;
   int64_t tp = 0;  // --tp N: tensor parallel over N ranks of a (world / N, N) mesh; 0: none
   ddp::tools::ShardFlags shard;  // --fsdp, --style, --fsdp-wrap, ... (tools/common)
-  int64_t batch_size = 32;
   int repeat = 10;
   int warmup = 3;
-  int nproc = 0;
-  int threads = 1;
   std::string comm_hook = "allreduce";
   ddp::DDPOptions options;  // the DDP flags (tools/common) write here; --verbose too
   bool autocast_bf16 = false;
-  bool optimizer_overlap = false;
   bool json = false;
   bool profile = false;
   std::string trace_file = "profile.json";
@@ -62,8 +65,6 @@ struct Args {
   std::string init_params;
   std::string inputs;
   std::string save_params;
-  double lr = 0.01;
-  int timeout_s = 300;
 };
 
 struct Stats {
@@ -83,14 +84,10 @@ Stats summarize(std::vector<double> ms) {
 
 // Distinct named parameters, registration order (tied weights once).
 std::vector<std::pair<std::string, torch::Tensor>> named_params(torch::nn::Module& m) {
+  const ddp::unit::ModuleIntake intake = ddp::unit::take_in(m);
   std::vector<std::pair<std::string, torch::Tensor>> out;
-  std::vector<const c10::TensorImpl*> seen;
-  for (const auto& item : m.named_parameters()) {
-    const auto* impl = item.value().unsafeGetTensorImpl();
-    if (std::find(seen.begin(), seen.end(), impl) != seen.end()) continue;
-    seen.push_back(impl);
-    out.emplace_back(item.key(), item.value());
-  }
+  for (size_t i = 0; i < intake.params.size(); ++i)
+    out.emplace_back(intake.names[i], intake.params[i]);
   return out;
 }
 
@@ -202,30 +199,36 @@ int run_worker(const Args& args) {
   const int warmup = parity ? 0 : args.warmup;
   const int timed = parity ? static_cast<int>(batches.size()) : args.repeat;
 
-  std::unique_ptr<ddp::DistributedDataParallel<torch::nn::AnyModule>> model;
-  std::unique_ptr<ddp::shard::ShardedModule> sharded_model;
-  if (sharded(args)) {
-    ddp::shard::ShardOptions shard_options = args.shard.options;
-    if (args.shard.fsdp_wrap) shard_options.units = w.wrap_units;
-    sharded_model = std::make_unique<ddp::shard::ShardedModule>(w.ptr, dp_group, shard_options);
-    if (lead && args.options.verbose) std::cout << sharded_model->unit_table();
-  } else if (args.ddp) {
-    model = std::make_unique<ddp::DistributedDataParallel<torch::nn::AnyModule>>(w.module, dp_group,
-                                                                                 args.options);
+  // --ddp or a sharded --style: the one entry point (parallel/data_parallel.hpp) around the same
+  // AnyModule; neither: the bare model, the world-1 baseline.
+  std::optional<ddp::DataParallel<torch::nn::AnyModule>> wrapped;
+  if (sharded(args) || args.ddp) {
+    ddp::DataParallelOptions dp_options;
+    dp_options.ddp = args.options;
+    dp_options.shard = args.shard.options;
+    if (args.shard.fsdp_wrap) dp_options.shard.units = w.wrap_units;
+    wrapped.emplace(w.module, dp_group, ddp::shard::parse_style(args.shard.style),
+                    std::move(dp_options));
+  }
+  auto* const model = wrapped ? wrapped->replicated() : nullptr;
+  auto* const sharded_model = wrapped ? wrapped->sharded() : nullptr;
+  if (sharded_model && lead && args.options.verbose) std::cout << sharded_model->unit_table();
+  if (model) {
     if (auto hook = ddp::tools::make_comm_hook(args.comm_hook, dp_group)) {
       model->register_comm_hook(hook);
     }
   }
   std::vector<torch::Tensor> params;
   for (auto& [name, p] : named_params(*w.ptr)) params.push_back(p);
-  torch::optim::SGD opt(params, torch::optim::SGDOptions(args.lr));
+  const double lr = args.lr > 0 ? args.lr : w.lr;  // --lr 0: the model's own (run_flags.hpp)
+  torch::optim::SGD opt(params, torch::optim::SGDOptions(lr));
   if (args.optimizer_overlap) {
     TORCH_CHECK(model, "ddp-bench: --optimizer-overlap needs --ddp");
     // Each parameter's SGD step runs inside backward once its bucket is reduced; opt.step() then
     // finds no work (the gradients are consumed, see below).
     model->set_optimizer_in_backward([&](const torch::Tensor& p) {
       return std::make_unique<torch::optim::SGD>(std::vector<torch::Tensor>{p},
-                                                 torch::optim::SGDOptions(args.lr));
+                                                 torch::optim::SGDOptions(lr));
     });
   }
   if (lead && args.options.verbose) {
@@ -254,11 +257,7 @@ int run_worker(const Args& args) {
     {
       std::optional<ddp::parallel::AutocastGuard> autocast;
       if (args.autocast_bf16) autocast.emplace(device.type(), torch::kBFloat16);
-      if (sharded_model) sharded_model->pre_forward();
-      torch::Tensor out = model           ? model->forward(x)
-                          : sharded_model ? w.module.forward(sharded_model->cast_input(x))
-                                          : w.module.forward(x);
-      if (sharded_model) out = sharded_model->post_forward(out);
+      const torch::Tensor out = wrapped ? (*wrapped)(x) : w.module.forward(x);
       loss = w.loss(out, y);
     }
     phase_sync();
@@ -275,7 +274,7 @@ int run_worker(const Args& args) {
     sync();
     const int64_t t3 = ddp::obs::trace_now_ns();
     TORCH_CHECK(std::isfinite(loss.item<double>()),
-                "ddp-bench: the loss became non-finite at step ", i, " (learning rate ", args.lr,
+                "ddp-bench: the loss became non-finite at step ", i, " (learning rate ", lr,
                 "); lower --lr");
     if (i >= warmup) step_ms.push_back(static_cast<double>(t3 - t0) / 1e6);
     if (i + 1 == warmup || (warmup == 0 && i == 0)) {
@@ -300,7 +299,7 @@ int run_worker(const Args& args) {
     }
     if (lead) std::cerr << "ddp-bench: wrote trace " << args.trace_file << std::endl;
   }
-  const Memory memory = measure_memory(*w.ptr, opt, sharded_model.get(), device);
+  const Memory memory = measure_memory(*w.ptr, opt, sharded_model, device);
   if (!args.save_params.empty()) {
     ddp::io::TensorMap out;
     // Collective: whole over "dp" (a sharded style), then over "tp" (--tp).
@@ -364,49 +363,29 @@ int run_worker(const Args& args) {
 int main(int argc, char** argv) {
   Args args;
   CLI::App app{"ddp-bench: DDP step-time benchmark (forward + loss + backward + SGD)"};
-  const auto names = ddp::models::workload_names();
-  app.add_option("--device", args.device, "cpu or cuda")
-      ->check(CLI::IsMember({"cpu", "cuda"}))
-      ->capture_default_str();
+  ddp::tools::add_run_flags(app, args, args.options.verbose);
   app.add_flag("--toy-model", args.toy_model, "the seed Net(2000): same as --model toy");
-  app.add_option("--model", args.model, "model from the zoo")
-      ->check(CLI::IsMember(names))
-      ->capture_default_str();
   ddp::tools::add_model_flags(app, args.workload);
   app.add_flag("--ddp", args.ddp, "wrap the model in DistributedDataParallel");
   ddp::tools::add_tp_flag(app, args.tp);
   ddp::tools::add_shard_flags(app, args.shard);
-  app.add_option("--batch-size", args.batch_size, "samples per rank")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
-      ->capture_default_str();
   app.add_option("--repeat", args.repeat, "timed steps")
       ->check(CLI::Range(1, 1000000))
       ->capture_default_str();
   app.add_option("--warmup", args.warmup, "untimed steps first")
       ->check(CLI::Range(0, 1000000))
       ->capture_default_str();
-  app.add_option("--nproc", args.nproc, "spawn N local workers")->check(CLI::Range(1, 64));
-  app.add_option("--threads", args.threads, "intra-op threads per process")
-      ->check(CLI::Range(1, 256))
-      ->capture_default_str();
   ddp::tools::add_ddp_flags(app, args.options);
   ddp::tools::add_comm_hook_flag(app, args.comm_hook);
   app.add_flag("--autocast-bf16", args.autocast_bf16,
                "forward and loss under bf16 autocast (parameters and gradients stay fp32)");
-  app.add_flag("--optimizer-overlap", args.optimizer_overlap,
-               "run each parameter's SGD step inside backward as soon as its bucket is reduced");
   app.add_flag("--json", args.json, "one JSON object per result");
-  app.add_flag("--verbose", args.options.verbose, "model, bucket table and runtime stats");
   app.add_flag("--profile", args.profile, "write a Chrome trace");
   app.add_option("--trace-file", args.trace_file, "Chrome trace path")->capture_default_str();
   app.add_option("--graph-dot", args.graph_dot, "write the autograd graph as Graphviz DOT");
   app.add_option("--init-params", args.init_params, "load parameters by name (safetensors)");
   app.add_option("--inputs", args.inputs, "parity batches x.<step>.<rank>, y.<step>.<rank>");
   app.add_option("--save-params", args.save_params, "rank 0 saves final parameters (safetensors)");
-  app.add_option("--lr", args.lr, "SGD learning rate")->capture_default_str();
-  app.add_option("--timeout-s", args.timeout_s, "collective timeout in seconds")
-      ->check(CLI::Range(1, 86400))
-      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (args.toy_model) args.model = "toy";
   if (const std::string wrong = ddp::tools::check_model_flags(args.model, args.workload);
@@ -444,10 +423,10 @@ int main(int argc, char** argv) {
     spawn.relay_output = false;
     return ddp::launch::run_self_as_workers(argc, argv, "DDP_BENCH_WORKER", spawn);
   } catch (const c10::Error& e) {
-    std::cerr << e.what_without_backtrace() << std::endl;
+    std::cerr << ddp::tools::tool_error("ddp-bench", e.what_without_backtrace()) << std::endl;
     return 1;
   } catch (const std::exception& e) {
-    std::cerr << "ddp-bench: " << e.what() << std::endl;
+    std::cerr << ddp::tools::tool_error("ddp-bench", e.what()) << std::endl;
     return 1;
   }
 }

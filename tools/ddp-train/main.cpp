@@ -17,7 +17,9 @@
 #include <iostream>
 
 #include "common/ddp_flags.hpp"
+#include "common/run_flags.hpp"
 #include "common/tensor_parallel_setup.hpp"
+#include "common/tool_error.hpp"
 #include "ddp/comm/init.hpp"
 #include "ddp/io/checkpoint_coordinator.hpp"
 #include "ddp/io/checkpoint_state.hpp"
@@ -26,32 +28,27 @@
 #include "ddp/io/torch_save.hpp"
 #include "ddp/launch/spawn.hpp"
 #include "ddp/models/registry.hpp"
-#include "ddp/parallel/distributed_data_parallel.hpp"
+#include "ddp/parallel/data_parallel.hpp"
+#include "ddp/unit/module_intake.hpp"
 #include "loss_plot.hpp"
 #include "progress.hpp"
 #include "text_training.hpp"
 
 namespace {
 
-struct Args {
-  std::string model = "net";
-  int nproc = 0;  // 0: 2 when not under a launcher
+// The shared run flags (tools/common/run_flags.hpp): --model net, --nproc (2 without a launcher),
+// --lr 0 (the workload's own), ...
+struct Args : ddp::tools::RunFlags {
   int steps = 200;
-  int64_t batch_size = 32;                // per worker
   ddp::models::WorkloadOptions workload;  // --dim, --tie-weights
   int64_t tp = 0;                         // --tp N: tensor parallel over N ranks; 0: none
-  double lr = 0;                          // 0: the workload's own
   std::string optimizer = "sgd";
   std::string backend = "";  // "": gloo on cpu, nccl on cuda
-  std::string device = "cpu";
-  bool optimizer_overlap = false;
   std::string comm_hook = "allreduce";
   ddp::DDPOptions ddp;           // the DDP flags (tools/common) write here; --verbose too
   ddp::tools::ShardFlags shard;  // --style, --fsdp, --fsdp-wrap, ... (tools/common)
-  int timeout_s = 300;
-  int threads = 1;
-  std::string checkpoint_dir;  // "": no checkpoints
-  int checkpoint_every = 0;    // steps between checkpoints; 0: never
+  std::string checkpoint_dir;    // "": no checkpoints
+  int checkpoint_every = 0;      // steps between checkpoints; 0: never
   int keep_checkpoints = 3;
   bool resume = false;
   std::string save_weights;  // "": none; ".pt"/".pth": torch.save format, else safetensors
@@ -124,32 +121,24 @@ int run_worker(const Args& args) {
     text = std::make_unique<ddp::tools::TextTraining>(
         args.text, w, dp_group, data_rank, args.batch_size, args.workload.seed, device, lead);
   }
-  // REPLICATE: DistributedDataParallel; the sharded styles: a ShardedModule around the same module.
-  std::unique_ptr<ddp::DistributedDataParallel<torch::nn::AnyModule>> ddp_model;
-  std::unique_ptr<ddp::shard::ShardedModule> sharded;
-  if (args.shard.sharded()) {
-    ddp::shard::ShardOptions options = args.shard.options;
-    if (args.shard.fsdp_wrap) options.units = w.wrap_units;
-    sharded = std::make_unique<ddp::shard::ShardedModule>(w.ptr, dp_group, options);
-  } else {
-    ddp_model = std::make_unique<ddp::DistributedDataParallel<torch::nn::AnyModule>>(
-        w.module, dp_group, args.ddp);
+  // One entry point for every style (parallel/data_parallel.hpp): DistributedDataParallel for
+  // replicate, FullyShardedDataParallel for the sharded styles, around the same AnyModule.
+  ddp::DataParallelOptions dp_options;
+  dp_options.ddp = args.ddp;
+  dp_options.shard = args.shard.options;
+  if (args.shard.fsdp_wrap) dp_options.shard.units = w.wrap_units;
+  ddp::DataParallel<torch::nn::AnyModule> model(
+      w.module, dp_group, ddp::shard::parse_style(args.shard.style), std::move(dp_options));
+  auto* const ddp_model = model.replicated();  // the style's runtime; the other is null
+  auto* const sharded = model.sharded();
+  if (ddp_model) {
     if (auto hook = ddp::tools::make_comm_hook(args.comm_hook, dp_group)) {
       ddp_model->register_comm_hook(hook);
     }
   }
-  const auto forward = [&](const torch::Tensor& x) {
-    if (ddp_model) return ddp_model->forward(x);
-    sharded->pre_forward();
-    return sharded->post_forward(w.module.forward(sharded->cast_input(x)));
-  };
+  const auto forward = [&](const torch::Tensor& x) { return model(x); };
   // The parameters once each (a tied weight has two names): what the optimizer steps.
-  std::vector<torch::Tensor> params;
-  for (const auto& p : w.ptr->parameters()) {
-    bool seen = false;
-    for (const auto& q : params) seen = seen || q.is_same(p);
-    if (!seen) params.push_back(p);
-  }
+  const std::vector<torch::Tensor> params = ddp::unit::take_in(*w.ptr).params;
   const double lr = args.lr > 0 ? args.lr : w.lr;
   auto make_optimizer =
       [&](const std::vector<torch::Tensor>& params) -> std::unique_ptr<torch::optim::Optimizer> {
@@ -308,39 +297,20 @@ int run_worker(const Args& args) {
 int main(int argc, char** argv) {
   Args args;
   CLI::App app{"ddp-train: data-parallel training of a zoo model on a synthetic task"};
-  const auto names = ddp::models::workload_names();
-  app.add_option("--model", args.model, "model from the zoo")
-      ->check(CLI::IsMember(names))
-      ->capture_default_str();
-  app.add_option("--nproc", args.nproc, "spawn N local workers (default 2 without a launcher)")
-      ->check(CLI::Range(1, 64));
+  ddp::tools::add_run_flags(app, args, args.ddp.verbose);
   app.add_option("--steps", args.steps, "training steps")
       ->check(CLI::Range(1, 1000000))
-      ->capture_default_str();
-  app.add_option("--batch-size", args.batch_size, "samples per worker per step")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
       ->capture_default_str();
   app.add_option("--dim", args.workload.dim, "model width (0: the model's default)")
       ->capture_default_str();
   ddp::tools::add_model_flags(app, args.workload);
-  app.add_option("--lr", args.lr, "learning rate (0: the model's default)")->capture_default_str();
   app.add_option("--optimizer", args.optimizer, "sgd or adam")
       ->check(CLI::IsMember({"sgd", "adam"}))
       ->capture_default_str();
   app.add_option("--backend", args.backend, "gloo or nccl (default: gloo on cpu, nccl on cuda)")
       ->check(CLI::IsMember({"gloo", "nccl"}));
-  app.add_option("--device", args.device, "cpu or cuda")
-      ->check(CLI::IsMember({"cpu", "cuda"}))
-      ->capture_default_str();
   ddp::tools::add_ddp_flags(app, args.ddp);
-  app.add_option("--timeout-s", args.timeout_s, "collective timeout in seconds")
-      ->check(CLI::Range(1, 86400))
-      ->capture_default_str();
-  app.add_option("--threads", args.threads, "intra-op threads per worker")->capture_default_str();
-  app.add_flag("--optimizer-overlap", args.optimizer_overlap,
-               "step each parameter's optimizer inside backward, once its bucket is reduced");
   ddp::tools::add_comm_hook_flag(app, args.comm_hook);
-  app.add_flag("--verbose", args.ddp.verbose, "print the bucket table and runtime stats");
   ddp::tools::add_tp_flag(app, args.tp);
   ddp::tools::add_shard_flags(app, args.shard);
   app.add_option("--checkpoint-dir", args.checkpoint_dir,
@@ -410,10 +380,10 @@ int main(int argc, char** argv) {
     spawn.name = "ddp-train";
     return ddp::launch::run_self_as_workers(argc, argv, "DDP_TRAIN_WORKER", spawn);
   } catch (const c10::Error& e) {
-    std::cerr << "ddp-train: " << e.what_without_backtrace() << std::endl;
+    std::cerr << ddp::tools::tool_error("ddp-train", e.what_without_backtrace()) << std::endl;
     return 1;
   } catch (const std::exception& e) {
-    std::cerr << "ddp-train: " << e.what() << std::endl;
+    std::cerr << ddp::tools::tool_error("ddp-train", e.what()) << std::endl;
     return 1;
   }
 }

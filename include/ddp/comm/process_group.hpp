@@ -172,7 +172,9 @@ class ProcessGroup {
   // Blocking forms; each waits at most timeout() and names `what` in its error.
   void allreduce_sum(at::Tensor& tensor, const std::string& what);
   void broadcast(at::Tensor& tensor, int root, const std::string& what);
-  std::vector<at::Tensor> allgather(const at::Tensor& tensor, const std::string& what);
+  // Every rank's `tensor` (same shape everywhere), one per rank in rank order; all_gather below
+  // is the flat form, one tensor split by the even rule.
+  std::vector<at::Tensor> all_gather_each(const at::Tensor& tensor, const std::string& what);
   at::Tensor reduce_scatter(const at::Tensor& input, ReduceOp op, const std::string& what);
   at::Tensor all_gather(const at::Tensor& shard, int64_t numel, const std::string& what);
   void barrier(const std::string& what);

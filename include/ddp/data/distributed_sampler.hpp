@@ -92,6 +92,11 @@ class DistributedSampler : public torch::data::samplers::Sampler<std::vector<siz
   // per-world epoch lengths, so it means another sample at another world size after the first
   // epoch; this does not. The same number on every rank.
   int64_t data_position() const;
+  // The data_position() of this sampler once it has handed out `consumed` samples (consumed()'s
+  // unit) since the start of epoch 0: for a loop that counts what it received while a loader with
+  // worker threads runs ahead of it (docs/data.md). data_position() ==
+  // data_position_at(consumed()).
+  int64_t data_position_at(int64_t consumed) const;
   // Continue at data_position() of a run over the same order (size, shuffle, seed, drop_last) at
   // any world size; at the same world size, seek_data_position(data_position()) is the identity.
   // Within an epoch the group's position must divide over world_size (it does when the global

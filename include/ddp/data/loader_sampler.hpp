@@ -10,7 +10,7 @@
 // needs: "start the next pass".
 //
 //   auto sampler = std::make_shared<ddp::data::DistributedSampler>(options);
-//   sampler->seek(data_position / world_size);               // when resuming (docs/data.md)
+//   sampler->seek_data_position(data_position);              // when resuming (docs/data.md)
 //   auto loader = torch::data::make_data_loader(dataset, ddp::data::LoaderSampler(sampler),
 //                                               torch::data::DataLoaderOptions(batch_size));
 //   for (int64_t e = sampler->epoch(); e < epochs; ++e)

@@ -2,7 +2,7 @@
 // Autocast state of one device type (kCUDA or kCPU), across the 2.4 API change that
 // torch_compat.hpp names (DDP_AUTOCAST_PER_DEVICE_API). Beside torch_compat.hpp rather than in
 // it: that header is included by every comm header, and <ATen/autocast_mode.h> is needed only by
-// parallel::AutocastGuard and shard::checkpoint (which recomputes under forward's state).
+// parallel::AutocastGuard and unit::activation_checkpoint (which recomputes under forward's state).
 
 #include <ATen/autocast_mode.h>
 #include <c10/core/DeviceType.h>

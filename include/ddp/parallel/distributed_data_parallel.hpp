@@ -29,6 +29,7 @@
 #include "ddp/reducer/no_sync_guard.hpp"
 #include "ddp/reducer/reducer_runtime.hpp"
 #include "ddp/reducer/timeline_recorder.hpp"
+#include "ddp/unit/module_call.hpp"
 
 namespace ddp::parallel {
 
@@ -108,63 +109,20 @@ class DistributedDataParallelBase {
   std::vector<obs::IterationStats> samples_;
 };
 
-namespace detail {
-
-inline std::shared_ptr<torch::nn::Module> as_module_ptr(const torch::nn::AnyModule& m) {
-  return m.ptr();
-}
-template <typename M>
-std::shared_ptr<torch::nn::Module> as_module_ptr(const std::shared_ptr<M>& m) {
-  return m;
-}
-template <typename Holder>
-auto as_module_ptr(const Holder& m) -> decltype(std::shared_ptr<torch::nn::Module>(m.ptr())) {
-  return m.ptr();
-}
-
-template <typename... Args>
-decltype(auto) call_forward(torch::nn::AnyModule& m, Args&&... args) {
-  return m.forward(std::forward<Args>(args)...);
-}
-template <typename M, typename... Args>
-decltype(auto) call_forward(M& m, Args&&... args) {
-  return m->forward(std::forward<Args>(args)...);
-}
-
-// The tensors in a forward's result, for the unused-parameter walk.
-inline void collect(const torch::Tensor& t, std::vector<torch::Tensor>& out) { out.push_back(t); }
-inline void collect(const std::vector<torch::Tensor>& ts, std::vector<torch::Tensor>& out) {
-  out.insert(out.end(), ts.begin(), ts.end());
-}
-template <typename A, typename B>
-void collect(const std::pair<A, B>& p, std::vector<torch::Tensor>& out) {
-  collect(p.first, out);
-  collect(p.second, out);
-}
-template <typename... Ts>
-void collect(const std::tuple<Ts...>& t, std::vector<torch::Tensor>& out) {
-  std::apply([&](const auto&... e) { (collect(e, out), ...); }, t);
-}
-template <typename T>
-void collect(const T&, std::vector<torch::Tensor>&) {}  // not a tensor: nothing to walk from
-
-}  // namespace detail
-
 template <typename ModuleType>
 class DistributedDataParallel : public DistributedDataParallelBase {
  public:
   DistributedDataParallel(ModuleType module, comm::ProcessGroupPtr process_group,
                           DDPOptions options = {})
-      : DistributedDataParallelBase(detail::as_module_ptr(module), std::move(process_group),
-                                    options),
+      : DistributedDataParallelBase(unit::as_module_ptr(module), std::move(process_group), options),
         module_(std::move(module)) {}
 
   template <typename... Args>
   auto forward(Args&&... args) {
     pre_forward();
-    auto output = detail::call_forward(module_, std::forward<Args>(args)...);
+    auto output = unit::call_forward(module_, std::forward<Args>(args)...);
     std::vector<torch::Tensor> tensors;
-    detail::collect(output, tensors);
+    unit::collect(output, tensors);
     post_forward(tensors);
     return output;
   }

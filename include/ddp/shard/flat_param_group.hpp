@@ -75,8 +75,9 @@ class FlatParamGroup {
   // so that backward accumulates a full-size gradient from nothing; returns true then (their
   // gradient accumulators are new: hooks must be installed again). A no-op when unsharded.
   bool unshard();
-  // kUnsharded -> kReleased: see [Note: releasing without set_]. A no-op unless unsharded.
-  void release();
+  // kUnsharded -> kReleased: the full buffer's memory is freed, the parameters keep their views
+  // (FSDP2's post-forward reshard; see [Note: releasing without set_]). A no-op unless unsharded.
+  void free_full();
   // Any state -> kSharded without reducing (e.g. after an evaluation forward): parameters point
   // back at their shards, the full buffer and any full .grad are dropped, and the sharded .grad
   // set aside by unshard() is put back.

@@ -55,6 +55,9 @@ struct ParamShape {
   // The other names of a tied parameter (GPT's lm_head.weight for wte.weight): every name must
   // lie in its unit, see [Note: units].
   std::vector<std::string> aliases;
+  // False for a frozen parameter (requires_grad false): it has no gradient to reduce-scatter, so
+  // every style keeps it whole (replicated) and leaves it alone.
+  bool trainable = true;
 };
 
 struct ParamShard {

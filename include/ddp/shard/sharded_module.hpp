@@ -4,7 +4,7 @@
 //
 //   construction   rank 0's parameters are broadcast; the plan is made; every unit's sharded
 //                  parameters move into its flat shard (the module holds shards between steps);
-//                  every named unit's submodule is registered for run_unit (unit_scope.hpp)
+//                  every named unit's submodule is registered for run_unit (unit/unit_scope.hpp)
 //   pre_forward    units the model does not run through run_unit (the root, and on the first
 //                  step every unit: the runtime learns which units the model runs) are gathered
 //   unit forward   run_unit: gather the unit (prefetch the next one in the last forward's order);
@@ -36,55 +36,21 @@
 #include <vector>
 
 #include "ddp/comm/process_group.hpp"
+#include "ddp/layout/layout.hpp"
 #include "ddp/reducer/autograd_hooks.hpp"
 #include "ddp/reducer/no_sync_guard.hpp"
 #include "ddp/reducer/reducer_options.hpp"
 #include "ddp/shard/flat_param_group.hpp"
+#include "ddp/shard/shard_options.hpp"
 #include "ddp/shard/shard_plan.hpp"
-#include "ddp/shard/unit_scope.hpp"
+#include "ddp/unit/module_call.hpp"
+#include "ddp/unit/unit_scope.hpp"
 
 namespace ddp::reducer {
 class Reducer;
 }
 
 namespace ddp::shard {
-
-struct ShardOptions {
-  // kFullyShard (default: the style users ask for when a model does not fit) or kDefault;
-  // kReplicate is DistributedDataParallel's job and is refused here.
-  DataParallelStyle style = DataParallelStyle::kFullyShard;
-  // Qualified submodule names, one unit each (e.g. every "h.N" block); empty: one unit, the root.
-  // Default empty: correct for any model, one collective per step each way.
-  std::vector<std::string> units;
-  // True (default, ZeRO-3; FSDP2's default for non-root units): a unit the model runs through
-  // run_unit releases its gathered parameters after its forward and gathers them again for its
-  // backward, so that one unit (plus a prefetched one) is gathered at a time instead of the whole
-  // model, for one more all-gather per unit per step. False keeps them until its backward is done.
-  // The root unit (and units the model does not run through run_unit) stays gathered either way.
-  bool reshard_after_forward = true;
-  // True (default): when a unit is gathered, the next unit's all-gather is issued too (in the last
-  // forward's order, reversed in backward), so that it runs while this unit computes; costs one
-  // more unit of gathered memory. False: each unit is gathered when it is needed.
-  bool prefetch = true;
-  // DEFAULT's replicated parameters (dim 0 does not divide) are averaged by DDP's reducer:
-  // buckets, each all-reduced as soon as its gradients are ready, overlapping the rest of backward.
-  // Its defaults (PyTorch's caps, gradients as bucket views) for the same reasons as DDP's.
-  reducer::ReducerOptions replicated;
-  // FSDP2's mixed-precision policy, the gather side: the dtype of the gathered parameters, so the
-  // forward and backward compute in it ([Note: gathering in param_dtype]). Default none: the
-  // parameters' own dtype. kBFloat16 halves the all-gather bytes and the gathered memory and makes
-  // the model compute in bf16 without autocast; the shards, their gradients and the optimizer
-  // state stay in the parameters' dtype (master weights). As FSDP2 (cast_forward_inputs), the
-  // floating-point inputs of the root's and of every unit's forward are cast to it. Style default
-  // with replicated parameters is refused: they would keep their dtype beside cast ones.
-  std::optional<c10::ScalarType> param_dtype;
-  // The reduce side: the dtype in which gradients are reduce-scattered (the shards come back in
-  // the parameters' dtype). Default none: param_dtype when set (FSDP2's default), else the
-  // parameters' own dtype, exact fp32 averages. kHalf / kBFloat16 halve the bytes on the wire for
-  // a rounding of the sum; a dtype the backend cannot reduce (Gloo: bf16) is refused at
-  // construction, naming it.
-  std::optional<c10::ScalarType> reduce_dtype;
-};
 
 // Memory this rank holds, in bytes (CPU: tensor storage; the same numbers on CUDA).
 struct ShardMemory {
@@ -94,7 +60,7 @@ struct ShardMemory {
                                     // during the steps since the last reset
 };
 
-class ShardedModule : private UnitListener {
+class ShardedModule : private unit::UnitListener {
  public:
   ShardedModule(std::shared_ptr<torch::nn::Module> module, comm::ProcessGroupPtr group,
                 ShardOptions options = {});
@@ -106,9 +72,17 @@ class ShardedModule : private UnitListener {
   void pre_forward();
   // A floating-point forward input in param_dtype (unchanged without one, or not floating).
   at::Tensor cast_input(const at::Tensor& input) const;
-  // After it: with grad mode on, a node on the output starts the backward's bookkeeping; without
-  // (an evaluation forward) every unit goes back to its shards at once.
-  at::Tensor post_forward(const at::Tensor& output);
+  // After it, once: with grad mode off (an evaluation forward) every unit goes back to its shards
+  // at once; with it on, the replicated parameters' reducer is prepared. Then every tensor the
+  // forward returned goes through backward_start: a node on it starts the backward's bookkeeping
+  // (prefetching the last unit) when a gradient reaches it, whichever output backward starts from.
+  void end_forward();
+  at::Tensor backward_start(const at::Tensor& output);
+  // Both, for a forward that returns one tensor.
+  at::Tensor post_forward(const at::Tensor& output) {
+    end_forward();
+    return backward_start(output);
+  }
   // Back to shards without reducing (e.g. after a forward whose backward never runs).
   void reshard();
 
@@ -119,6 +93,12 @@ class ShardedModule : private UnitListener {
   [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(require_sync_); }
 
   const ShardPlan& plan() const { return plan_; }
+  // Parameter `name` (any of a tied parameter's names) as a layout over this module's group
+  // (mesh {world}): its whole shape, Shard(0) when the plan shards it (the even split with
+  // padding: a rank's real rows are layout::local_shape's, its storage padded_local_shape's), no
+  // placement when replicated. Over tensor parallelism, nest it on TensorParallel::layout
+  // (layout::nest): FULLY_SHARD appends its placement. Throws naming `name` when unknown.
+  layout::Layout layout(const std::string& name) const;
   const ShardOptions& options() const { return options_; }
   std::string unit_table() const { return format_unit_table(plan_); }
   // Bytes of parameters this rank holds between steps (ShardPlan::local_param_bytes).
@@ -145,6 +125,7 @@ class ShardedModule : private UnitListener {
   void on_grad_ready(size_t group);
   void finish_backward();
   void note_memory();
+  void warn_units_not_run() const;
   void check_reduce_dtype(c10::ScalarType dtype, bool from_param_dtype);
 
   std::shared_ptr<torch::nn::Module> module_;
@@ -157,7 +138,7 @@ class ShardedModule : private UnitListener {
   std::vector<int> group_of_unit_;                       // plan unit -> groups_ index, or -1
   std::vector<size_t> unit_of_group_;
   std::vector<size_t> replicated_;  // plan indices, all-reduced
-  std::vector<std::unique_ptr<UnitRegistration>> registrations_;
+  std::vector<std::unique_ptr<unit::UnitRegistration>> registrations_;
   // Hooks per group, installed when its parameters were pointed at a new full buffer (their
   // gradient accumulators are new then: [Note: accumulators follow the storage]); and one set
   // for the replicated parameters, which never move.
@@ -168,8 +149,9 @@ class ShardedModule : private UnitListener {
   Phase phase_ = Phase::kIdle;
   // Units seen by run_unit in a forward; only they are gathered per unit (the rest at pre_forward).
   std::vector<bool> run_by_model_;
-  std::vector<size_t> order_;       // this forward's run_unit order (first visit of each unit)
-  std::vector<size_t> last_order_;  // the last complete forward's: prefetch follows it
+  std::vector<size_t> order_;        // this forward's run_unit order (first visit of each unit)
+  std::vector<size_t> last_order_;   // the last complete forward's: prefetch follows it
+  bool first_forward_done_ = false;  // the first forward's units were checked (warn_units_not_run)
   // Per group, this backward: gradients accumulated (a group is complete at its member count),
   // and whether its reduce-scatter has been issued. Reset by pre_forward.
   std::vector<size_t> ready_;
@@ -180,24 +162,25 @@ class ShardedModule : private UnitListener {
   int64_t peak_gathered_bytes_ = 0;
   std::unique_ptr<reducer::Reducer> replicated_reducer_;
 };
+// The wrapper a training loop holds: the module (a holder, a shared_ptr to an Impl, or an
+// AnyModule, as DistributedDataParallel takes) with ShardedModule's protocol around its forward.
+// Any output structure is returned as it came (tensor, vector, pair, tuple), every tensor in it
+// carrying the node that starts the backward's bookkeeping.
 template <typename ModuleType>
 class FullyShardedDataParallel : public ShardedModule {
  public:
   FullyShardedDataParallel(ModuleType module, comm::ProcessGroupPtr group,
                            ShardOptions options = {})
-      : ShardedModule(module.ptr(), std::move(group), std::move(options)),
+      : ShardedModule(unit::as_module_ptr(module), std::move(group), std::move(options)),
         module_(std::move(module)) {}
 
   template <typename... Args>
   auto forward(Args&&... args) {
     pre_forward();
-    auto output = module_->forward(cast_forward_input(std::forward<Args>(args))...);
-    if constexpr (std::is_same_v<decltype(output), at::Tensor>) {
-      return post_forward(output);
-    } else {
-      post_forward(at::Tensor());  // no node to hang the backward's start on: the hooks do it
-      return output;
-    }
+    auto output = unit::call_forward(module_, cast_forward_input(std::forward<Args>(args))...);
+    end_forward();
+    auto start = [this](const at::Tensor& t) { return backward_start(t); };
+    return unit::map_tensors(output, start);
   }
   template <typename... Args>
   auto operator()(Args&&... args) {

@@ -21,9 +21,19 @@
 // replicated parameter (rowwise bias, or any parameter outside the plan) gets the same gradient
 // on every tp rank. Data parallelism over another mesh dim then averages them as usual.
 //
-// The C++ frontend has no forward hooks: a planned Linear must run through shard::run_unit (the
-// zoo's models do; see unit_scope.hpp). Parameters keep their identity (set_ to the local shard),
-// so an optimizer or a data-parallel wrapper built afterwards sees the shards.
+// The C++ frontend has no forward hooks: a planned module must run through unit::run_unit (the
+// zoo's models do; see unit/unit_scope.hpp). Parameters keep their identity (set_ to the local
+// shard), so an optimizer or a data-parallel wrapper built afterwards sees the shards.
+//
+// [Note: a planned module called directly] Called as `fc1->forward(x)`, a planned module computes
+// on its shard without the region collectives: a colwise Linear's input gradient is one rank's
+// partial sum, a rowwise Linear's output is. That is a silently wrong gradient, so it is an
+// error instead: a post-hook on each planned parameter's gradient accumulator throws (out of
+// backward(), before the optimizer can step) when the gradient arrives and the module has run no
+// run_unit forward under grad mode since the last backward ended. Each backward's end uses up one
+// such forward (two forwards, then two backwards, stay legal). The hooks follow the parameters'
+// accumulators, which a sharded wrapper over the module renews every step: they are renewed at
+// each run_unit forward.
 
 #include <torch/nn/module.h>
 #include <torch/nn/modules/embedding.h>
@@ -37,12 +47,14 @@
 #include <vector>
 
 #include "ddp/comm/process_group.hpp"
-#include "ddp/shard/unit_scope.hpp"
+#include "ddp/layout/layout.hpp"
+#include "ddp/reducer/autograd_hooks.hpp"
+#include "ddp/unit/unit_scope.hpp"
 
 namespace ddp::tp {
 
 enum class TpStyle { kColwise, kRowwise };
-const char* style_name(TpStyle style);
+const char* tp_style_name(TpStyle style);  // "ColwiseParallel", "RowwiseParallel"
 
 // How one Linear is split.
 struct ParallelStyle {
@@ -59,7 +71,7 @@ inline ParallelStyle RowwiseParallel() { return {TpStyle::kRowwise, 1}; }
 // Qualified submodule name -> style, applied in this order.
 using TpPlan = std::vector<std::pair<std::string, ParallelStyle>>;
 
-class TensorParallel : private shard::UnitListener {
+class TensorParallel : private unit::UnitListener {
  public:
   // Collective over `group`: rank 0's full weights are broadcast, then every rank keeps its
   // shard. Errors name the plan entry: a missing submodule, one that is not a Linear, a sharded
@@ -73,6 +85,11 @@ class TensorParallel : private shard::UnitListener {
   const comm::ProcessGroupPtr& group() const { return group_; }
   // How parameter `name` is split over the tp group: the tensor dim, or -1 when replicated.
   int64_t shard_dim(const std::string& name) const;
+  // Parameter `name` (any of a tied parameter's names) as a layout over the tp group (mesh
+  // {tp size}): its whole shape, and Shard(dim, packed) or no placement when replicated. A
+  // runtime that splits the local shards again nests its layout on this one (layout::nest).
+  // Throws naming `name` when the module has no such parameter.
+  layout::Layout layout(const std::string& name) const;
   // `local` (parameter `name`'s local shard, or a tensor shaped like it, e.g. its gradient) made
   // whole; a replicated parameter's tensor comes back as a copy. Collective over the tp group.
   at::Tensor full(const std::string& name, const at::Tensor& local) const;
@@ -99,7 +116,18 @@ class TensorParallel : private shard::UnitListener {
     at::Tensor bias;        // rowwise Linear: the registered bias, added after the all-reduce
     int64_t first_row = 0;  // Embedding: the first vocabulary row this rank holds
     at::Tensor outside;     // Embedding: this forward's ids held by other ranks (until after)
+    std::vector<at::Tensor> params;  // the parameters the entry splits or wraps
+    std::vector<std::string> param_names;
+    // [Note: a planned module called directly]: run_unit forwards under grad mode not yet used up
+    // by the end of a backward (incremented in before_unit_forward, decremented at a backward's
+    // end, never below 0); a gradient arriving while it is 0 is the error.
+    int forwards = 0;
+    std::unique_ptr<reducer::AutogradHooks> hooks;       // on `params`' accumulators
+    at::Tensor watched_first;                            // the first parameter with hooks
+    const torch::autograd::Node* accumulator = nullptr;  // its accumulator when they were made
   };
+  void watch_gradients(size_t unit);
+  void on_gradient(size_t unit);
   torch::nn::Module& check_entry(
       const torch::OrderedDict<std::string, std::shared_ptr<torch::nn::Module>>& modules,
       const std::string& name, const ParallelStyle& spec) const;
@@ -118,7 +146,8 @@ class TensorParallel : private shard::UnitListener {
   };
   // Qualified parameter name -> how it is sharded; a tied parameter under each of its names.
   std::map<std::string, Split> splits_;
-  std::vector<std::unique_ptr<shard::UnitRegistration>> registrations_;
+  std::vector<std::unique_ptr<unit::UnitRegistration>> registrations_;
+  bool end_queued_ = false;  // this backward's end-of-backward callback is queued
 };
 
 // TensorParallel over `module`; keep it alive as long as the module trains.

@@ -91,7 +91,7 @@ class GPTImpl : public torch::nn::Module {
 
   const GPTConfig& config() const { return config_; }
   // false (default): activations kept. true: every block's are recomputed in backward
-  // (shard::checkpoint, --fsdp-checkpoint), less memory for about one more forward.
+  // (unit::activation_checkpoint, --fsdp-checkpoint), less memory for about one more forward.
   bool checkpoint_units = false;
 
   torch::nn::Embedding wte{nullptr};

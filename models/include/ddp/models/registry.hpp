@@ -34,8 +34,7 @@ struct Workload {
   // Nets need smaller steps: their summed-over-features loss grows with the width).
   double lr = 0.05;
   // The units of --fsdp-wrap: the blocks or layers whose forward the model runs through
-  // shard::run_unit (Net: fc1..fc4; MLP: layers.N; GPT: h.N; ResNet: layer1..layer4, which it
-  // does not run through run_unit, so they are gathered with the root at the start of forward).
+  // unit::run_unit (Net: fc1..fc4; MLP: layers.N; GPT: h.N; ResNet: layer1..layer4).
   std::vector<std::string> wrap_units;
   // The tensor-parallel plan (--tp): Net's seed plan (fc1 / fc3 colwise, fc2 / fc4 rowwise), the
   // GPT's Megatron plan; empty for a model without one.

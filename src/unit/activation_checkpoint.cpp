@@ -1,4 +1,4 @@
-#include "ddp/shard/activation_checkpoint.hpp"
+#include "ddp/unit/activation_checkpoint.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
@@ -15,8 +15,9 @@
 #include <unordered_set>
 
 #include "ddp/detail/autocast_compat.hpp"
+#include "ddp/unit/module_intake.hpp"
 
-namespace ddp::shard {
+namespace ddp::unit {
 
 namespace {
 
@@ -126,7 +127,7 @@ void check_no_undeclared_leaf(const variable_list& roots, const variable_list& w
     if (!seen.insert(node).second) continue;
     if (auto* leaf = dynamic_cast<torch::autograd::AccumulateGrad*>(node)) {
       TORCH_CHECK(declared.count(leaf->variable.unsafeGetTensorImpl()),
-                  "ddp::checkpoint: the checkpointed function reads a tensor of sizes ",
+                  "ddp::activation_checkpoint: the checkpointed function reads a tensor of sizes ",
                   leaf->variable.sizes(), " that requires grad but is neither an input nor a ",
                   "parameter of the module passed to checkpoint, so it would get no gradient; ",
                   "pass the module that owns it (a parent of every module fn calls)");
@@ -144,10 +145,12 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
                                at::TensorList inputs, at::TensorList /*params*/) {
     std::vector<at::Tensor> in(inputs.begin(), inputs.end());
     auto outputs = st->fn(in);
-    TORCH_CHECK(!outputs.empty(), "ddp::checkpoint: the checkpointed function returned no tensor");
+    TORCH_CHECK(!outputs.empty(),
+                "ddp::activation_checkpoint: the checkpointed function returned no tensor");
     variable_list non_differentiable;
     for (size_t i = 0; i < outputs.size(); ++i) {
-      TORCH_CHECK(outputs[i].defined(), "ddp::checkpoint: the checkpointed function returned an ",
+      TORCH_CHECK(outputs[i].defined(),
+                  "ddp::activation_checkpoint: the checkpointed function returned an ",
                   "undefined tensor at output ", i,
                   "; return defined tensors (compute optional values outside the checkpoint)");
       st->output_sizes.push_back(outputs[i].sizes().vec());
@@ -167,9 +170,10 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     // The engine runs a node's backward with grad mode = create_graph.
-    TORCH_CHECK(!c10::GradMode::is_enabled(),
-                "ddp::checkpoint: backward with create_graph=true (double backward) through a "
-                "checkpoint is not supported: the recompute's gradients carry no graph");
+    TORCH_CHECK(
+        !c10::GradMode::is_enabled(),
+        "ddp::activation_checkpoint: backward with create_graph=true (double backward) through a "
+        "checkpoint is not supported: the recompute's gradients carry no graph");
     auto st = c10::static_intrusive_pointer_cast<CheckpointState>(
         ctx->saved_data.at("state").toCapsule());
     const auto saved = ctx->get_saved_variables();  // checks that no input changed in place
@@ -198,8 +202,8 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
       sizes.push_back(o.defined() ? o.sizes().vec() : std::vector<int64_t>{-1});
     }
     TORCH_CHECK(sizes == st->output_sizes,
-                "ddp::checkpoint: the recompute returned outputs of sizes [", sizes_text(sizes),
-                "] but forward returned [", sizes_text(st->output_sizes),
+                "ddp::activation_checkpoint: the recompute returned outputs of sizes [",
+                sizes_text(sizes), "] but forward returned [", sizes_text(st->output_sizes),
                 "]; the checkpointed function must compute the same outputs from the same inputs");
 
     variable_list roots, root_grads;
@@ -233,20 +237,17 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
 
 }  // namespace
 
-std::vector<at::Tensor> checkpoint(torch::nn::Module& module, const CheckpointMultiFn& fn,
-                                   const std::vector<at::Tensor>& inputs) {
+std::vector<at::Tensor> activation_checkpoint(torch::nn::Module& module,
+                                              const CheckpointMultiFn& fn,
+                                              const std::vector<at::Tensor>& inputs) {
   // A parameter listed twice (tied weights: libtorch does not deduplicate) would get its
   // gradient twice; frozen parameters need no slot.
-  std::vector<at::Tensor> params;
-  std::unordered_set<const c10::TensorImpl*> seen;
-  for (const auto& p : module.parameters()) {
-    if (p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second) params.push_back(p);
-  }
+  const std::vector<at::Tensor> params = unit::take_in(module).trainable_params();
   bool any_requires_grad = !params.empty();
   for (const auto& t : inputs) any_requires_grad |= t.defined() && t.requires_grad();
   if (!c10::GradMode::is_enabled() || !any_requires_grad) return fn(inputs);
   for (size_t i = 0; i < inputs.size(); ++i) {
-    TORCH_CHECK(inputs[i].defined(), "ddp::checkpoint: input ", i,
+    TORCH_CHECK(inputs[i].defined(), "ddp::activation_checkpoint: input ", i,
                 " is undefined; pass defined tensors (capture optional ones in fn)");
   }
 
@@ -259,12 +260,13 @@ std::vector<at::Tensor> checkpoint(torch::nn::Module& module, const CheckpointMu
   return CheckpointFunction::apply(st, at::TensorList(inputs), at::TensorList(params));
 }
 
-at::Tensor checkpoint(torch::nn::Module& module, const CheckpointFn& fn, const at::Tensor& input) {
+at::Tensor activation_checkpoint(torch::nn::Module& module, const CheckpointFn& fn,
+                                 const at::Tensor& input) {
   // By value: the node calls it again in backward, after the caller's fn may be gone.
   const CheckpointMultiFn multi = [fn](const std::vector<at::Tensor>& in) {
     return std::vector<at::Tensor>{fn(in[0])};
   };
-  return checkpoint(module, multi, std::vector<at::Tensor>{input})[0];
+  return activation_checkpoint(module, multi, std::vector<at::Tensor>{input})[0];
 }
 
-}  // namespace ddp::shard
+}  // namespace ddp::unit

@@ -3,7 +3,7 @@
 // sharded runtime cannot run code "before unit h.3's forward" on its own: the model says where a
 // unit's forward is, with one call around the submodule's forward,
 //
-//   x = ddp::shard::run_unit(*block, [&](const at::Tensor& in) { return block->forward(in); }, x);
+//   x = ddp::unit::run_unit(*block, [&](const at::Tensor& in) { return block->forward(in); }, x);
 //
 // Without a sharded wrapper that has `block` as a unit, run_unit is fn(x): the model stays a plain
 // model, trains alone, under DDP and in tests. With one (ShardedModule registers its units here),
@@ -30,11 +30,13 @@
 #include <functional>
 #include <vector>
 
+#include "ddp/unit/backward_node.hpp"
+
 namespace torch::nn {
 class Module;
 }
 
-namespace ddp::shard {
+namespace ddp::unit {
 
 // [Note: nested unit listeners] One module may be a unit of several runtimes of different kinds
 // (tensor parallelism shards a Linear's weight and wraps its input and output; a sharded
@@ -76,9 +78,4 @@ at::Tensor run_unit(const torch::nn::Module& module,
                     const std::function<at::Tensor(const at::Tensor&)>& fn,
                     const at::Tensor& input);
 
-// `output` unchanged in value, with a node whose backward runs `fn` once the gradient of `output`
-// has arrived and before it flows further back. Without grad mode or when `output` does not
-// require grad, `output` itself and `fn` never runs.
-at::Tensor on_backward(const at::Tensor& output, std::function<void()> fn);
-
-}  // namespace ddp::shard
+}  // namespace ddp::unit

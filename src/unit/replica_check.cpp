@@ -1,10 +1,10 @@
-#include "ddp/parallel/replica_check.hpp"
+#include "ddp/unit/replica_check.hpp"
 
 #include <c10/util/Exception.h>
 
 #include <sstream>
 
-namespace ddp::parallel {
+namespace ddp::unit {
 
 std::vector<std::string> replica_signature(const std::vector<std::string>& names,
                                            const std::vector<at::Tensor>& tensors,
@@ -93,4 +93,4 @@ void verify_replicas(comm::ProcessGroup& pg, const std::vector<std::string>& sig
   TORCH_CHECK(error.empty(), error);
 }
 
-}  // namespace ddp::parallel
+}  // namespace ddp::unit

@@ -37,7 +37,7 @@
 #include <utility>
 #include <vector>
 
-namespace ddp::shard {
+namespace ddp::unit {
 
 using CheckpointFn = std::function<at::Tensor(const at::Tensor&)>;
 using CheckpointMultiFn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
@@ -45,18 +45,21 @@ using CheckpointMultiFn = std::function<std::vector<at::Tensor>(const std::vecto
 // fn(input) without keeping its activations. `module` owns the parameters fn reads (pass the
 // parent when fn reads several modules); their qualified names are unchanged. When grad mode is
 // off, or neither the input nor a parameter requires grad, this is just fn(input).
-at::Tensor checkpoint(torch::nn::Module& module, const CheckpointFn& fn, const at::Tensor& input);
+at::Tensor activation_checkpoint(torch::nn::Module& module, const CheckpointFn& fn,
+                                 const at::Tensor& input);
 
 // Several inputs and outputs. Outputs of an integer or bool dtype carry no gradient; an input
 // that does not require grad (indices, masks) gets none.
-std::vector<at::Tensor> checkpoint(torch::nn::Module& module, const CheckpointMultiFn& fn,
-                                   const std::vector<at::Tensor>& inputs);
+std::vector<at::Tensor> activation_checkpoint(torch::nn::Module& module,
+                                              const CheckpointMultiFn& fn,
+                                              const std::vector<at::Tensor>& inputs);
 
 // A module whose forward is the wrapped module's forward, checkpointed. The wrapped module is
 // registered as the child "_checkpoint_wrapped_module" (PyTorch's checkpoint_wrapper name), so
 // its parameter names gain that prefix: "fc1.weight" becomes
 // "fc1._checkpoint_wrapped_module.weight" when fc1 is replaced by a wrapper. Code that must keep
-// the names (the zoo, saved checkpoints) calls checkpoint() in the parent's forward instead.
+// the names (the zoo, saved checkpoints) calls activation_checkpoint() in the parent's forward
+// instead.
 template <typename ModuleType>
 class CheckpointWrapperImpl : public torch::nn::Module {
  public:
@@ -64,7 +67,7 @@ class CheckpointWrapperImpl : public torch::nn::Module {
       : module_(register_module("_checkpoint_wrapped_module", std::move(module))) {}
 
   at::Tensor forward(const at::Tensor& input) {
-    return checkpoint(
+    return activation_checkpoint(
         *module_, [this](const at::Tensor& x) { return module_->forward(x); }, input);
   }
 
@@ -78,9 +81,10 @@ class CheckpointWrapperImpl : public torch::nn::Module {
 template <typename ModuleType>
 using CheckpointWrapper = torch::nn::ModuleHolder<CheckpointWrapperImpl<ModuleType>>;
 
-}  // namespace ddp::shard
+}  // namespace ddp::unit
 
 namespace ddp {
-// The spelling: ddp::checkpoint(module, fn, input).
-using shard::checkpoint;
+// The short spelling: ddp::activation_checkpoint(module, fn, input).
+using unit::activation_checkpoint;
+using unit::CheckpointWrapper;
 }  // namespace ddp

@@ -1,11 +1,11 @@
-// ddp::checkpoint alone, under DDP and under FULLY_SHARD. Alone: gradients of every parameter
-// and of the input equal those of the same net without checkpointing (rel. err < 1e-5), and the
-// block's internal autograd nodes are absent from the graph (nothing of it is kept); with dropout
-// the recompute sees forward's mask and leaves the RNG stream as it found it. Under DDP and
+// ddp::activation_checkpoint alone, under DDP and under FULLY_SHARD. Alone: gradients of every
+// parameter and of the input equal those of the same net without checkpointing (rel. err < 1e-5),
+// and the block's internal autograd nodes are absent from the graph (nothing of it is kept); with
+// dropout the recompute sees forward's mask and leaves the RNG stream as it found it. Under DDP and
 // FULLY_SHARD at world 1, 2, 3: the seed's Net(checkpoint=True) trains as the single-process
 // oracle of the plain Net on the global batch.
 
-#include "ddp/shard/activation_checkpoint.hpp"
+#include "ddp/unit/activation_checkpoint.hpp"
 
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
@@ -38,7 +38,7 @@ struct MlpImpl : torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x, bool checkpointed) {
     const auto h = pre(x);
     auto run_block = [this](const torch::Tensor& in) { return block->forward(in); };
-    return post(checkpointed ? checkpoint(*block, run_block, h) : run_block(h));
+    return post(checkpointed ? activation_checkpoint(*block, run_block, h) : run_block(h));
   }
   torch::nn::Linear pre{nullptr}, post{nullptr};
   torch::nn::Sequential block{nullptr};
@@ -145,7 +145,7 @@ TEST(ActivationCheckpoint, FirstLayerParametersGetGradientsWhenTheInputNeedsNone
   }
   const auto x = torch::randn({5, 6});
   plain(x).pow(2).sum().backward();
-  const auto out = checkpoint(
+  const auto out = activation_checkpoint(
       *ckpt, [&](const torch::Tensor& in) { return ckpt(in); }, x);
   ASSERT_TRUE(out.requires_grad());
   out.pow(2).sum().backward();
@@ -169,7 +169,7 @@ TEST(ActivationCheckpoint, SeveralInputsAndOutputs) {
   const auto ref_a = a1.grad();
   const auto ref_w = lin->weight.grad().clone(), ref_b = lin->bias.grad().clone();
   lin->zero_grad();
-  const auto outs = checkpoint(*lin, fn, {a2, idx});
+  const auto outs = activation_checkpoint(*lin, fn, {a2, idx});
   ASSERT_EQ(outs.size(), 3u);
   EXPECT_FALSE(outs[1].requires_grad());
   outs[0].sum().backward();
@@ -180,7 +180,7 @@ TEST(ActivationCheckpoint, SeveralInputsAndOutputs) {
 TEST(ActivationCheckpoint, WrapperModuleCheckpointsTheWrappedForward) {
   torch::manual_seed(0);
   torch::nn::Linear plain(4, 3);
-  shard::CheckpointWrapper<torch::nn::Linear> wrapped(torch::nn::Linear(4, 3));
+  unit::CheckpointWrapper<torch::nn::Linear> wrapped(torch::nn::Linear(4, 3));
   {
     torch::NoGradGuard no_grad;
     wrapped->module()->weight.copy_(plain->weight);
@@ -206,10 +206,10 @@ TEST(ActivationCheckpoint, FnRunsTwiceWithGradAndOnceWithout) {
   const auto x = torch::randn({2, 4});
   {
     torch::NoGradGuard no_grad;
-    EXPECT_FALSE(checkpoint(*lin, fn, x).requires_grad());
+    EXPECT_FALSE(activation_checkpoint(*lin, fn, x).requires_grad());
   }
   EXPECT_EQ(calls, 1);
-  checkpoint(*lin, fn, x).sum().backward();
+  activation_checkpoint(*lin, fn, x).sum().backward();
   EXPECT_EQ(calls, 3);
 }
 
@@ -233,10 +233,11 @@ TEST(ActivationCheckpoint, RefusesAnUndefinedOutput) {
   torch::nn::Linear lin(4, 4);
   const auto x = torch::randn({2, 4});
   EXPECT_EQ(error_of([&] {
-              checkpoint(
+              activation_checkpoint(
                   *lin, [](const torch::Tensor&) { return torch::Tensor(); }, x);
             }),
-            "ddp::checkpoint: the checkpointed function returned an undefined tensor at output 0; "
+            "ddp::activation_checkpoint: the checkpointed function returned an undefined tensor at "
+            "output 0; "
             "return defined tensors (compute optional values outside the checkpoint)");
 }
 
@@ -244,33 +245,35 @@ TEST(ActivationCheckpoint, RefusesARecomputeOfAnotherShape) {
   torch::nn::Linear lin(4, 4);
   int calls = 0;
   auto fn = [&](const torch::Tensor& in) { return lin(++calls == 1 ? in : in.narrow(0, 0, 1)); };
-  const auto out = checkpoint(*lin, fn, torch::randn({2, 4}));
-  EXPECT_EQ(error_of([&] { out.sum().backward(); }),
-            "ddp::checkpoint: the recompute returned outputs of sizes [[1, 4]] but forward "
-            "returned [[2, 4]]; the checkpointed function must compute the same outputs from the "
-            "same inputs");
+  const auto out = activation_checkpoint(*lin, fn, torch::randn({2, 4}));
+  EXPECT_EQ(
+      error_of([&] { out.sum().backward(); }),
+      "ddp::activation_checkpoint: the recompute returned outputs of sizes [[1, 4]] but forward "
+      "returned [[2, 4]]; the checkpointed function must compute the same outputs from the "
+      "same inputs");
 }
 
 TEST(ActivationCheckpoint, RefusesAParameterOutsideTheGivenModule) {
   torch::nn::Linear lin(4, 4), other(4, 2);
-  const auto out = checkpoint(
+  const auto out = activation_checkpoint(
       *lin, [&](const torch::Tensor& in) { return other(lin(in)); }, torch::randn({2, 4}));
-  EXPECT_EQ(
-      error_of([&] { out.sum().backward(); }),
-      "ddp::checkpoint: the checkpointed function reads a tensor of sizes [2, 4] that requires "
-      "grad but is neither an input nor a parameter of the module passed to checkpoint, so "
-      "it would get no gradient; pass the module that owns it (a parent of every module fn "
-      "calls)");
+  EXPECT_EQ(error_of([&] { out.sum().backward(); }),
+            "ddp::activation_checkpoint: the checkpointed function reads a tensor of sizes [2, 4] "
+            "that requires "
+            "grad but is neither an input nor a parameter of the module passed to checkpoint, so "
+            "it would get no gradient; pass the module that owns it (a parent of every module fn "
+            "calls)");
 }
 
 TEST(ActivationCheckpoint, RefusesDoubleBackward) {
   torch::nn::Linear lin(4, 4);
   const auto x = torch::randn({2, 4}, torch::requires_grad());
-  const auto out = checkpoint(
+  const auto out = activation_checkpoint(
       *lin, [&](const torch::Tensor& in) { return lin(in); }, x);
-  EXPECT_EQ(error_of([&] { torch::autograd::grad({out.pow(2).sum()}, {x}, {}, true, true); }),
-            "ddp::checkpoint: backward with create_graph=true (double backward) through a "
-            "checkpoint is not supported: the recompute's gradients carry no graph");
+  EXPECT_EQ(
+      error_of([&] { torch::autograd::grad({out.pow(2).sum()}, {x}, {}, true, true); }),
+      "ddp::activation_checkpoint: backward with create_graph=true (double backward) through a "
+      "checkpoint is not supported: the recompute's gradients carry no graph");
 }
 
 // The seed's Net(checkpoint=True) under DDP against the oracle of the plain Net.

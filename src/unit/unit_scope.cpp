@@ -1,16 +1,13 @@
-#include "ddp/shard/unit_scope.hpp"
+#include "ddp/unit/unit_scope.hpp"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/functions/utils.h>
-#include <torch/csrc/autograd/grad_mode.h>
 
 #include <mutex>
 #include <unordered_map>
 #include <utility>
 
-namespace ddp::shard {
+namespace ddp::unit {
 namespace {
 
 struct Entry {
@@ -27,20 +24,6 @@ std::unordered_map<const torch::nn::Module*, std::vector<Entry>>& registry() {
   static std::unordered_map<const torch::nn::Module*, std::vector<Entry>> r;
   return r;
 }
-
-// Passes the gradient of one tensor through unchanged after running `fn`: the engine runs it once
-// that gradient is complete (every use of the tensor summed), before anything upstream of it.
-struct BackwardCallback : torch::autograd::Node {
-  explicit BackwardCallback(std::function<void()> fn) : fn_(std::move(fn)) {}
-  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
-    fn_();
-    return std::move(grads);
-  }
-  std::string name() const override { return "ddp::shard::BackwardCallback"; }
-
- private:
-  std::function<void()> fn_;
-};
 
 }  // namespace
 
@@ -91,15 +74,4 @@ at::Tensor run_unit(const torch::nn::Module& module,
   return out;
 }
 
-at::Tensor on_backward(const at::Tensor& output, std::function<void()> fn) {
-  if (!at::GradMode::is_enabled() || !output.defined() || !output.requires_grad()) return output;
-  auto node = std::shared_ptr<BackwardCallback>(new BackwardCallback(std::move(fn)),
-                                                torch::autograd::deleteNode);
-  node->set_next_edges(torch::autograd::collect_next_edges(output));
-  // A new tensor sharing the output's memory, whose history is the callback node alone.
-  at::Tensor result = output.detach();
-  torch::autograd::set_history(result, node);
-  return result;
-}
-
-}  // namespace ddp::shard
+}  // namespace ddp::unit

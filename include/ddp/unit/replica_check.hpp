@@ -10,7 +10,7 @@
 
 #include "ddp/comm/process_group.hpp"
 
-namespace ddp::parallel {
+namespace ddp::unit {
 
 // One line per tensor: "<kind> <name> <shape> <dtype>".
 std::vector<std::string> replica_signature(const std::vector<std::string>& names,
@@ -23,4 +23,4 @@ std::string compare_signatures(const std::vector<std::vector<std::string>>& per_
 // Exchanges signatures through the process group's store and throws the comparison's error.
 void verify_replicas(comm::ProcessGroup& pg, const std::vector<std::string>& signature);
 
-}  // namespace ddp::parallel
+}  // namespace ddp::unit

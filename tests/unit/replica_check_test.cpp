@@ -3,12 +3,15 @@
 #include <torch/torch.h>
 
 #include "ddp/parallel/distributed_data_parallel.hpp"
-#include "ddp/parallel/replica_check.hpp"
+#include "ddp/unit/replica_check.hpp"
 #include "support/param_names.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::parallel {
 namespace {
+
+using unit::compare_signatures;
+using unit::replica_signature;
 
 TEST(ReplicaCheck, EqualSignaturesPass) {
   EXPECT_EQ(compare_signatures({{"a", "b"}, {"a", "b"}, {"a", "b"}}), "");

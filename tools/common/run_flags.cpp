@@ -1,0 +1,33 @@
+#include "common/run_flags.hpp"
+
+#include "ddp/models/registry.hpp"
+
+namespace ddp::tools {
+
+void add_run_flags(CLI::App& app, RunFlags& flags, bool& verbose) {
+  app.add_option("--model", flags.model, "model from the zoo")
+      ->check(CLI::IsMember(models::workload_names()))
+      ->capture_default_str();
+  app.add_option("--device", flags.device, "cpu or cuda")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  app.add_option("--batch-size", flags.batch_size, "samples per rank per step")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+      ->capture_default_str();
+  app.add_option("--nproc", flags.nproc, "spawn N local workers")->check(CLI::Range(1, 64));
+  app.add_option("--threads", flags.threads, "intra-op threads per worker")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  app.add_option("--lr", flags.lr, "learning rate (0: the model's default)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--timeout-s", flags.timeout_s, "collective timeout in seconds")
+      ->check(CLI::Range(1, 86400))
+      ->capture_default_str();
+  app.add_flag("--optimizer-overlap", flags.optimizer_overlap,
+               "step each parameter's optimizer inside backward, once its bucket is reduced "
+               "(replicate only)");
+  app.add_flag("--verbose", verbose, "print the bucket or unit table and the runtime stats");
+}
+
+}  // namespace ddp::tools

@@ -1,0 +1,29 @@
+#pragma once
+// The run flags ddp-train and ddp-bench share, registered once here: one name, one check and one
+// meaning in both tools. Each tool keeps its own defaults (ddp-bench: the seed's toy model and
+// SGD at 0.01, as bench/reference/torch_ddp.py; ddp-train: the seed Net at the model's own rate)
+// by setting them in its Args before registering; --help shows them.
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <string>
+
+namespace ddp::tools {
+
+struct RunFlags {
+  std::string model = "net";       // --model: a zoo workload (models/registry.hpp)
+  std::string device = "cpu";      // --device cpu|cuda (cuda: GPU LOCAL_RANK per worker)
+  int64_t batch_size = 32;         // --batch-size: samples per rank per step
+  int nproc = 0;                   // --nproc N: spawn N local workers; 0: the tool's default
+  int threads = 1;                 // --threads: intra-op threads per worker (2 cores: 1 each)
+  double lr = 0;                   // --lr: learning rate; 0: the model's own (Workload::lr)
+  int timeout_s = 300;             // --timeout-s: bound of every collective
+  bool optimizer_overlap = false;  // --optimizer-overlap: optimizer in backward (DDP only)
+};
+
+// --model, --device, --batch-size, --nproc, --threads, --lr, --timeout-s, --optimizer-overlap,
+// and --verbose into `verbose` (the tool's DDPOptions::verbose).
+void add_run_flags(CLI::App& app, RunFlags& flags, bool& verbose);
+
+}  // namespace ddp::tools
