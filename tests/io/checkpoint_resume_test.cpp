@@ -101,8 +101,9 @@ TEST(CheckpointRestart, FailAtStepThenRestartResumesFromTheLastCheckpoint) {
 }
 
 // The newest checkpoint corrupt: --resume warns, falls back to the older one and still ends
-// bit-for-bit where the uninterrupted run ended. At another world size it is refused.
-TEST(CheckpointRestart, CorruptLatestFallsBackAndWorldSizeChangeIsRefused) {
+// bit-for-bit where the uninterrupted run ended. At another world size it resumes when the global
+// batch is kept, and is refused naming the batch when it is not.
+TEST(CheckpointRestart, CorruptLatestFallsBackAndAnotherWorldSizeResumes) {
   TempDir dir;
   auto [out, code] =
       run_command(train("sgd", "--steps 10 --checkpoint-every 5 --checkpoint-dir " + dir.file("d") +
@@ -126,12 +127,34 @@ TEST(CheckpointRestart, CorruptLatestFallsBackAndWorldSizeChangeIsRefused) {
       << out;
   expect_bitwise_equal(dir.file("resumed.safetensors"), dir.file("straight.safetensors"));
 
+  // A replicated checkpoint loads at any world size (as PyTorch's DDP state dicts do); the data
+  // position must still fit: world 3 with the saved --batch-size changes the global batch.
   std::tie(out, code) =
       run_command(train("sgd", "--steps 10 --resume --checkpoint-dir " + dir.file("d"), 3));
   EXPECT_NE(code, 0) << out;
-  EXPECT_NE(out.find("was written at world size 2 but this run has world size 3"),
+  EXPECT_NE(out.find("ddp-train: checkpoint " + dir.file("d") +
+                     "/step-5 had consumed 320 samples at step 5, but this run's global batch "
+                     "of 96 gives 480: resume with the --batch-size of the saved run"),
             std::string::npos)
       << out;
+  // World 4 with half the batch keeps the global batch: it ends where the uninterrupted world-2
+  // run ended, to fp32 rounding (4 partial averages instead of 2).
+  std::tie(out, code) = run_command(train(
+      "sgd", "--steps 10 --batch-size 16 --resume --checkpoint-dir " + dir.file("d") +
+                 " --save-weights " + dir.file("world4.safetensors"),
+      4));
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("resumed from " + dir.file("d") + "/step-5 at step 5"), std::string::npos)
+      << out;
+  const auto got = ddp::io::load_weights(dir.file("world4.safetensors"));
+  const auto want = ddp::io::load_weights(dir.file("straight.safetensors"));
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [name, t] : want) {
+    ASSERT_EQ(got.count(name), 1u) << name;
+    const double rel = (got.at(name) - t).norm().item<double>() / t.norm().item<double>();
+    EXPECT_LT(rel, 1e-5) << name;
+    EXPECT_GT(t.norm().item<double>(), 0) << name;
+  }
 }
 
 TEST(CheckpointRestart, FlagsThatCannotBeCheckpointedAreRefused) {

@@ -52,8 +52,8 @@ struct CheckpointOptions {
   // This process's rank: only rank 0 writes (the state is replicated); other ranks return from
   // save_checkpoint at once. Default 0, a single process.
   int rank = 0;
-  // Processes of the run, recorded in the manifest; a replicated checkpoint is refused at another
-  // world size (a sharded one reshards). Default 1.
+  // Processes of the run, recorded in the manifest (a replicated checkpoint loads at any world
+  // size, a sharded one reshards). Default 1.
   int world_size = 1;
 };
 
@@ -90,8 +90,8 @@ Manifest verify_checkpoint(const std::string& dir);
 
 // Loads the checkpoint in `dir` (verified first) into state.model, state.optimizer (when not null;
 // the checkpoint must then hold that kind of optimizer's state) and the CPU generator; sets
-// state.step and state.data_position. Throws, changing nothing, when the checkpoint is corrupt or
-// was written at a world size other than `world_size` (the message names both).
+// state.step and state.data_position. Throws, changing nothing, when the checkpoint is corrupt.
+// A replicated checkpoint loads at any `world_size` (every rank holds all of it).
 // When the checkpoint or the run is sharded, `rank` (this process's, of `world_size`) says which
 // rows to load; the world sizes may then differ, and only the files holding those rows are read
 // and verified (load_resharded_checkpoint in sharded_checkpoint.hpp).
