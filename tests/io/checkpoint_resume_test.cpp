@@ -139,10 +139,11 @@ TEST(CheckpointRestart, CorruptLatestFallsBackAndAnotherWorldSizeResumes) {
       << out;
   // World 4 with half the batch keeps the global batch: it ends where the uninterrupted world-2
   // run ended, to fp32 rounding (4 partial averages instead of 2).
-  std::tie(out, code) = run_command(train(
-      "sgd", "--steps 10 --batch-size 16 --resume --checkpoint-dir " + dir.file("d") +
-                 " --save-weights " + dir.file("world4.safetensors"),
-      4));
+  std::tie(out, code) =
+      run_command(train("sgd",
+                        "--steps 10 --batch-size 16 --resume --checkpoint-dir " + dir.file("d") +
+                            " --save-weights " + dir.file("world4.safetensors"),
+                        4));
   ASSERT_EQ(code, 0) << out;
   EXPECT_NE(out.find("resumed from " + dir.file("d") + "/step-5 at step 5"), std::string::npos)
       << out;
