@@ -49,10 +49,9 @@ std::vector<ManifestFile> decode_files(const std::string& text) {
 // the temporary directory: the checkpoints saved before are untouched.
 std::string save_sharded(comm::ProcessGroup& group, const CoordinatorOptions& options,
                          const TrainingState& state) {
-  TORCH_CHECK(state.shard_plan->world == group.world_size(),
-              "ddp: save_and_barrier: the shard "
-              "plan is for world size ",
-              state.shard_plan->world, " but the group has ", group.world_size(), " ranks");
+  TORCH_CHECK(
+      state.shard_plan->world == group.world_size(),
+      wrong_group_for_plan("save_and_barrier", state.shard_plan->world, group.world_size()));
   const bool root = group.rank() == 0;
   at::Tensor pid = comm::control_tensor(group, {root ? int64_t(::getpid()) : 0});
   group.broadcast(pid, 0, "checkpoint directory broadcast");

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include "ddp/io/sharded_checkpoint.hpp"
 #include "ddp/io/torch_save.hpp"
 #include "every_rank.hpp"
 
@@ -13,8 +14,7 @@ namespace ddp::io {
 TensorMap gather_full_state(comm::ProcessGroup& group, const shard::ShardedModule& sharded,
                             const torch::nn::Module& model) {
   TORCH_CHECK(sharded.plan().world == group.world_size(),
-              "ddp: gather_full_state: the shard plan is for ", sharded.plan().world,
-              " ranks but the group has ", group.world_size());
+              wrong_group_for_plan("gather_full_state", sharded.plan().world, group.world_size()));
   // full_parameters() names each parameter once (its first name); named_parameters() lists a
   // tied one under every name: match them by identity.
   std::unordered_map<std::string, at::Tensor> by_first_name;

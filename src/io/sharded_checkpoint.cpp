@@ -65,8 +65,7 @@ std::vector<LiveParam> live_params(const TrainingState& state, int rank, int wor
     return out;
   }
   const shard::ShardPlan& plan = *state.shard_plan;
-  TORCH_CHECK(plan.world == world, "ddp: checkpoint: the shard plan is for world size ", plan.world,
-              " but this run has world size ", world);
+  TORCH_CHECK(plan.world == world, wrong_group_for_plan("checkpoint", plan.world, world));
   TORCH_CHECK(0 <= rank && rank < world, "ddp: checkpoint: rank ", rank,
               " is outside the world of size ", world);
   for (size_t i = 0; i < plan.shapes.size(); ++i) {
@@ -353,6 +352,15 @@ Manifest load_resharded_checkpoint(const std::string& dir, const Manifest& manif
   state.step = manifest.step;
   state.data_position = manifest.data_position;
   return manifest;
+}
+
+std::string wrong_group_for_plan(const std::string& who, int plan_world, int group_ranks) {
+  return "ddp: " + who + ": the shard plan is for world size " + std::to_string(plan_world) +
+         " but the group has " + std::to_string(group_ranks) +
+         " ranks; pass the sharded runtime's own group (the mesh's \"dp\" group when it shards "
+         "over one mesh dim). A sharded style over tensor parallelism cannot be checkpointed yet: "
+         "its layouts (ShardedModule::layout nested on TensorParallel::layout) are not in the "
+         "checkpoint format";
 }
 
 }  // namespace ddp::io

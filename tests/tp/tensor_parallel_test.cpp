@@ -12,6 +12,7 @@
 
 #include "ddp/comm/device_mesh.hpp"
 #include "ddp/comm/layout_tensors.hpp"
+#include "ddp/io/checkpoint_coordinator.hpp"
 #include "ddp/models/gpt.hpp"
 #include "ddp/models/net.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
@@ -20,6 +21,7 @@
 #include "support/error_text.hpp"
 #include "support/oracle.hpp"
 #include "support/regression_steps.hpp"
+#include "support/temp_dir.hpp"
 #include "support/tiny_gpt.hpp"
 #include "support/workers.hpp"
 
@@ -307,6 +309,36 @@ DDP_TEST_WORKER(tp_bad_plans) {
 
 TEST(TensorParallelPlan, AMissingSubmoduleOrAnUnevenSplitIsNamed) {
   const auto result = run_workers("tp_bad_plans", 4);
+  EXPECT_TRUE(result.ok()) << result.describe();
+}
+
+// FULLY_SHARD over tensor parallelism, checkpointed through the world group (a program using the
+// public API): the error says which group to pass, and that this combination cannot be saved yet.
+DDP_TEST_WORKER(tp_sharded_checkpoint_group) {
+  auto pg = worker_process_group(std::chrono::seconds(60));
+  comm::DeviceMesh mesh(pg, {2, 2}, {"dp", "tp"});
+  models::Net net(kDim);
+  auto tensor_parallel = tp::parallelize_module(net.ptr(), mesh["tp"], seed_plan());
+  shard::ShardOptions options;
+  options.units = {"fc1", "fc2", "fc3", "fc4"};
+  shard::FullyShardedDataParallel<models::Net> sharded(net, mesh["dp"], options);
+  io::TrainingState state;
+  state.model = net.ptr().get();
+  state.step = 1;
+  state.shard_plan = &sharded.plan();
+  io::CoordinatorOptions where;
+  where.root = worker_env("DDP_TEST_DIR");
+  const std::string error = error_of([&] { io::save_and_barrier(*pg, where, state); });
+  require(error.find("ddp: save_and_barrier: the shard plan is for world size 2 but the group "
+                     "has 4 ranks; pass the sharded runtime's own group (the mesh's "
+                     "\"dp\" group when it shards over one mesh dim). A sharded style over tensor "
+                     "parallelism cannot be checkpointed yet") != std::string::npos,
+          "the error names the group to pass, got: '" + error + "'");
+}
+
+TEST(TensorParallelPlan, ShardedOverTpCheckpointedThroughTheWorldGroupSaysWhatToDo) {
+  TempDir dir;
+  const auto result = run_workers("tp_sharded_checkpoint_group", 4, {{"DDP_TEST_DIR", dir.str()}});
   EXPECT_TRUE(result.ok()) << result.describe();
 }
 

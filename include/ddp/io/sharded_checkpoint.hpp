@@ -63,4 +63,8 @@ ShardFiles write_shard_files(const std::string& dir, const TrainingState& state,
 Manifest load_resharded_checkpoint(const std::string& dir, const Manifest& manifest, int rank,
                                    int world_size, TrainingState& state);
 
+// The error of every entry point that takes a shard plan with a group of another size: what
+// happened and which group to pass ("who" names the entry point, e.g. "save_and_barrier").
+std::string wrong_group_for_plan(const std::string& who, int plan_world, int group_ranks);
+
 }  // namespace ddp::io
