@@ -32,20 +32,22 @@ TEST(Options, DescribeReachesNestedFields) {
   EXPECT_EQ(d.at("stats_every"), "100");
 }
 
-TEST(Options, DocsListEveryOption) {
+// Every (name, default) of `options` is a row of docs/options.md: | `name` | <default> ...
+void expect_docs_list(const std::vector<std::pair<std::string, std::string>>& options) {
   std::ifstream file(std::string(DDP_SOURCE_DIR) + "/docs/options.md");
   ASSERT_TRUE(file) << "cannot read docs/options.md";
   std::stringstream text;
   text << file.rdbuf();
   const std::string docs = text.str();
-  for (const auto& [name, value] : parallel::describe(parallel::DDPOptions{})) {
-    // A table row: | `name` | <default> ...
+  for (const auto& [name, value] : options) {
     const std::string row = "| `" + name + "` | " + value;
     EXPECT_NE(docs.find(row), std::string::npos)
         << "docs/options.md has no row starting '" << row << "' (option " << name << ", default "
         << value << ")";
   }
 }
+
+TEST(Options, DocsListEveryOption) { expect_docs_list(parallel::describe(parallel::DDPOptions{})); }
 
 TEST(Options, ShardOptionsDescribeReachesNestedFields) {
   shard::ShardOptions options;
@@ -65,18 +67,9 @@ TEST(Options, ShardOptionsDescribeReachesNestedFields) {
 }
 
 TEST(Options, DocsListEveryShardOption) {
-  std::ifstream file(std::string(DDP_SOURCE_DIR) + "/docs/options.md");
-  ASSERT_TRUE(file) << "cannot read docs/options.md";
-  std::stringstream text;
-  text << file.rdbuf();
-  const std::string docs = text.str();
   std::vector<std::pair<std::string, std::string>> out;
   shard::describe(shard::ShardOptions{}, "", out);
-  for (const auto& [name, value] : out) {
-    const std::string row = "| `" + name + "` | " + value;
-    EXPECT_NE(docs.find(row), std::string::npos)
-        << "docs/options.md has no row starting '" << row << "' (option " << name << ")";
-  }
+  expect_docs_list(out);
 }
 
 }  // namespace
