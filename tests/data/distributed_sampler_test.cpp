@@ -5,7 +5,7 @@
 // holding positions r, r + W, ...; the reference order is the world-1 sampler's (a permutation,
 // checked) or, without shuffle, 0..size-1 itself. Resume: seek() and save/load at every batch
 // boundary of a 3-epoch run continue with exactly the batches the uninterrupted run took.
-// LoaderSampler: passes of a torch::data DataLoader advance epochs and keep a resumed position.
+// LoaderSampler with a DataLoader: loader_sampler_test.cpp.
 // Parity: the Python torch.utils.data.DistributedSampler gives the same indices (needs
 // python3-torch; skipped without it outside CI).
 //
@@ -606,93 +606,6 @@ TEST(DistributedSamplerErrors, LoadRefusesAnotherOrder) {
   EXPECT_EQ(error_of([&] { load_into(three, out.str()); }),
             "DistributedSampler::load: the archive has no integer 'ddp_sampler_format' (it was "
             "not written by DistributedSampler::save)");
-}
-
-// A dataset whose example i is the index i itself.
-struct IndexDataset : torch::data::datasets::Dataset<IndexDataset> {
-  explicit IndexDataset(int64_t n) : n(n) {}
-  torch::data::Example<> get(size_t index) override {
-    return {torch::tensor(static_cast<int64_t>(index)), torch::tensor(int64_t{0})};
-  }
-  c10::optional<size_t> size() const override { return static_cast<size_t>(n); }
-  int64_t n;
-};
-
-std::vector<int64_t> concat_epochs(const DistributedSampler& s, int64_t from, int64_t to) {
-  std::vector<int64_t> all;
-  for (int64_t e = from; e <= to; ++e) {
-    const auto shard = s.epoch_indices(e);
-    all.insert(all.end(), shard.begin(), shard.end());
-  }
-  return all;
-}
-
-// With LoaderSampler, each pass of a DataLoader is the rest of the sampler's epoch; the next pass
-// starts the next epoch, and a seek() before the first pass survives the loader's reset. Without
-// loader workers the sampler's consumed() is what the loop received; with workers it runs ahead
-// (the loader prefetches), which is why docs/data.md counts received samples instead.
-TEST(DistributedSamplerLoader, PassesAdvanceEpochsAndKeepAResumedPosition) {
-  const SamplerOptions o = make(11, 3, 1);  // 4 samples per rank: batches of 3 and 1
-  const size_t kBatch = 3;
-  for (size_t workers : {0, 2}) {
-    auto sampler = std::make_shared<DistributedSampler>(o);
-    auto loader =
-        torch::data::make_data_loader(IndexDataset(o.size), LoaderSampler(sampler),
-                                      torch::data::DataLoaderOptions(kBatch).workers(workers));
-    std::vector<int64_t> seen;
-    std::vector<int64_t> positions;  // start of pass + received, after every batch
-    for (int64_t e = sampler->epoch(); e <= kLastEpoch; ++e) {
-      const int64_t start = sampler->consumed();
-      int64_t received = 0;
-      for (auto& batch : *loader) {
-        for (const auto& example : batch) seen.push_back(example.data.item<int64_t>());
-        received += static_cast<int64_t>(batch.size());
-        positions.push_back(start + received);
-        if (workers == 0) {
-          EXPECT_EQ(sampler->consumed(), start + received);
-        }
-        // 2 workers prefetch 4 batches: the epoch's second batch is requested before the loop
-        // has the first one.
-        if (workers > 0 && received < sampler->samples_per_rank()) {
-          EXPECT_GT(sampler->consumed(), start + received);
-        }
-      }
-    }
-    EXPECT_EQ(seen, concat_epochs(*sampler, 0, kLastEpoch)) << workers << " workers";
-
-    // Resume at every batch boundary from the position the loop counted.
-    for (size_t k = 0; k < positions.size(); ++k) {
-      auto resumed = std::make_shared<DistributedSampler>(o);
-      resumed->seek(positions[k]);
-      auto again =
-          torch::data::make_data_loader(IndexDataset(o.size), LoaderSampler(resumed),
-                                        torch::data::DataLoaderOptions(kBatch).workers(workers));
-      std::vector<int64_t> rest;
-      for (int64_t e = resumed->epoch(); e <= kLastEpoch; ++e) {
-        for (auto& batch : *again) {
-          for (const auto& example : batch) rest.push_back(example.data.item<int64_t>());
-        }
-      }
-      const std::vector<int64_t> expected(seen.begin() + positions[k], seen.end());
-      EXPECT_EQ(rest, expected) << workers << " workers, resumed at " << positions[k];
-    }
-  }
-}
-
-// PyTorch's habit, set_epoch(e) before each pass, gives the same epochs.
-TEST(DistributedSamplerLoader, ExplicitSetEpochPerPassWorksToo) {
-  const SamplerOptions o = make(10, 2, 0, /*drop_last=*/true);
-  auto sampler = std::make_shared<DistributedSampler>(o);
-  auto loader = torch::data::make_data_loader(IndexDataset(o.size), LoaderSampler(sampler),
-                                              torch::data::DataLoaderOptions(2));
-  std::vector<int64_t> seen;
-  for (int64_t e = 0; e <= kLastEpoch; ++e) {
-    sampler->set_epoch(e);
-    for (auto& batch : *loader) {
-      for (const auto& example : batch) seen.push_back(example.data.item<int64_t>());
-    }
-  }
-  EXPECT_EQ(seen, concat_epochs(*sampler, 0, kLastEpoch));
 }
 
 // The Python torch.utils.data.DistributedSampler (python3-torch), same options and set_epoch:
