@@ -249,7 +249,6 @@ Manifest load_checkpoint(const std::string& dir, int world_size, TrainingState& 
   // Whole tensors load at any world size (and any mesh under tensor parallelism), as PyTorch loads
   // a DDP state dict anywhere: every rank holds all of it. The caller checks that its data
   // position still fits (ddp-train: the same global batch).
-  (void)world_size;
   const auto has = [&](const char* name) {
     return std::any_of(manifest.files.begin(), manifest.files.end(),
                        [&](const ManifestFile& f) { return f.name == name; });

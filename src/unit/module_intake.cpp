@@ -84,14 +84,16 @@ void synchronize_replicas(comm::ProcessGroup& group, const ModuleIntake& intake,
   // all-reduce), so that every rank raises the same error. Exact equality is expected: the
   // broadcast copied the bytes.
   at::NoGradGuard no_grad;
-  const auto host = at::TensorOptions(at::kDouble);
-  at::Tensor mine = at::empty({static_cast<int64_t>(state.size()), 2}, host);
-  for (size_t i = 0; i < state.size(); ++i) {
-    const at::Tensor values = at::nan_to_num(state[i].detach().to(at::kCPU, at::kDouble));
-    mine[static_cast<int64_t>(i)][0] = values.sum().item<double>();
-    mine[static_cast<int64_t>(i)][1] = values.square().sum().item<double>();
+  // Computed where the tensors live and stacked there: no copy of the model to the host and one
+  // device sync (the comparison's) instead of two per tensor.
+  const at::Device device = state[0].device();
+  std::vector<at::Tensor> sums;
+  sums.reserve(state.size());
+  for (const at::Tensor& t : state) {
+    const at::Tensor values = at::nan_to_num(t.detach().to(at::kDouble));
+    sums.push_back(at::stack({values.sum(), values.square().sum()}).to(device));
   }
-  const at::Tensor device_mine = mine.to(state[0].device());
+  const at::Tensor device_mine = at::stack(sums);
   at::Tensor reference = device_mine.clone();
   group.broadcast(reference, 0, who + ": checksum of rank 0's parameters and buffers");
   at::Tensor differs = device_mine.ne(reference).any(1).to(at::kDouble);
