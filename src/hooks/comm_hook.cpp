@@ -1,11 +1,16 @@
 #include "ddp/hooks/comm_hook.hpp"
 
+#include <c10/util/Exception.h>
+
 #include <ATen/core/jit_type.h>
 #include <c10/util/irange.h>
 
 namespace ddp::hooks {
 
 at::Tensor GradBucket::gradient(size_t i) const {
+  TORCH_CHECK(!reduce_scatter, "ddp: GradBucket::gradient: bucket ", index,
+              " is a reduce-scattered unit; its parameters' blocks are columns of a (world, S) "
+              "layout, not views shaped like them");
   return buffer.narrow(0, offsets.at(i), lengths.at(i)).view(params.at(i).sizes());
 }
 

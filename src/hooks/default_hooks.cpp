@@ -14,10 +14,25 @@ at::Tensor first_tensor(c10::ivalue::Future& done) {
   return value.toTensorVector().at(0);
 }
 
+// A reduce-scatter's future: its value is this rank's shard, cast to `dtype` when it differs
+// (a compressed wire dtype back to the gradients').
+c10::intrusive_ptr<c10::ivalue::Future> shard_future(const comm::PendingCollective& pending,
+                                                     at::ScalarType dtype) {
+  const at::Tensor shard = pending.result();
+  if (!pending.work()) return completed_future(shard.to(dtype));  // nothing to reduce
+  return pending.work()->getFuture()->then(
+      [shard, dtype](c10::ivalue::Future&) { return c10::IValue(shard.to(dtype)); },
+      c10::TensorType::get());
+}
+
 class AllreduceHook : public CommHook {
  public:
   explicit AllreduceHook(comm::ProcessGroupPtr pg) : pg_(std::move(pg)) {}
   c10::intrusive_ptr<c10::ivalue::Future> run(GradBucket& bucket) override {
+    if (bucket.reduce_scatter) {
+      return shard_future(pg_->reduce_scatter_async(bucket.buffer, comm::ReduceOp::kAvg),
+                          bucket.buffer.scalar_type());
+    }
     auto work = pg_->allreduce_avg_async(bucket.buffer);
     return work->getFuture()->then(
         [](c10::ivalue::Future& done) { return c10::IValue(first_tensor(done)); },
@@ -32,6 +47,9 @@ class AllreduceHook : public CommHook {
 class NoopHook : public CommHook {
  public:
   c10::intrusive_ptr<c10::ivalue::Future> run(GradBucket& bucket) override {
+    if (bucket.reduce_scatter) {
+      return completed_future(bucket.buffer.view({bucket.world, -1})[bucket.rank]);
+    }
     return completed_future(bucket.buffer);
   }
   std::string name() const override { return "noop"; }
@@ -42,6 +60,7 @@ class CompressHook : public CommHook {
   CompressHook(comm::ProcessGroupPtr pg, at::ScalarType wire, std::string name)
       : pg_(std::move(pg)), wire_(wire), name_(std::move(name)) {}
   c10::intrusive_ptr<c10::ivalue::Future> run(GradBucket& bucket) override {
+    if (bucket.reduce_scatter) return run_reduce_scatter(bucket);
     c10::intrusive_ptr<c10d::Work> work;
     if (pg_->reduces_avg()) {
       // NCCL: one cast into a wire buffer kept per bucket (no allocation per step), and the
@@ -71,6 +90,19 @@ class CompressHook : public CommHook {
   std::string name() const override { return name_; }
 
  private:
+  // FULLY_SHARD: the unit's reduce input is made per step (its buffer lives only until its
+  // reduction ends), so the wire copy is too; half the bytes on the wire either way.
+  c10::intrusive_ptr<c10::ivalue::Future> run_reduce_scatter(GradBucket& bucket) {
+    if (pg_->reduces_avg()) {
+      return shard_future(pg_->reduce_scatter_async(bucket.buffer.to(wire_), comm::ReduceOp::kAvg),
+                          bucket.buffer.scalar_type());
+    }
+    at::Tensor compressed = bucket.buffer.div(pg_->world_size()).to(wire_);
+    if (!pg_->can_sum(wire_)) compressed = compressed.to(at::kFloat);  // as the all-reduce path
+    return shard_future(pg_->reduce_scatter_async(compressed, comm::ReduceOp::kSum),
+                        bucket.buffer.scalar_type());
+  }
+
   at::Tensor& wire_buffer(const GradBucket& bucket) {
     if (wire_buffers_.size() <= bucket.index) wire_buffers_.resize(bucket.index + 1);
     at::Tensor& wire = wire_buffers_[bucket.index];

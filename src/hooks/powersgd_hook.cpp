@@ -117,6 +117,11 @@ class PowerSGDHook final : public CommHook {
       : pg_(std::move(pg)), options_(options), warmup_(allreduce_hook(pg_)) {}
 
   c10::intrusive_ptr<c10::ivalue::Future> run(GradBucket& bucket) override {
+    TORCH_CHECK(!bucket.reduce_scatter,
+                "ddp: comm hook 'powersgd' cannot reduce-scatter a FULLY_SHARD unit (bucket ",
+                bucket.index,
+                "): its low-rank factors are all-reduced whole; use allreduce, fp16_compress or "
+                "bf16_compress under fully_shard and default");
     check_bucket(bucket);
     if (bucket.iteration < options_.start_powerSGD_iter) return warmup_->run(bucket);
     std::lock_guard<std::mutex> lock(mutex_);  // state_ is shared by all buckets

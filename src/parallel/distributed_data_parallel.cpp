@@ -62,7 +62,8 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
 
   reducer_ = std::make_unique<reducer::Reducer>(grad_params, param_names_, pg_, options_.reducer,
                                                 expect_sparse);
-  reducer_->add_listener(&timeline_, "the stats timeline");
+  stats_ = std::make_unique<reducer::GradientStats>(options_.stats_every);
+  reducer_->add_listener(stats_->listener(), "the stats timeline");
   const bool show =
       pg_->rank() == 0 && (options_.verbose || obs::log_level() >= obs::LogLevel::kInfo);
   if (show) {
@@ -105,11 +106,9 @@ void DistributedDataParallelBase::zero_grad() {
   }
 }
 
-int64_t DistributedDataParallelBase::now_ns() const { return obs::steady_ns(); }
-
 void DistributedDataParallelBase::pre_forward() {
-  collect_stats();
-  forward_start_ns_ = now_ns();
+  stats_->collect(reducer_->num_synchronized_backwards());
+  stats_->forward_started();
   if (!torch::GradMode::is_enabled()) return;  // inference: nothing to synchronize
   if (joining_) {
     TORCH_CHECK(require_sync_, "ddp: no_sync() inside join() is not supported");
@@ -139,21 +138,12 @@ void DistributedDataParallelBase::post_forward(const std::vector<torch::Tensor>&
   reducer_->prepare_for_backward(reducer_->needs_walk()
                                      ? planner::reachable_params(outputs, reducer_->params())
                                      : std::vector<bool>{});
-  last_forward_ns_ = now_ns() - forward_start_ns_;
+  stats_->forward_ended();
   ++iterations_;
 }
 
-void DistributedDataParallelBase::collect_stats() {
-  const int64_t done = reducer_->num_synchronized_backwards();
-  if (done == stats_collected_through_) return;
-  stats_collected_through_ = done;
-  if (!obs::should_sample(done, options_.stats_every)) return;
-  samples_.push_back(obs::stats_from_timeline(timeline_.last(), last_forward_ns_));
-  if (samples_.size() > 64) samples_.erase(samples_.begin());  // bounded memory in long runs
-}
-
 obs::LoggingData DistributedDataParallelBase::logging_data() {
-  collect_stats();
+  stats_->collect(reducer_->num_synchronized_backwards());
   obs::LoggingData d;
   d.rank = pg_->rank();
   d.world_size = pg_->world_size();
@@ -163,8 +153,7 @@ obs::LoggingData DistributedDataParallelBase::logging_data() {
   for (const auto& b : reducer_->plan().buckets) d.bucket_sizes.push_back(b.bytes);
   d.param_names = param_names_;
   d.iterations = reducer_->num_synchronized_backwards();
-  d.samples = samples_;
-  obs::summarize(d);
+  stats_->fill(d);
   return d;
 }
 

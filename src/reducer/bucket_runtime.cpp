@@ -55,7 +55,7 @@ void wait_future(const c10::intrusive_ptr<c10::ivalue::Future>& future,
 }
 
 BucketRuntime::BucketRuntime(const std::vector<at::Tensor>& params, const buckets::BucketPlan& plan,
-                             const buckets::GradLayout& layout, comm::ProcessGroupPtr pg,
+                             const buckets::BucketBuffers& layout, comm::ProcessGroupPtr pg,
                              Reduction reduction, hooks::CommHookPtr hook, int64_t plan_epoch)
     : params_(params),
       plan_(plan),
@@ -70,8 +70,6 @@ BucketRuntime::BucketRuntime(const std::vector<at::Tensor>& params, const bucket
               layout_.num_buckets(), " buckets, the plan ", plan_.buckets.size());
   on_device_ = !plan_.buckets.empty() && plan_.buckets[0].device.is_cuda();
   if (reduction_ == Reduction::kReduceScatter) {
-    TORCH_CHECK(!hook_, "ddp: a reduce-scatter reduction takes no comm hook (got '", hook_->name(),
-                "')");
     for (size_t b = 0; b < plan_.buckets.size(); ++b) {
       TORCH_CHECK(!plan_.buckets[b].sparse,
                   "ddp: a reduce-scatter reduction cannot reduce the "
@@ -126,6 +124,17 @@ hooks::GradBucket BucketRuntime::grad_bucket(size_t b) const {
     gb.params.push_back(params_[p]);
     gb.lengths.push_back(params_[p].numel());
   }
+  if (reduction_ == Reduction::kReduceScatter) {
+    // A (world, S) unit layout: the offsets are columns of one row, and parameter i's block runs
+    // to the next one's offset (the last to S).
+    gb.reduce_scatter = true;
+    gb.rank = pg_->rank();
+    gb.world = pg_->world_size();
+    const int64_t row = gb.buffer.numel() / gb.world;
+    for (size_t i = 0; i < gb.offsets.size(); ++i) {
+      gb.lengths[i] = (i + 1 < gb.offsets.size() ? gb.offsets[i + 1] : row) - gb.offsets[i];
+    }
+  }
   gb.is_last = b + 1 == buckets_.size();
   gb.iteration = iteration_;
   gb.plan_epoch = plan_epoch_;
@@ -162,6 +171,13 @@ void BucketRuntime::launch(size_t b) {
       }
       break;
     case Reduction::kReduceScatter: {
+      if (hook_) {
+        hooks::GradBucket gb = grad_bucket(b);
+        bucket.future = hook_->run(gb);
+        TORCH_CHECK(bucket.future, "ddp: comm hook '", hook_->name(), "' returned no future");
+        watch_completion(b, bucket.future);
+        break;
+      }
       at::Tensor storage = layout_.storage(b);
       if (divisor == pg_->world_size()) {
         bucket.scatter = pg_->reduce_scatter_async(storage, comm::ReduceOp::kAvg);
@@ -208,6 +224,16 @@ BucketRuntime::Finished BucketRuntime::finish_next() {
     wait_future(future, pg_->timeout(), what(b), pg_.get());
     const at::Tensor result = future_tensor(future);
     const at::Tensor& data = layout_.data(b);
+    if (reduction_ == Reduction::kReduceScatter) {
+      const int64_t shard = data.numel() / pg_->world_size();
+      TORCH_CHECK(result.numel() == shard, "ddp: comm hook '", hook_->name(), "' returned ",
+                  result.numel(), " elements for reduce-scattered bucket ", b,
+                  "; this rank's shard has ", shard);
+      out.shard = result;
+      bucket.sparse.reset();
+      if (bucket.comm_done_ns) out.comm_done_ns = bucket.comm_done_ns->load();
+      return out;
+    }
     TORCH_CHECK(result.numel() == data.numel(), "ddp: comm hook '", hook_->name(), "' returned ",
                 result.numel(), " elements for bucket ", b, " of ", data.numel());
     if (result.data_ptr() != data.data_ptr()) {

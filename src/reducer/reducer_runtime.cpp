@@ -22,22 +22,6 @@ std::string join_names(const std::vector<std::string>& names) {
 
 }  // namespace
 
-const char* Reducer::state_name(State s) {
-  switch (s) {
-    case State::kIdle:
-      return "idle";
-    case State::kPreparedSync:
-      return "prepared (synchronized)";
-    case State::kPreparedLocal:
-      return "prepared (no_sync)";
-    case State::kBackwardSync:
-      return "in backward (synchronized)";
-    case State::kBackwardLocal:
-      return "in backward (no_sync)";
-  }
-  return "?";
-}
-
 Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
                  comm::ProcessGroupPtr process_group, ReducerOptions options,
                  std::vector<bool> expect_sparse)

@@ -120,7 +120,6 @@ int64_t FlatParamGroup::transient_bytes() const {
   int64_t bytes = full_has_memory_ ? full_bytes() : 0;
   // A gathered output counts as long as its handle keeps it alive (in flight, or not dropped).
   if (gather_.result().defined()) bytes += full_bytes();
-  if (reduce_input_.defined()) bytes += static_cast<int64_t>(reduce_input_.nbytes());
   return bytes;
 }
 
@@ -205,17 +204,30 @@ void FlatParamGroup::reshard() {
   if (gathering_) {
     wait_gather();
   }
-  if (reducing_) finish_reduce_scatter();
-  if (state_ == ShardedState::kSharded) return;
-  point_at_shards();
+  // A filled reduction that will not finish (an error in backward): this step's gradients are
+  // dropped, the sharded .grad set aside is put back.
+  const bool dropped = reducing_;
+  reducing_ = false;
+  if (state_ == ShardedState::kSharded && !dropped) return;
+  if (state_ != ShardedState::kSharded) point_at_shards();
   for (Member& m : params_) {
     m.param.mutable_grad() = m.shard_grad;
     m.shard_grad = at::Tensor();
   }
 }
 
-void FlatParamGroup::start_reduce_scatter() {
-  require_state(!reducing_, "start_reduce_scatter");
+std::vector<int64_t> FlatParamGroup::member_offsets() const {
+  std::vector<int64_t> out;
+  for (const Member& m : params_) out.push_back(m.offset);
+  return out;
+}
+
+void FlatParamGroup::fill_reduce_input(const at::Tensor& input, int64_t member,
+                                       const at::Tensor& incoming) {
+  require_state(!reducing_, "fill_reduce_input");
+  TORCH_CHECK(input.numel() == world_ * shard_numel_, "ddp: unit '", unit_name_,
+              "': a reduce input of ", input.numel(), " elements for a (", world_, ", ",
+              shard_numel_, ") layout");
   if (gathering_) {  // a prefetch that no backward used: complete it, it is matched on every rank
     wait_gather();
   }
@@ -227,14 +239,17 @@ void FlatParamGroup::start_reduce_scatter() {
       m.param.mutable_grad() = at::Tensor();
     }
   }
-  // The (world, S) input of [Note: flat shard layout]. Not zero-filled: every element is
-  // written below, the padding rows and an absent gradient's block by zero_().
-  reduce_input_ = at::empty({world_ * shard_numel_},
-                            shard_.options().dtype(reduce_dtype_.value_or(shard_.scalar_type())));
-  const at::Tensor by_rank = reduce_input_.view({world_, shard_numel_});
-  for (Member& m : params_) {
+  // Every element is written below: the padding rows and an absent gradient's block by zero_().
+  const at::Tensor by_rank = input.view({world_, shard_numel_});
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Member& m = params_[i];
     const at::Tensor block = by_rank.narrow(1, m.offset, m.chunk * m.row_numel);  // (world, ...)
-    const at::Tensor grad = m.param.grad();
+    at::Tensor grad = m.param.grad();
+    if (static_cast<int64_t>(i) == member && incoming.defined()) {
+      grad = grad.defined() ? grad + incoming : incoming;
+    }
+    m.param.mutable_grad() = at::Tensor();  // the full gradient is in the layout now
     if (!grad.defined()) {
       block.zero_();
       continue;
@@ -245,43 +260,36 @@ void FlatParamGroup::start_reduce_scatter() {
     const at::Tensor rows = grad.reshape({m.rows, m.row_numel});
     if (m.rows == world_ * m.chunk) {
       block.copy_(rows.view({world_, -1}));  // dim 0 divides: one strided copy, no padding
-    } else {
-      // Rank k's rows into row k of the layout, then its padding rows (zeros).
-      const comm::FlatShards split{m.rows, world_};
-      for (int k = 0; k < world_; ++k) {
-        const int64_t n = split.length(k);
-        const at::Tensor mine = block[k];
-        if (n > 0) {
-          mine.narrow(0, 0, n * m.row_numel)
-              .copy_(rows.narrow(0, split.offset(k), n).reshape({-1}));
-        }
-        if (n < m.chunk) mine.narrow(0, n * m.row_numel, (m.chunk - n) * m.row_numel).zero_();
-      }
+      continue;
     }
-    m.param.mutable_grad() = at::Tensor();  // the full gradient is in the layout now
+    // Rank k's rows into row k of the layout, then its padding rows (zeros).
+    const comm::FlatShards split{m.rows, world_};
+    for (int k = 0; k < world_; ++k) {
+      const int64_t n = split.length(k);
+      const at::Tensor mine = block[k];
+      if (n > 0) {
+        mine.narrow(0, 0, n * m.row_numel).copy_(rows.narrow(0, split.offset(k), n).reshape({-1}));
+      }
+      if (n < m.chunk) mine.narrow(0, n * m.row_numel, (m.chunk - n) * m.row_numel).zero_();
+    }
   }
   free_full();
-  reduce_ = pg_->reduce_scatter_async(reduce_input_, comm::ReduceOp::kAvg);
   reducing_ = true;
 }
 
-void FlatParamGroup::wait_reduce_scatter() {
-  if (!reduce_input_.defined()) return;
-  reduced_ = reduce_.wait_on_stream("reduce-scatter of unit '" + unit_name_ + "'");
-  reduce_ = comm::PendingCollective();
-  reduce_input_ = at::Tensor();
-  // Gloo's emulation returns a view into a full-size temporary: keep only the shard alive.
-  if (reduced_.storage().nbytes() > static_cast<size_t>(reduced_.nbytes())) {
-    reduced_ = reduced_.clone();
-  }
-}
-
-void FlatParamGroup::finish_reduce_scatter() {
+void FlatParamGroup::finish_reduce_scatter(const at::Tensor& shard) {
   require_state(reducing_, "finish_reduce_scatter");
-  wait_reduce_scatter();
-  at::Tensor reduced = std::move(reduced_);
-  reduced_ = at::Tensor();
-  if (reduced.scalar_type() != shard_.scalar_type()) reduced = reduced.to(shard_.scalar_type());
+  TORCH_CHECK(shard.defined() && shard.numel() == shard_numel_, "ddp: unit '", unit_name_,
+              "': a reduced shard of ", shard.defined() ? shard.numel() : 0,
+              " elements for S = ", shard_numel_);
+  at::Tensor reduced = shard;
+  // Not a view of a larger temporary (Gloo's emulation), and in the shards' dtype.
+  if (reduced.scalar_type() != shard_.scalar_type()) {
+    reduced = reduced.to(shard_.scalar_type());
+  } else if (reduced.storage().nbytes() > static_cast<size_t>(reduced.nbytes()) ||
+             !reduced.is_contiguous()) {
+    reduced = reduced.clone();
+  }
   reducing_ = false;
   point_at_shards();
   at::NoGradGuard no_grad;
@@ -310,8 +318,11 @@ std::vector<at::Tensor> FlatParamGroup::gather_full() const {
 }
 
 void FlatParamGroup::reduce_scatter_grads() {
-  start_reduce_scatter();
-  finish_reduce_scatter();
+  const at::Tensor input =
+      at::empty({world_ * shard_numel_}, shard_.options().dtype(reduce_dtype()));
+  fill_reduce_input(input, -1, at::Tensor());
+  finish_reduce_scatter(pg_->reduce_scatter(input, comm::ReduceOp::kAvg,
+                                            "reduce-scatter of unit '" + unit_name_ + "'"));
 }
 
 }  // namespace ddp::shard

@@ -9,14 +9,19 @@
 #include <unordered_set>
 
 #include "ddp/obs/log.hpp"
+#include "ddp/reducer/autograd_hooks.hpp"
 #include "ddp/reducer/reducer_runtime.hpp"
+#include "ddp/reducer/unit_reducer.hpp"
 #include "ddp/unit/module_intake.hpp"
 
 namespace ddp::shard {
 
 ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module, comm::ProcessGroupPtr group,
                              ShardOptions options)
-    : module_(std::move(module)), pg_(std::move(group)), options_(std::move(options)) {
+    : module_(std::move(module)),
+      pg_(std::move(group)),
+      options_(std::move(options)),
+      stats_(options_.stats_every) {
   TORCH_CHECK(module_, "ddp: ShardedModule needs a module");
   TORCH_CHECK(pg_, "ddp: ShardedModule needs a process group");
   TORCH_CHECK(options_.style != DataParallelStyle::kReplicate,
@@ -72,9 +77,28 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module, comm::Pr
     if (reduce_dtype) group->set_reduce_dtype(*reduce_dtype);
     if (options_.param_dtype) group->set_param_dtype(*options_.param_dtype);
   }
-  group_hooks_.resize(groups_.size());
-  ready_.assign(groups_.size(), 0);
-  reduced_.assign(groups_.size(), false);
+  if (!groups_.empty()) {
+    std::vector<reducer::ReduceUnit> units;
+    for (auto& group : groups_) {
+      reducer::ReduceUnit unit;
+      unit.name = group->unit_name();
+      unit.params = group->params();
+      for (size_t i : group->members()) unit.names.push_back(names_[i]);
+      unit.offsets = group->member_offsets();
+      unit.row_numel = group->shard_numel();
+      unit.options = group->flat_shard().options().dtype(group->reduce_dtype());
+      FlatParamGroup* flat = group.get();
+      unit.fill = [flat](const at::Tensor& input, int64_t member, const at::Tensor& incoming) {
+        flat->fill_reduce_input(input, member, incoming);
+      };
+      units.push_back(std::move(unit));
+    }
+    reducer::UnitEvents events;
+    events.backward_began = [this] { begin_backward(); };
+    events.unit_done = [this](size_t g) { on_unit_done(g); };
+    unit_reducer_ = std::make_unique<reducer::UnitReducer>(std::move(units), pg_, events);
+    unit_reducer_->add_listener(stats_.listener(), "the stats timeline");
+  }
   run_by_model_.assign(plan_.units.size(), false);
   std::vector<at::Tensor> replicated_params;
   std::vector<std::string> replicated_names;
@@ -144,7 +168,7 @@ void ShardedModule::check_reduce_dtype(c10::ScalarType dtype, bool from_param_dt
 }
 
 void ShardedModule::note_memory() {
-  int64_t bytes = 0;
+  int64_t bytes = unit_reducer_ ? unit_reducer_->input_bytes() : 0;
   for (const auto& group : groups_) bytes += group->transient_bytes();
   peak_gathered_bytes_ = std::max(peak_gathered_bytes_, bytes);
 }
@@ -162,30 +186,38 @@ ShardMemory ShardedModule::memory() const {
 }
 
 void ShardedModule::gather(size_t g) {
-  if (groups_[g]->unshard()) {
-    // [Note: accumulators follow the storage] Switching a parameter's storage with set_() drops
-    // its cached gradient accumulator, and an accumulator records the parameter's shape when it
-    // is made: hooks installed on the sharded parameters would sit on nodes the next backward
-    // never runs. So they are installed when the group points its parameters at a new full
-    // buffer (the old ones removed first), once per step.
-    group_hooks_[g].reset();
-    std::vector<std::string> names;
-    for (size_t i : groups_[g]->members()) names.push_back(names_[i]);
-    group_hooks_[g] = std::make_unique<reducer::AutogradHooks>(
-        groups_[g]->params(), names, [this, g](size_t) { on_grad_ready(g); });
-  }
+  // The parameters' tensor hooks stay through unshard's set_() ([Note: hooks that survive set_]
+  // in reducer/unit_reducer.hpp): nothing to install per step.
+  groups_[g]->unshard();
   note_memory();
 }
+
+bool ShardedModule::reduced(size_t g) const { return unit_reducer_ && unit_reducer_->filled(g); }
 
 void ShardedModule::pre_forward() {
   TORCH_CHECK(phase_ != Phase::kBackward,
               "ddp: forward of a sharded module while its backward is running");
   phase_ = Phase::kForward;
   order_.clear();
-  std::fill(ready_.begin(), ready_.end(), 0);
-  std::fill(reduced_.begin(), reduced_.end(), false);
+  stats_.collect(unit_reducer_ ? unit_reducer_->num_synchronized_backwards() : 0);
+  stats_.forward_started();
   for (size_t g = 0; g < groups_.size(); ++g) {
     if (!run_by_model_[unit_of_group_[g]]) gather(g);
+  }
+  // The gradient runtime is ready from here, so a backward of the module's own forward (a caller
+  // driving the protocol by hand) is reduced as the wrapper's is.
+  if (unit_reducer_ && at::GradMode::is_enabled()) {
+    if (require_sync_) {
+      // Gradients complete in the reverse of the forward's unit order (the last forward's; the
+      // units not run through run_unit, the root among them, go last).
+      std::vector<size_t> expected;
+      for (auto it = last_order_.rbegin(); it != last_order_.rend(); ++it) {
+        if (group_of_unit_[*it] >= 0) expected.push_back(static_cast<size_t>(group_of_unit_[*it]));
+      }
+      unit_reducer_->prepare_for_backward(expected);
+    } else {
+      unit_reducer_->prepare_for_local_backward();
+    }
   }
 }
 
@@ -205,6 +237,10 @@ void ShardedModule::end_forward() {
     } else {
       replicated_reducer_->prepare_for_local_backward();
     }
+  }
+  if (unit_reducer_ && require_sync_) {
+    unit_reducer_->note_forward_end();
+    stats_.forward_ended();
   }
 }
 
@@ -255,7 +291,7 @@ at::Tensor ShardedModule::after_unit_forward(size_t unit, const at::Tensor& outp
 void ShardedModule::before_unit_backward(size_t unit) {
   begin_backward();
   const int g = group_of_unit_[unit];
-  if (g >= 0 && !reduced_[static_cast<size_t>(g)]) gather(static_cast<size_t>(g));
+  if (g >= 0 && !reduced(static_cast<size_t>(g))) gather(static_cast<size_t>(g));
   prefetch_after(unit, /*backward=*/true);
 }
 
@@ -272,7 +308,7 @@ void ShardedModule::prefetch_after(size_t unit, bool backward) {
     next = *(it + 1);
   }
   const int g = group_of_unit_[next];
-  if (g < 0 || reduced_[static_cast<size_t>(g)]) return;
+  if (g < 0 || reduced(static_cast<size_t>(g))) return;
   groups_[static_cast<size_t>(g)]->start_unshard();
   note_memory();
 }
@@ -284,18 +320,10 @@ void ShardedModule::begin_backward() {
   reducer::AutogradHooks::at_end_of_backward([this] { finish_backward(); });
 }
 
-void ShardedModule::on_grad_ready(size_t g) {
+void ShardedModule::on_unit_done(size_t g) {
   begin_backward();
-  if (++ready_[g] < groups_[g]->params().size()) return;
-  // The unit's last gradient: nothing in this backward reads its parameters any more.
   if (require_sync_) {
-    // At most one reduce-scatter in flight: the previous one's input is freed before this one's
-    // is made, so a backward holds one unit's reduce buffer, not the model's.
-    for (size_t earlier : reducing_order_) groups_[earlier]->wait_reduce_scatter();
-    groups_[g]->start_reduce_scatter();
-    reduced_[g] = true;
-    reducing_order_.push_back(g);
-    note_memory();
+    note_memory();  // the unit's reduce input was filled and its full buffer released
   } else if (run_by_model_[unit_of_group_[g]]) {
     groups_[g]->free_full();  // no_sync: the full gradients stay, the parameters can go
   }
@@ -304,18 +332,64 @@ void ShardedModule::on_grad_ready(size_t g) {
 void ShardedModule::finish_backward() {
   finish_queued_ = false;
   phase_ = Phase::kIdle;
-  if (!require_sync_) return;  // no_sync: full gradients stay for the next synchronized backward
-  // Units whose gradients did not all arrive (unused parameters) are reduced now, in unit order:
-  // every rank issues them in the same order, and a missing gradient counts as zeros.
-  for (size_t g = 0; g < groups_.size(); ++g) {
-    if (reduced_[g]) continue;
-    groups_[g]->start_reduce_scatter();
-    reduced_[g] = true;
-    reducing_order_.push_back(g);
-  }
+  if (!unit_reducer_) return;
+  // No_sync: nothing is reduced, the full gradients stay for the next synchronized backward.
+  unit_reducer_->finish_backward(
+      [this](size_t g, const at::Tensor& shard) { groups_[g]->finish_reduce_scatter(shard); });
   note_memory();
-  for (size_t g : reducing_order_) groups_[g]->finish_reduce_scatter();
-  reducing_order_.clear();
+}
+
+void ShardedModule::register_comm_hook(const hooks::CommHookPtr& hook) {
+  if (unit_reducer_) unit_reducer_->register_comm_hook(hook);
+  if (replicated_reducer_) replicated_reducer_->register_comm_hook(hook);
+}
+
+void ShardedModule::set_optimizer_in_backward(const optim::ParamOptimizerFactory& factory) {
+  TORCH_CHECK(optimizers_in_backward_.empty(), "ddp: the optimizer in backward is already set");
+  if (unit_reducer_) {
+    optimizers_in_backward_.push_back(
+        std::make_unique<optim::OptimizerInBackward>(unit_reducer_->params(), factory));
+    unit_reducer_->add_listener(optimizers_in_backward_.back().get(), "set_optimizer_in_backward");
+  }
+  if (replicated_reducer_) {
+    optimizers_in_backward_.push_back(
+        std::make_unique<optim::OptimizerInBackward>(replicated_reducer_->params(), factory));
+    replicated_reducer_->add_listener(optimizers_in_backward_.back().get(),
+                                      "set_optimizer_in_backward");
+  }
+}
+
+void ShardedModule::zero_grad() {
+  TORCH_CHECK(phase_ != Phase::kBackward, "ddp: zero_grad() while a backward is running");
+  at::NoGradGuard no_grad;
+  for (auto& p : params_) {
+    if (p.grad().defined()) p.mutable_grad().zero_();
+  }
+}
+
+obs::LoggingData ShardedModule::logging_data() {
+  const int64_t done = unit_reducer_ ? unit_reducer_->num_synchronized_backwards() : 0;
+  stats_.collect(done);
+  obs::LoggingData d;
+  d.rank = pg_->rank();
+  d.world_size = pg_->world_size();
+  d.backend = pg_->backend_name();
+  d.comm_hook = unit_reducer_ ? unit_reducer_->comm_hook_name() : "reduce_scatter";
+  std::vector<std::pair<std::string, std::string>> options;
+  describe(options_, "", options);
+  for (const auto& [name, value] : options) d.options[name] = value;
+  for (const auto& b : bucket_plan().buckets) d.bucket_sizes.push_back(b.bytes);
+  if (unit_reducer_) d.param_names = unit_reducer_->names();
+  d.iterations = done;
+  stats_.fill(d);
+  return d;
+}
+
+obs::IterationTimeline ShardedModule::last_timeline() const { return stats_.last_timeline(); }
+
+const buckets::BucketPlan& ShardedModule::bucket_plan() const {
+  static const buckets::BucketPlan kNone;
+  return unit_reducer_ ? unit_reducer_->plan() : kNone;
 }
 
 layout::Layout ShardedModule::layout(const std::string& name) const {
@@ -354,7 +428,7 @@ std::vector<std::pair<std::string, at::Tensor>> ShardedModule::full_parameters()
 
 void ShardedModule::reshard() {
   for (auto& group : groups_) group->reshard();
-  reducing_order_.clear();
+  if (unit_reducer_) unit_reducer_->reset();
   phase_ = Phase::kIdle;
 }
 

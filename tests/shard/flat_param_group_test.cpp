@@ -56,7 +56,7 @@ DDP_TEST_WORKER(flat_param_group_closed_form) {
     require(params[i].narrow(0, here, s.chunk - here).eq(0).all().item<bool>(),
             "zero padding of " + plan.shapes[i].name);
   }
-  const std::string wrong = error_of([&] { group.finish_reduce_scatter(); });
+  const std::string wrong = error_of([&] { group.finish_reduce_scatter(torch::Tensor()); });
   require(wrong == "ddp: unit '<root>': finish_reduce_scatter in the sharded state",
           "state error: " + wrong);
   group.unshard();

@@ -25,8 +25,8 @@ void add_run_flags(CLI::App& app, RunFlags& flags, bool& verbose) {
       ->check(CLI::Range(1, 86400))
       ->capture_default_str();
   app.add_flag("--optimizer-overlap", flags.optimizer_overlap,
-               "step each parameter's optimizer inside backward, once its bucket is reduced "
-               "(replicate only)");
+               "step each parameter's optimizer once its bucket is reduced (inside backward; a "
+               "sharded unit's at the end of backward, on its shard)");
   app.add_flag("--verbose", verbose, "print the bucket or unit table and the runtime stats");
 }
 

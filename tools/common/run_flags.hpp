@@ -19,7 +19,7 @@ struct RunFlags {
   int threads = 1;                 // --threads: intra-op threads per worker (2 cores: 1 each)
   double lr = 0;                   // --lr: learning rate; 0: the model's own (Workload::lr)
   int timeout_s = 300;             // --timeout-s: bound of every collective
-  bool optimizer_overlap = false;  // --optimizer-overlap: optimizer in backward (DDP only)
+  bool optimizer_overlap = false;  // --optimizer-overlap: optimizer in backward (every style)
 };
 
 // --model, --device, --batch-size, --nproc, --threads, --lr, --timeout-s, --optimizer-overlap,

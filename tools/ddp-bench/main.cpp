@@ -213,23 +213,26 @@ int run_worker(const Args& args) {
   auto* const model = wrapped ? wrapped->replicated() : nullptr;
   auto* const sharded_model = wrapped ? wrapped->sharded() : nullptr;
   if (sharded_model && lead && args.options.verbose) std::cout << sharded_model->unit_table();
-  if (model) {
-    if (auto hook = ddp::tools::make_comm_hook(args.comm_hook, dp_group)) {
-      model->register_comm_hook(hook);
-    }
+  // Every style's gradients go through one runtime: the hook reduces DDP's buckets and the
+  // sharded units alike (reduce-scatter).
+  if (auto hook = ddp::tools::make_comm_hook(args.comm_hook, dp_group)) {
+    if (model) model->register_comm_hook(hook);
+    if (sharded_model) sharded_model->register_comm_hook(hook);
   }
   std::vector<torch::Tensor> params;
   for (auto& [name, p] : named_params(*w.ptr)) params.push_back(p);
   const double lr = args.lr > 0 ? args.lr : w.lr;  // --lr 0: the model's own (run_flags.hpp)
   torch::optim::SGD opt(params, torch::optim::SGDOptions(lr));
   if (args.optimizer_overlap) {
-    TORCH_CHECK(model, "ddp-bench: --optimizer-overlap needs --ddp");
-    // Each parameter's SGD step runs inside backward once its bucket is reduced; opt.step() then
-    // finds no work (the gradients are consumed, see below).
-    model->set_optimizer_in_backward([&](const torch::Tensor& p) {
+    TORCH_CHECK(model || sharded_model, "ddp-bench: --optimizer-overlap needs --ddp or --fsdp");
+    // Each parameter's SGD step runs inside backward once its bucket is reduced (a sharded unit:
+    // at the end of backward, on its shard); opt.step() is then skipped (see below).
+    const auto factory = [lr](const torch::Tensor& p) -> std::unique_ptr<torch::optim::Optimizer> {
       return std::make_unique<torch::optim::SGD>(std::vector<torch::Tensor>{p},
                                                  torch::optim::SGDOptions(lr));
-    });
+    };
+    if (model) model->set_optimizer_in_backward(factory);
+    if (sharded_model) sharded_model->set_optimizer_in_backward(factory);
   }
   if (lead && args.options.verbose) {
     int64_t numel = 0;
@@ -288,6 +291,9 @@ int run_worker(const Args& args) {
       trace.add({"backward", "compute", 0, t1, t2, i, -1});
       trace.add({"optimizer", "compute", 0, t2, t3, i, -1});
       if (model) trace.add_buckets(model->last_timeline(), model->bucket_plan(), i);
+      if (sharded_model) {
+        trace.add_buckets(sharded_model->last_timeline(), sharded_model->bucket_plan(), i);
+      }
     }
   }
 
@@ -343,6 +349,9 @@ int run_worker(const Args& args) {
     }
     std::cout << line << "\n";
     if (args.options.verbose && model) std::cout << ddp::obs::format_summary(model->logging_data());
+    if (args.options.verbose && sharded_model) {
+      std::cout << ddp::obs::format_summary(sharded_model->logging_data());
+    }
     if (args.options.verbose) {
       std::printf(
           "memory per rank (bytes): parameters %lld, gradients %lld, optimizer state %lld, "
@@ -396,8 +405,7 @@ int main(int argc, char** argv) {
 
   std::vector<std::string> ddp_only;
   if (args.ddp) ddp_only.push_back("--ddp");
-  if (args.optimizer_overlap) ddp_only.push_back("--optimizer-overlap");
-  if (args.comm_hook != "allreduce") ddp_only.push_back("--comm-hook");
+  if (args.comm_hook == "powersgd") ddp_only.push_back("--comm-hook powersgd");
   if (const std::string wrong = ddp::tools::check_shard_flags(args.shard, ddp_only);
       !wrong.empty()) {
     std::cerr << "ddp-bench: " << wrong << std::endl;

@@ -79,7 +79,7 @@ void check_checkpoint_flags(const Args& args) {
   // refused rather than silently lost.
   TORCH_CHECK(!args.optimizer_overlap,
               "--checkpoint-dir cannot be combined with --optimizer-overlap: the per-parameter "
-              "optimizers live inside DDP and their state is not checkpointed");
+              "optimizers live inside the wrapper and their state is not checkpointed");
   TORCH_CHECK(args.tp == 0 || !args.shard.sharded(),
               "--checkpoint-dir with --tp and a sharded style: checkpoints of sharded "
               "tensor-parallel shards are not built; use --ddp over the dp dim "
@@ -131,10 +131,10 @@ int run_worker(const Args& args) {
       w.module, dp_group, ddp::shard::parse_style(args.shard.style), std::move(dp_options));
   auto* const ddp_model = model.replicated();  // the style's runtime; the other is null
   auto* const sharded = model.sharded();
-  if (ddp_model) {
-    if (auto hook = ddp::tools::make_comm_hook(args.comm_hook, dp_group)) {
-      ddp_model->register_comm_hook(hook);
-    }
+  // One gradient runtime for every style: the hook reduces DDP's buckets and the sharded units.
+  if (auto hook = ddp::tools::make_comm_hook(args.comm_hook, dp_group)) {
+    if (ddp_model) ddp_model->register_comm_hook(hook);
+    if (sharded) sharded->register_comm_hook(hook);
   }
   const auto forward = [&](const torch::Tensor& x) { return model(x); };
   // The parameters once each (a tied weight has two names): what the optimizer steps.
@@ -151,8 +151,9 @@ int run_worker(const Args& args) {
   // bucket is reduced; there is then no optimizer step after backward.
   std::unique_ptr<torch::optim::Optimizer> opt;
   if (args.optimizer_overlap) {
-    ddp_model->set_optimizer_in_backward(
-        [&](const torch::Tensor& p) { return make_optimizer({p}); });
+    const auto factory = [&](const torch::Tensor& p) { return make_optimizer({p}); };
+    if (ddp_model) ddp_model->set_optimizer_in_backward(factory);
+    if (sharded) sharded->set_optimizer_in_backward(factory);
   } else {
     opt = make_optimizer(params);
   }
@@ -268,6 +269,7 @@ int run_worker(const Args& args) {
     if (args.ddp.verbose && ddp_model) {
       std::cout << ddp::obs::format_summary(ddp_model->logging_data());
     }
+    if (args.ddp.verbose && sharded) std::cout << ddp::obs::format_summary(sharded->logging_data());
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const int ran = std::max(0, args.steps - first_step + 1);
@@ -354,8 +356,7 @@ int main(int argc, char** argv) {
   }
 
   std::vector<std::string> ddp_only;
-  if (args.optimizer_overlap) ddp_only.push_back("--optimizer-overlap");
-  if (args.comm_hook != "allreduce") ddp_only.push_back("--comm-hook");
+  if (args.comm_hook == "powersgd") ddp_only.push_back("--comm-hook powersgd");
   if (const std::string wrong = ddp::tools::check_shard_flags(args.shard, ddp_only);
       !wrong.empty()) {
     std::cerr << "ddp-train: " << wrong << std::endl;

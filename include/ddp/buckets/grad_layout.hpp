@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "ddp/buckets/bucket_buffers.hpp"
 #include "ddp/buckets/bucket_plan.hpp"
 
 namespace ddp::buckets {
@@ -28,18 +29,18 @@ struct LayoutOptions {
   int64_t pad_to_multiple = 1;
 };
 
-class GradLayout {
+class GradLayout : public BucketBuffers {
  public:
   GradLayout() = default;
   // `params[p]` gives slot p its shape; `plan` its bucket and offset.
   GradLayout(const BucketPlan& plan, const std::vector<at::Tensor>& params,
              LayoutOptions options = {});
 
-  size_t num_buckets() const { return storage_.size(); }
+  size_t num_buckets() const override { return storage_.size(); }
   // Bucket b's whole storage, padding included; undefined for a sparse bucket.
-  const at::Tensor& storage(size_t b) const { return storage_[b]; }
+  const at::Tensor& storage(size_t b) const override { return storage_[b]; }
   // Bucket b's gradients without the padding: what a comm hook sees.
-  const at::Tensor& data(size_t b) const { return data_[b]; }
+  const at::Tensor& data(size_t b) const override { return data_[b]; }
   // Parameter p's gradient inside its bucket, shaped like p; undefined for a sparse parameter.
   const at::Tensor& slot(size_t p) const { return slots_[p]; }
   // Whether `grad` is slot p itself (same memory, shape, strides and dtype). A grad that is not

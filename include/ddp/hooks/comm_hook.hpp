@@ -29,7 +29,15 @@ struct GradBucket {
   // state per bucket index must re-key it when the epoch changes: the same index may now hold
   // other parameters at other offsets.
   int64_t plan_epoch = 0;
-  // The gradient of parameter i as a tensor shaped like it: a view into `buffer`.
+  // FULLY_SHARD: the bucket is one unit, `buffer` its (world, S) layout row-major (row r: what
+  // rank r will hold; parameter i's block is columns [offsets[i], offsets[i] + lengths[i]) of
+  // every row), and the hook returns this rank's row of the average (S elements), a
+  // reduce-scatter. `rank` and `world` are the group's then.
+  bool reduce_scatter = false;
+  int rank = 0;
+  int world = 1;
+  // The gradient of parameter i as a tensor shaped like it: a view into `buffer` (all-reduced
+  // buckets only).
   at::Tensor gradient(size_t i) const;
 };
 
@@ -37,7 +45,8 @@ class CommHook {
  public:
   virtual ~CommHook() = default;
   // Starts the reduction of `bucket.buffer` and returns a future whose value is a Tensor holding
-  // the reduced flat gradients (same numel and dtype as the buffer; it may be the buffer itself).
+  // the reduced flat gradients (same numel and dtype as the buffer; it may be the buffer itself),
+  // or with bucket.reduce_scatter this rank's row of the average (numel / world elements).
   // The hook must issue its collectives in call order: every rank calls it for the same buckets in
   // the same order. It may write into bucket.buffer.
   virtual c10::intrusive_ptr<c10::ivalue::Future> run(GradBucket& bucket) = 0;

@@ -26,9 +26,9 @@
 #include "ddp/obs/runtime_stats.hpp"
 #include "ddp/optim/optimizer_in_backward.hpp"
 #include "ddp/parallel/ddp_options.hpp"
+#include "ddp/reducer/gradient_stats.hpp"
 #include "ddp/reducer/no_sync_guard.hpp"
 #include "ddp/reducer/reducer_runtime.hpp"
-#include "ddp/reducer/timeline_recorder.hpp"
 #include "ddp/unit/module_call.hpp"
 
 namespace ddp::parallel {
@@ -76,16 +76,13 @@ class DistributedDataParallelBase {
   // Runtime stats and configuration (PyTorch's _get_ddp_logging_data).
   obs::LoggingData logging_data();
   // The last synchronized backward's timeline (gradient-ready, launch and finish times).
-  obs::IterationTimeline last_timeline() const { return timeline_.last(); }
+  obs::IterationTimeline last_timeline() const { return stats_->last_timeline(); }
 
  protected:
   void pre_forward();
   void post_forward(const std::vector<torch::Tensor>& outputs);
 
  private:
-  void collect_stats();
-  int64_t now_ns() const;
-
   std::shared_ptr<torch::nn::Module> module_;
   comm::ProcessGroupPtr pg_;
   DDPOptions options_;
@@ -94,7 +91,7 @@ class DistributedDataParallelBase {
   std::vector<torch::Tensor> buffers_;
   std::vector<std::string> buffer_names_;
   // Listeners on the reducer's events; declared before reducer_ so they outlive it.
-  reducer::TimelineRecorder timeline_;
+  std::unique_ptr<reducer::GradientStats> stats_;
   std::unique_ptr<optim::OptimizerInBackward> optimizer_in_backward_;
   std::unique_ptr<reducer::Reducer> reducer_;
   bool require_sync_ = true;  // false inside no_sync()
@@ -102,11 +99,6 @@ class DistributedDataParallelBase {
   bool joining_ = false;
   JoinOptions join_options_;
   int64_t iterations_ = 0;  // synchronized forwards on this rank (join picks the longest)
-  // Stats: forward timing of the last synchronized forward, and the samples taken.
-  int64_t forward_start_ns_ = 0;
-  int64_t last_forward_ns_ = 0;
-  int64_t stats_collected_through_ = 0;  // synchronized iterations already looked at
-  std::vector<obs::IterationStats> samples_;
 };
 
 template <typename ModuleType>

@@ -30,8 +30,8 @@
 #include <string>
 #include <vector>
 
+#include "ddp/buckets/bucket_buffers.hpp"
 #include "ddp/buckets/bucket_plan.hpp"
-#include "ddp/buckets/grad_layout.hpp"
 #include "ddp/comm/process_group.hpp"
 #include "ddp/hooks/comm_hook.hpp"
 
@@ -41,18 +41,20 @@ namespace ddp::reducer {
 enum class Reduction {
   kAllReduce,      // every rank gets the whole average (REPLICATE, DDP)
   kReduceScatter,  // each rank gets its shard of the average (FULLY_SHARD): Finished::shard.
-                   // Dense buckets and the built-in average only; the layout should be padded to
-                   // a multiple of the group size (LayoutOptions) so the split is even.
+                   // Dense buckets only; a comm hook gets GradBucket::reduce_scatter set and
+                   // returns the shard. The storage should split evenly over the group (a unit's
+                   // (world, S) layout, or LayoutOptions' padding).
 };
 
 class BucketRuntime {
  public:
-  // `params`, `plan` and `layout` must outlive the runtime (the Reducer owns them and replaces the
-  // plan, layout and runtime together when the plan changes). `params` are what a comm hook sees
-  // as GradBucket::params (hooks key their state by them). `hook`: null for the built-in average.
+  // `params`, `plan` and `buffers` must outlive the runtime (the Reducer and the UnitReducer own
+  // them and replace the plan, buffers and runtime together when the plan changes). `params` are
+  // what a comm hook sees as GradBucket::params (hooks key their state by them). A bucket's
+  // buffers are read when it launches. `hook`: null for the built-in average.
   BucketRuntime(const std::vector<at::Tensor>& params, const buckets::BucketPlan& plan,
-                const buckets::GradLayout& layout, comm::ProcessGroupPtr pg, Reduction reduction,
-                hooks::CommHookPtr hook, int64_t plan_epoch);
+                const buckets::BucketBuffers& buffers, comm::ProcessGroupPtr pg,
+                Reduction reduction, hooks::CommHookPtr hook, int64_t plan_epoch);
   BucketRuntime(const BucketRuntime&) = delete;
   BucketRuntime& operator=(const BucketRuntime&) = delete;
 
@@ -85,8 +87,8 @@ class BucketRuntime {
     int64_t comm_done_ns = -1;  // see BucketFinished::comm_done_ns
   };
   // Waits (bounded by the group's timeout) for the oldest in-flight bucket, puts a comm hook's
-  // result into the bucket's storage, and returns it. Errors name the bucket and, for a timeout,
-  // which rank is behind.
+  // result into the bucket's storage (kReduceScatter: into Finished::shard), and returns it. Errors
+  // name the bucket and, for a timeout, which rank is behind.
   Finished finish_next();
 
   // Drops whatever is in flight without waiting (after an error, or at the end of an iteration).
@@ -116,7 +118,7 @@ class BucketRuntime {
 
   const std::vector<at::Tensor>& params_;
   const buckets::BucketPlan& plan_;
-  const buckets::GradLayout& layout_;
+  const buckets::BucketBuffers& layout_;
   comm::ProcessGroupPtr pg_;
   Reduction reduction_;
   hooks::CommHookPtr hook_;

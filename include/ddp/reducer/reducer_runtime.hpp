@@ -61,6 +61,7 @@
 #include "ddp/hooks/comm_hook.hpp"
 #include "ddp/reducer/autograd_hooks.hpp"
 #include "ddp/reducer/bucket_runtime.hpp"
+#include "ddp/reducer/iteration_state.hpp"
 #include "ddp/reducer/reducer_events.hpp"
 #include "ddp/reducer/reducer_options.hpp"
 #include "ddp/reducer/unused_params.hpp"
@@ -126,14 +127,8 @@ class Reducer {
 
  private:
   // Life cycle of one iteration; checked at every transition, named in errors.
-  enum class State {
-    kIdle,           // no forward since the last backward: a backward now is an error
-    kPreparedSync,   // forward done, its backward will be synchronized
-    kPreparedLocal,  // forward done under no_sync: backward accumulates locally
-    kBackwardSync,   // first gradient seen; finalize callback queued
-    kBackwardLocal,  // first gradient seen under no_sync; reset callback queued
-  };
-  static const char* state_name(State s);
+  using State = IterationState;
+  static const char* state_name(State s) { return iteration_state_name(s); }
 
   void on_grad_ready(size_t index);  // from the accumulator post-hook, on the autograd thread
   void begin_sync_backward();

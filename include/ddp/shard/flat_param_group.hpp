@@ -83,20 +83,25 @@ class FlatParamGroup {
   // set aside by unshard() is put back.
   void reshard();
 
-  // After the unit's backward (kUnsharded or kReleased): copies every full .grad into the
-  // (world, S) layout, drops the full gradients and the full buffer's memory, and issues the
-  // averaged reduce-scatter without waiting. A parameter without a .grad counts as zeros.
-  void start_reduce_scatter();
-  // Waits for it and frees its input; the result waits for finish_reduce_scatter (parameters are
-  // not moved inside a backward: [Note: releasing without set_]). A no-op when none is in flight.
-  void wait_reduce_scatter();
-  // Waits (if still needed), reshards, and adds this rank's shard of the average to the sharded
-  // .grad set aside by unshard(), as FSDP2 accumulates (or makes it the .grad when there was
-  // none): [chunk_p, ...], padding rows 0.
-  void finish_reduce_scatter();
-  // Both, for callers without anything to overlap.
+  // After the unit's backward: writes every member's full gradient into `input`, the (world, S)
+  // layout of [Note: flat shard layout] (padding rows zeros, a member without a gradient zeros),
+  // drops the full gradients and the full buffer's memory. `member` (or -1): the member whose
+  // gradient of this backward is `incoming`, not yet accumulated into its .grad (a tensor hook's
+  // view: reducer/unit_reducer.hpp); its .grad, if any, is added. From kSharded (not gathered in
+  // this step) the sharded .grad is set aside first, as unshard() does. The reduction itself is
+  // the caller's (the UnitReducer's bucket runtime).
+  void fill_reduce_input(const at::Tensor& input, int64_t member, const at::Tensor& incoming);
+  // After fill_reduce_input: reshards and adds `shard` (this rank's S elements of the average) to
+  // the sharded .grad set aside by unshard(), as FSDP2 accumulates (or makes it the .grad when
+  // there was none): [chunk_p, ...], padding rows 0.
+  void finish_reduce_scatter(const at::Tensor& shard);
+  // Both around a blocking averaged reduce-scatter on the group: for callers that reduce a unit
+  // by hand (tests, tools); the training runtime goes through the UnitReducer.
   void reduce_scatter_grads();
-  bool reduce_scatter_in_flight() const { return reducing_; }
+  // S, and member i's first column in a row of the layout.
+  int64_t shard_numel() const { return shard_numel_; }
+  std::vector<int64_t> member_offsets() const;
+  c10::ScalarType reduce_dtype() const { return reduce_dtype_.value_or(shard_.scalar_type()); }
   // The dtype of the reduce-scatter (default: the parameters'); set before the first backward.
   void set_reduce_dtype(c10::ScalarType dtype) { reduce_dtype_ = dtype; }
   // The dtype of the gathered parameters (default: the shards'; [Note: gathering in
@@ -116,7 +121,7 @@ class FlatParamGroup {
   // Bytes of the gathered parameters (world * S elements of param_dtype): what unshard() holds.
   int64_t full_bytes() const;
   // Bytes this group holds beyond its shard now: the full buffer when it has memory, and an
-  // all-gather output or reduce-scatter input in flight.
+  // all-gather output in flight (the reduce input is the UnitReducer's).
   int64_t transient_bytes() const;
 
  private:
@@ -148,12 +153,9 @@ class FlatParamGroup {
   bool full_has_memory_ = false;
   comm::PendingCollective gather_;  // the all-gather in flight, when gathering_
   bool gathering_ = false;
-  comm::PendingCollective reduce_;  // the reduce-scatter in flight, when reducing_
-  at::Tensor reduce_input_;         // kept alive until it completes
-  bool reducing_ = false;           // issued, not finished
+  bool reducing_ = false;  // the reduce input was filled, the result not yet taken
   std::optional<c10::ScalarType> reduce_dtype_;
   c10::ScalarType gather_dtype_;  // the full buffer's dtype: param_dtype, else the shard's
-  at::Tensor reduced_;            // the waited result, until finish_reduce_scatter
   ShardedState state_ = ShardedState::kSharded;
 };
 

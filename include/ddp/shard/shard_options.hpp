@@ -50,6 +50,9 @@ struct ShardOptions {
   // a rounding of the sum; a dtype the backend cannot reduce (Gloo: bf16) is refused at
   // construction, naming it.
   std::optional<c10::ScalarType> reduce_dtype;
+  // Default 100, as DDPOptions::stats_every (PyTorch's logger): the units' reduce-scatters are
+  // sampled in iterations 1-10, then every N-th, for logging_data().
+  int64_t stats_every = 100;
 };
 
 // Every option of `options` as (dotted name, value) in declaration order, `prefix` before each

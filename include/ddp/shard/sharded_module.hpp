@@ -10,11 +10,13 @@
 //   unit forward   run_unit: gather the unit (prefetch the next one in the last forward's order);
 //                  after it, release it (reshard_after_forward) and put a node on its output
 //   backward       the output's node gathers the unit again (prefetch the one before); when the
-//                  unit's last gradient has been accumulated, its reduce-scatter is issued
-//                  (averaged, async) and its full gradients and parameters are released
-//   end of backward  units not reduced yet (unused, or never gathered in backward) are reduced;
-//                  every reduce-scatter is waited for in issue order; the parameters move back
-//                  to their shards with their gradient shards
+//                  unit's last gradient arrives, the gradient runtime (reducer/unit_reducer.hpp:
+//                  one bucket per unit, DDP's BucketRuntime, comm hooks and listeners) fills its
+//                  reduce input and issues its reduce-scatter; the unit's full parameters are
+//                  released
+//   end of backward  the gradient runtime reduces what is left (unused: zeros) and finishes every
+//                  reduce-scatter in order; the parameters move back to their shards with their
+//                  gradient shards; listeners (stats, the optimizer in backward) hear of each unit
 //   replicated     DEFAULT's replicated parameters go through DDP's reducer (reducer/): buckets
 //                  all-reduced as their gradients become ready, in the same backward
 //   optimizer      steps on the shards (built after the wrapper: it sees the sharded parameters)
@@ -36,8 +38,11 @@
 #include <vector>
 
 #include "ddp/comm/process_group.hpp"
+#include "ddp/hooks/comm_hook.hpp"
 #include "ddp/layout/layout.hpp"
-#include "ddp/reducer/autograd_hooks.hpp"
+#include "ddp/obs/runtime_stats.hpp"
+#include "ddp/optim/optimizer_in_backward.hpp"
+#include "ddp/reducer/gradient_stats.hpp"
 #include "ddp/reducer/no_sync_guard.hpp"
 #include "ddp/reducer/reducer_options.hpp"
 #include "ddp/shard/flat_param_group.hpp"
@@ -48,7 +53,8 @@
 
 namespace ddp::reducer {
 class Reducer;
-}
+class UnitReducer;
+}  // namespace ddp::reducer
 
 namespace ddp::shard {
 
@@ -111,6 +117,29 @@ class ShardedModule : private unit::UnitListener {
   // Unit indices (into plan().units) in the order the last forward ran them through run_unit.
   const std::vector<size_t>& unit_order() const { return last_order_; }
 
+  // The gradient runtime's features, as DistributedDataParallel's (reducer/unit_reducer.hpp):
+  // Replaces the units' built-in averaged reduce-scatter (and, under DEFAULT, the replicated
+  // parameters' all-reduce) by `hook` (allreduce, fp16_compress, bf16_compress, noop, or your
+  // own that handles GradBucket::reduce_scatter). Once, before the first backward.
+  void register_comm_hook(const hooks::CommHookPtr& hook);
+  // Each parameter's optimizer (made by `factory` from the sharded parameter) steps on its shard
+  // once its unit's gradient shard is written: at the end of backward, after every reduce-scatter
+  // finished (parameters move back to their shards only then: [Note: releasing without set_]);
+  // DEFAULT's replicated parameters step inside backward as under DDP. Once, before the first
+  // backward; then do not call step() on an optimizer of your own.
+  void set_optimizer_in_backward(const optim::ParamOptimizerFactory& factory);
+  // Zeroes every gradient this rank holds in place (the shards' and the replicated ones'), as
+  // DistributedDataParallel::zero_grad: with the optimizer in backward there is no optimizer of
+  // the user's to do it. Between steps.
+  void zero_grad();
+  // Runtime stats of the units' reduce-scatters (one bucket per unit; PyTorch's
+  // _get_ddp_logging_data fields), and the last synchronized backward's timeline.
+  obs::LoggingData logging_data();
+  obs::IterationTimeline last_timeline() const;
+  // The units as buckets in launch order (the reverse of the forward's unit order): the table the
+  // timeline's bucket indices refer to. Empty without sharded units.
+  const buckets::BucketPlan& bucket_plan() const;
+
  private:
   // What the runtime is doing; checked where a step moves on.
   enum class Phase { kIdle, kForward, kBackward };
@@ -122,7 +151,8 @@ class ShardedModule : private unit::UnitListener {
   void begin_backward();
   void gather(size_t group);
   void prefetch_after(size_t unit, bool backward);
-  void on_grad_ready(size_t group);
+  void on_unit_done(size_t group);
+  bool reduced(size_t group) const;
   void finish_backward();
   void note_memory();
   void warn_units_not_run() const;
@@ -139,12 +169,6 @@ class ShardedModule : private unit::UnitListener {
   std::vector<size_t> unit_of_group_;
   std::vector<size_t> replicated_;  // plan indices, all-reduced
   std::vector<std::unique_ptr<unit::UnitRegistration>> registrations_;
-  // Hooks per group, installed when its parameters were pointed at a new full buffer (their
-  // gradient accumulators are new then: [Note: accumulators follow the storage]); and one set
-  // for the replicated parameters, which never move.
-  std::vector<std::unique_ptr<reducer::AutogradHooks>> group_hooks_;
-  // DEFAULT's replicated parameters: the bucketed, overlapped all-reduce of DDP. Last of the
-  // runtime members, so that its hooks go before anything they use.
 
   Phase phase_ = Phase::kIdle;
   // Units seen by run_unit in a forward; only they are gathered per unit (the rest at pre_forward).
@@ -152,14 +176,15 @@ class ShardedModule : private unit::UnitListener {
   std::vector<size_t> order_;        // this forward's run_unit order (first visit of each unit)
   std::vector<size_t> last_order_;   // the last complete forward's: prefetch follows it
   bool first_forward_done_ = false;  // the first forward's units were checked (warn_units_not_run)
-  // Per group, this backward: gradients accumulated (a group is complete at its member count),
-  // and whether its reduce-scatter has been issued. Reset by pre_forward.
-  std::vector<size_t> ready_;
-  std::vector<bool> reduced_;
-  std::vector<size_t> reducing_order_;  // groups with a reduce-scatter in flight, issue order
-  bool finish_queued_ = false;          // the end-of-backward callback of this backward is queued
-  bool require_sync_ = true;            // false inside no_sync(): backward reduces nothing
+  bool finish_queued_ = false;       // the end-of-backward callback of this backward is queued
+  bool require_sync_ = true;         // false inside no_sync(): backward reduces nothing
   int64_t peak_gathered_bytes_ = 0;
+  // Listeners on the gradient runtimes; declared before them so they outlive them.
+  reducer::GradientStats stats_;
+  std::vector<std::unique_ptr<optim::OptimizerInBackward>> optimizers_in_backward_;
+  // The gradient runtimes, last: their hooks go before anything they use. The units' (one bucket
+  // each, reduce-scattered), and DEFAULT's replicated parameters' (DDP's bucketed all-reduce).
+  std::unique_ptr<reducer::UnitReducer> unit_reducer_;
   std::unique_ptr<reducer::Reducer> replicated_reducer_;
 };
 // The wrapper a training loop holds: the module (a holder, a shared_ptr to an Impl, or an

@@ -1,0 +1,24 @@
+#pragma once
+// BucketBuffers: where a bucket runtime finds the flat tensor of each bucket it reduces. DDP's
+// GradLayout keeps one per bucket for the whole plan (gradients accumulate straight into them);
+// FULLY_SHARD's unit buffers exist only from a unit's last gradient to its reduce-scatter's end
+// (reducer/unit_reducer.hpp), so that backward never holds the whole model's gradients at once.
+
+#include <ATen/core/Tensor.h>
+
+#include <cstddef>
+
+namespace ddp::buckets {
+
+class BucketBuffers {
+ public:
+  virtual ~BucketBuffers() = default;
+  virtual size_t num_buckets() const = 0;
+  // Bucket b's whole flat tensor, padding included; what the built-in reduction reduces.
+  // Undefined for a sparse bucket, and for a unit bucket outside its reduction.
+  virtual const at::Tensor& storage(size_t b) const = 0;
+  // Bucket b's gradients as a comm hook sees them (GradBucket::buffer).
+  virtual const at::Tensor& data(size_t b) const = 0;
+};
+
+}  // namespace ddp::buckets

@@ -1,0 +1,41 @@
+#pragma once
+// GradientStats: the runtime stats of one gradient path (PyTorch's DDP logger), the same for the
+// Reducer (DDP) and the UnitReducer (FULLY_SHARD): a TimelineRecorder listening on the path's
+// events, the forward's duration, and the iterations sampled from them (obs/runtime_stats.hpp).
+
+#include <cstdint>
+#include <vector>
+
+#include "ddp/obs/runtime_stats.hpp"
+#include "ddp/reducer/timeline_recorder.hpp"
+
+namespace ddp::reducer {
+
+class GradientStats {
+ public:
+  // Samples iterations 1-10, then every `every`-th (>= 1).
+  explicit GradientStats(int64_t every);
+
+  // Add it to the gradient path (Reducer::add_listener, UnitReducer::add_listener).
+  ReducerListener* listener() { return &timeline_; }
+  obs::IterationTimeline last_timeline() const { return timeline_.last(); }
+
+  // Around the wrapped module's forward (a synchronized one: ended only when a backward follows).
+  void forward_started();
+  void forward_ended();
+  // Takes a sample of the last backward when `synchronized_backwards` moved on since the last
+  // call; cheap otherwise. Call before each forward and before reading the samples.
+  void collect(int64_t synchronized_backwards);
+  // The samples and their averages into `data` (the caller fills the configuration).
+  void fill(obs::LoggingData& data) const;
+
+ private:
+  int64_t every_;
+  TimelineRecorder timeline_;
+  int64_t forward_start_ns_ = 0;
+  int64_t last_forward_ns_ = 0;
+  int64_t collected_through_ = 0;  // synchronized backwards already looked at
+  std::vector<obs::IterationStats> samples_;
+};
+
+}  // namespace ddp::reducer

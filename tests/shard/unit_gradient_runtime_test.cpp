@@ -1,0 +1,275 @@
+// FULLY_SHARD and DEFAULT through the one gradient runtime (reducer/unit_reducer.hpp: one
+// BucketRuntime bucket per unit, reduce-scattered) at world 1, 2 and 3 on Gloo: training equals
+// the single-process oracle (rel. err < 1e-5); the runtime stats and the trace's comm lane show
+// one reduce-scatter per unit per step; the bf16 and fp16 compression hooks reduce-scatter within
+// their rounding of the oracle; the optimizer in backward steps on the shards and equals the
+// oracle; PowerSGD is refused by exact text.
+
+#include <gtest/gtest.h>
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include "ddp/hooks/default_hooks.hpp"
+#include "ddp/hooks/powersgd_hook.hpp"
+#include "ddp/models/mlp.hpp"
+#include "ddp/obs/chrome_trace.hpp"
+#include "ddp/shard/sharded_module.hpp"
+#include "support/error_text.hpp"
+#include "support/param_names.hpp"
+#include "support/regression_steps.hpp"
+#include "support/workers.hpp"
+
+namespace ddp::testing {
+namespace {
+
+// 5 output rows: uneven at world 2 and 3, so DEFAULT replicates the last layer's parameters there.
+models::MLPOptions mlp_shape() {
+  models::MLPOptions shape;
+  shape.in = 6;
+  shape.hidden = 12;
+  shape.out = 5;
+  shape.depth = 4;
+  return shape;
+}
+
+// Gloo on the CPU (CI), or NCCL on CUDA (scripts/gpu-check.sh: the hooks on torch 2.x).
+comm::ProcessGroupPtr runtime_group() {
+  return worker_process_group(std::chrono::seconds(60), worker_env("DDP_TEST_BACKEND", "gloo"));
+}
+torch::Device runtime_device() { return torch::Device(worker_env("DDP_TEST_DEVICE", "cpu")); }
+
+models::MLP make_mlp() {
+  models::MLP net(mlp_shape());
+  net->to(runtime_device());
+  return net;
+}
+
+shard::ShardOptions unit_options(const std::string& style) {
+  shard::ShardOptions options;
+  options.style = shard::parse_style(style);
+  for (int64_t i = 0; i < mlp_shape().depth; ++i) {
+    options.units.push_back("layers." + std::to_string(i));
+  }
+  return options;
+}
+
+struct Run {
+  int64_t steps = 3;
+  double lr = 0.1;
+  std::string hook;  // "", "bf16", "fp16" or "powersgd"
+  bool optimizer_in_backward = false;
+};
+
+// Trains the sharded MLP and the oracle on the same global batches (SGD with momentum; the
+// optimizer in backward: plain SGD per parameter); returns the sharded wrapper's whole parameters
+// and checks the stats on the way.
+std::vector<std::pair<std::string, torch::Tensor>> train(comm::ProcessGroupPtr pg,
+                                                         shard::ShardOptions options, Run run,
+                                                         models::MLP oracle) {
+  const int w = pg->world_size(), r = pg->rank();
+  torch::manual_seed(r);  // the wrapper broadcasts rank 0's values
+  models::MLP net = make_mlp();
+  shard::FullyShardedDataParallel<models::MLP> model(net, pg, options);
+  if (run.hook == "bf16") model.register_comm_hook(hooks::bf16_compress_hook(pg));
+  if (run.hook == "fp16") model.register_comm_hook(hooks::fp16_compress_hook(pg));
+  if (run.hook == "powersgd") model.register_comm_hook(hooks::powersgd_hook(pg));
+  const auto sgd = [&](std::vector<torch::Tensor> params) {
+    return std::make_unique<torch::optim::SGD>(
+        params, torch::optim::SGDOptions(run.lr).momentum(run.optimizer_in_backward ? 0 : 0.9));
+  };
+  std::unique_ptr<torch::optim::SGD> opt;
+  if (run.optimizer_in_backward) {
+    model.set_optimizer_in_backward([&](const torch::Tensor& p) { return sgd({p}); });
+  } else {
+    opt = sgd(net->parameters());
+  }
+  auto oracle_opt = sgd(oracle->parameters());
+  torch::manual_seed(1);
+  const int64_t per_rank = 3;
+  for (int64_t s = 0; s < run.steps; ++s) {
+    const auto x = torch::randn({w * per_rank, mlp_shape().in}).to(runtime_device());
+    const auto y = torch::randn({w * per_rank, mlp_shape().out}).to(runtime_device());
+    torch::mse_loss(model(x.narrow(0, r * per_rank, per_rank)), y.narrow(0, r * per_rank, per_rank))
+        .backward();
+    if (opt) {
+      opt->step();
+      opt->zero_grad();
+    } else {
+      model.zero_grad();  // the steps ran at the end of backward
+    }
+    torch::mse_loss(oracle->forward(x), y).backward();
+    oracle_opt->step();
+    oracle_opt->zero_grad();
+  }
+  return model.full_parameters();
+}
+
+DDP_TEST_WORKER(unit_runtime_training_and_stats) {
+  auto pg = runtime_group();
+  const std::string style = worker_env("DDP_TEST_STYLE");
+  const auto options = unit_options(style);
+  torch::manual_seed(0);
+  models::MLP oracle = make_mlp();
+  const Run run;
+  // The same training, watched: stats and the trace's comm lane.
+  const int w = pg->world_size(), r = pg->rank();
+  torch::manual_seed(r);
+  models::MLP net = make_mlp();
+  shard::FullyShardedDataParallel<models::MLP> model(net, pg, options);
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(run.lr).momentum(0.9));
+  torch::optim::SGD oracle_opt(oracle->parameters(),
+                               torch::optim::SGDOptions(run.lr).momentum(0.9));
+  torch::manual_seed(1);
+  obs::ChromeTrace trace(r);
+  for (int64_t s = 0; s < run.steps; ++s) {
+    const auto x = torch::randn({w * 3, mlp_shape().in}).to(runtime_device());
+    const auto y = torch::randn({w * 3, mlp_shape().out}).to(runtime_device());
+    torch::mse_loss(model(x.narrow(0, r * 3, 3)), y.narrow(0, r * 3, 3)).backward();
+    opt.step();
+    opt.zero_grad();
+    torch::mse_loss(oracle->forward(x), y).backward();
+    oracle_opt.step();
+    oracle_opt.zero_grad();
+    trace.add_buckets(model.last_timeline(), model.bucket_plan(), s);
+  }
+  require_close_by_name(model.full_parameters(), *oracle, 1e-5, style + " through the runtime");
+
+  // One bucket per unit with sharded parameters, (world, S) elements of fp32 each, launched in
+  // the reverse of the forward's order: the last layer's unit first.
+  const auto& plan = model.bucket_plan();
+  size_t units_with_shards = 0;
+  for (const auto& unit : model.plan().units) {
+    bool any = false;
+    for (size_t i : unit.params)
+      any |= model.plan().params[i].placement == shard::Placement::kShard;
+    units_with_shards += any ? 1 : 0;
+  }
+  require(plan.buckets.size() == units_with_shards,
+          "buckets " + std::to_string(plan.buckets.size()) + " for " +
+              std::to_string(units_with_shards) + " units with shards");
+  const obs::LoggingData data = model.logging_data();
+  require(data.iterations == run.steps, "iterations " + std::to_string(data.iterations));
+  require(data.comm_hook == "reduce_scatter", "comm hook " + data.comm_hook);
+  require(data.bucket_sizes.size() == plan.buckets.size(), "bucket sizes");
+  for (size_t b = 0; b < plan.buckets.size(); ++b) {
+    int64_t numel = 0;
+    for (size_t p : plan.buckets[b].params) {
+      const std::string& name = data.param_names[p];
+      for (size_t i = 0; i < model.plan().shapes.size(); ++i) {
+        if (model.plan().shapes[i].name == name) numel += model.plan().params[i].local_numel();
+      }
+    }
+    require(data.bucket_sizes[b] == static_cast<size_t>(w * numel * 4),
+            "bucket " + std::to_string(b) + " holds its unit's (world, S) fp32 layout");
+  }
+  require(
+      data.param_names[plan.buckets[0].params[0]].rfind(
+          "layers." + std::to_string(mlp_shape().depth - 1), 0) == 0 ||
+          style == "default",
+      "the last layer's unit is launched first: " + data.param_names[plan.buckets[0].params[0]]);
+  require(static_cast<int64_t>(data.samples.size()) == run.steps, "a sample per step");
+  for (const auto& sample : data.samples) {
+    require(sample.backward_comm_ns > 0,
+            "reduce-scatter time in iteration " + std::to_string(sample.iteration));
+  }
+  int64_t comm_spans = 0;
+  for (const auto& span : trace.spans()) {
+    if (span.cat == "comm" && span.lane == 1 && span.bytes > 0) ++comm_spans;
+  }
+  require(comm_spans == run.steps * static_cast<int64_t>(plan.buckets.size()),
+          "the trace's comm lane: " + std::to_string(comm_spans) + " reduce-scatter spans");
+}
+
+// bf16 rounds each rank's contribution to 8 bits of mantissa; fp16 to 11. Both stay within their
+// rounding of the fp32 oracle after a few SGD steps, and differ from it (the hook ran).
+DDP_TEST_WORKER(unit_runtime_compression_hooks) {
+  auto pg = runtime_group();
+  const std::string style = worker_env("DDP_TEST_STYLE");
+  for (const std::string hook : {"bf16", "fp16"}) {
+    torch::manual_seed(0);
+    models::MLP oracle = make_mlp();
+    Run run;
+    run.hook = hook;
+    const auto ours = train(pg, unit_options(style), run, oracle);
+    const double tolerance = hook == "bf16" ? 2e-2 : 3e-3;
+    require_close_by_name(ours, *oracle, tolerance, hook + " hook under " + style);
+    bool differs = false;
+    const auto named = oracle->named_parameters();
+    for (const auto& [name, value] : ours) differs |= !torch::equal(value, named[name]);
+    require(differs, hook + " hook: the reduce-scatter was compressed");
+  }
+  torch::manual_seed(0);
+  models::MLP oracle = make_mlp();
+  Run refused;
+  refused.hook = "powersgd";
+  refused.steps = 1;
+  const std::string wrong = error_of([&] { train(pg, unit_options(style), refused, oracle); });
+  require(wrong.find("ddp: comm hook 'powersgd' cannot reduce-scatter a FULLY_SHARD unit (bucket "
+                     "0): its low-rank factors are all-reduced whole; use allreduce, fp16_compress "
+                     "or bf16_compress under fully_shard and default") != std::string::npos,
+          "powersgd: " + wrong);
+}
+
+DDP_TEST_WORKER(unit_runtime_optimizer_in_backward) {
+  auto pg = runtime_group();
+  const std::string style = worker_env("DDP_TEST_STYLE");
+  torch::manual_seed(0);
+  models::MLP oracle = make_mlp();
+  Run run;
+  run.optimizer_in_backward = true;
+  const auto ours = train(pg, unit_options(style), run, oracle);
+  require_close_by_name(ours, *oracle, 1e-5, "optimizer in backward under " + style);
+}
+
+class UnitGradientRuntimeTest : public ::testing::TestWithParam<std::tuple<int, const char*>> {};
+
+std::string runtime_name(const ::testing::TestParamInfo<std::tuple<int, const char*>>& info) {
+  return std::string(std::get<1>(info.param)) + "_world" + std::to_string(std::get<0>(info.param));
+}
+
+TEST_P(UnitGradientRuntimeTest, TrainsLikeTheOracleAndShowsEachUnitsReduceScatter) {
+  const auto [world, style] = GetParam();
+  const auto result =
+      run_workers("unit_runtime_training_and_stats", world, {{"DDP_TEST_STYLE", style}});
+  EXPECT_TRUE(result.ok()) << result.describe();
+}
+
+TEST_P(UnitGradientRuntimeTest, CompressionHooksReduceScatterWithinTheirRounding) {
+  const auto [world, style] = GetParam();
+  const auto result =
+      run_workers("unit_runtime_compression_hooks", world, {{"DDP_TEST_STYLE", style}});
+  EXPECT_TRUE(result.ok()) << result.describe();
+}
+
+TEST_P(UnitGradientRuntimeTest, OptimizerInBackwardStepsOnTheShards) {
+  const auto [world, style] = GetParam();
+  const auto result =
+      run_workers("unit_runtime_optimizer_in_backward", world, {{"DDP_TEST_STYLE", style}});
+  EXPECT_TRUE(result.ok()) << result.describe();
+}
+
+// The same workers on one GPU with NCCL (torch 2.x: the tensor hooks, the stream order of the
+// reduce-scatters); skipped without CUDA, as on CI.
+TEST(UnitGradientRuntimeGpu, EveryWorkerOnNcclAtWorldOne) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  for (const char* worker : {"unit_runtime_training_and_stats", "unit_runtime_compression_hooks",
+                             "unit_runtime_optimizer_in_backward"}) {
+    for (const char* style : {"fully_shard", "default"}) {
+      const auto result = run_workers(worker, 1,
+                                      {{"DDP_TEST_STYLE", style},
+                                       {"DDP_TEST_BACKEND", "nccl"},
+                                       {"DDP_TEST_DEVICE", "cuda"},
+                                       {"NCCL_NVLS_ENABLE", "0"}},
+                                      std::chrono::seconds(240));
+      EXPECT_TRUE(result.ok()) << worker << " " << style << ": " << result.describe();
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldsAndStyles, UnitGradientRuntimeTest,
+                         ::testing::Combine(::testing::Values(1, 2, 3),
+                                            ::testing::Values("fully_shard", "default")),
+                         runtime_name);
+
+}  // namespace
+}  // namespace ddp::testing
