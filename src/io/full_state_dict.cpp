@@ -5,34 +5,60 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include "ddp/comm/layout_tensors.hpp"
 #include "ddp/io/sharded_checkpoint.hpp"
 #include "ddp/io/torch_save.hpp"
 #include "every_rank.hpp"
 
 namespace ddp::io {
 
-TensorMap gather_full_state(comm::ProcessGroup& group, const shard::ShardedModule& sharded,
-                            const torch::nn::Module& model) {
-  TORCH_CHECK(sharded.plan().world == group.world_size(),
-              wrong_group_for_plan("gather_full_state", sharded.plan().world, group.world_size()));
-  // full_parameters() names each parameter once (its first name); named_parameters() lists a
-  // tied one under every name: match them by identity.
-  std::unordered_map<std::string, at::Tensor> by_first_name;
-  for (auto& [name, tensor] : sharded.full_parameters()) by_first_name[name] = tensor.cpu();
-  std::unordered_map<const c10::TensorImpl*, at::Tensor> full;
-  for (const auto& item : model.named_parameters()) {
-    const auto it = by_first_name.find(item.key());
-    if (it != by_first_name.end()) full[item.value().unsafeGetTensorImpl()] = it->second;
-  }
+TensorMap whole_state(const torch::nn::Module& model, const layout::TensorLayouts& layouts,
+                      comm::ProcessGroup* group) {
+  int64_t ranks = 1;
+  for (int64_t n : layouts.mesh) ranks *= n;
+  TORCH_CHECK(group != nullptr || ranks == 1, "ddp: whole_state: layouts over mesh ",
+              at::IntArrayRef(layouts.mesh), " need the group of its ", ranks, " ranks");
+  TORCH_CHECK(group == nullptr || group->world_size() == ranks,
+              "ddp: whole_state: layouts over "
+              "mesh ",
+              at::IntArrayRef(layouts.mesh), " (", ranks, " ranks) with a group of ",
+              group ? group->world_size() : 0, " ranks; pass the group the layouts are over");
+  // named_parameters() lists a tied parameter under every name: gathered once, by identity, in
+  // the same order on every rank (the collectives must match).
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> whole;
   TensorMap out;
   for (const auto& item : model.named_parameters()) {
-    const auto it = full.find(item.value().unsafeGetTensorImpl());
-    TORCH_CHECK(it != full.end(), "ddp: gather_full_state: parameter '", item.key(),
-                "' is not one of the sharded module's");
+    const at::Tensor& param = item.value();
+    auto it = whole.find(param.unsafeGetTensorImpl());
+    if (it == whole.end()) {
+      const layout::Layout layout = layouts.of(item.key(), param.sizes().vec());
+      const std::vector<int64_t> real = layout::local_shape(layout, layouts.coordinate);
+      TORCH_CHECK(static_cast<int64_t>(real.size()) == param.dim(), "ddp: whole_state: parameter '",
+                  item.key(), "' has shape ", param.sizes(), " but its layout ",
+                  layout::describe(layout), " gives this rank ", at::IntArrayRef(real));
+      at::Tensor local = param.detach();
+      for (int64_t d = 0; d < local.dim(); ++d) {
+        TORCH_CHECK(real[d] <= local.size(d), "ddp: whole_state: parameter '", item.key(),
+                    "' has shape ", param.sizes(), " but its layout ", layout::describe(layout),
+                    " gives this rank ", at::IntArrayRef(real), "; call it between steps");
+        local = local.narrow(d, 0, real[d]);
+      }
+      at::Tensor gathered =
+          group ? comm::gather_whole(layout, local, *group, "whole state of '" + item.key() + "'")
+                : local.clone();
+      it = whole.emplace(param.unsafeGetTensorImpl(), gathered.cpu()).first;
+    }
     out[item.key()] = it->second;
   }
   for (const auto& item : model.named_buffers()) out[item.key()] = item.value().detach().cpu();
   return out;
+}
+
+TensorMap gather_full_state(comm::ProcessGroup& group, const shard::ShardedModule& sharded,
+                            const torch::nn::Module& model) {
+  TORCH_CHECK(sharded.plan().world == group.world_size(),
+              wrong_group_for_plan("gather_full_state", sharded.plan().world, group.world_size()));
+  return whole_state(model, sharded.layouts(), &group);
 }
 
 void export_full_state(comm::ProcessGroup& group, const shard::ShardedModule& sharded,

@@ -410,6 +410,18 @@ layout::Layout ShardedModule::layout(const std::string& name) const {
   TORCH_CHECK(false, "ddp: ShardedModule::layout: the module has no parameter '", name, "'");
 }
 
+layout::TensorLayouts ShardedModule::layouts() const {
+  layout::TensorLayouts out;
+  out.mesh = {pg_->world_size()};
+  out.coordinate = {pg_->rank()};
+  for (const ParamShape& shape : plan_.shapes) {
+    const layout::Layout one = layout(shape.name);
+    out.by_name[shape.name] = one;
+    for (const auto& alias : shape.aliases) out.by_name[alias] = one;
+  }
+  return out;
+}
+
 std::vector<std::pair<std::string, at::Tensor>> ShardedModule::full_parameters() const {
   TORCH_CHECK(phase_ != Phase::kBackward, "ddp: full_parameters() while a backward is running");
   std::vector<at::Tensor> full(params_.size());

@@ -77,6 +77,21 @@ TensorParallel::TensorParallel(std::shared_ptr<torch::nn::Module> module,
       }
     }
   }
+  // Every parameter's layout, from its local shape now: a runtime that splits the shards again
+  // (FULLY_SHARD) changes the shapes the parameters have between steps later.
+  for (const auto& item : named) {
+    layout::Layout out;
+    out.shape = item.value().sizes().vec();
+    out.mesh = {group_->world_size()};
+    const auto it = splits_.find(item.key());
+    if (it != splits_.end()) {
+      out.shape[it->second.dim] *= group_->world_size();
+      out.placements.push_back(layout::Placement::shard(0, it->second.dim, it->second.packed));
+    }
+    layouts_.by_name[item.key()] = out;
+  }
+  layouts_.mesh = {group_->world_size()};
+  layouts_.coordinate = {group_->rank()};
 }
 
 torch::nn::Module& TensorParallel::check_entry(
@@ -250,19 +265,10 @@ int64_t TensorParallel::shard_dim(const std::string& name) const {
 }
 
 layout::Layout TensorParallel::layout(const std::string& name) const {
-  const auto params = module_->named_parameters(/*recurse=*/true);
-  const auto* param = params.find(name);
-  TORCH_CHECK(param != nullptr, "ddp: TensorParallel::layout: the module has no parameter '", name,
-              "'");
-  layout::Layout out;
-  out.shape = param->sizes().vec();
-  out.mesh = {group_->world_size()};
-  const auto it = splits_.find(name);
-  if (it != splits_.end()) {
-    out.shape[it->second.dim] *= group_->world_size();
-    out.placements.push_back(layout::Placement::shard(0, it->second.dim, it->second.packed));
-  }
-  return out;
+  const auto it = layouts_.by_name.find(name);
+  TORCH_CHECK(it != layouts_.by_name.end(),
+              "ddp: TensorParallel::layout: the module has no parameter '", name, "'");
+  return it->second;
 }
 
 at::Tensor TensorParallel::full(const std::string& name, const at::Tensor& local) const {

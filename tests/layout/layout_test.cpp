@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ddp/comm/flat_shards.hpp"
+#include "ddp/layout/tensor_layouts.hpp"
 
 namespace ddp::layout {
 
@@ -382,6 +383,33 @@ TEST(LayoutNest, FullyShardOverTpAppendsItsPlacement) {
             }),
             "ddp: layout nest: inner coordinate [1] holds [2, 4], not the [3, 4] the outer layout "
             "splits ([5, 4] on mesh [2]: Shard(0) over mesh dim 0)");
+}
+
+// What wrappers register: FULLY_SHARD's layouts nested on TP's name by name; a name only one side
+// splits is whole on the other's dims; an unregistered name is whole everywhere.
+TEST(TensorLayouts, NestNameByNameAndUnregisteredNamesAreWhole) {
+  TensorLayouts tp;
+  tp.mesh = {2};
+  tp.coordinate = {1};
+  tp.by_name["w"] = Layout{{4, 3}, {2}, {Placement::shard(0, 0)}};
+  tp.by_name["b"] = Layout{{6}, {2}, {}};
+  TensorLayouts fsdp;
+  fsdp.mesh = {3};
+  fsdp.coordinate = {2};
+  fsdp.by_name["w"] = Layout{{2, 3}, {3}, {Placement::shard(0, 0)}};
+  fsdp.by_name["x"] = Layout{{5}, {3}, {Placement::shard(0, 0)}};
+  const TensorLayouts both = nest(tp, fsdp);
+  EXPECT_EQ(both.mesh, (std::vector<int64_t>{3, 2}));
+  EXPECT_EQ(both.coordinate, (std::vector<int64_t>{2, 1}));
+  ASSERT_EQ(both.by_name.size(), 3u);
+  EXPECT_EQ(describe(both.by_name.at("w")), describe(nest(tp.by_name["w"], fsdp.by_name["w"])));
+  EXPECT_EQ(describe(both.by_name.at("w")),
+            "[4, 3] on mesh [3, 2]: Shard(0) over mesh dim 1, Shard(0) over mesh dim 0");
+  EXPECT_EQ(describe(both.by_name.at("x")), "[5] on mesh [3, 2]: Shard(0) over mesh dim 0");
+  EXPECT_EQ(describe(both.by_name.at("b")), "[6] on mesh [3, 2]: replicated");
+  // Coordinate (2, 1) of "w": tp rank 1 holds rows [2, 4), fsdp rank 2 of its 2 rows nothing.
+  EXPECT_EQ(local_shape(both.by_name.at("w"), both.coordinate), (std::vector<int64_t>{0, 3}));
+  EXPECT_EQ(describe(both.of("unknown", {7, 2})), "[7, 2] on mesh [3, 2]: replicated");
 }
 
 }  // namespace

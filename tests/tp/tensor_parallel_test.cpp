@@ -13,6 +13,7 @@
 #include "ddp/comm/device_mesh.hpp"
 #include "ddp/comm/layout_tensors.hpp"
 #include "ddp/io/checkpoint_coordinator.hpp"
+#include "ddp/io/full_state_dict.hpp"
 #include "ddp/models/gpt.hpp"
 #include "ddp/models/net.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
@@ -108,6 +109,14 @@ DDP_TEST_WORKER(tp_seed_net) {
           comm::gather_whole(tensor_parallel->layout(name), param, *mesh["tp"], "whole " + name);
     }
     require(torch::equal(again, t), "parameter '" + name + "' gathered by its layout differs");
+  }
+  // The export's one path (io::whole_state): the registered layouts, nested under FULLY_SHARD.
+  const io::TensorMap exported =
+      sharded ? io::whole_state(*net, layout::nest(tensor_parallel->layouts(), sharded->layouts()),
+                                mesh.parent().get())
+              : io::whole_state(*net, tensor_parallel->layouts(), mesh["tp"].get());
+  for (const auto& [name, t] : whole) {
+    require(torch::equal(exported.at(name), t.cpu()), "exported '" + name + "' differs");
   }
   std::ostringstream context;
   context << "mesh " << dp << "x" << tps << " " << (fully_shard ? "fully_shard" : "ddp")

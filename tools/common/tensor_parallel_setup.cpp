@@ -33,4 +33,18 @@ TensorParallelSetup setup_tensor_parallel(const std::string& tool, int64_t tp,
   return out;
 }
 
+io::TensorMap whole_weights(const torch::nn::Module& model, const shard::ShardedModule* sharded,
+                            const TensorParallelSetup& split) {
+  const tp::TensorParallel* tensor_parallel = split.tensor_parallel.get();
+  if (sharded && tensor_parallel) {
+    return io::whole_state(model, layout::nest(tensor_parallel->layouts(), sharded->layouts()),
+                           split.mesh->parent().get());
+  }
+  if (sharded) return io::whole_state(model, sharded->layouts(), split.dp_group.get());
+  if (tensor_parallel) {
+    return io::whole_state(model, tensor_parallel->layouts(), (*split.mesh)["tp"].get());
+  }
+  return io::whole_state(model, layout::TensorLayouts{}, nullptr);
+}
+
 }  // namespace ddp::tools

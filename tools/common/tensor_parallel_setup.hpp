@@ -8,6 +8,7 @@
 #include <string>
 
 #include "ddp/comm/device_mesh.hpp"
+#include "ddp/io/full_state_dict.hpp"
 #include "ddp/models/registry.hpp"
 #include "ddp/tp/parallelize.hpp"
 
@@ -30,5 +31,11 @@ TensorParallelSetup setup_tensor_parallel(const std::string& tool, int64_t tp,
                                           const comm::ProcessGroupPtr& world,
                                           const models::Workload& workload,
                                           const std::string& model);
+
+// The run's weights whole on every rank (io::whole_state, collective): the layouts of the sharded
+// style (`sharded`, over `split.dp_group`), of --tp (over "tp"), or both nested (over the mesh's
+// parent group); neither: the model's own tensors.
+io::TensorMap whole_weights(const torch::nn::Module& model, const shard::ShardedModule* sharded,
+                            const TensorParallelSetup& split);
 
 }  // namespace ddp::tools

@@ -308,11 +308,9 @@ int run_worker(const Args& args) {
   const Memory memory = measure_memory(*w.ptr, opt, sharded_model, device);
   if (!args.save_params.empty()) {
     ddp::io::TensorMap out;
-    // Collective: whole over "dp" (a sharded style), then over "tp" (--tp).
-    auto params = sharded_model ? sharded_model->full_parameters() : named_params(*w.ptr);
-    for (auto& [name, p] : params) {
-      out[name] = (tensor_parallel ? tensor_parallel->full(name, p) : p.detach()).cpu();
-    }
+    // Collective: every parameter gathered by its layout (sharded, --tp, or both nested).
+    const ddp::io::TensorMap whole = ddp::tools::whole_weights(*w.ptr, sharded_model, split);
+    for (auto& [name, p] : named_params(*w.ptr)) out[name] = whole.at(name);
     if (lead) ddp::io::save_safetensors(args.save_params, out);
   }
   if (lead) {

@@ -256,11 +256,7 @@ int run_worker(const Args& args) {
   // Whole weights to write: the sharded styles gather them on every rank (collective).
   ddp::io::TensorMap weights;
   if (!args.save_weights.empty()) {
-    weights = sharded ? ddp::io::gather_full_state(*dp_group, *sharded, *w.ptr)
-                      : ddp::io::model_tensors(*w.ptr);
-    if (tensor_parallel) {  // whole over "tp" too (collective)
-      for (auto& [name, t] : weights) t = tensor_parallel->full(name, t);
-    }
+    weights = ddp::tools::whole_weights(*w.ptr, sharded, split);  // by layouts (collective)
   }
   // Every rank samples: the forward is collective under the sharded styles and --tp.
   const std::string sample = text ? text->sample_report(forward) : "";

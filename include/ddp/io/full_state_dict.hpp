@@ -11,16 +11,27 @@
 
 #include "ddp/comm/process_group.hpp"
 #include "ddp/io/safetensors.hpp"
+#include "ddp/layout/tensor_layouts.hpp"
 #include "ddp/shard/sharded_module.hpp"
 
 namespace ddp::io {
 
-// Every parameter of `model` (under each of its names, as named_parameters() lists a tied one)
-// and every buffer, at full shape on the CPU: the sharded parameters gathered by the wrapper
-// (ShardedModule::full_parameters: one all-gather per unit, padding rows dropped), the buffers as
-// this rank holds them. `sharded` wraps `model` over `group`. Collective; call it between steps.
-// Every rank gets the whole map: the all-gather delivers it everywhere, so a rank that wants it
-// (an evaluation) need not ask again.
+// Every parameter of `model` (under each of its names) and every buffer, whole, on the CPU: each
+// parameter's local tensor (the real part of what this rank holds: layout::local_shape of its
+// layout in `layouts`, from the start of each dim, the padding dropped) gathered by that layout
+// over `group` (comm::gather_whole: one all-gather per distinct parameter; a tied one is gathered
+// once). `group`'s rank r is the coordinate layout::coordinate_of(r, layouts.mesh) and its size
+// the mesh's product; it may be null when the mesh is {1}. Buffers as this rank holds them.
+// Collective; call it between steps. The one path of every export: DDP (no layouts), FULLY_SHARD
+// (ShardedModule::layouts() over its group), TP (TensorParallel::layouts() over the tp group) and
+// FULLY_SHARD over TP (layout::nest of the two, over the mesh's parent group).
+TensorMap whole_state(const torch::nn::Module& model, const layout::TensorLayouts& layouts,
+                      comm::ProcessGroup* group);
+
+// whole_state with the sharded module's layouts: every parameter of `model` (under each of its
+// names) and every buffer, at full shape on the CPU. `sharded` wraps `model` over `group`.
+// Collective; call it between steps. Every rank gets the whole map: the all-gather delivers it
+// everywhere, so a rank that wants it (an evaluation) need not ask again.
 TensorMap gather_full_state(comm::ProcessGroup& group, const shard::ShardedModule& sharded,
                             const torch::nn::Module& model);
 

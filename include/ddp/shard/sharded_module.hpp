@@ -40,6 +40,7 @@
 #include "ddp/comm/process_group.hpp"
 #include "ddp/hooks/comm_hook.hpp"
 #include "ddp/layout/layout.hpp"
+#include "ddp/layout/tensor_layouts.hpp"
 #include "ddp/obs/runtime_stats.hpp"
 #include "ddp/optim/optimizer_in_backward.hpp"
 #include "ddp/reducer/gradient_stats.hpp"
@@ -105,6 +106,8 @@ class ShardedModule : private unit::UnitListener {
   // placement when replicated. Over tensor parallelism, nest it on TensorParallel::layout
   // (layout::nest): FULLY_SHARD appends its placement. Throws naming `name` when unknown.
   layout::Layout layout(const std::string& name) const;
+  // Every parameter's layout under each of its names, over mesh {world} at coordinate {rank}.
+  layout::TensorLayouts layouts() const;
   const ShardOptions& options() const { return options_; }
   std::string unit_table() const { return format_unit_table(plan_); }
   // Bytes of parameters this rank holds between steps (ShardPlan::local_param_bytes).

@@ -48,6 +48,7 @@
 
 #include "ddp/comm/process_group.hpp"
 #include "ddp/layout/layout.hpp"
+#include "ddp/layout/tensor_layouts.hpp"
 #include "ddp/reducer/autograd_hooks.hpp"
 #include "ddp/unit/unit_scope.hpp"
 
@@ -90,6 +91,9 @@ class TensorParallel : private unit::UnitListener {
   // runtime that splits the local shards again nests its layout on this one (layout::nest).
   // Throws naming `name` when the module has no such parameter.
   layout::Layout layout(const std::string& name) const;
+  // Every parameter's layout (as layout(name)) and this rank's coordinate {tp rank}: what the
+  // checkpoints and the export read (layout/tensor_layouts.hpp).
+  const layout::TensorLayouts& layouts() const { return layouts_; }
   // `local` (parameter `name`'s local shard, or a tensor shaped like it, e.g. its gradient) made
   // whole; a replicated parameter's tensor comes back as a copy. Collective over the tp group.
   at::Tensor full(const std::string& name, const at::Tensor& local) const;
@@ -146,6 +150,7 @@ class TensorParallel : private unit::UnitListener {
   };
   // Qualified parameter name -> how it is sharded; a tied parameter under each of its names.
   std::map<std::string, Split> splits_;
+  layout::TensorLayouts layouts_;  // made at construction, from the local shapes then
   std::vector<std::unique_ptr<unit::UnitRegistration>> registrations_;
   bool end_queued_ = false;  // this backward's end-of-backward callback is queued
 };
