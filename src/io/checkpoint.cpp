@@ -122,11 +122,23 @@ std::string save_checkpoint_files(const CheckpointOptions& options, const Traini
               " ranks; every rank writes its shard, so save with save_and_barrier "
               "(checkpoint_coordinator.hpp)");
   TORCH_CHECK(state.shard_plan == nullptr || state.tensor_parallel == nullptr,
-              "ddp: save_checkpoint: checkpoints of a sharded style over tensor-parallel shards "
-              "are not supported; checkpoint tensor parallelism with DDP over the dp dim");
-  // Tensor parallelism: whole tensors, gathered by every rank (collective) before rank 0 writes.
+              "ddp: save_checkpoint: a sharded style over tensor-parallel shards is checkpointed "
+              "through TrainingState::layouts (the nested layouts), not shard_plan and "
+              "tensor_parallel together");
+  TORCH_CHECK(
+      state.layouts == nullptr || (state.shard_plan == nullptr && state.tensor_parallel == nullptr),
+      "ddp: save_checkpoint: TrainingState::layouts replaces shard_plan and "
+      "tensor_parallel; set only it");
+  // Tensor parallelism or registered layouts: whole tensors, gathered by every rank (collective)
+  // before rank 0 writes.
   TensorMap model, optim;
-  if (state.tensor_parallel != nullptr) {
+  if (state.layouts != nullptr) {
+    model = whole_tensors(*state.layouts, model_tensors(*state.model), StateKeys::kModel);
+    if (state.optimizer != nullptr) {
+      optim = whole_tensors(*state.layouts, optimizer_tensors(*state.optimizer, *state.model),
+                            StateKeys::kOptimizer);
+    }
+  } else if (state.tensor_parallel != nullptr) {
     model = whole_tensors(*state.tensor_parallel, model_tensors(*state.model), StateKeys::kModel);
     if (state.optimizer != nullptr) {
       optim =
@@ -155,12 +167,12 @@ std::string save_checkpoint_files(const CheckpointOptions& options, const Traini
     const std::map<std::string, std::string> meta = {{"format", "ddp-checkpoint"},
                                                      {"step", std::to_string(state.step)}};
     std::vector<std::string> files = {kModelFile};
-    if (state.tensor_parallel == nullptr) model = model_tensors(*state.model);
+    const bool gathered = state.tensor_parallel != nullptr || state.layouts != nullptr;
+    if (!gathered) model = model_tensors(*state.model);
     save_safetensors((fs::path(tmp) / kModelFile).string(), model, meta);
     if (state.optimizer != nullptr) {
       manifest.optimizer = optimizer_kind(*state.optimizer);
-      if (state.tensor_parallel == nullptr)
-        optim = optimizer_tensors(*state.optimizer, *state.model);
+      if (!gathered) optim = optimizer_tensors(*state.optimizer, *state.model);
       save_safetensors((fs::path(tmp) / kOptimFile).string(), optim, meta);
       files.push_back(kOptimFile);
     }
@@ -239,6 +251,13 @@ Manifest load_checkpoint(const std::string& dir, int world_size, TrainingState& 
               (rank_files ? " was written by a sharded run" : " cannot be loaded here"),
               ": a tensor-parallel run loads the whole tensors of a replicated or "
               "tensor-parallel checkpoint (not a sharded style's)");
+  TORCH_CHECK(state.layouts == nullptr ||
+                  (state.shard_plan == nullptr && state.tensor_parallel == nullptr && !rank_files),
+              "ddp: checkpoint ", dir,
+              (rank_files ? " was written by a sharded run" : " cannot be loaded here"),
+              ": a run with registered layouts loads the whole tensors of a replicated, "
+              "tensor-parallel or layouts checkpoint (not a sharded style's rank files), and "
+              "TrainingState::layouts replaces shard_plan and tensor_parallel");
   if (state.shard_plan != nullptr || rank_files) {
     // Sharded state in the run or in the checkpoint: each rank reads (and verifies) only the files
     // holding rows it needs, at any world size.
@@ -258,8 +277,9 @@ Manifest load_checkpoint(const std::string& dir, int world_size, TrainingState& 
   const std::string model_path = (fs::path(dir) / kModelFile).string();
   const std::string optim_path = (fs::path(dir) / kOptimFile).string();
   const std::string rng_path = (fs::path(dir) / kRngFile).string();
-  // Tensor parallelism: this rank's slices of the whole tensors.
+  // Tensor parallelism or registered layouts: this rank's pieces of the whole tensors.
   const auto held = [&](TensorMap whole, StateKeys keys) {
+    if (state.layouts != nullptr) return held_tensors(*state.layouts, whole, keys);
     return state.tensor_parallel != nullptr ? held_tensors(*state.tensor_parallel, whole, keys)
                                             : whole;
   };

@@ -358,9 +358,9 @@ std::string wrong_group_for_plan(const std::string& who, int plan_world, int gro
   return "ddp: " + who + ": the shard plan is for world size " + std::to_string(plan_world) +
          " but the group has " + std::to_string(group_ranks) +
          " ranks; pass the sharded runtime's own group (the mesh's \"dp\" group when it shards "
-         "over one mesh dim). A sharded style over tensor parallelism cannot be checkpointed yet: "
-         "its layouts (ShardedModule::layout nested on TensorParallel::layout) are not in the "
-         "checkpoint format";
+         "over one mesh dim). A sharded style over tensor parallelism is checkpointed through "
+         "its nested layouts instead: TrainingState::layouts = {layout::nest(tp.layouts(), "
+         "sharded.layouts()), mesh.parent()}, without shard_plan";
 }
 
 }  // namespace ddp::io

@@ -1,5 +1,9 @@
 #include "ddp/io/tensor_parallel_state.hpp"
 
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include "ddp/comm/layout_tensors.hpp"
 #include "ddp/tp/parallelize.hpp"
 
 namespace ddp::io {
@@ -14,7 +18,63 @@ std::string parameter_of(const std::string& key, const at::Tensor& t, StateKeys 
   return dot == std::string::npos ? key : key.substr(0, dot);
 }
 
+// The layout `key`'s tensor is split by, or null when it is whole on every rank.
+const layout::Layout* layout_of(const StateLayouts& layouts, const std::string& key,
+                                const at::Tensor& t, StateKeys keys) {
+  const std::string param = parameter_of(key, t, keys);
+  if (param.empty()) return nullptr;
+  const auto it = layouts.layouts.by_name.find(param);
+  if (it == layouts.layouts.by_name.end() || it->second.placements.empty()) return nullptr;
+  return &it->second;
+}
+
 }  // namespace
+
+TensorMap whole_tensors(const StateLayouts& layouts, const TensorMap& held, StateKeys keys) {
+  TORCH_CHECK(layouts.group, "ddp: checkpoint: StateLayouts::group is null");
+  TensorMap out;
+  // TensorMap is ordered by key, so every rank gathers the same tensors in the same order.
+  for (const auto& [key, t] : held) {
+    const layout::Layout* layout = layout_of(layouts, key, t, keys);
+    if (layout == nullptr) {
+      out[key] = t.detach().clone();
+      continue;
+    }
+    const std::vector<int64_t> real = layout::local_shape(*layout, layouts.layouts.coordinate);
+    TORCH_CHECK(static_cast<int64_t>(real.size()) == t.dim(), "ddp: checkpoint: '", key,
+                "' has shape ", t.sizes(), " but its layout ", layout::describe(*layout),
+                " gives this rank ", at::IntArrayRef(real));
+    at::Tensor local = t.detach();
+    for (int64_t d = 0; d < local.dim(); ++d) {
+      TORCH_CHECK(real[d] <= local.size(d), "ddp: checkpoint: '", key, "' has shape ", t.sizes(),
+                  " but its layout ", layout::describe(*layout), " gives this rank ",
+                  at::IntArrayRef(real), "; save between steps");
+      local = local.narrow(d, 0, real[d]);
+    }
+    out[key] = comm::gather_whole(*layout, local, *layouts.group, "checkpoint gather of " + key);
+  }
+  return out;
+}
+
+TensorMap held_tensors(const StateLayouts& layouts, const TensorMap& whole, StateKeys keys) {
+  TensorMap out;
+  for (const auto& [key, t] : whole) {
+    const layout::Layout* layout = layout_of(layouts, key, t, keys);
+    if (layout == nullptr) {
+      out[key] = t.detach().clone();
+      continue;
+    }
+    TORCH_CHECK(t.sizes().vec() == layout->shape, "ddp: checkpoint: '", key, "' has shape ",
+                t.sizes(), " but this run's layout of it is ", layout::describe(*layout));
+    const at::Tensor local = comm::take_local(*layout, t, layouts.layouts.coordinate);
+    at::Tensor storage = at::zeros(layout::padded_local_shape(*layout), t.options());
+    at::Tensor target = storage;
+    for (int64_t d = 0; d < local.dim(); ++d) target = target.narrow(d, 0, local.size(d));
+    target.copy_(local);
+    out[key] = storage;
+  }
+  return out;
+}
 
 TensorMap whole_tensors(const tp::TensorParallel& tp, const TensorMap& held, StateKeys keys) {
   TensorMap out;

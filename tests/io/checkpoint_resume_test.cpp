@@ -75,6 +75,31 @@ TEST_P(CheckpointResume, ResumedRunEqualsUninterruptedRun) {
 INSTANTIATE_TEST_SUITE_P(CheckpointOptimizers, CheckpointResume, ::testing::Values("sgd", "adam"),
                          [](const auto& info) { return info.param; });
 
+// FULLY_SHARD over TP at (dp 2, tp 2): the checkpoint holds whole tensors gathered by the nested
+// layouts (TrainingState::layouts); 3 steps, a checkpoint, --resume to 6 ends where 6 straight end.
+TEST(CheckpointResume, FullyShardOverTpResumesThroughItsLayouts) {
+  TempDir dir;
+  const std::string flags = "--steps 6 --checkpoint-every 3 --tp 2 --fsdp --model toy ";
+  const auto run = [](const std::string& rest) {
+    return run_command(std::string(DDP_TRAIN_PATH) + " --nproc 4 --timeout-s 60 " + rest);
+  };
+  auto [out, code] = run(flags + "--checkpoint-dir " + dir.file("a") + " --save-weights " +
+                         dir.file("a.safetensors"));
+  ASSERT_EQ(code, 0) << out;
+  std::tie(out, code) =
+      run("--steps 3 --checkpoint-every 3 --tp 2 --fsdp --model toy "
+          "--checkpoint-dir " +
+          dir.file("b"));
+  ASSERT_EQ(code, 0) << out;
+  std::tie(out, code) = run(flags + "--resume --checkpoint-dir " + dir.file("b") +
+                            " --save-weights " + dir.file("b.safetensors"));
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("ddp-train: resumed from " + dir.file("b") + "/step-3 at step 3"),
+            std::string::npos)
+      << out;
+  expect_bitwise_equal(dir.file("b.safetensors"), dir.file("a.safetensors"));
+}
+
 // The launcher's restart path: rank 1 dies at step 7 (exit code 3); run again with
 // DDP_RESTART_COUNT=1, as a restarting launcher sets it, the run resumes from step 5 by itself
 // and ends where an uninterrupted run ends.

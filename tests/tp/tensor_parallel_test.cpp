@@ -341,7 +341,9 @@ DDP_TEST_WORKER(tp_sharded_checkpoint_group) {
   require(error.find("ddp: save_and_barrier: the shard plan is for world size 2 but the group "
                      "has 4 ranks; pass the sharded runtime's own group (the mesh's "
                      "\"dp\" group when it shards over one mesh dim). A sharded style over tensor "
-                     "parallelism cannot be checkpointed yet") != std::string::npos,
+                     "parallelism is checkpointed through its nested layouts instead: "
+                     "TrainingState::layouts = {layout::nest(tp.layouts(), sharded.layouts()), "
+                     "mesh.parent()}, without shard_plan") != std::string::npos,
           "the error names the group to pass, got: '" + error + "'");
 }
 

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
+#include <optional>
 
 #include "common/ddp_flags.hpp"
 #include "common/run_flags.hpp"
@@ -80,10 +81,6 @@ void check_checkpoint_flags(const Args& args) {
   TORCH_CHECK(!args.optimizer_overlap,
               "--checkpoint-dir cannot be combined with --optimizer-overlap: the per-parameter "
               "optimizers live inside the wrapper and their state is not checkpointed");
-  TORCH_CHECK(args.tp == 0 || !args.shard.sharded(),
-              "--checkpoint-dir with --tp and a sharded style: checkpoints of sharded "
-              "tensor-parallel shards are not built; use --ddp over the dp dim "
-              "(docs/tensor_parallel.md)");
   TORCH_CHECK(args.comm_hook != "powersgd",
               "--checkpoint-dir cannot be combined with --comm-hook powersgd: its error-feedback "
               "state is not checkpointed, so a resumed run would differ");
@@ -181,9 +178,17 @@ int run_worker(const Args& args) {
   state.model = w.ptr.get();
   state.optimizer = opt.get();
   // Sharded styles: every rank writes its shard, and a resume at another world size reshards.
-  if (sharded) state.shard_plan = &sharded->plan();
-  // --tp: whole tensors, so a resume may change the mesh (the global batch kept).
-  state.tensor_parallel = tensor_parallel.get();
+  // --tp: whole tensors, so a resume may change the mesh (the global batch kept). Both: whole
+  // tensors gathered by the nested layouts over the world (io/checkpoint.hpp, StateLayouts).
+  std::optional<ddp::io::StateLayouts> layouts;
+  if (sharded && tensor_parallel) {
+    layouts = ddp::io::StateLayouts{
+        ddp::layout::nest(tensor_parallel->layouts(), sharded->layouts()), split.mesh->parent()};
+    state.layouts = &*layouts;
+  } else {
+    if (sharded) state.shard_plan = &sharded->plan();
+    state.tensor_parallel = tensor_parallel.get();
+  }
   ddp::io::CoordinatorOptions ckpt;
   ckpt.root = args.checkpoint_dir;
   ckpt.keep = args.keep_checkpoints;

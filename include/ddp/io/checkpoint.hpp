@@ -34,7 +34,9 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include "ddp/comm/process_group.hpp"
 #include "ddp/io/checkpoint_manifest.hpp"
+#include "ddp/layout/tensor_layouts.hpp"
 #include "ddp/shard/shard_plan.hpp"
 
 namespace ddp::tp {
@@ -57,6 +59,15 @@ struct CheckpointOptions {
   int world_size = 1;
 };
 
+// How a run's parameters are split, as its wrappers registered it (layout/tensor_layouts.hpp),
+// and the group those layouts are over: its size is the product of layouts.mesh and its rank r
+// sits at layout::coordinate_of(r, layouts.mesh). FULLY_SHARD over tensor parallelism:
+// {layout::nest(tp.layouts(), sharded.layouts()), mesh.parent()}.
+struct StateLayouts {
+  layout::TensorLayouts layouts;
+  comm::ProcessGroupPtr group;
+};
+
 // The live objects a checkpoint is taken from and restored into.
 struct TrainingState {
   torch::nn::Module* model = nullptr;            // required: parameters and buffers
@@ -72,6 +83,13 @@ struct TrainingState {
   // collective; save_and_barrier calls it on all), loading takes this rank's slice, so a
   // checkpoint loads on another mesh (tensor_parallel_state.hpp). Not with shard_plan.
   const tp::TensorParallel* tensor_parallel = nullptr;
+  // The registered layouts of the run's parameters, or null (default). The checkpoint then holds
+  // whole tensors, as under tensor_parallel: saving gathers every parameter and its optimizer
+  // state by its layout over layouts->group (a collective; save_and_barrier calls it on all),
+  // loading takes this rank's local piece of each (zero padding where a split pads). So FULLY_SHARD
+  // over TP saved at (dp 2, tp 2) loads as DDP at world 1, as TP 1x2, as FULLY_SHARD at world 3.
+  // Not with shard_plan or tensor_parallel.
+  const StateLayouts* layouts = nullptr;
 };
 
 // "<root>/step-<step>".

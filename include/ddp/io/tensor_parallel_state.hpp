@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "ddp/io/checkpoint.hpp"
 #include "ddp/io/safetensors.hpp"
 
 namespace ddp::tp {
@@ -27,5 +28,15 @@ TensorMap whole_tensors(const tp::TensorParallel& tp, const TensorMap& held, Sta
 // This rank's part of `whole`. No communication. Throws naming the tensor when a whole tensor's
 // shape does not split over the tp size.
 TensorMap held_tensors(const tp::TensorParallel& tp, const TensorMap& whole, StateKeys keys);
+
+// The same for any registered layouts (checkpoint.hpp's StateLayouts): each split tensor's real
+// local part (layout::local_shape from the start of each dim; a sharded style's padding dropped)
+// gathered by its parameter's layout, collective over layouts.group in key order; the rest copied.
+TensorMap whole_tensors(const StateLayouts& layouts, const TensorMap& held, StateKeys keys);
+// This rank's local piece of each split tensor (layout::take_local at layouts.coordinate), at the
+// storage shape every coordinate has (layout::padded_local_shape: zero padding where a split
+// pads). No communication. Throws naming the tensor when a whole tensor's shape is not its
+// layout's.
+TensorMap held_tensors(const StateLayouts& layouts, const TensorMap& whole, StateKeys keys);
 
 }  // namespace ddp::io
