@@ -119,4 +119,19 @@ size_t mib_bytes(double mib) {
   return static_cast<size_t>(mib * static_cast<double>(kMiB));
 }
 
+std::vector<size_t> complete_order(const std::vector<size_t>& partial, size_t n) {
+  std::vector<bool> seen(n, false);
+  std::vector<size_t> order;
+  for (size_t p : partial) {
+    if (p < n && !seen[p]) {
+      seen[p] = true;
+      order.push_back(p);
+    }
+  }
+  for (size_t i = n; i-- > 0;) {
+    if (!seen[i]) order.push_back(i);
+  }
+  return order;
+}
+
 }  // namespace ddp::buckets

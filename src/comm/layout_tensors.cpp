@@ -97,4 +97,25 @@ at::Tensor gather_whole(const Layout& layout, const at::Tensor& local, const Dev
   return gather_whole(layout, local, *mesh.parent(), what);
 }
 
+at::Tensor real_local(const layout::Layout& layout, const at::Tensor& stored,
+                      const std::vector<int64_t>& coordinate, const std::string& what) {
+  const std::vector<int64_t> real = layout::local_shape(layout, coordinate);
+  bool fits = static_cast<int64_t>(real.size()) == stored.dim();
+  for (size_t d = 0; fits && d < real.size(); ++d) fits = real[d] <= stored.size(d);
+  TORCH_CHECK(fits, "ddp: ", what, " has shape ", stored.sizes(), " but its layout ",
+              layout::describe(layout), " gives this rank ", at::IntArrayRef(real),
+              " (call it between steps, when every parameter is its stored shard)");
+  at::Tensor local = stored.detach();
+  for (int64_t d = 0; d < local.dim(); ++d) local = local.narrow(d, 0, real[d]);
+  return local;
+}
+
+at::Tensor padded_local(const layout::Layout& layout, const at::Tensor& local) {
+  at::Tensor storage = at::zeros(layout::padded_local_shape(layout), local.options());
+  at::Tensor target = storage;
+  for (int64_t d = 0; d < local.dim(); ++d) target = target.narrow(d, 0, local.size(d));
+  target.copy_(local);
+  return storage;
+}
+
 }  // namespace ddp::comm

@@ -32,17 +32,8 @@ TensorMap whole_state(const torch::nn::Module& model, const layout::TensorLayout
     auto it = whole.find(param.unsafeGetTensorImpl());
     if (it == whole.end()) {
       const layout::Layout layout = layouts.of(item.key(), param.sizes().vec());
-      const std::vector<int64_t> real = layout::local_shape(layout, layouts.coordinate);
-      TORCH_CHECK(static_cast<int64_t>(real.size()) == param.dim(), "ddp: whole_state: parameter '",
-                  item.key(), "' has shape ", param.sizes(), " but its layout ",
-                  layout::describe(layout), " gives this rank ", at::IntArrayRef(real));
-      at::Tensor local = param.detach();
-      for (int64_t d = 0; d < local.dim(); ++d) {
-        TORCH_CHECK(real[d] <= local.size(d), "ddp: whole_state: parameter '", item.key(),
-                    "' has shape ", param.sizes(), " but its layout ", layout::describe(layout),
-                    " gives this rank ", at::IntArrayRef(real), "; call it between steps");
-        local = local.narrow(d, 0, real[d]);
-      }
+      const at::Tensor local = comm::real_local(layout, param, layouts.coordinate,
+                                                "whole_state: parameter '" + item.key() + "'");
       at::Tensor gathered =
           group ? comm::gather_whole(layout, local, *group, "whole state of '" + item.key() + "'")
                 : local.clone();

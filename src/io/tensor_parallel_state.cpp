@@ -40,17 +40,8 @@ TensorMap whole_tensors(const StateLayouts& layouts, const TensorMap& held, Stat
       out[key] = t.detach().clone();
       continue;
     }
-    const std::vector<int64_t> real = layout::local_shape(*layout, layouts.layouts.coordinate);
-    TORCH_CHECK(static_cast<int64_t>(real.size()) == t.dim(), "ddp: checkpoint: '", key,
-                "' has shape ", t.sizes(), " but its layout ", layout::describe(*layout),
-                " gives this rank ", at::IntArrayRef(real));
-    at::Tensor local = t.detach();
-    for (int64_t d = 0; d < local.dim(); ++d) {
-      TORCH_CHECK(real[d] <= local.size(d), "ddp: checkpoint: '", key, "' has shape ", t.sizes(),
-                  " but its layout ", layout::describe(*layout), " gives this rank ",
-                  at::IntArrayRef(real), "; save between steps");
-      local = local.narrow(d, 0, real[d]);
-    }
+    const at::Tensor local =
+        comm::real_local(*layout, t, layouts.layouts.coordinate, "checkpoint: '" + key + "'");
     out[key] = comm::gather_whole(*layout, local, *layouts.group, "checkpoint gather of " + key);
   }
   return out;
@@ -66,12 +57,8 @@ TensorMap held_tensors(const StateLayouts& layouts, const TensorMap& whole, Stat
     }
     TORCH_CHECK(t.sizes().vec() == layout->shape, "ddp: checkpoint: '", key, "' has shape ",
                 t.sizes(), " but this run's layout of it is ", layout::describe(*layout));
-    const at::Tensor local = comm::take_local(*layout, t, layouts.layouts.coordinate);
-    at::Tensor storage = at::zeros(layout::padded_local_shape(*layout), t.options());
-    at::Tensor target = storage;
-    for (int64_t d = 0; d < local.dim(); ++d) target = target.narrow(d, 0, local.size(d));
-    target.copy_(local);
-    out[key] = storage;
+    out[key] =
+        comm::padded_local(*layout, comm::take_local(*layout, t, layouts.layouts.coordinate));
   }
   return out;
 }

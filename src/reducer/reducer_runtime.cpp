@@ -117,18 +117,7 @@ void Reducer::build_plan(const std::vector<size_t>& order) {
 std::vector<size_t> Reducer::complete_order(const std::vector<size_t>& partial) const {
   // Parameters missing from `partial` (unused in that iteration) go last, in reverse
   // registration order, as PyTorch's rebuild does.
-  std::vector<bool> seen(params_.size(), false);
-  std::vector<size_t> order;
-  for (size_t p : partial) {
-    if (p < params_.size() && !seen[p]) {
-      seen[p] = true;
-      order.push_back(p);
-    }
-  }
-  for (size_t i = params_.size(); i-- > 0;) {
-    if (!seen[i]) order.push_back(i);
-  }
-  return order;
+  return buckets::complete_order(partial, params_.size());
 }
 
 std::vector<size_t> Reducer::agree_on_order(std::vector<size_t> order, const std::string& what) {

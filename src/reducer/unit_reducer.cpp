@@ -28,9 +28,7 @@ UnitReducer::UnitReducer(std::vector<ReduceUnit> units, comm::ProcessGroupPtr pg
   ready_.assign(params_.size(), false);
   ready_count_.assign(units_.size(), 0);
   filled_.assign(units_.size(), false);
-  std::vector<size_t> order;
-  for (size_t u = units_.size(); u-- > 0;) order.push_back(u);
-  build_plan(order);
+  build_plan(buckets::reverse_registration_order(units_.size()));
   plan_epoch_ = 0;  // the initial plan is not a change
   // [Note: hooks that survive set_]
   for (size_t p = 0; p < params_.size(); ++p) {
@@ -102,18 +100,8 @@ void UnitReducer::prepare_for_backward(const std::vector<size_t>& order) {
   TORCH_CHECK(state_ != State::kBackwardSync && state_ != State::kBackwardLocal,
               "ddp: forward of a sharded module while its backward is running (state: ",
               iteration_state_name(state_), ")");
-  // The complete order: the expected one, then the units it lacks in reverse unit order.
-  std::vector<bool> seen(units_.size(), false);
-  std::vector<size_t> complete;
-  for (size_t u : order) {
-    if (u < units_.size() && !seen[u]) {
-      seen[u] = true;
-      complete.push_back(u);
-    }
-  }
-  for (size_t u = units_.size(); u-- > 0;) {
-    if (!seen[u]) complete.push_back(u);
-  }
+  // The expected order, then the units it lacks in reverse unit order.
+  const std::vector<size_t> complete = buckets::complete_order(order, units_.size());
   if (complete != unit_at_) build_plan(complete);
   forward_end_ns_ = obs::steady_ns();
   state_ = State::kPreparedSync;

@@ -8,6 +8,8 @@
 
 #include <torch/torch.h>
 
+#include "ddp/io/checkpoint.hpp"
+#include "ddp/io/torch_save.hpp"
 #include "ddp/launch/spawn.hpp"
 #include "support/pytorch_required.hpp"
 #include "support/run_command.hpp"
@@ -105,14 +107,15 @@ TEST(DdpTrain, TensorParallelEndsWhereDdpEnds) {
             std::string::npos)
       << tp_out;
   expect_same_weights(dir + "/ddp.safetensors", dir + "/tp.safetensors");
+  // A sharded style over "dp" with --tp checkpoints through its nested layouts (whole tensors;
+  // CheckpointResume.FullyShardOverTpResumesThroughItsLayouts resumes one), and its weights are
+  // written whole.
   const auto [ckpt_out, ckpt_code] = run(common + dir + "/x.safetensors --nproc 2 --tp 2 --fsdp " +
-                                         "--checkpoint-dir " + dir + "/ckpt");
-  EXPECT_NE(ckpt_code, 0);
-  EXPECT_NE(ckpt_out.find("ddp-train: --checkpoint-dir with --tp and a sharded style: checkpoints "
-                          "of sharded tensor-parallel shards are not built; use --ddp over the dp "
-                          "dim (docs/tensor_parallel.md)"),
-            std::string::npos)
-      << ckpt_out;
+                                         "--checkpoint-every 5 --checkpoint-dir " + dir + "/ckpt");
+  ASSERT_EQ(ckpt_code, 0) << ckpt_out;
+  EXPECT_EQ(ddp::io::load_weights(dir + "/x.safetensors").at("fc1.weight").sizes(),
+            (std::vector<int64_t>{64, 64}));
+  EXPECT_EQ(ddp::io::verify_checkpoint(dir + "/ckpt/step-10").step, 10);
 }
 
 // Checkpoints of tensor-parallel runs hold whole tensors: saved on one mesh, resumed on another

@@ -75,4 +75,8 @@ size_t mib_bytes(double mib);
 // The order plan_buckets uses when PlanOptions::order is empty: n-1, ..., 0.
 std::vector<size_t> reverse_registration_order(size_t n);
 
+// `partial` made a permutation of 0..n-1: its first occurrences of valid indices, then the
+// missing ones in reverse index order (as PyTorch's rebuild places unused parameters).
+std::vector<size_t> complete_order(const std::vector<size_t>& partial, size_t n);
+
 }  // namespace ddp::buckets

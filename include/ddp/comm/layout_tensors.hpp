@@ -35,6 +35,16 @@ namespace ddp::comm {
 at::Tensor take_local(const layout::Layout& layout, const at::Tensor& whole,
                       const std::vector<int64_t>& coordinate);
 
+// The real part of what `coordinate` stores under `layout`: `stored` (the padded storage every
+// coordinate has, layout::padded_local_shape, or already the real local tensor) narrowed to
+// layout::local_shape from the start of each dim, a view. Throws naming `what`, the shapes and
+// the layout when `stored` is smaller than that (e.g. a sharded parameter caught mid-step).
+at::Tensor real_local(const layout::Layout& layout, const at::Tensor& stored,
+                      const std::vector<int64_t>& coordinate, const std::string& what);
+// The inverse: `local` (this coordinate's real local tensor) at the start of each dim of new
+// zeros of layout::padded_local_shape, the storage every coordinate has.
+at::Tensor padded_local(const layout::Layout& layout, const at::Tensor& local);
+
 // The whole tensor (shape layout.shape; new, contiguous, `local`'s dtype and device, no autograd
 // history) from every rank's local tensor. Collective over `group`, whose rank r is the mesh
 // coordinate layout::coordinate_of(r, layout.mesh) (row-major, as DeviceMesh): group.world_size()
