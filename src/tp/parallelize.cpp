@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "ddp/buckets/bucket_table.hpp"
+#include "ddp/reducer/autograd_hooks.hpp"
 #include "ddp/tp/region_ops.hpp"
 #include "ddp/unit/module_intake.hpp"
 
@@ -184,19 +185,13 @@ void TensorParallel::apply_entry(const std::string& name, const ParallelStyle& s
 
 void TensorParallel::watch_gradients(size_t unit) {
   Planned& p = planned_[unit];
-  p.hooks.reset();
-  std::vector<at::Tensor> watched;
-  std::vector<std::string> names;
-  for (size_t i = 0; i < p.params.size(); ++i) {
-    if (!p.params[i].requires_grad()) continue;  // frozen: no gradient to check
-    watched.push_back(p.params[i]);
-    names.push_back(p.param_names[i]);
+  for (const at::Tensor& param : p.params) {
+    if (!param.requires_grad()) continue;  // frozen: no gradient to check
+    // A tensor hook, installed once: it stays through a sharded wrapper's set_() of the
+    // parameter ([Note: hooks that survive set_], reducer/unit_reducer.hpp).
+    p.hook_ids.emplace_back(
+        param, param.register_hook([this, unit](const at::Tensor&) { on_gradient(unit); }));
   }
-  if (watched.empty()) return;
-  p.hooks = std::make_unique<reducer::AutogradHooks>(watched, names,
-                                                     [this, unit](size_t) { on_gradient(unit); });
-  p.watched_first = watched[0];
-  p.accumulator = torch::autograd::impl::grad_accumulator(watched[0]).get();
 }
 
 void TensorParallel::on_gradient(size_t unit) {
@@ -215,18 +210,16 @@ void TensorParallel::on_gradient(size_t unit) {
   });
 }
 
-TensorParallel::~TensorParallel() = default;
+TensorParallel::~TensorParallel() {
+  for (Planned& p : planned_) {
+    for (auto& [param, id] : p.hook_ids) param.remove_hook(id);
+  }
+}
 
 at::Tensor TensorParallel::before_unit_forward(size_t unit, const at::Tensor& input) {
   Planned& p = planned_[unit];
   if (at::GradMode::is_enabled()) {
     ++p.forwards;
-    // A sharded wrapper over this module points its parameters at new storage every step, which
-    // gives them new accumulators: follow them ([Note: a planned module called directly]).
-    if (p.hooks &&
-        torch::autograd::impl::grad_accumulator(p.watched_first).get() != p.accumulator) {
-      watch_gradients(unit);
-    }
   }
   if (p.embedding != nullptr) {
     // Ids outside this rank's rows look up row 0 and are zeroed after: the all-reduce then

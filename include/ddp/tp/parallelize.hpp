@@ -28,12 +28,11 @@
 // [Note: a planned module called directly] Called as `fc1->forward(x)`, a planned module computes
 // on its shard without the region collectives: a colwise Linear's input gradient is one rank's
 // partial sum, a rowwise Linear's output is. That is a silently wrong gradient, so it is an
-// error instead: a post-hook on each planned parameter's gradient accumulator throws (out of
-// backward(), before the optimizer can step) when the gradient arrives and the module has run no
-// run_unit forward under grad mode since the last backward ended. Each backward's end uses up one
-// such forward (two forwards, then two backwards, stay legal). The hooks follow the parameters'
-// accumulators, which a sharded wrapper over the module renews every step: they are renewed at
-// each run_unit forward.
+// error instead: a tensor hook on each planned parameter throws (out of backward(), before the
+// optimizer can step) when the gradient arrives and the module has run no run_unit forward under
+// grad mode since the last backward ended. Each backward's end uses up one such forward (two
+// forwards, then two backwards, stay legal). The hooks are installed once: tensor hooks stay
+// through the set_() with which a sharded wrapper over the module moves its parameters.
 
 #include <torch/nn/module.h>
 #include <torch/nn/modules/embedding.h>
@@ -49,7 +48,6 @@
 #include "ddp/comm/process_group.hpp"
 #include "ddp/layout/layout.hpp"
 #include "ddp/layout/tensor_layouts.hpp"
-#include "ddp/reducer/autograd_hooks.hpp"
 #include "ddp/unit/unit_scope.hpp"
 
 namespace ddp::tp {
@@ -126,9 +124,7 @@ class TensorParallel : private unit::UnitListener {
     // by the end of a backward (incremented in before_unit_forward, decremented at a backward's
     // end, never below 0); a gradient arriving while it is 0 is the error.
     int forwards = 0;
-    std::unique_ptr<reducer::AutogradHooks> hooks;       // on `params`' accumulators
-    at::Tensor watched_first;                            // the first parameter with hooks
-    const torch::autograd::Node* accumulator = nullptr;  // its accumulator when they were made
+    std::vector<std::pair<at::Tensor, unsigned>> hook_ids;  // tensor hooks on `params`
   };
   void watch_gradients(size_t unit);
   void on_gradient(size_t unit);
