@@ -109,17 +109,18 @@ int main(int argc, char** argv) {
   torch::optim::SGD optimizer(model.module()->parameters(),
                               torch::optim::SGDOptions(0.02).momentum(0.9));
 
-  // What a checkpoint holds: parameters and optimizer state (sharded: shard_plan), the step, the
-  // data position and the CPU generator.
+  // What a checkpoint holds: parameters and optimizer state (split as the wrapper's layouts say),
+  // the step, the data position and the CPU generator.
+  const ddp::layout::TensorLayouts layouts = model.layouts();
   ddp::io::TrainingState state;
   state.model = model.module().ptr().get();
   state.optimizer = &optimizer;
-  state.shard_plan = &model.plan();
+  state.layouts = &layouts;
   ddp::io::CoordinatorOptions checkpoints;
   checkpoints.root = dir;
   int64_t first_step = 1;
   if (resume) {
-    // Collective: rank 0 picks the newest checkpoint that verifies, every rank loads its rows.
+    // Collective: rank 0 picks the newest checkpoint that verifies, every rank loads its pieces.
     if (const auto from = ddp::io::resume_latest(*pg, checkpoints, state)) {
       first_step = state.step + 1;
       if (rank == 0) {

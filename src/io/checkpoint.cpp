@@ -21,7 +21,6 @@
 #include "ddp/io/safetensors.hpp"
 #include "ddp/io/sha256.hpp"
 #include "ddp/io/sharded_checkpoint.hpp"
-#include "ddp/io/tensor_parallel_state.hpp"
 #include "ddp/obs/log.hpp"
 
 namespace ddp::io {
@@ -117,35 +116,13 @@ std::string save_checkpoint_files(const CheckpointOptions& options, const Traini
   TORCH_CHECK(state.step >= 0, "ddp: save_checkpoint: step ", state.step, " is negative");
   TORCH_CHECK(options.keep >= 0, "ddp: save_checkpoint: keep ", options.keep,
               " is negative (0 keeps every checkpoint)");
-  TORCH_CHECK(state.shard_plan == nullptr || options.world_size == 1,
-              "ddp: save_checkpoint: the state is sharded over ", options.world_size,
-              " ranks; every rank writes its shard, so save with save_and_barrier "
-              "(checkpoint_coordinator.hpp)");
-  TORCH_CHECK(state.shard_plan == nullptr || state.tensor_parallel == nullptr,
-              "ddp: save_checkpoint: a sharded style over tensor-parallel shards is checkpointed "
-              "through TrainingState::layouts (the nested layouts), not shard_plan and "
-              "tensor_parallel together");
-  TORCH_CHECK(
-      state.layouts == nullptr || (state.shard_plan == nullptr && state.tensor_parallel == nullptr),
-      "ddp: save_checkpoint: TrainingState::layouts replaces shard_plan and "
-      "tensor_parallel; set only it");
-  // Tensor parallelism or registered layouts: whole tensors, gathered by every rank (collective)
-  // before rank 0 writes.
-  TensorMap model, optim;
+  int64_t layout_ranks = 1;
   if (state.layouts != nullptr) {
-    model = whole_tensors(*state.layouts, model_tensors(*state.model), StateKeys::kModel);
-    if (state.optimizer != nullptr) {
-      optim = whole_tensors(*state.layouts, optimizer_tensors(*state.optimizer, *state.model),
-                            StateKeys::kOptimizer);
-    }
-  } else if (state.tensor_parallel != nullptr) {
-    model = whole_tensors(*state.tensor_parallel, model_tensors(*state.model), StateKeys::kModel);
-    if (state.optimizer != nullptr) {
-      optim =
-          whole_tensors(*state.tensor_parallel, optimizer_tensors(*state.optimizer, *state.model),
-                        StateKeys::kOptimizer);
-    }
+    for (const int64_t size : state.layouts->mesh) layout_ranks *= size;
   }
+  TORCH_CHECK(layout_ranks == 1, "ddp: save_checkpoint: the state is split over ", layout_ranks,
+              " ranks; every rank writes its pieces, so save with save_and_barrier "
+              "(checkpoint_coordinator.hpp)");
   if (options.rank != 0) return "";  // replicated state: rank 0's copy is the checkpoint
 
   const std::string tmp = detail::temp_checkpoint_dir(options.root, state.step, ::getpid());
@@ -156,9 +133,9 @@ std::string save_checkpoint_files(const CheckpointOptions& options, const Traini
   manifest.step = state.step;
   manifest.data_position = state.data_position;
   manifest.world_size = options.world_size;
-  if (state.shard_plan != nullptr) {
-    // A sharded run of one process: its one shard is every row, in the sharded format all the
-    // same, so that the checkpoint loads at any world size like one written by more ranks.
+  if (state.layouts != nullptr) {
+    // Split state on one process: its one piece is everything, in the split format all the same,
+    // so that the checkpoint records the layouts like one written by more ranks.
     ShardFiles files = write_shard_files(tmp, state, 0);
     manifest.optimizer = files.optimizer;
     manifest.files = std::move(files.files);
@@ -167,13 +144,11 @@ std::string save_checkpoint_files(const CheckpointOptions& options, const Traini
     const std::map<std::string, std::string> meta = {{"format", "ddp-checkpoint"},
                                                      {"step", std::to_string(state.step)}};
     std::vector<std::string> files = {kModelFile};
-    const bool gathered = state.tensor_parallel != nullptr || state.layouts != nullptr;
-    if (!gathered) model = model_tensors(*state.model);
-    save_safetensors((fs::path(tmp) / kModelFile).string(), model, meta);
+    save_safetensors((fs::path(tmp) / kModelFile).string(), model_tensors(*state.model), meta);
     if (state.optimizer != nullptr) {
       manifest.optimizer = optimizer_kind(*state.optimizer);
-      if (!gathered) optim = optimizer_tensors(*state.optimizer, *state.model);
-      save_safetensors((fs::path(tmp) / kOptimFile).string(), optim, meta);
+      save_safetensors((fs::path(tmp) / kOptimFile).string(),
+                       optimizer_tensors(*state.optimizer, *state.model), meta);
       files.push_back(kOptimFile);
     }
     save_safetensors((fs::path(tmp) / kRngFile).string(), rng_tensors(), meta);
@@ -246,27 +221,17 @@ Manifest load_checkpoint(const std::string& dir, int world_size, TrainingState& 
   const Manifest head = read_manifest(dir);
   const bool rank_files = std::any_of(head.files.begin(), head.files.end(),
                                       [](const ManifestFile& f) { return f.rank != kReplicated; });
-  TORCH_CHECK(state.tensor_parallel == nullptr || (state.shard_plan == nullptr && !rank_files),
-              "ddp: checkpoint ", dir,
-              (rank_files ? " was written by a sharded run" : " cannot be loaded here"),
-              ": a tensor-parallel run loads the whole tensors of a replicated or "
-              "tensor-parallel checkpoint (not a sharded style's)");
-  TORCH_CHECK(state.layouts == nullptr ||
-                  (state.shard_plan == nullptr && state.tensor_parallel == nullptr && !rank_files),
-              "ddp: checkpoint ", dir,
-              (rank_files ? " was written by a sharded run" : " cannot be loaded here"),
-              ": a run with registered layouts loads the whole tensors of a replicated, "
-              "tensor-parallel or layouts checkpoint (not a sharded style's rank files), and "
-              "TrainingState::layouts replaces shard_plan and tensor_parallel");
-  if (state.shard_plan != nullptr || rank_files) {
-    // Sharded state in the run or in the checkpoint: each rank reads (and verifies) only the files
-    // holding rows it needs, at any world size.
-    return load_resharded_checkpoint(dir, head, rank, world_size, state);
+  if (state.layouts != nullptr)
+    check_layouts_group("load_checkpoint", *state.layouts, world_size, rank);
+  if (state.layouts != nullptr || rank_files || !head.sharded.empty()) {
+    // Split state in the run or in the checkpoint: each rank reads (and verifies) only the files
+    // holding pieces it needs, onto any mesh.
+    return load_resharded_checkpoint(dir, head, state);
   }
   verify_manifest_files(dir, head);
   const Manifest& manifest = head;
-  // Whole tensors load at any world size (and any mesh under tensor parallelism), as PyTorch loads
-  // a DDP state dict anywhere: every rank holds all of it. The caller checks that its data
+  // Whole tensors load at any world size, as PyTorch loads a DDP state dict anywhere: every rank
+  // holds all of it. The caller checks that its data
   // position still fits (ddp-train: the same global batch).
   const auto has = [&](const char* name) {
     return std::any_of(manifest.files.begin(), manifest.files.end(),
@@ -277,13 +242,7 @@ Manifest load_checkpoint(const std::string& dir, int world_size, TrainingState& 
   const std::string model_path = (fs::path(dir) / kModelFile).string();
   const std::string optim_path = (fs::path(dir) / kOptimFile).string();
   const std::string rng_path = (fs::path(dir) / kRngFile).string();
-  // Tensor parallelism or registered layouts: this rank's pieces of the whole tensors.
-  const auto held = [&](TensorMap whole, StateKeys keys) {
-    if (state.layouts != nullptr) return held_tensors(*state.layouts, whole, keys);
-    return state.tensor_parallel != nullptr ? held_tensors(*state.tensor_parallel, whole, keys)
-                                            : whole;
-  };
-  const TensorMap model = held(load_safetensors(model_path), StateKeys::kModel);
+  const TensorMap model = load_safetensors(model_path);
   const TensorMap rng = load_safetensors(rng_path);
   // All checks before the first change, so a refused checkpoint leaves the run as it was; the
   // optimizer's state is built aside and swapped in by load_optimizer_tensors.
@@ -295,8 +254,8 @@ Manifest load_checkpoint(const std::string& dir, int world_size, TrainingState& 
                 manifest.optimizer.empty() ? std::string("no optimizer state")
                                            : "the state of a " + manifest.optimizer + " optimizer",
                 " but this run uses ", kind);
-    load_optimizer_tensors(*state.optimizer, *state.model,
-                           held(load_safetensors(optim_path), StateKeys::kOptimizer), optim_path);
+    load_optimizer_tensors(*state.optimizer, *state.model, load_safetensors(optim_path),
+                           optim_path);
   }
   load_model_tensors(*state.model, model, model_path);
   load_rng_tensors(rng, rng_path);

@@ -39,7 +39,7 @@ std::vector<ManifestFile> decode_files(const std::string& text) {
   return files;
 }
 
-// save_and_barrier for sharded state, [Note: per-rank shard files]:
+// save_and_barrier for split state, [Note: per-rank shard files]:
 //   all:    rank 0's pid, broadcast, names the temporary directory every rank writes into
 //   rank 0: start_checkpoint_dir                          -- then a failure count (a barrier)
 //   all:    write_shard_files; its entries to the store   -- failure count
@@ -49,9 +49,7 @@ std::vector<ManifestFile> decode_files(const std::string& text) {
 // the temporary directory: the checkpoints saved before are untouched.
 std::string save_sharded(comm::ProcessGroup& group, const CoordinatorOptions& options,
                          const TrainingState& state) {
-  TORCH_CHECK(
-      state.shard_plan->world == group.world_size(),
-      wrong_group_for_plan("save_and_barrier", state.shard_plan->world, group.world_size()));
+  check_layouts_group("save_and_barrier", *state.layouts, group.world_size(), group.rank());
   const bool root = group.rank() == 0;
   at::Tensor pid = comm::control_tensor(group, {root ? int64_t(::getpid()) : 0});
   group.broadcast(pid, 0, "checkpoint directory broadcast");
@@ -132,7 +130,7 @@ std::optional<CheckpointEntry> resume_latest(comm::ProcessGroup& group,
 std::string save_and_barrier(comm::ProcessGroup& group, const CoordinatorOptions& options,
                              const TrainingState& state) {
   TORCH_CHECK(!options.root.empty(), "ddp: save_and_barrier: CoordinatorOptions::root is empty");
-  if (state.shard_plan != nullptr) return save_sharded(group, options, state);
+  if (state.layouts != nullptr) return save_sharded(group, options, state);
   CheckpointOptions checkpoint;
   checkpoint.root = options.root;
   checkpoint.keep = options.keep;

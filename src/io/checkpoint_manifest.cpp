@@ -36,8 +36,55 @@ T field(const json& j, const char* key, const std::string& path) {
   }
 }
 
-// The "sharded" list, checked: every parameter once, a shape with a dim 0, one row range per rank
-// of the writing run, each inside [0, dim 0), and every file rank within the world.
+// Version 1's rows per rank, read as the layout they were: Shard(0) over a mesh of the writing
+// run's ranks, with the even split rule (layout/layout.hpp). Rows of another split are refused.
+layout::Layout layout_of_rows(const std::string& name, const std::vector<int64_t>& shape,
+                              const std::vector<std::vector<int64_t>>& rows, int world,
+                              const std::string& path) {
+  TORCH_CHECK(!shape.empty() && shape[0] >= 0, "ddp: checkpoint manifest ", path,
+              " is invalid: sharded parameter '", name, "' has no dim 0 to split");
+  TORCH_CHECK(rows.size() == size_t(world), "ddp: checkpoint manifest ", path,
+              " is invalid: sharded parameter '", name, "' has ", rows.size(),
+              " row ranges for world size ", world);
+  layout::Layout out{shape, {world}, {layout::Placement::shard(0, 0)}};
+  for (int q = 0; q < world; ++q) {
+    const auto& r = rows[size_t(q)];
+    TORCH_CHECK(r.size() == 2 && 0 <= r[0] && r[0] <= r[1] && r[1] <= shape[0],
+                "ddp: checkpoint manifest ", path, " is invalid: sharded parameter '", name,
+                "' has a row range ", json(r).dump(), " outside [0, ", shape[0], "]");
+    const auto held = layout::held(out, {q}).dims[0];
+    const bool same =
+        r[0] == r[1] ? held.empty() : held.size() == 1 && held[0] == layout::Interval{r[0], r[1]};
+    TORCH_CHECK(same, "ddp: checkpoint manifest ", path, ": sharded parameter '", name,
+                "' has rows ", json(r).dump(), " on rank ", q,
+                ", not the even split of its dim 0 that this libddp reads");
+  }
+  return out;
+}
+
+// One placement: {"mesh_dim": 0, "kind": "shard", "dim": 0, "packed": 1} or
+// {"mesh_dim": 1, "kind": "replicate"}.
+json placement_to_json(const layout::Placement& p) {
+  if (p.kind == layout::Placement::Kind::kReplicate)
+    return {{"mesh_dim", p.mesh_dim}, {"kind", "replicate"}};
+  return {{"mesh_dim", p.mesh_dim}, {"kind", "shard"}, {"dim", p.dim}, {"packed", p.packed}};
+}
+
+layout::Placement placement_from_json(const json& j, const std::string& name,
+                                      const std::string& path) {
+  TORCH_CHECK(j.is_object(), "ddp: checkpoint manifest ", path, " is invalid: parameter '", name,
+              "' has a placement that is not an object: ", j.dump());
+  const int mesh_dim = field<int>(j, "mesh_dim", path);
+  const std::string kind = field<std::string>(j, "kind", path);
+  if (kind == "replicate") return layout::Placement::replicate(mesh_dim);
+  TORCH_CHECK(kind == "shard", "ddp: checkpoint manifest ", path, " is invalid: parameter '", name,
+              "' has a placement of kind \"", kind, "\" (not \"shard\" or \"replicate\")");
+  return layout::Placement::shard(mesh_dim, field<int64_t>(j, "dim", path),
+                                  field<int64_t>(j, "packed", path));
+}
+
+// The "sharded" list, checked: every tensor once, a valid layout (version 2) or rows of the even
+// split (version 1), a mesh of the writing run's ranks, and every file rank within them.
 std::vector<ShardedTensor> read_sharded(const json& list, const Manifest& m,
                                         const std::string& path) {
   TORCH_CHECK(list.is_array(), "ddp: checkpoint manifest ", path,
@@ -48,23 +95,35 @@ std::vector<ShardedTensor> read_sharded(const json& list, const Manifest& m,
                 " is invalid: an entry of \"sharded\" is not an object: ", e.dump());
     ShardedTensor t;
     t.name = field<std::string>(e, "name", path);
-    t.shape = field<std::vector<int64_t>>(e, "shape", path);
-    const auto rows = field<std::vector<std::vector<int64_t>>>(e, "rows", path);
+    const auto shape = field<std::vector<int64_t>>(e, "shape", path);
     t.optimizer_state = field<std::vector<std::string>>(e, "optimizer_state", path);
     for (const ShardedTensor& seen : out) {
       TORCH_CHECK(seen.name != t.name, "ddp: checkpoint manifest ", path,
                   " is invalid: sharded parameter '", t.name, "' is listed twice");
     }
-    TORCH_CHECK(!t.shape.empty() && t.shape[0] >= 0, "ddp: checkpoint manifest ", path,
-                " is invalid: sharded parameter '", t.name, "' has no dim 0 to split");
-    TORCH_CHECK(rows.size() == size_t(m.world_size), "ddp: checkpoint manifest ", path,
-                " is invalid: sharded parameter '", t.name, "' has ", rows.size(),
-                " row ranges for world size ", m.world_size);
-    for (const auto& r : rows) {
-      TORCH_CHECK(r.size() == 2 && 0 <= r[0] && r[0] <= r[1] && r[1] <= t.shape[0],
-                  "ddp: checkpoint manifest ", path, " is invalid: sharded parameter '", t.name,
-                  "' has a row range ", json(r).dump(), " outside [0, ", t.shape[0], "]");
-      t.rows.push_back({r[0], r[1]});
+    if (m.format_version == 1) {
+      t.layout =
+          layout_of_rows(t.name, shape, field<std::vector<std::vector<int64_t>>>(e, "rows", path),
+                         m.world_size, path);
+    } else {
+      t.layout.shape = shape;
+      t.layout.mesh = field<std::vector<int64_t>>(e, "mesh", path);
+      const json placements = field<json>(e, "placements", path);
+      TORCH_CHECK(placements.is_array(), "ddp: checkpoint manifest ", path,
+                  " is invalid: parameter '", t.name, "' has placements that are not a list");
+      for (const json& p : placements)
+        t.layout.placements.push_back(placement_from_json(p, t.name, path));
+      try {
+        layout::validate(t.layout);
+      } catch (const c10::Error& err) {
+        TORCH_CHECK(false, "ddp: checkpoint manifest ", path, " is invalid: parameter '", t.name,
+                    "': ", err.what_without_backtrace());
+      }
+      int64_t ranks = 1;
+      for (const int64_t size : t.layout.mesh) ranks *= size;
+      TORCH_CHECK(ranks == m.world_size, "ddp: checkpoint manifest ", path,
+                  " is invalid: parameter '", t.name, "' has a layout over ", ranks,
+                  " ranks in a run of world size ", m.world_size);
     }
     out.push_back(std::move(t));
   }
@@ -99,11 +158,13 @@ std::string manifest_to_json(const Manifest& m) {
   if (!m.sharded.empty()) {
     json sharded = json::array();
     for (const ShardedTensor& t : m.sharded) {
-      json rows = json::array();
-      for (const shard::RowRange& r : t.rows) rows.push_back({r.begin, r.end});
+      json placements = json::array();
+      for (const layout::Placement& p : t.layout.placements)
+        placements.push_back(placement_to_json(p));
       sharded.push_back({{"name", t.name},
-                         {"shape", t.shape},
-                         {"rows", rows},
+                         {"shape", t.layout.shape},
+                         {"mesh", t.layout.mesh},
+                         {"placements", placements},
                          {"optimizer_state", t.optimizer_state}});
     }
     j["sharded"] = std::move(sharded);
@@ -131,8 +192,10 @@ Manifest read_manifest(const std::string& dir) {
               path, " is invalid: format is not \"", kFormatName, "\"");
   Manifest m;
   m.format_version = field<int>(j, "format_version", path);
-  TORCH_CHECK(m.format_version == kCheckpointFormatVersion, "ddp: checkpoint manifest ", path,
-              " has format version ", m.format_version, "; this libddp reads version ",
+  TORCH_CHECK(kOldestCheckpointFormatVersion <= m.format_version &&
+                  m.format_version <= kCheckpointFormatVersion,
+              "ddp: checkpoint manifest ", path, " has format version ", m.format_version,
+              "; this libddp reads versions ", kOldestCheckpointFormatVersion, " to ",
               kCheckpointFormatVersion);
   m.step = field<int64_t>(j, "step", path);
   m.data_position = field<int64_t>(j, "data_position", path);

@@ -47,8 +47,9 @@ TensorMap whole_state(const torch::nn::Module& model, const layout::TensorLayout
 
 TensorMap gather_full_state(comm::ProcessGroup& group, const shard::ShardedModule& sharded,
                             const torch::nn::Module& model) {
-  TORCH_CHECK(sharded.plan().world == group.world_size(),
-              wrong_group_for_plan("gather_full_state", sharded.plan().world, group.world_size()));
+  TORCH_CHECK(
+      sharded.plan().world == group.world_size(),
+      wrong_group_for_layouts("gather_full_state", sharded.plan().world, group.world_size()));
   return whole_state(model, sharded.layouts(), &group);
 }
 

@@ -12,9 +12,9 @@
 
 #include "c10_errors.hpp"
 #include "checkpoint_dir.hpp"
+#include "ddp/comm/layout_tensors.hpp"
 #include "ddp/io/checkpoint_state.hpp"
 #include "ddp/io/safetensors.hpp"
-#include "ddp/shard/row_pieces.hpp"
 
 namespace ddp::io {
 namespace {
@@ -23,7 +23,6 @@ namespace fs = std::filesystem;
 using detail::kModelFile;
 using detail::kOptimFile;
 using detail::kRngFile;
-using shard::RowRange;
 
 std::string in_dir(const std::string& dir, const std::string& name) {
   return (fs::path(dir) / name).string();
@@ -39,51 +38,57 @@ std::pair<std::string, std::string> split_state_key(const std::string& key) {
 
 std::vector<int64_t> sizes_of(const at::Tensor& t) { return t.sizes().vec(); }
 
+bool splits(const layout::Layout& l) {
+  for (const layout::Placement& p : l.placements)
+    if (p.kind == layout::Placement::Kind::kShard) return true;
+  return false;
+}
+
+// Whether `coordinate` writes its piece of a tensor under `l`: the first holder of each replica,
+// i.e. coordinate 0 on every mesh dim that does not split it (layout::pieces reads replicated
+// mesh dims at coordinate 0 only, so the other replicas' copies would never be read).
+bool first_holder(const layout::Layout& l, const std::vector<int64_t>& coordinate) {
+  for (size_t d = 0; d < l.mesh.size(); ++d) {
+    bool split_here = false;
+    for (const layout::Placement& p : l.placements)
+      split_here |= p.mesh_dim == int(d) && p.kind == layout::Placement::Kind::kShard;
+    if (!split_here && coordinate[d] != 0) return false;
+  }
+  return true;
+}
+
 // One distinct parameter of the run (tied weights once, under their first name).
 struct LiveParam {
   std::string name;
-  at::Tensor tensor;          // the module's parameter: this rank's shard, or the full tensor
-  std::vector<int64_t> full;  // the full shape
-  bool sharded = false;       // split on dim 0 in this run (tensor is [chunk, rest...])
-  RowRange rows;              // global rows this rank holds: all of them when not sharded
-  size_t plan_index = 0;      // into the shard plan, when there is one
+  at::Tensor tensor;      // the module's parameter: this rank's local storage
+  layout::Layout layout;  // as the run's layouts place it (whole when it registers none)
+  bool split = false;     // some placement shards it: the rank files hold it
 };
 
-// The run's parameters as the plan places them on `rank` (no plan: every parameter full). Each
-// sharded one must be its [chunk, ...] shard: the state between steps is what is saved.
-std::vector<LiveParam> live_params(const TrainingState& state, int rank, int world) {
-  std::map<std::string, at::Tensor> by_name;
-  for (const auto& item : state.model->named_parameters()) by_name[item.key()] = item.value();
+// The run's layouts: the registered ones, or every parameter whole on one coordinate.
+const layout::TensorLayouts& layouts_of(const TrainingState& state) {
+  static const layout::TensorLayouts kWhole;
+  return state.layouts != nullptr ? *state.layouts : kWhole;
+}
+
+// The run's parameters as its layouts place them. Each must be its local storage
+// (layout::padded_local_shape): the state between steps is what is saved and loaded.
+std::vector<LiveParam> live_params(const TrainingState& state) {
+  const layout::TensorLayouts& layouts = layouts_of(state);
+  TORCH_CHECK(layouts.coordinate.size() == layouts.mesh.size(),
+              "ddp: checkpoint: TrainingState::layouts has a coordinate of ",
+              layouts.coordinate.size(), " dims on a mesh of ", layouts.mesh.size());
   std::vector<LiveParam> out;
-  if (state.shard_plan == nullptr) {
-    std::set<const c10::TensorImpl*> seen;
-    for (const auto& item : state.model->named_parameters()) {
-      const at::Tensor& t = item.value();
-      if (!seen.insert(t.unsafeGetTensorImpl()).second) continue;
-      out.push_back({item.key(), t, sizes_of(t), false, {0, t.dim() > 0 ? t.size(0) : 1}, 0});
-    }
-    return out;
-  }
-  const shard::ShardPlan& plan = *state.shard_plan;
-  TORCH_CHECK(plan.world == world, wrong_group_for_plan("checkpoint", plan.world, world));
-  TORCH_CHECK(0 <= rank && rank < world, "ddp: checkpoint: rank ", rank,
-              " is outside the world of size ", world);
-  for (size_t i = 0; i < plan.shapes.size(); ++i) {
-    const shard::ParamShape& shape = plan.shapes[i];
-    const shard::ParamShard& place = plan.params[i];
-    const auto it = by_name.find(shape.name);
-    TORCH_CHECK(it != by_name.end(), "ddp: checkpoint: the shard plan's parameter '", shape.name,
-                "' is not a parameter of the model; pass the module that the ShardedModule wraps");
-    LiveParam p{shape.name,
-                it->second,
-                shape.shape,
-                place.placement == shard::Placement::kShard,
-                shard::rows_held(place, rank, world),
-                i};
-    std::vector<int64_t> local = p.full;
-    if (p.sharded) local[0] = place.chunk;
-    TORCH_CHECK(sizes_of(p.tensor) == local, "ddp: checkpoint: parameter '", p.name, "' has shape ",
-                p.tensor.sizes(), " but the shard plan gives it ", at::IntArrayRef(local),
+  std::set<const c10::TensorImpl*> seen;
+  for (const auto& item : state.model->named_parameters()) {
+    const at::Tensor& t = item.value();
+    if (!seen.insert(t.unsafeGetTensorImpl()).second) continue;
+    LiveParam p{item.key(), t, layouts.of(item.key(), sizes_of(t)), false};
+    p.split = splits(p.layout);
+    const std::vector<int64_t> storage = layout::padded_local_shape(p.layout);
+    TORCH_CHECK(sizes_of(t) == storage, "ddp: checkpoint: parameter '", p.name, "' has shape ",
+                t.sizes(), " but its layout (", layout::describe(p.layout), ") gives it ",
+                at::IntArrayRef(storage),
                 " on each rank between steps; save and load between steps (after the optimizer "
                 "step), not between forward and backward");
     out.push_back(std::move(p));
@@ -91,14 +96,27 @@ std::vector<LiveParam> live_params(const TrainingState& state, int rank, int wor
   return out;
 }
 
-// `rows` (a [r, rest...] tensor) at the top of a zero [rows_out, rest...] tensor: a shard with
-// its padding rows.
-at::Tensor padded(const at::Tensor& rows, int64_t rows_out) {
-  if (rows.size(0) == rows_out) return rows;
-  std::vector<int64_t> sizes = sizes_of(rows);
-  sizes[0] = rows_out;
-  at::Tensor out = at::zeros(sizes, rows.options());
-  out.narrow(0, 0, rows.size(0)).copy_(rows);
+// Copies box `piece` of `source` (a saved holder's local tensor) into `dest` (the wanted local
+// storage).
+void copy_piece(const layout::Piece& piece, const at::Tensor& source, at::Tensor& dest) {
+  at::Tensor from = source, to = dest;
+  for (size_t d = 0; d < piece.length.size(); ++d) {
+    from = from.narrow(int64_t(d), piece.source_offset[d], piece.length[d]);
+    to = to.narrow(int64_t(d), piece.dest_offset[d], piece.length[d]);
+  }
+  to.copy_(from);
+}
+
+// `whole` (a tensor of `wanted.shape`) cut to what `coordinate` stores under `wanted`: its local
+// piece at the top of zero padding (layout::padded_local_shape), or `whole` itself when it is
+// not split.
+at::Tensor local_of_whole(const at::Tensor& whole, const layout::Layout& wanted,
+                          const std::vector<int64_t>& coordinate) {
+  if (!splits(wanted)) return whole;
+  at::Tensor out = at::zeros(layout::padded_local_shape(wanted), whole.options());
+  const layout::Layout saved = layout::Layout::replicated(wanted.shape);
+  for (const layout::Piece& piece : layout::pieces(saved, wanted, coordinate))
+    copy_piece(piece, whole, out);
   return out;
 }
 
@@ -135,35 +153,31 @@ class CheckpointFiles {
   std::map<std::string, TensorMap> loaded_;
 };
 
-// Global rows `wanted` of the tensor `key` of sharded parameter `t` (the parameter itself, or one
-// of its optimizer state fields), copied from the rank files that hold them into the top of a
-// zero tensor of `rows_out` rows and `dtype`.
-at::Tensor rows_from_shards(CheckpointFiles& files, const std::string& dir, const ShardedTensor& t,
-                            const std::string& key, bool optimizer_state, RowRange wanted,
-                            int64_t rows_out, at::ScalarType dtype) {
-  std::vector<int64_t> sizes = t.shape;
-  sizes[0] = rows_out;
-  at::Tensor out = at::zeros(sizes, at::TensorOptions().dtype(dtype));
-  for (const shard::RowPiece& piece : shard::row_pieces(t.rows, wanted)) {
-    const std::string name =
-        optimizer_state ? optim_shard_file(piece.source) : model_shard_file(piece.source);
+// What `coordinate` stores under `wanted` of the tensor `key` of split tensor `t` (the parameter
+// itself, or one of its optimizer state fields), copied by layout::pieces out of the rank files
+// that hold it into zeros of layout::padded_local_shape(wanted) and `dtype`.
+at::Tensor local_from_rank_files(CheckpointFiles& files, const std::string& dir,
+                                 const ShardedTensor& t, const std::string& key,
+                                 bool optimizer_state, const layout::Layout& wanted,
+                                 const std::vector<int64_t>& coordinate, at::ScalarType dtype) {
+  at::Tensor out = at::zeros(layout::padded_local_shape(wanted), at::TensorOptions().dtype(dtype));
+  for (const layout::Piece& piece : layout::pieces(t.layout, wanted, coordinate)) {
+    const int source = int(layout::rank_of(piece.source, t.layout.mesh));
+    const std::string name = optimizer_state ? optim_shard_file(source) : model_shard_file(source);
     const std::string path = in_dir(dir, name);
-    const TensorMap& tensors = files.get(name, piece.source);
+    const TensorMap& tensors = files.get(name, source);
     const auto it = tensors.find(key);
     TORCH_CHECK(it != tensors.end(), "ddp: checkpoint ", path, " has no tensor '", key,
-                "' although the manifest says rank ", piece.source, " wrote its rows [",
-                t.rows[piece.source].begin, ", ", t.rows[piece.source].end, ")");
-    std::vector<int64_t> expected = t.shape;
-    expected[0] = t.rows[piece.source].size();
+                "' although the manifest says rank ", source, " wrote its piece of ",
+                layout::describe(t.layout));
+    const std::vector<int64_t> expected = layout::local_shape(t.layout, piece.source);
     TORCH_CHECK(sizes_of(it->second) == expected, "ddp: checkpoint ", path, ": tensor '", key,
-                "' has shape ", it->second.sizes(), " but the manifest's rows [",
-                t.rows[piece.source].begin, ", ", t.rows[piece.source].end, ") of shape ",
-                at::IntArrayRef(t.shape), " make ", at::IntArrayRef(expected));
+                "' has shape ", it->second.sizes(), " but rank ", source, "'s piece of ",
+                layout::describe(t.layout), " has shape ", at::IntArrayRef(expected));
     TORCH_CHECK(optimizer_state || it->second.scalar_type() == dtype, "ddp: checkpoint ", path,
                 ": tensor '", key, "' has dtype ", it->second.scalar_type(),
                 " but the model's has dtype ", dtype);
-    out.narrow(0, piece.dest_row, piece.rows)
-        .copy_(it->second.narrow(0, piece.source_row, piece.rows));
+    copy_piece(piece, it->second, out);
   }
   return out;
 }
@@ -179,54 +193,61 @@ std::string optim_shard_file(int rank) {
 
 ShardFiles write_shard_files(const std::string& dir, const TrainingState& state, int rank) {
   TORCH_CHECK(state.model != nullptr, "ddp: checkpoint: TrainingState::model is null");
-  TORCH_CHECK(state.shard_plan != nullptr,
-              "ddp: checkpoint: write_shard_files needs TrainingState::shard_plan");
-  const shard::ShardPlan& plan = *state.shard_plan;
-  const std::vector<LiveParam> live = live_params(state, rank, plan.world);
+  TORCH_CHECK(state.layouts != nullptr,
+              "ddp: checkpoint: write_shard_files needs TrainingState::layouts");
+  const layout::TensorLayouts& layouts = *state.layouts;
+  const std::vector<LiveParam> live = live_params(state);
+  const std::vector<int64_t>& coordinate = layouts.coordinate;
+  TORCH_CHECK(layout::rank_of(coordinate, layouts.mesh) == rank, "ddp: checkpoint: rank ", rank,
+              " writes the files of mesh coordinate ", at::IntArrayRef(coordinate),
+              ", which is rank ", layout::rank_of(coordinate, layouts.mesh),
+              " of the layouts' mesh: pass the group the layouts are over");
 
-  // This rank's real rows of each sharded parameter (the padding is not saved: it is zero, and
-  // another world size pads differently).
-  TensorMap model_rows, model_replicated, optim_rows, optim_replicated;
-  std::set<const c10::TensorImpl*> sharded_impls;
-  std::map<std::string, const LiveParam*> sharded_by_name;
+  // This rank's real piece of each split parameter it holds first (the padding is not saved: it
+  // is zero, and another mesh pads differently).
+  TensorMap model_pieces, model_replicated, optim_pieces, optim_replicated;
+  std::set<const c10::TensorImpl*> split_impls;
+  std::map<std::string, const LiveParam*> split_by_name;
   for (const LiveParam& p : live) {
-    if (!p.sharded) continue;
-    model_rows[p.name] = p.tensor.detach().narrow(0, 0, p.rows.size());
-    sharded_impls.insert(p.tensor.unsafeGetTensorImpl());
-    sharded_by_name[p.name] = &p;
+    if (!p.split) continue;
+    if (first_holder(p.layout, coordinate)) {
+      model_pieces[p.name] = comm::real_local(p.layout, p.tensor.detach(), coordinate,
+                                              "checkpoint: parameter '" + p.name + "'");
+    }
+    split_impls.insert(p.tensor.unsafeGetTensorImpl());
+    split_by_name[p.name] = &p;
   }
-  // Everything else as a replicated checkpoint has it (a tied name of a sharded parameter is
-  // found by identity on load, so it is not saved twice).
+  // Everything else as a replicated checkpoint has it (a tied name of a split parameter is found
+  // by identity on load, so it is not saved twice).
   for (const auto& item : state.model->named_parameters()) {
-    if (sharded_impls.count(item.value().unsafeGetTensorImpl()) == 0)
+    if (split_impls.count(item.value().unsafeGetTensorImpl()) == 0)
       model_replicated[item.key()] = item.value().detach();
   }
   for (const auto& item : state.model->named_buffers())
     model_replicated[item.key()] = item.value().detach();
 
   ShardFiles out;
-  // Optimizer state of a sharded parameter's shape is split by the same rows; the rest (Adam's
-  // step, which every rank holds alike, and the replicated parameters' state) is rank 0's.
-  std::map<std::string, std::vector<std::string>> row_fields;
+  // Optimizer state of a split parameter's local shape is split by the same layout; the rest
+  // (Adam's step, which every rank holds alike, and the whole parameters' state) is rank 0's.
+  std::map<std::string, std::vector<std::string>> split_fields;
   if (state.optimizer != nullptr) {
     out.optimizer = optimizer_kind(*state.optimizer);
     for (const auto& [key, t] : optimizer_tensors(*state.optimizer, *state.model)) {
       const auto [param, field] = split_state_key(key);
-      const auto it = sharded_by_name.find(param);
-      if (it != sharded_by_name.end() && t.sizes() == it->second->tensor.sizes()) {
-        optim_rows[key] = t.narrow(0, 0, it->second->rows.size());
-        row_fields[param].push_back(field);
+      const auto it = split_by_name.find(param);
+      if (it != split_by_name.end() && t.sizes() == it->second->tensor.sizes()) {
+        if (first_holder(it->second->layout, coordinate)) {
+          optim_pieces[key] = comm::real_local(it->second->layout, t, coordinate,
+                                               "checkpoint: optimizer state '" + key + "'");
+        }
+        split_fields[param].push_back(field);
       } else {
         optim_replicated[key] = t;
       }
     }
   }
   for (const LiveParam& p : live) {
-    if (!p.sharded) continue;
-    ShardedTensor t{p.name, p.full, {}, row_fields[p.name]};
-    for (int q = 0; q < plan.world; ++q)
-      t.rows.push_back(shard::rows_held(plan.params[p.plan_index], q, plan.world));
-    out.sharded.push_back(std::move(t));
+    if (p.split) out.sharded.push_back({p.name, p.layout, split_fields[p.name]});
   }
 
   const std::map<std::string, std::string> meta = {{"format", "ddp-checkpoint"},
@@ -236,8 +257,10 @@ ShardFiles write_shard_files(const std::string& dir, const TrainingState& state,
     save_safetensors(in_dir(dir, name), tensors, meta);
     out.files.push_back(as_c10_error([&] { return detail::describe_file(dir, name, owner); }));
   };
-  write(model_shard_file(rank), model_rows, rank);
-  if (state.optimizer != nullptr) write(optim_shard_file(rank), optim_rows, rank);
+  // A rank that holds no first piece (a replica of another's, under DDP over TP) writes no
+  // rank file: nothing would read it.
+  if (!model_pieces.empty()) write(model_shard_file(rank), model_pieces, rank);
+  if (!optim_pieces.empty()) write(optim_shard_file(rank), optim_pieces, rank);
   if (rank == 0) {
     write(kModelFile, model_replicated, kReplicated);
     if (state.optimizer != nullptr) write(kOptimFile, optim_replicated, kReplicated);
@@ -246,12 +269,11 @@ ShardFiles write_shard_files(const std::string& dir, const TrainingState& state,
   return out;
 }
 
-Manifest load_resharded_checkpoint(const std::string& dir, const Manifest& manifest, int rank,
-                                   int world_size, TrainingState& state) {
+Manifest load_resharded_checkpoint(const std::string& dir, const Manifest& manifest,
+                                   TrainingState& state) {
   TORCH_CHECK(state.model != nullptr, "ddp: load_checkpoint: TrainingState::model is null");
-  TORCH_CHECK(0 <= rank && rank < world_size, "ddp: load_checkpoint: rank ", rank,
-              " is outside the world of size ", world_size);
-  const std::vector<LiveParam> live = live_params(state, rank, world_size);
+  const std::vector<LiveParam> live = live_params(state);
+  const std::vector<int64_t>& coordinate = layouts_of(state).coordinate;
   const std::string manifest_path = in_dir(dir, "manifest.json");
   const std::string model_path = in_dir(dir, kModelFile);
   CheckpointFiles files(dir, manifest);
@@ -259,15 +281,15 @@ Manifest load_resharded_checkpoint(const std::string& dir, const Manifest& manif
   std::map<std::string, const ShardedTensor*> sharded;
   for (const ShardedTensor& t : manifest.sharded) sharded[t.name] = &t;
 
-  // Another model? Every name and full shape, before a single row is read.
+  // Another model? Every name and whole shape, before a single piece is read.
   std::map<std::string, const LiveParam*> live_by_name;
   for (const LiveParam& p : live) {
     live_by_name[p.name] = &p;
     const auto s = sharded.find(p.name);
     if (s != sharded.end()) {
-      TORCH_CHECK(s->second->shape == p.full, "ddp: checkpoint ", manifest_path, ": parameter '",
-                  p.name, "' has shape ", at::IntArrayRef(s->second->shape),
-                  " but the model's has shape ", at::IntArrayRef(p.full),
+      TORCH_CHECK(s->second->layout.shape == p.layout.shape, "ddp: checkpoint ", manifest_path,
+                  ": parameter '", p.name, "' has shape ", at::IntArrayRef(s->second->layout.shape),
+                  " but the model's has shape ", at::IntArrayRef(p.layout.shape),
                   ": was it saved from another model?");
       continue;
     }
@@ -275,9 +297,10 @@ Manifest load_resharded_checkpoint(const std::string& dir, const Manifest& manif
     TORCH_CHECK(r != replicated.end(), "ddp: checkpoint ", dir, " has no parameter '", p.name,
                 "' that the model has (neither in ", kModelFile, " nor sharded in manifest.json)",
                 ": was it saved from another model?");
-    TORCH_CHECK(sizes_of(r->second) == p.full, "ddp: checkpoint ", model_path, ": parameter '",
-                p.name, "' has shape ", r->second.sizes(), " but the model's has shape ",
-                at::IntArrayRef(p.full), ": was it saved from another model?");
+    TORCH_CHECK(sizes_of(r->second) == p.layout.shape, "ddp: checkpoint ", model_path,
+                ": parameter '", p.name, "' has shape ", r->second.sizes(),
+                " but the model's has shape ", at::IntArrayRef(p.layout.shape),
+                ": was it saved from another model?");
   }
   for (const ShardedTensor& t : manifest.sharded) {
     TORCH_CHECK(live_by_name.count(t.name) == 1, "ddp: checkpoint ", manifest_path,
@@ -285,21 +308,15 @@ Manifest load_resharded_checkpoint(const std::string& dir, const Manifest& manif
                 "' that the model does not have: was it saved from another model?");
   }
 
-  // The model's tensors: each parameter's wanted rows at its local shape; every name of a tied
-  // parameter gets its tensor; buffers as rank 0 saved them.
+  // The model's tensors: each parameter's wanted piece at its local storage shape; every name of
+  // a tied parameter gets its tensor; buffers as rank 0 saved them.
   std::unordered_map<const c10::TensorImpl*, at::Tensor> local;
   for (const LiveParam& p : live) {
-    const int64_t rows_out = p.sharded ? p.tensor.size(0) : p.rows.size();
-    at::Tensor t;
     const auto s = sharded.find(p.name);
-    if (s != sharded.end()) {
-      t = rows_from_shards(files, dir, *s->second, p.name, false, p.rows, rows_out,
-                           p.tensor.scalar_type());
-    } else {
-      const at::Tensor& full = replicated.at(p.name);
-      t = p.sharded ? padded(full.narrow(0, p.rows.begin, p.rows.size()), rows_out) : full;
-    }
-    local[p.tensor.unsafeGetTensorImpl()] = t;
+    local[p.tensor.unsafeGetTensorImpl()] =
+        s != sharded.end() ? local_from_rank_files(files, dir, *s->second, p.name, false, p.layout,
+                                                   coordinate, p.tensor.scalar_type())
+                           : local_of_whole(replicated.at(p.name), p.layout, coordinate);
   }
   TensorMap model;
   for (const auto& item : state.model->named_parameters())
@@ -319,24 +336,20 @@ Manifest load_resharded_checkpoint(const std::string& dir, const Manifest& manif
                                            : "the state of a " + manifest.optimizer + " optimizer",
                 " but this run uses ", kind);
     optim.emplace();
-    // Replicated state: a tensor of its parameter's full shape follows the parameter's rows
-    // (a parameter saved replicated may be sharded now); others (Adam's step) as they are.
+    // Replicated state: a tensor of its parameter's whole shape follows the parameter's layout
+    // (a parameter saved whole may be split now); others (Adam's step) as they are.
     for (const auto& [key, t] : files.get(kOptimFile, kReplicated)) {
       const auto it = live_by_name.find(split_state_key(key).first);
-      const bool row_shaped =
-          it != live_by_name.end() && it->second->sharded && sizes_of(t) == it->second->full;
-      (*optim)[key] = row_shaped
-                          ? padded(t.narrow(0, it->second->rows.begin, it->second->rows.size()),
-                                   it->second->tensor.size(0))
-                          : t;
+      const bool param_shaped =
+          it != live_by_name.end() && it->second->split && sizes_of(t) == it->second->layout.shape;
+      (*optim)[key] = param_shaped ? local_of_whole(t, it->second->layout, coordinate) : t;
     }
     for (const ShardedTensor& t : manifest.sharded) {
       const LiveParam& p = *live_by_name.at(t.name);
-      const int64_t rows_out = p.sharded ? p.tensor.size(0) : p.rows.size();
       for (const std::string& field : t.optimizer_state) {
         const std::string key = t.name + "." + field;
-        (*optim)[key] =
-            rows_from_shards(files, dir, t, key, true, p.rows, rows_out, p.tensor.scalar_type());
+        (*optim)[key] = local_from_rank_files(files, dir, t, key, true, p.layout, coordinate,
+                                              p.tensor.scalar_type());
       }
     }
   }
@@ -354,13 +367,24 @@ Manifest load_resharded_checkpoint(const std::string& dir, const Manifest& manif
   return manifest;
 }
 
-std::string wrong_group_for_plan(const std::string& who, int plan_world, int group_ranks) {
-  return "ddp: " + who + ": the shard plan is for world size " + std::to_string(plan_world) +
-         " but the group has " + std::to_string(group_ranks) +
-         " ranks; pass the sharded runtime's own group (the mesh's \"dp\" group when it shards "
-         "over one mesh dim). A sharded style over tensor parallelism is checkpointed through "
-         "its nested layouts instead: TrainingState::layouts = {layout::nest(tp.layouts(), "
-         "sharded.layouts()), mesh.parent()}, without shard_plan";
+std::string wrong_group_for_layouts(const std::string& who, int layout_ranks, int group_ranks) {
+  return "ddp: " + who + ": the layouts are over a mesh of " + std::to_string(layout_ranks) +
+         " ranks but the group has " + std::to_string(group_ranks) +
+         "; pass the group the layouts are over (a sharded runtime's own group; for a sharded "
+         "style over tensor parallelism, the nested layouts layout::nest(tp.layouts(), "
+         "sharded.layouts()) with the mesh's parent group)";
+}
+
+void check_layouts_group(const std::string& who, const layout::TensorLayouts& layouts,
+                         int world_size, int rank) {
+  int64_t ranks = 1;
+  for (const int64_t size : layouts.mesh) ranks *= size;
+  TORCH_CHECK(ranks == world_size, wrong_group_for_layouts(who, int(ranks), world_size));
+  TORCH_CHECK(layouts.coordinate.size() == layouts.mesh.size() &&
+                  layout::rank_of(layouts.coordinate, layouts.mesh) == rank,
+              "ddp: ", who, ": rank ", rank, " of the group is not the layouts' coordinate ",
+              at::IntArrayRef(layouts.coordinate), " on mesh ", at::IntArrayRef(layouts.mesh),
+              "; pass the group the layouts were made over");
 }
 
 }  // namespace ddp::io

@@ -1,5 +1,7 @@
 #include "ddp/layout/tensor_layouts.hpp"
 
+#include <utility>
+
 namespace ddp::layout {
 
 Layout TensorLayouts::of(const std::string& name, const std::vector<int64_t>& shape) const {
@@ -24,6 +26,13 @@ TensorLayouts nest(const TensorLayouts& inner, const TensorLayouts& outer) {
     if (out.by_name.count(name) != 0) continue;
     out.by_name[name] = nest(Layout{on_top.shape, inner.mesh, {}}, on_top);
   }
+  return out;
+}
+
+TensorLayouts replicated_over(std::vector<int64_t> mesh, std::vector<int64_t> coordinate) {
+  TensorLayouts out;
+  out.mesh = std::move(mesh);
+  out.coordinate = std::move(coordinate);
   return out;
 }
 

@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <set>
+
 #include "ddp/comm/device_mesh.hpp"
 #include "ddp/io/checkpoint_coordinator.hpp"
 #include "ddp/io/full_state_dict.hpp"
@@ -76,8 +78,7 @@ DDP_TEST_WORKER(layout_checkpoint_save) {
   const int dp_rank = static_cast<int>(mesh.coordinate()[0]);
   const auto forward = [&](const torch::Tensor& x) { return sharded(x); };
   train(forward, *opt, 0, kSaved, 2, dp_rank);
-  const io::StateLayouts layouts{layout::nest(tensor_parallel->layouts(), sharded.layouts()),
-                                 mesh.parent()};
+  const layout::TensorLayouts layouts = layout::nest(tensor_parallel->layouts(), sharded.layouts());
   io::TrainingState state;
   state.model = net.ptr().get();
   state.optimizer = opt.get();
@@ -88,7 +89,7 @@ DDP_TEST_WORKER(layout_checkpoint_save) {
   where.root = checkpoint_root();
   io::save_and_barrier(*pg, where, state);
   train(forward, *opt, kSaved, kSteps, 2, dp_rank);
-  const io::TensorMap whole = io::whole_state(*net, layouts.layouts, pg.get());
+  const io::TensorMap whole = io::whole_state(*net, layouts, pg.get());
   if (pg->rank() == 0) io::save_safetensors(reference_file(), whole);
   pg->barrier("reference written");
 }
@@ -103,7 +104,7 @@ DDP_TEST_WORKER(layout_checkpoint_resume) {
   std::unique_ptr<comm::DeviceMesh> mesh;
   std::unique_ptr<tp::TensorParallel> tensor_parallel;
   std::unique_ptr<shard::FullyShardedDataParallel<models::Net>> sharded;
-  std::optional<io::StateLayouts> layouts;
+  std::optional<layout::TensorLayouts> layouts;
   io::TrainingState state;
   state.model = net.ptr().get();
   int dp = 1, dp_rank = 0;
@@ -111,11 +112,13 @@ DDP_TEST_WORKER(layout_checkpoint_resume) {
     mesh = std::make_unique<comm::DeviceMesh>(pg, std::vector<int64_t>{1, 2},
                                               std::vector<std::string>{"dp", "tp"});
     tensor_parallel = tp::parallelize_module(net.ptr(), (*mesh)["tp"], seed_plan());
-    layouts = io::StateLayouts{tensor_parallel->layouts(), (*mesh)["tp"]};
+    // The mesh {1, 2}: dp is one rank, so tp's layouts are over the whole group.
+    layouts = tensor_parallel->layouts();
     state.layouts = &*layouts;
   } else if (as == "fully_shard") {
     sharded = std::make_unique<shard::FullyShardedDataParallel<models::Net>>(net, pg, per_layer());
-    state.shard_plan = &sharded->plan();
+    layouts = sharded->layouts();
+    state.layouts = &*layouts;
     dp = pg->world_size();
     dp_rank = pg->rank();
   }
@@ -158,6 +161,31 @@ TEST_P(LayoutCheckpoint, FullyShardOverTpResumesAsPlainTpAndFullyShard) {
                                                   {"DDP_TEST_OPT", GetParam()}};
   const auto saved = run_workers("layout_checkpoint_save", 4, env);
   ASSERT_TRUE(saved.ok()) << saved.describe();
+  // The format: every rank wrote its pieces, and the manifest gives each split tensor's layout
+  // over the (dp 2, tp 2) mesh: TP's split first, FULLY_SHARD's dim-0 split of what TP left.
+  const io::Manifest m = io::verify_checkpoint(io::checkpoint_dir(dir.str() + "/ckpt", kSaved));
+  EXPECT_EQ(m.format_version, 2);
+  EXPECT_EQ(m.world_size, 4);
+  std::set<std::string> rank_files;
+  for (const auto& f : m.files)
+    if (f.rank != io::kReplicated) rank_files.insert(f.name);
+  EXPECT_EQ(rank_files.size(), 8u);  // model and optimizer pieces of 4 ranks
+  using layout::Placement;
+  const std::map<std::string, std::vector<Placement>> want = {
+      {"fc1.weight", {Placement::shard(1, 0), Placement::shard(0, 0)}},  // colwise
+      {"fc1.bias", {Placement::shard(1, 0), Placement::shard(0, 0)}},
+      {"fc2.weight", {Placement::shard(1, 1), Placement::shard(0, 0)}},  // rowwise
+      {"fc2.bias", {Placement::shard(0, 0)}},                            // whole over tp
+      {"fc3.weight", {Placement::shard(1, 0), Placement::shard(0, 0)}},
+      {"fc3.bias", {Placement::shard(1, 0), Placement::shard(0, 0)}},
+      {"fc4.weight", {Placement::shard(1, 1), Placement::shard(0, 0)}},
+      {"fc4.bias", {Placement::shard(0, 0)}}};
+  std::map<std::string, std::vector<Placement>> got;
+  for (const io::ShardedTensor& t : m.sharded) {
+    EXPECT_EQ(t.layout.mesh, (std::vector<int64_t>{2, 2})) << t.name;
+    got[t.name] = t.layout.placements;
+  }
+  EXPECT_EQ(got, want);
   for (const auto& [as, world] :
        std::vector<std::pair<std::string, int>>{{"plain", 1}, {"tp", 2}, {"fully_shard", 3}}) {
     auto with = env;

@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include <filesystem>
 #include <fstream>
@@ -114,10 +115,11 @@ DDP_TEST_WORKER(sharded_checkpoint_train) {
   auto net = make_net();
   shard::FullyShardedDataParallel<torch::nn::Sequential> model(net, pg, style_from_env());
   auto opt = make_optimizer(optimizer, net->parameters());
+  const layout::TensorLayouts layouts = model.layouts();
   io::TrainingState state;
   state.model = net.ptr().get();
   state.optimizer = opt.get();
-  state.shard_plan = &model.plan();
+  state.layouts = &layouts;
   io::CoordinatorOptions options;
   options.root = worker_env("CKPT_ROOT");
 
@@ -180,7 +182,7 @@ TEST_P(ShardedCheckpointResume, SavedAtThreeResumesAtTwoAndOneAsAnUninterruptedR
   ASSERT_TRUE(result.ok()) << result.describe();
 
   // What the format promises: every rank's files, one manifest with each file's writer and each
-  // sharded parameter's rows per rank.
+  // split parameter's layout: Shard(0) over the 3 ranks, which holds the rows listed per rank.
   const std::string dir = io::checkpoint_dir(root.str(), kSteps);
   const io::Manifest m = io::verify_checkpoint(dir);
   EXPECT_EQ(m.world_size, 3);
@@ -197,9 +199,16 @@ TEST_P(ShardedCheckpointResume, SavedAtThreeResumesAtTwoAndOneAsAnUninterruptedR
   const std::string fields = c.optimizer == "adam" ? "exp_avg,exp_avg_sq" : "momentum_buffer";
   std::map<std::string, std::string> table;
   for (const io::ShardedTensor& t : m.sharded) {
+    EXPECT_EQ(t.layout.mesh, (std::vector<int64_t>{3})) << t.name;
+    EXPECT_EQ(t.layout.placements, (std::vector<layout::Placement>{layout::Placement::shard(0, 0)}))
+        << t.name;
     std::string text;
-    for (const auto& rows : t.rows)
-      text += "[" + std::to_string(rows.begin) + "," + std::to_string(rows.end) + ")";
+    for (int64_t q = 0; q < 3; ++q) {
+      const auto rows = layout::held(t.layout, {q}).dims[0];
+      if (rows.empty()) text += "[]";
+      for (const auto& r : rows)
+        text += "[" + std::to_string(r.begin) + "," + std::to_string(r.end) + ")";
+    }
     std::string state;
     for (const auto& f : t.optimizer_state) state += (state.empty() ? "" : ",") + f;
     EXPECT_EQ(state, fields) << t.name;
@@ -210,8 +219,8 @@ TEST_P(ShardedCheckpointResume, SavedAtThreeResumesAtTwoAndOneAsAnUninterruptedR
                                                          {"0.bias", "[0,3)[3,6)[6,7)"},
                                                          {"2.weight", "[0,1)[1,2)[2,3)"},
                                                          {"2.bias", "[0,1)[1,2)[2,3)"},
-                                                         {"3.weight", "[0,1)[1,2)[2,2)"},
-                                                         {"3.bias", "[0,1)[1,2)[2,2)"}}));
+                                                         {"3.weight", "[0,1)[1,2)[]"},
+                                                         {"3.bias", "[0,1)[1,2)[]"}}));
   } else {  // default at world 3: only dim 0 = 3 divides
     EXPECT_EQ(table, (std::map<std::string, std::string>{{"2.weight", "[0,1)[1,2)[2,3)"},
                                                          {"2.bias", "[0,1)[1,2)[2,3)"}}));
@@ -231,6 +240,35 @@ TEST_P(ShardedCheckpointResume, SavedAtThreeResumesAtTwoAndOneAsAnUninterruptedR
   env.erase("DDP_TEST_EXPORT");
   result = run_workers("sharded_checkpoint_train", 1, env);
   ASSERT_TRUE(result.ok()) << result.describe();
+
+  // Version 1 still loads: the same checkpoint with its manifest as version 1 wrote it (each
+  // rank's rows instead of a layout) resumes at world 2 as well.
+  {
+    const std::string path = dir + "/manifest.json";
+    nlohmann::json j = nlohmann::json::parse(std::ifstream(path));
+    j["format_version"] = 1;
+    for (auto& t : j["sharded"]) {
+      const io::ShardedTensor* saved = nullptr;
+      for (const io::ShardedTensor& s : m.sharded)
+        if (s.name == t["name"]) saved = &s;
+      ASSERT_NE(saved, nullptr) << t.dump();
+      nlohmann::json rows = nlohmann::json::array();
+      int64_t end = 0;
+      for (int64_t q = 0; q < 3; ++q) {
+        const auto held = layout::held(saved->layout, {q}).dims[0];
+        const int64_t begin = held.empty() ? end : held[0].begin;
+        end = held.empty() ? end : held[0].end;
+        rows.push_back({begin, end});
+      }
+      t["rows"] = rows;
+      t.erase("mesh");
+      t.erase("placements");
+    }
+    std::ofstream(path) << j.dump(2);
+    EXPECT_EQ(io::read_manifest(dir).format_version, 1);
+    result = run_workers("sharded_checkpoint_train", 2, env);
+    ASSERT_TRUE(result.ok()) << "version 1: " << result.describe();
+  }
 
   // Python reads the torch.save export as a plain dict equal to the oracle.
   DDP_REQUIRE_PYTORCH(python_has_torch(), "/usr/bin/python3 has no torch (python3-torch)");
@@ -293,10 +331,11 @@ DDP_TEST_WORKER(sharded_checkpoint_refusals) {
     net->forward(torch::ones({1, 5})).sum().backward();
     opt->step();
     const io::TensorMap before = snapshot(*net, *opt);
+    const layout::TensorLayouts layouts = model.layouts();
     io::TrainingState state;
     state.model = net.ptr().get();
     state.optimizer = opt.get();
-    state.shard_plan = &model.plan();
+    state.layouts = &layouts;
     const std::string error = error_of([&] { io::load_checkpoint(from, w, state, r); });
     if (!error.empty()) require_unchanged(before, *net, *opt, error);
     return error;

@@ -321,8 +321,8 @@ TEST(TensorParallelPlan, AMissingSubmoduleOrAnUnevenSplitIsNamed) {
   EXPECT_TRUE(result.ok()) << result.describe();
 }
 
-// FULLY_SHARD over tensor parallelism, checkpointed through the world group (a program using the
-// public API): the error says which group to pass, and that this combination cannot be saved yet.
+// FULLY_SHARD over tensor parallelism, checkpointed with the dp group's layouts through the world
+// group (a program using the public API): the error says which group and layouts to pass.
 DDP_TEST_WORKER(tp_sharded_checkpoint_group) {
   auto pg = worker_process_group(std::chrono::seconds(60));
   comm::DeviceMesh mesh(pg, {2, 2}, {"dp", "tp"});
@@ -331,19 +331,19 @@ DDP_TEST_WORKER(tp_sharded_checkpoint_group) {
   shard::ShardOptions options;
   options.units = {"fc1", "fc2", "fc3", "fc4"};
   shard::FullyShardedDataParallel<models::Net> sharded(net, mesh["dp"], options);
+  const layout::TensorLayouts layouts = sharded.layouts();  // the dp group's alone
   io::TrainingState state;
   state.model = net.ptr().get();
   state.step = 1;
-  state.shard_plan = &sharded.plan();
+  state.layouts = &layouts;
   io::CoordinatorOptions where;
   where.root = worker_env("DDP_TEST_DIR");
   const std::string error = error_of([&] { io::save_and_barrier(*pg, where, state); });
-  require(error.find("ddp: save_and_barrier: the shard plan is for world size 2 but the group "
-                     "has 4 ranks; pass the sharded runtime's own group (the mesh's "
-                     "\"dp\" group when it shards over one mesh dim). A sharded style over tensor "
-                     "parallelism is checkpointed through its nested layouts instead: "
-                     "TrainingState::layouts = {layout::nest(tp.layouts(), sharded.layouts()), "
-                     "mesh.parent()}, without shard_plan") != std::string::npos,
+  require(error.find("ddp: save_and_barrier: the layouts are over a mesh of 2 ranks but the "
+                     "group has 4; pass the group the layouts are over (a sharded runtime's own "
+                     "group; for a sharded style over tensor parallelism, the nested layouts "
+                     "layout::nest(tp.layouts(), sharded.layouts()) with the mesh's parent "
+                     "group)") != std::string::npos,
           "the error names the group to pass, got: '" + error + "'");
 }
 

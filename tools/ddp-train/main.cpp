@@ -177,18 +177,19 @@ int run_worker(const Args& args) {
   ddp::io::TrainingState state;
   state.model = w.ptr.get();
   state.optimizer = opt.get();
-  // Sharded styles: every rank writes its shard, and a resume at another world size reshards.
-  // --tp: whole tensors, so a resume may change the mesh (the global batch kept). Both: whole
-  // tensors gathered by the nested layouts over the world (io/checkpoint.hpp, StateLayouts).
-  std::optional<ddp::io::StateLayouts> layouts;
-  if (sharded && tensor_parallel) {
-    layouts = ddp::io::StateLayouts{
-        ddp::layout::nest(tensor_parallel->layouts(), sharded->layouts()), split.mesh->parent()};
-    state.layouts = &*layouts;
-  } else {
-    if (sharded) state.shard_plan = &sharded->plan();
-    state.tensor_parallel = tensor_parallel.get();
+  // The styles register how they split the parameters (io/checkpoint.hpp): every rank writes its
+  // pieces, and a resume onto another mesh or style reshards by layout (the global batch kept).
+  // --tp nests under the data-parallel style's layouts over the mesh {dp, tp} of the world.
+  std::optional<ddp::layout::TensorLayouts> layouts;
+  if (tensor_parallel) {
+    const ddp::layout::TensorLayouts outer =
+        sharded ? sharded->layouts()
+                : ddp::layout::replicated_over({dp_group->world_size()}, {dp_group->rank()});
+    layouts = ddp::layout::nest(tensor_parallel->layouts(), outer);
+  } else if (sharded) {
+    layouts = sharded->layouts();
   }
+  if (layouts) state.layouts = &*layouts;
   ddp::io::CoordinatorOptions ckpt;
   ckpt.root = args.checkpoint_dir;
   ckpt.keep = args.keep_checkpoints;

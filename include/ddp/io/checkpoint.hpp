@@ -14,17 +14,16 @@
 // at most a .tmp-step-* directory that the next save removes. Only after that are older step-*
 // directories beyond `keep` deleted.
 //
-// Tensor-parallel state (TrainingState::tensor_parallel set) is written as whole tensors, as if
-// replicated: every rank gathers, rank 0 writes, every rank loads its slice, at any mesh shape.
-//
 // Replicated state (data parallel): rank 0 writes, every rank loads. The ranks agree that a save is
 // complete and which checkpoint to load through checkpoint_coordinator.hpp (save_and_barrier,
 // resume_latest); this layer touches files only.
 //
-// Sharded state (shard::ShardedModule; TrainingState::shard_plan set): every rank writes its rows
-// of the sharded parameters and of their optimizer state ("model.rank-<R>.safetensors",
-// "optim.rank-<R>.safetensors"), rank 0 the replicated rest under the names above, all in one
-// directory with one manifest; loading reshards to any world size. See sharded_checkpoint.hpp.
+// Split state (TrainingState::layouts set: FULLY_SHARD, DEFAULT, tensor parallelism, or one over
+// the other): every rank writes its real local piece of each split parameter and of its optimizer
+// state ("model.rank-<R>.safetensors", "optim.rank-<R>.safetensors"), rank 0 the rest under the
+// names above, all in one directory whose manifest records each split tensor's layout; loading
+// copies, by layout::pieces, the parts this rank's layout wants out of the files holding them, so
+// any checkpoint loads onto any mesh and style. See sharded_checkpoint.hpp.
 
 #include <cstdint>
 #include <optional>
@@ -34,14 +33,8 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
-#include "ddp/comm/process_group.hpp"
 #include "ddp/io/checkpoint_manifest.hpp"
 #include "ddp/layout/tensor_layouts.hpp"
-#include "ddp/shard/shard_plan.hpp"
-
-namespace ddp::tp {
-class TensorParallel;
-}
 
 namespace ddp::io {
 
@@ -51,21 +44,12 @@ struct CheckpointOptions {
   // Complete checkpoints kept after a save, the new one included; default 3, so that one corrupt
   // or unwanted checkpoint still leaves two to fall back on. 0 keeps all.
   int keep = 3;
-  // This process's rank: only rank 0 writes (the state is replicated); other ranks return from
-  // save_checkpoint at once. Default 0, a single process.
+  // This process's rank: only rank 0 writes (replicated state); other ranks return from
+  // save_checkpoint at once. Split state is saved by save_and_barrier. Default 0, one process.
   int rank = 0;
-  // Processes of the run, recorded in the manifest (a replicated checkpoint loads at any world
-  // size, a sharded one reshards). Default 1.
+  // Processes of the run, recorded in the manifest (any checkpoint loads at any world size).
+  // Default 1.
   int world_size = 1;
-};
-
-// How a run's parameters are split, as its wrappers registered it (layout/tensor_layouts.hpp),
-// and the group those layouts are over: its size is the product of layouts.mesh and its rank r
-// sits at layout::coordinate_of(r, layouts.mesh). FULLY_SHARD over tensor parallelism:
-// {layout::nest(tp.layouts(), sharded.layouts()), mesh.parent()}.
-struct StateLayouts {
-  layout::TensorLayouts layouts;
-  comm::ProcessGroupPtr group;
 };
 
 // The live objects a checkpoint is taken from and restored into.
@@ -73,23 +57,19 @@ struct TrainingState {
   torch::nn::Module* model = nullptr;            // required: parameters and buffers
   torch::optim::Optimizer* optimizer = nullptr;  // optional: SGD or Adam; null saves none
   int64_t step = 0;                              // steps completed; load sets it
-  int64_t data_position = 0;                     // caller's data cursor; load sets it
-  // The plan of a sharded run (shard::ShardedModule::plan()): its sharded parameters are this
-  // rank's [chunk, ...] shards between steps, and the optimizer's state of them too. Default
-  // null: every parameter is full on every rank (replicated, DDP).
-  const shard::ShardPlan* shard_plan = nullptr;
-  // The tensor parallelism of the model (tp::parallelize_module), or null (default: none). The
-  // checkpoint then holds whole tensors: saving gathers them over the tp group on every rank (a
-  // collective; save_and_barrier calls it on all), loading takes this rank's slice, so a
-  // checkpoint loads on another mesh (tensor_parallel_state.hpp). Not with shard_plan.
-  const tp::TensorParallel* tensor_parallel = nullptr;
-  // The registered layouts of the run's parameters, or null (default). The checkpoint then holds
-  // whole tensors, as under tensor_parallel: saving gathers every parameter and its optimizer
-  // state by its layout over layouts->group (a collective; save_and_barrier calls it on all),
-  // loading takes this rank's local piece of each (zero padding where a split pads). So FULLY_SHARD
-  // over TP saved at (dp 2, tp 2) loads as DDP at world 1, as TP 1x2, as FULLY_SHARD at world 3.
-  // Not with shard_plan or tensor_parallel.
-  const StateLayouts* layouts = nullptr;
+  // The caller's data cursor, saved and restored as it is; load sets it. The tools keep samples
+  // of the global stream consumed, the unit of DistributedSampler::data_position
+  // (data/distributed_sampler.hpp), which every world size reads alike.
+  int64_t data_position = 0;
+  // How the wrappers split the model's parameters, as they register it (layout/tensor_layouts.hpp):
+  // sharded.layouts() for FULLY_SHARD or DEFAULT over their group, tp.layouts() for tensor
+  // parallelism, layout::nest(tp.layouts(), sharded.layouts()) for FULLY_SHARD over TP, and a
+  // replicated outer mesh dim for DDP over TP (layout::replicated_over). The mesh's product is the
+  // number of ranks the save and load run on (the group passed to save_and_barrier and
+  // resume_latest), and this rank sits at layouts->coordinate there. Default null: every
+  // parameter is whole on every rank (DDP). Between steps only: a split parameter must be its
+  // local storage (layout::padded_local_shape).
+  const layout::TensorLayouts* layouts = nullptr;
 };
 
 // "<root>/step-<step>".
@@ -109,10 +89,10 @@ Manifest verify_checkpoint(const std::string& dir);
 // Loads the checkpoint in `dir` (verified first) into state.model, state.optimizer (when not null;
 // the checkpoint must then hold that kind of optimizer's state) and the CPU generator; sets
 // state.step and state.data_position. Throws, changing nothing, when the checkpoint is corrupt.
-// A replicated checkpoint loads at any `world_size` (every rank holds all of it).
-// When the checkpoint or the run is sharded, `rank` (this process's, of `world_size`) says which
-// rows to load; the world sizes may then differ, and only the files holding those rows are read
-// and verified (load_resharded_checkpoint in sharded_checkpoint.hpp).
+// Any checkpoint loads at any `world_size` and mesh: a replicated one is read whole by every
+// rank; when the checkpoint or the run is split (state.layouts), this rank's wanted pieces are
+// copied out of the files holding them, and only those files are read and verified
+// (load_resharded_checkpoint in sharded_checkpoint.hpp). `rank` names this process in errors.
 Manifest load_checkpoint(const std::string& dir, int world_size, TrainingState& state,
                          int rank = 0);
 

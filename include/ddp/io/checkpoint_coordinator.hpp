@@ -19,19 +19,20 @@
 //           collective pattern as a failed load.
 //
 // [Note: per-rank shard files]
-// Replicated state (DDP; TrainingState::shard_plan null): rank 0 writes every file, every rank
-// reads all of them. Sharded state (shard::ShardedModule; shard_plan set) uses the same two calls:
+// Replicated state (DDP; TrainingState::layouts null): rank 0 writes every file, every rank reads
+// all of them. Split state (the wrappers' layouts registered in TrainingState::layouts) uses the
+// same two calls, with the group the layouts are over (its size the mesh's product):
 //   - save: rank 0's pid, broadcast, names the temporary directory; rank 0 creates it; every rank
 //     writes its own files into it ("model.rank-<R>.safetensors", "optim.rank-<R>.safetensors";
 //     rank 0 also the replicated model/optim/rng files) and hashes them itself; their ManifestFile
 //     entries (name, bytes, sha256, rank) reach rank 0 through the group's store; rank 0 writes
-//     the one manifest listing every rank's files and each sharded parameter's rows per rank,
+//     the one manifest listing every rank's files and each split parameter's layout,
 //     renames and prunes. A failure count after each step (an all-reduce: also the barrier)
 //     stops every rank together, and the temporary directory is removed.
 //   - resume: the choice stays rank 0's (find_latest_checkpoint verifies every file, so rank 0
 //     hashes the whole checkpoint once); each rank then loads, verifying first, only the files
-//     holding rows it needs (its own at an unchanged world size and plan, plus the replicated
-//     ones), so loading stays O(state / world) per rank; a different world size reshards
+//     holding pieces it needs (its own on an unchanged mesh and style, plus the replicated
+//     ones), so loading stays O(state / world) per rank; another mesh or style reshards
 //     (io/sharded_checkpoint.hpp, [Note: resharding on load]).
 // The manifest is the only place that lists files, so a checkpoint stays complete-or-absent.
 
@@ -60,7 +61,7 @@ std::optional<CheckpointEntry> resume_latest(comm::ProcessGroup& group,
                                              TrainingState& state);
 
 // Saves `state` as step-<state.step> (rank 0 writes, or every rank its shard when
-// state.shard_plan is set; see the note above) and returns once the checkpoint is complete for
+// state.layouts is set; see the note above) and returns once the checkpoint is complete for
 // every rank. Returns the directory on rank 0, "" elsewhere. Collective. Throws c10::Error on
 // every rank when a write fails (the failing rank with the file and errno's text); the
 // checkpoints saved before are untouched.

@@ -30,4 +30,9 @@ struct TensorLayouts {
 // outer's dims, one only outer splits is whole over inner's.
 TensorLayouts nest(const TensorLayouts& inner, const TensorLayouts& outer);
 
+// The layouts of a runtime that splits nothing over `mesh` (DDP over the dp mesh dim): no names,
+// so every tensor is whole on every coordinate. nest(tp.layouts(), replicated_over({dp},
+// {dp_rank})) describes DDP over tensor parallelism on the mesh {dp, tp}.
+TensorLayouts replicated_over(std::vector<int64_t> mesh, std::vector<int64_t> coordinate);
+
 }  // namespace ddp::layout
