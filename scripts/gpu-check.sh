@@ -80,6 +80,14 @@ if has text; then
       --sample-bytes 80 --timeout-s 120 --plot "$OUT/loss-$style.svg" $extra >"$OUT/train-text-$style.log" 2>&1
     note "ddp-train --data $style nccl world $NP rc=$?: $(grep 'validation loss' "$OUT/train-text-$style.log" | tail -1)"
   done
+  # A FULLY_SHARD checkpoint on the GPU (each rank's pieces saved from device memory, loaded back
+  # into it): 100 steps and a save, then a resume to 200; its last validation loss is the
+  # uninterrupted fsdp run's above.
+  common="--nproc $NP --device cuda --data --eval-every 50 --timeout-s 120 --fsdp --fsdp-wrap --checkpoint-dir $OUT/ckpt"
+  timeout 300 build-gpu/ddp-train $common --steps 100 --checkpoint-every 100 >"$OUT/train-text-ckpt.log" 2>&1
+  rc=$?
+  timeout 300 build-gpu/ddp-train $common --steps 200 --resume >>"$OUT/train-text-ckpt.log" 2>&1
+  note "ddp-train --data fsdp saved at 100, resumed to 200 rc=$rc,$?: $(grep 'validation loss' "$OUT/train-text-ckpt.log" | tail -1)"
 fi
 
 # model -> flags shared by both sides

@@ -57,6 +57,9 @@ DDP_TEST_WORKER(data_parallel_styles) {
                 "ddp: data_parallel over a 2-D mesh needs a mesh dim named 'dp'; this mesh's "
                 "dims are a, b",
             "mesh error: " + wrong);
+    // Building `flat` connected new Gloo pairs; a rank that exited while the other still
+    // completed its side of them failed it with "Connection closed by peer" (seen in CI runs).
+    pg->barrier("mesh built on every rank");
   }
 }
 
