@@ -7,7 +7,7 @@
 #   bash scripts/gpu-check.sh                 # build, tests, levers, table
 #   bash scripts/gpu-check.sh build tests     # only those stages
 #
-# Stages: build, tests, text (ddp-train --data on the GPU), tpref (PyTorch's --tp reference checked on CPU Gloo), onegpu (ours vs PyTorch with one GPU: bare, DDP and FULLY_SHARD at world 1), sharded (FULLY_SHARD vs FSDP2), attribution (issue 13: noop hook, --no-overlap), tp (issue 15: --tp 2), final (the documented table), overlap, levers (ours only: each tuning lever against our default), table (bench/compare,
+# Stages: build, tests, graphs (issue 25: captured steps, ours and PyTorch's recipe), text (ddp-train --data on the GPU), tpref (PyTorch's --tp reference checked on CPU Gloo), onegpu (ours vs PyTorch with one GPU: bare, DDP and FULLY_SHARD at world 1), sharded (FULLY_SHARD vs FSDP2), attribution (issue 13: noop hook, --no-overlap), tp (issue 15: --tp 2), final (the documented table), overlap, levers (ours only: each tuning lever against our default), table (bench/compare,
 # ours vs PyTorch in the same run, with the 1-GPU baselines), parity (C++ vs PyTorch parameters).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -50,7 +50,7 @@ fi
 
 if has tests; then
   build-gpu/tests/ddp_tests \
-    --gtest_filter='BucketPlan.*:Env.*:ReplicaCheck.*:Spawn.*:AutocastGuard.*:Models/GpuEquivalence.*:WorldSizes/FlatCollectivesNccl.*:DeviceMeshNccl.*:PosixFile.*:Checkpoint.*:CheckpointSha256.*:Safetensors.*:AllDtypes/*:Cases/*:ActivationCheckpoint.*:GptModel.*:Layout*:TakeLocal.*:BackwardNode.*:ModuleIntake.*:Options.*:UnitGradientRuntimeGpu.*:-Spawn.DdpTrainNprocWorkersArePrefixed' \
+    --gtest_filter='BucketPlan.*:Env.*:ReplicaCheck.*:Spawn.*:AutocastGuard.*:Models/GpuEquivalence.*:WorldSizes/FlatCollectivesNccl.*:DeviceMeshNccl.*:PosixFile.*:Checkpoint.*:CheckpointSha256.*:Safetensors.*:AllDtypes/*:Cases/*:ActivationCheckpoint.*:GptModel.*:Layout*:TakeLocal.*:BackwardNode.*:ModuleIntake.*:Options.*:UnitGradientRuntimeGpu.*:CapturedStep*:Kinds/CapturableOptimizers.*:Capturable*Refuses.*:-Spawn.DdpTrainNprocWorkersArePrefixed' \
     >"$OUT/tests.log" 2>&1
   note "tests rc=$?: $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/tests.log" | tr '\n' ' ')"
   grep -E '^\[  FAILED  \]|relative error' "$OUT/tests.log" | head -20 | tee -a "$SUMMARY"
@@ -96,6 +96,7 @@ declare -A FLAGS=(
   [toy8k]="--model toy8k --batch-size 256"
   [gpt2-small]="--model gpt2-small --batch-size 8 --autocast-bf16"
   [gpt2-medium]="--model gpt2-medium --batch-size 8 --autocast-bf16"
+  [gpt-char]="--model gpt-char --batch-size 16 --autocast-bf16"
 )
 median() { grep -oE 'median_ms=[0-9.]+' "$1" | head -1 | cut -d= -f2; }
 
@@ -120,6 +121,33 @@ if has onegpu; then
     mp="--param-dtype bf16 --reduce-dtype fp32"
     one ours-fsdp-wrap-bf16 "$BENCH" --fsdp --fsdp-wrap --nproc 1 $mp
     one torch-fsdp2-wrap-bf16 $PY bench/reference/torch_ddp.py --fsdp --fsdp-wrap --nproc 1 $mp
+  done
+fi
+
+if has graphs; then
+  # Issue 25: whole steps captured in CUDA graphs at world 1, ours (graphs/captured_step.hpp, the
+  # capturable SGD) and PyTorch's recipe (bench/reference/torch_ddp.py --cuda-graph), eager and
+  # captured, bare and DDP, in turn in one run. At world 1 NCCL runs no kernel for the in-place
+  # sum: the DDP rows measure each side's bookkeeping and copies, not NCCL inside a graph.
+  for model in ${GRAPH_MODELS:-toy gpt-char}; do
+    flags="${FLAGS[$model]} --device cuda --repeat ${GRAPH_REPEAT:-50} --warmup 12"
+    g() {  # name, then the command
+      local name="$1"; shift
+      timeout 200 "$@" $flags >"$OUT/graph-$model-$name.log" 2>&1
+      printf '  %-24s rc=%s %8s ms %s\n' "$name" "$?" "$(median "$OUT/graph-$model-$name.log")" \
+        "$(grep -o 'cuda graph [a-z ]*' "$OUT/graph-$model-$name.log" | head -1)" | tee -a "$SUMMARY"
+    }
+    note "CUDA graphs, $model (median step ms)"
+    g ours-bare "$BENCH" --verbose
+    g torch-bare $PY bench/reference/torch_ddp.py
+    g ours-bare-graph "$BENCH" --cuda-graph --verbose
+    g torch-bare-graph $PY bench/reference/torch_ddp.py --cuda-graph
+    g ours-ddp "$BENCH" --ddp --nproc 1 --verbose
+    g torch-ddp $PY bench/reference/torch_ddp.py --ddp --nproc 1
+    g ours-ddp-graph "$BENCH" --ddp --nproc 1 --cuda-graph --verbose
+    g torch-ddp-graph $PY bench/reference/torch_ddp.py --ddp --nproc 1 --cuda-graph
+    g ours-fsdp-wrap "$BENCH" --fsdp --fsdp-wrap --nproc 1 --verbose
+    g ours-fsdp-wrap-graph "$BENCH" --fsdp --fsdp-wrap --nproc 1 --cuda-graph --verbose
   done
 fi
 

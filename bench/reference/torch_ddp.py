@@ -100,6 +100,10 @@ def parse_args(argv):
     p.add_argument("--powersgd-start-iter", type=int, default=10,
                    help="start_powerSGD_iter (10: ddp's default; PyTorch's own is 1000)")
     p.add_argument("--timeout-s", type=int, default=300, help="collective timeout")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="PyTorch's recipe (notes/cuda, DDP): DDP built on a side stream, 11 eager "
+                        "steps there, then forward + backward + SGD captured in torch.cuda.graph "
+                        "and replayed")
     args, unknown = p.parse_known_args(argv)
     if args.toy_model:
         args.model = "toy"
@@ -441,7 +445,15 @@ def worker(args, unknown):
                              f"dp dim")
         # The ranks of one tp group read the same batch: their dp coordinate's.
         dp_group, data_rank, tp_state = torch_tp.apply(model, args.tp, device.type, world)
+    if args.cuda_graph and args.device != "cuda":
+        raise SystemExit("torch_ddp.py: --cuda-graph needs --device cuda")
+    # --cuda-graph: the recipe builds DDP and runs its warm-up on a side stream.
+    graph_stream = torch.cuda.Stream(device) if args.cuda_graph else None
+    if graph_stream is not None:
+        graph_stream.wait_stream(torch.cuda.current_stream(device))
+    side = torch.cuda.stream(graph_stream) if graph_stream is not None else contextlib.nullcontext()
     if args.ddp:
+        side.__enter__()
         if args.first_bucket_cap_mb != 1.0:
             # DDP reads the first bucket's cap from this module attribute at construction (1.13 and
             # 2.x alike); there is no constructor argument for it.
@@ -461,6 +473,7 @@ def worker(args, unknown):
             **kwargs,
         )
         register_hook(model, args, device)
+        side.__exit__(None, None, None)
     elif args.fsdp:
         model = make_fsdp(model, args.model, device, args.fsdp_wrap, args.param_dtype,
                           args.reduce_dtype)
@@ -504,6 +517,30 @@ def worker(args, unknown):
         with rf("optimizer"):
             opt.step()
         return loss
+
+    if args.cuda_graph:
+        # The recipe: 11 eager steps on the side stream (DDP's bucket rebuild and first-iteration
+        # work), then one capture of the whole step; the timed steps replay it.
+        x0, y0 = batches[0]
+        with torch.cuda.stream(graph_stream):
+            for i in range(11):
+                opt.zero_grad(set_to_none=True)
+                with autocast():
+                    loss = lossf(model(x0), y0)
+                loss.backward()
+                opt.step()
+        torch.cuda.current_stream(device).wait_stream(graph_stream)
+        graph = torch.cuda.CUDAGraph()
+        opt.zero_grad(set_to_none=True)
+        with torch.cuda.graph(graph):
+            with autocast():
+                static_loss = lossf(model(x0), y0)
+            static_loss.backward()
+            opt.step()
+
+        def step(i):  # noqa: F811 (the captured step replaces the eager one)
+            graph.replay()
+            return static_loss
 
     for i in range(warmup):
         step(i)

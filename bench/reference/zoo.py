@@ -8,9 +8,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-MODELS = ("toy", "toy8k", "mlp-deep", "gpt-tiny", "gpt2-small", "gpt2-medium", "resnet-small")
+MODELS = ("toy", "toy8k", "mlp-deep", "gpt-tiny", "gpt2-small", "gpt2-medium", "gpt-char",
+          "resnet-small")
 # The models --tie-weights applies to: those with a token embedding to tie the output layer to.
-TIED_WEIGHTS_MODELS = ("gpt-tiny", "gpt2-small", "gpt2-medium")
+TIED_WEIGHTS_MODELS = ("gpt-tiny", "gpt2-small", "gpt2-medium", "gpt-char")
 # torch >= 2.0: the fused kernel (flash / memory-efficient on CUDA), as models/src/causal_attention.cpp
 # uses at::scaled_dot_product_attention there; 1.13 has none, and both sides write attention out.
 FUSED_ATTENTION = hasattr(F, "scaled_dot_product_attention")
@@ -225,6 +226,7 @@ def token_loss(out, y):
 _GPT = dict(vocab_size=4096, seq_len=128, d_model=256, n_heads=4, n_layers=4)
 _GPT2_SMALL = dict(vocab_size=50304, seq_len=1024, d_model=768, n_heads=12, n_layers=12)
 _GPT2_MEDIUM = dict(vocab_size=50304, seq_len=1024, d_model=1024, n_heads=16, n_layers=24)
+_GPT_CHAR = dict(vocab_size=256, seq_len=256, d_model=384, n_heads=6, n_layers=6)
 SPECS = {
     "toy": (lambda: Net(2000), regression_loss, ("float", 2000)),
     "toy8k": (lambda: Net(8192), regression_loss, ("float", 8192)),
@@ -235,6 +237,8 @@ SPECS = {
                    ("tokens", 1024, 50304)),
     "gpt2-medium": (lambda tie=False: GPT(**_GPT2_MEDIUM, tie_weights=tie), token_loss,
                     ("tokens", 1024, 50304)),
+    "gpt-char": (lambda tie=False: GPT(**_GPT_CHAR, tie_weights=tie), token_loss,
+                 ("tokens", 256, 256)),
     "resnet-small": (lambda: ResNetSmall(10, 64), token_loss, ("image", 10)),
 }
 

@@ -112,6 +112,19 @@ const Entry kEntries[] = {
        config.n_layers = 24;
        build_gpt(w, config, o);
      }},
+    {"gpt-char", true,
+     [](Workload& w, const WorkloadOptions& o) {
+       // A small character-level GPT (nanoGPT's shakespeare_char shape: 6 layers, 384 wide, 6
+       // heads, 256 tokens), byte vocabulary: every step is launch-bound on a GPU, the regime
+       // CUDA graphs are for (docs/cuda_graphs.md).
+       GPTConfig config;
+       config.vocab_size = 256;
+       config.seq_len = 256;
+       config.d_model = pick(o.dim, 384);
+       config.n_heads = 6;
+       config.n_layers = 6;
+       build_gpt(w, config, o);
+     }},
     {"resnet-small", false,
      [](Workload& w, const WorkloadOptions& o) {
        const int64_t classes = 10;

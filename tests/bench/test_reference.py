@@ -174,7 +174,7 @@ class GptRegimeTest(unittest.TestCase):
                               capture_output=True, text=True, timeout=120, cwd=ROOT)
         self.assertEqual(proc.returncode, 2, proc.stderr)
         self.assertIn("torch_ddp.py: error: --tie-weights needs a GPT model (gpt-tiny, gpt2-small, "
-                      "gpt2-medium), got --model toy, which has no token embedding to tie",
+                      "gpt2-medium, gpt-char), got --model toy, which has no token embedding to tie",
                       proc.stderr)
         with self.assertRaisesRegex(ValueError, r"^--tie-weights needs a GPT model"):
             torch_ddp.build_model("mlp-deep", tie_weights=True)

@@ -60,13 +60,24 @@ TEST(DdpBench, ShardedStylesRefuseDdpOnlyFlags) {
       << out;
 }
 
+// A captured step needs the GPU: refused before any worker starts, naming the device.
+TEST(DdpBench, CudaGraphOnCpuIsRefused) {
+  const auto [out, code] = run_command(kBench + " --ddp --cuda-graph --model toy");
+  EXPECT_EQ(code, 2);
+  EXPECT_NE(out.find("ddp-bench: --cuda-graph needs --device cuda, not --device cpu: CUDA graphs "
+                     "capture GPU work only"),
+            std::string::npos)
+      << out;
+}
+
 // Refused before any worker starts, naming the flag, the model and the models it fits.
 TEST(DdpBench, TieWeightsNeedsAGptModel) {
   const auto [out, code] = run_command(kBench + " --ddp --nproc 2 --model mlp-deep --tie-weights");
   EXPECT_EQ(code, 2);
-  EXPECT_NE(out.find("ddp-bench: --tie-weights needs a GPT model (gpt, gpt-tiny, gpt2-small, "
-                     "gpt2-medium), got --model mlp-deep, which has no token embedding to tie"),
-            std::string::npos)
+  EXPECT_NE(
+      out.find("ddp-bench: --tie-weights needs a GPT model (gpt, gpt-tiny, gpt2-small, "
+               "gpt2-medium, gpt-char), got --model mlp-deep, which has no token embedding to tie"),
+      std::string::npos)
       << out;
 }
 

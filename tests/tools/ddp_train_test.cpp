@@ -212,9 +212,10 @@ TEST(DdpTrain, TieWeightsSharesTheEmbeddingWithTheOutputLayer) {
 TEST(DdpTrain, TieWeightsNeedsAGptModel) {
   const auto [out, code] = run(std::string(DDP_TRAIN_PATH) + " --model net --tie-weights");
   EXPECT_EQ(code, 2);
-  EXPECT_NE(out.find("ddp-train: --tie-weights needs a GPT model (gpt, gpt-tiny, gpt2-small, "
-                     "gpt2-medium), got --model net, which has no token embedding to tie"),
-            std::string::npos)
+  EXPECT_NE(
+      out.find("ddp-train: --tie-weights needs a GPT model (gpt, gpt-tiny, gpt2-small, "
+               "gpt2-medium, gpt-char), got --model net, which has no token embedding to tie"),
+      std::string::npos)
       << out;
 }
 

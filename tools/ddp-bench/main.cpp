@@ -25,6 +25,7 @@
 #include "common/tensor_parallel_setup.hpp"
 #include "common/tool_error.hpp"
 #include "ddp/comm/init.hpp"
+#include "ddp/graphs/captured_step.hpp"
 #include "ddp/io/checkpoint_state.hpp"
 #include "ddp/io/safetensors.hpp"
 #include "ddp/launch/spawn.hpp"
@@ -33,6 +34,7 @@
 #include "ddp/models/registry.hpp"
 #include "ddp/obs/chrome_trace.hpp"
 #include "ddp/obs/device_memory.hpp"
+#include "ddp/optim/capturable.hpp"
 #include "ddp/parallel/autocast.hpp"
 #include "ddp/parallel/data_parallel.hpp"
 #include "ddp/planner/graph_dot.hpp"
@@ -65,6 +67,9 @@ struct Args : ddp::tools::RunFlags {
   std::string init_params;
   std::string inputs;
   std::string save_params;
+  // --cuda-graph: the whole step captured in a CUDA graph after the warm-up and replayed
+  // (graphs/captured_step.hpp), with the capturable SGD; needs --device cuda.
+  bool cuda_graph = false;
 };
 
 struct Stats {
@@ -127,6 +132,24 @@ Memory measure_memory(torch::nn::Module& module, torch::optim::Optimizer& opt,
 }
 
 bool sharded(const Args& args) { return args.shard.sharded(); }
+// Why --cuda-graph cannot run with these flags, or "": each refused flag needs something a
+// captured step cannot do (a host-side timer per phase, a host copy per step, a step-1 graph).
+std::string cuda_graph_refusal(const Args& args) {
+  if (!args.cuda_graph) return "";
+  if (args.device != "cuda") {
+    return "--cuda-graph needs --device cuda, not --device " + args.device +
+           ": CUDA graphs capture GPU work only";
+  }
+  if (args.profile) return "--cuda-graph cannot be combined with --profile (per-phase timers)";
+  if (args.optimizer_overlap) {
+    return "--cuda-graph cannot be combined with --optimizer-overlap (torch::optim inside "
+           "backward bakes its learning rate into the graph)";
+  }
+  if (!args.inputs.empty()) return "--cuda-graph cannot be combined with --inputs (parity runs)";
+  if (!args.graph_dot.empty()) return "--cuda-graph cannot be combined with --graph-dot";
+  return "";
+}
+
 // A process group is made: DDP, or a sharded style (which runs at any world size).
 bool distributed(const Args& args) { return args.ddp || sharded(args) || args.tp > 0; }
 
@@ -251,7 +274,56 @@ int run_worker(const Args& args) {
 
   ddp::obs::ChromeTrace trace(rank);
   std::vector<double> step_ms;
-  for (int i = 0; i < warmup + timed; ++i) {
+  // --cuda-graph: one step function over a static batch, warmed up on the capture stream, then
+  // captured and replayed; the optimizer is the capturable SGD (the same plain SGD as below, its
+  // learning rate on the device). The capture happens in the untimed steps.
+  std::unique_ptr<ddp::optim::CapturableSgd> graph_opt;
+  std::unique_ptr<ddp::graphs::CapturedStep> captured;
+  torch::Tensor graph_loss;
+  if (args.cuda_graph) {
+    ddp::optim::CapturableSgdOptions sgd;
+    sgd.lr = lr;
+    graph_opt = std::make_unique<ddp::optim::CapturableSgd>(params, sgd);
+    const auto& [x, y] = batches[0];
+    graph_loss = torch::zeros({}, torch::TensorOptions().device(device));
+    captured = std::make_unique<ddp::graphs::CapturedStep>(
+        [&, x = x, y = y] {
+          graph_opt->zero_grad();
+          torch::Tensor loss;
+          {
+            std::optional<ddp::parallel::AutocastGuard> autocast;
+            if (args.autocast_bf16) autocast.emplace(device.type(), torch::kBFloat16);
+            const torch::Tensor out = wrapped ? (*wrapped)(x) : w.module.forward(x);
+            loss = w.loss(out, y);
+          }
+          loss.backward();
+          graph_opt->step();
+          graph_loss.copy_(loss.detach());
+        },
+        device);
+  }
+  const int untimed = args.cuda_graph ? std::max(warmup, 12) : warmup;  // 11 + the capture
+  for (int i = 0; args.cuda_graph && i < untimed + timed; ++i) {
+    sync();
+    const int64_t t0 = ddp::obs::trace_now_ns();
+    captured->run();
+    sync();
+    const int64_t t3 = ddp::obs::trace_now_ns();
+    TORCH_CHECK(std::isfinite(graph_loss.item<double>()),
+                "ddp-bench: the loss became non-finite at step ", i, " (learning rate ", lr,
+                "); lower --lr");
+    if (i >= untimed) step_ms.push_back(static_cast<double>(t3 - t0) / 1e6);
+    if (i + 1 == untimed) {
+      if (sharded_model) sharded_model->reset_peak_memory();
+      ddp::obs::reset_device_peak(device);
+    }
+  }
+  if (captured && lead && args.options.verbose) {
+    std::cout << "ddp-bench: cuda graph " << ddp::graphs::state_name(captured->state())
+              << (captured->fallback_reason().empty() ? "" : ": " + captured->fallback_reason())
+              << std::endl;
+  }
+  for (int i = 0; !args.cuda_graph && i < warmup + timed; ++i) {
     const auto& [x, y] = batches[static_cast<size_t>(i) % batches.size()];
     sync();
     const int64_t t0 = ddp::obs::trace_now_ns();
@@ -393,6 +465,9 @@ int main(int argc, char** argv) {
   app.add_option("--init-params", args.init_params, "load parameters by name (safetensors)");
   app.add_option("--inputs", args.inputs, "parity batches x.<step>.<rank>, y.<step>.<rank>");
   app.add_option("--save-params", args.save_params, "rank 0 saves final parameters (safetensors)");
+  app.add_flag("--cuda-graph", args.cuda_graph,
+               "capture the whole step (forward, loss, backward, SGD) in a CUDA graph after "
+               "the warm-up and replay it (needs --device cuda)");
   CLI11_PARSE(app, argc, argv);
   if (args.toy_model) args.model = "toy";
   if (const std::string wrong = ddp::tools::check_model_flags(args.model, args.workload);
@@ -401,6 +476,10 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  if (const std::string wrong = cuda_graph_refusal(args); !wrong.empty()) {
+    std::cerr << "ddp-bench: " << wrong << std::endl;
+    return 2;
+  }
   std::vector<std::string> ddp_only;
   if (args.ddp) ddp_only.push_back("--ddp");
   if (args.comm_hook == "powersgd") ddp_only.push_back("--comm-hook powersgd");

@@ -27,6 +27,10 @@
 #define DDP_HAVE_NCCL 0
 #endif
 
+// CUDA graphs (at::cuda::CUDAGraph) come with every CUDA build of libtorch we build against, which
+// is what DDP_WITH_NCCL detects; the CPU build has neither, and graphs/ refuses there.
+#define DDP_HAVE_CUDA_GRAPHS DDP_HAVE_NCCL
+
 // Autocast: 2.4 replaced the CUDA-only calls (set_enabled, set_autocast_gpu_dtype) by calls that
 // take the device type (set_autocast_enabled, set_autocast_dtype); the old ones warn since.
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)

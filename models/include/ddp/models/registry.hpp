@@ -69,6 +69,8 @@ struct WorkloadOptions {
 //                                                   dim: d_model        next token
 //   gpt2-medium    GPT{vocab 50304, seq_len 1024, d_model 1024, 16 heads, 24 layers}
 //                                                   dim: d_model        next token
+//   gpt-char       GPT{vocab 256, seq_len 256, d_model 384, 6 heads, 6 layers}
+//                                                   dim: d_model        next token
 //   resnet-small   ResNetSmall(10, width 64)        dim: width          image class
 // Regression: x ~ N(0, 1) per feature; target = a fixed random linear map of x of rank <= 16
 // (singular values falling as 1/k), scaled so that E|target|^2 = 1; loss = squared error summed

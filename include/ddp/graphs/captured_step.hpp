@@ -1,0 +1,94 @@
+#pragma once
+// CapturedStep: a whole training step (forward, loss, backward with its bucket collectives,
+// optimizer step) recorded once into a CUDA graph and replayed, so that the host launches one
+// graph instead of hundreds of kernels and the reducer's bookkeeping runs once, at capture.
+//
+//   warm-up   run() executes the step eagerly on the capture stream, `warmup_steps` times: the
+//             bucket plan becomes final (rebuilt after the first step), every collective and
+//             bucket size runs once (NCCL connects lazily), the optimizer makes its state, and
+//             every AccumulateGrad node remembers the capture stream (it keeps the stream of its
+//             first use; a graph cannot wait on another)
+//   capture   the next run() synchronizes, empties the caching allocator, captures the step on
+//             the capture stream into a private memory pool (thread-local capture mode, as
+//             Megatron and torchtitan), then replays it once: that replay is this step
+//   replay    every later run() replays the graph; the bucket all-reduces stay at their ready
+//             points on the communication stream, forked from and joined to the capture stream
+//             inside the graph, so overlap is kept
+//
+// What the step may do: read and write only tensors that live across steps (the static inputs the
+// caller refills before each run(), the parameters, gradients, optimizer state); no host sync
+// (.item(), .cpu(), a tensor built from host data), no host branch that changes between steps. A
+// capture that breaks one of these fails: by default a warning naming the reason and eager steps
+// from then on, or an error (CapturedStepOptions::error_on_fallback). Use the capturable
+// optimizers (optim/capturable.hpp): torch::optim bakes its step count and learning rate into
+// the graph. Zero gradients in place (CapturableOptimizer::zero_grad), inside the step or
+// between runs: a graph's replays write the same gradient buffers.
+//
+// Streams: run() makes the capture stream wait for the caller's current stream (the inputs were
+// written there) and the current stream wait for the step, so the caller reads results in order.
+// Run no backward of the model before the first run(): its AccumulateGrad nodes would remember
+// the caller's stream instead of the capture stream.
+//
+// Timeout: a replayed collective is invisible to c10d's watchdog (work made under capture is not
+// enqueued), so a dead or stopped rank would hang a replay forever. run() therefore waits, with
+// `replay_timeout`, for the previous replay to finish before launching the next (one step of
+// run-ahead), and throws naming the step when it does not.
+//
+// Refused, by exact text: a CPU device or a build without CUDA. Destroy a CapturedStep before the
+// process group its step uses (a graph holding NCCL work must go first).
+
+#include <c10/core/Device.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace ddp::graphs {
+
+struct CapturedStepOptions {
+  // Eager steps on the capture stream before the capture; default 11, PyTorch's recipe for DDP
+  // (notes/cuda "Usage with DistributedDataParallel"): the first step rebuilds the bucket plan,
+  // the later ones run every collective and bucket size once more. At least 1.
+  int warmup_steps = 11;
+  // A capture that fails: false (default) warns once, naming the reason, and runs the step eagerly
+  // from then on (training goes on, slower); true throws instead.
+  bool error_on_fallback = false;
+  // The longest the previous replay may take before run() gives up on it; default 5 minutes, as
+  // long as the tools' collective timeout. A replay that hangs (a dead rank inside a replayed
+  // collective) becomes an error naming the step within this time.
+  std::chrono::milliseconds replay_timeout{std::chrono::minutes(5)};
+};
+
+class CapturedStep {
+ public:
+  // warming up -> replaying (capture succeeded) or eager (capture failed, fallback). Checked at
+  // each transition.
+  enum class State { kWarmingUp, kReplaying, kEager };
+
+  // `step` runs one whole training step; `device` is where it runs (must be CUDA).
+  CapturedStep(std::function<void()> step, c10::Device device, CapturedStepOptions options = {});
+  ~CapturedStep();
+  CapturedStep(const CapturedStep&) = delete;
+  CapturedStep& operator=(const CapturedStep&) = delete;
+
+  // One step: eager while warming up, the capture and its first replay at the end of the warm-up,
+  // a replay afterwards (or eager after a failed capture).
+  void run();
+
+  State state() const;
+  // Steps run so far (warm-up, replays and eager fallbacks together).
+  int64_t steps() const;
+  // Why the capture failed ("" while it has not).
+  const std::string& fallback_reason() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// "warming up", "replaying", "eager".
+const char* state_name(CapturedStep::State state);
+
+}  // namespace ddp::graphs

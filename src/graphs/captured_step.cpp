@@ -1,0 +1,218 @@
+#include "ddp/graphs/captured_step.hpp"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <thread>
+#include <utility>
+
+#include "ddp/detail/torch_compat.hpp"
+#include "ddp/obs/log.hpp"
+
+#if DDP_HAVE_CUDA_GRAPHS
+#include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace ddp::graphs {
+
+const char* state_name(CapturedStep::State state) {
+  switch (state) {
+    case CapturedStep::State::kWarmingUp:
+      return "warming up";
+    case CapturedStep::State::kReplaying:
+      return "replaying";
+    case CapturedStep::State::kEager:
+      return "eager";
+  }
+  return "?";
+}
+
+#if DDP_HAVE_CUDA_GRAPHS
+
+struct CapturedStep::Impl {
+  std::function<void()> step;
+  c10::Device device;
+  CapturedStepOptions options;
+  c10::cuda::CUDAStream stream;  // the capture stream: warm-up, capture and replays run on it
+  std::unique_ptr<at::cuda::CUDAGraph> graph;
+  at::cuda::CUDAEvent last_replay;  // recorded after each replay: the next run() waits for it
+  at::cuda::CUDAEvent inputs_ready, done;  // the fork from and the join to the caller's stream
+  bool replay_pending = false;
+  State state = State::kWarmingUp;
+  int64_t steps = 0;
+  std::string fallback_reason;
+
+  Impl(std::function<void()> s, c10::Device d, CapturedStepOptions o)
+      : step(std::move(s)),
+        device(d),
+        options(o),
+        stream(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, d.index())) {}
+
+  // Runs `body` on the capture stream, ordered after the caller's stream and before its later
+  // work.
+  template <typename Body>
+  void on_capture_stream(Body body) {
+    const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(device.index());
+    inputs_ready.record(caller);
+    inputs_ready.block(stream);
+    {
+      const c10::cuda::CUDAStreamGuard guard(stream);
+      body();
+    }
+    done.record(stream);
+    done.block(caller);
+  }
+
+  // Waits, bounded, for the previous replay: the host-side timeout c10d cannot give replayed
+  // collectives.
+  void wait_for_last_replay() {
+    if (!replay_pending) return;
+    const auto deadline = std::chrono::steady_clock::now() + options.replay_timeout;
+    auto pause = std::chrono::microseconds(20);
+    while (!last_replay.query()) {
+      TORCH_CHECK(std::chrono::steady_clock::now() < deadline, "ddp: captured step ", steps,
+                  ": the replay of step ", steps - 1, " did not finish within ",
+                  options.replay_timeout.count(),
+                  " ms (a collective inside it waits on a rank that is dead or stopped?)");
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(1000));
+    }
+    replay_pending = false;
+  }
+
+  void replay() {
+    wait_for_last_replay();
+    on_capture_stream([&] {
+      graph->replay();
+      last_replay.record(stream);
+    });
+    replay_pending = true;
+  }
+
+  // The capture, then its first replay (a capture records work without running it). A failure
+  // ends the capture, drops the graph and returns its reason.
+  std::string capture() {
+    c10::cuda::device_synchronize();
+    c10::cuda::CUDACachingAllocator::emptyCache();
+    graph = std::make_unique<at::cuda::CUDAGraph>();
+    std::string reason;
+    on_capture_stream([&] {
+      graph->capture_begin(at::cuda::graph_pool_handle(), cudaStreamCaptureModeThreadLocal);
+      try {
+        step();
+      } catch (const c10::Error& e) {
+        reason = e.what_without_backtrace();
+      } catch (const std::exception& e) {
+        reason = e.what();
+      }
+      if (reason.empty()) {
+        try {
+          graph->capture_end();
+        } catch (const c10::Error& e) {
+          reason = e.what_without_backtrace();
+        }
+      } else {
+        // End the broken capture so that the stream can run eagerly again.
+        cudaGraph_t broken = nullptr;
+        (void)cudaStreamEndCapture(stream.stream(), &broken);
+        if (broken != nullptr) (void)cudaGraphDestroy(broken);
+        (void)cudaGetLastError();
+      }
+    });
+    if (!reason.empty()) {
+      graph.reset();
+      return reason;
+    }
+    return "";
+  }
+};
+
+CapturedStep::CapturedStep(std::function<void()> step, c10::Device device,
+                           CapturedStepOptions options) {
+  TORCH_CHECK(device.is_cuda(), "ddp: a captured step (--cuda-graph) needs a CUDA device, not ",
+              device, ": CUDA graphs capture GPU work only");
+  TORCH_CHECK(options.warmup_steps >= 1, "ddp: CapturedStepOptions::warmup_steps is ",
+              options.warmup_steps, "; at least 1 eager step must run before the capture");
+  TORCH_CHECK(options.replay_timeout.count() > 0, "ddp: CapturedStepOptions::replay_timeout is ",
+              options.replay_timeout.count(), " ms; it must be positive");
+  TORCH_CHECK(step != nullptr, "ddp: a captured step needs a step function");
+  impl_ = std::make_unique<Impl>(std::move(step), device, options);
+}
+
+CapturedStep::~CapturedStep() {
+  if (impl_ && impl_->replay_pending) {
+    try {
+      impl_->last_replay.synchronize();
+    } catch (...) {
+      // Destruction must not throw; the graph goes with impl_.
+    }
+  }
+}
+
+void CapturedStep::run() {
+  Impl& s = *impl_;
+  switch (s.state) {
+    case State::kWarmingUp:
+      if (s.steps < s.options.warmup_steps) {
+        s.on_capture_stream(s.step);
+        break;
+      }
+      s.fallback_reason = s.capture();
+      if (s.fallback_reason.empty()) {
+        s.state = State::kReplaying;
+        s.replay();
+      } else {
+        TORCH_CHECK(!s.options.error_on_fallback,
+                    "ddp: the step could not be captured in a CUDA "
+                    "graph: ",
+                    s.fallback_reason);
+        s.state = State::kEager;
+        obs::log(obs::LogLevel::kWarn, 0,
+                 "ddp: warning: the step could not be captured in a CUDA graph, so it runs "
+                 "eagerly from now on: " +
+                     s.fallback_reason);
+        s.on_capture_stream(s.step);
+      }
+      break;
+    case State::kReplaying:
+      s.replay();
+      break;
+    case State::kEager:
+      s.on_capture_stream(s.step);
+      break;
+  }
+  ++s.steps;
+}
+
+#else  // no CUDA in this libtorch
+
+struct CapturedStep::Impl {
+  State state = State::kWarmingUp;
+  int64_t steps = 0;
+  std::string fallback_reason;
+};
+
+CapturedStep::CapturedStep(std::function<void()>, c10::Device device, CapturedStepOptions) {
+  TORCH_CHECK(device.is_cuda(), "ddp: a captured step (--cuda-graph) needs a CUDA device, not ",
+              device, ": CUDA graphs capture GPU work only");
+  TORCH_CHECK(false,
+              "ddp: a captured step (--cuda-graph) needs a CUDA build of libtorch; this "
+              "libddp was built against one without CUDA");
+}
+
+CapturedStep::~CapturedStep() = default;
+
+void CapturedStep::run() { TORCH_CHECK(false, "ddp: a captured step needs CUDA"); }
+
+#endif
+
+CapturedStep::State CapturedStep::state() const { return impl_->state; }
+int64_t CapturedStep::steps() const { return impl_->steps; }
+const std::string& CapturedStep::fallback_reason() const { return impl_->fallback_reason; }
+
+}  // namespace ddp::graphs
