@@ -32,11 +32,20 @@ CapturableOptimizer::CapturableOptimizer(std::vector<at::Tensor> params, double 
   step_ = device_scalar(0, params_[0]);
 }
 
-void CapturableOptimizer::zero_grad() {
+void CapturableOptimizer::zero_grad(bool set_to_none) {
   for (at::Tensor& p : params_) {
-    at::Tensor g = p.mutable_grad();
-    if (g.defined()) g.zero_();
+    at::Tensor& g = p.mutable_grad();
+    if (!g.defined()) continue;
+    if (set_to_none) {
+      g.reset();
+    } else {
+      g.zero_();
+    }
   }
+}
+
+at::Tensor CapturableOptimizer::typed(const at::Tensor& scalar, size_t i) const {
+  return scalar.to(params_[i].scalar_type());  // no copy when the dtype is already the same
 }
 
 void CapturableOptimizer::set_lr(double lr) { lr_.fill_(lr); }
@@ -52,6 +61,7 @@ void CapturableSgd::step() {
   at::NoGradGuard no_grad;
   step_.add_(1);
   const at::Tensor neg_lr = lr_.neg();
+  at::Tensor neg_lr_typed;  // in the dtype of the parameter that made it: reused while it matches
   for (size_t i = 0; i < params_.size(); ++i) {
     at::Tensor& p = params_[i];
     const at::Tensor& grad = p.grad();
@@ -67,7 +77,10 @@ void CapturableSgd::step() {
       }
       d_p = options_.nesterov ? d_p.add(buf, options_.momentum) : buf;
     }
-    p.add_(d_p * neg_lr);  // p - lr * d_p, lr read on the device
+    if (!neg_lr_typed.defined() || neg_lr_typed.scalar_type() != p.scalar_type()) {
+      neg_lr_typed = typed(neg_lr, i);
+    }
+    p.addcmul_(d_p, neg_lr_typed);  // p - lr * d_p in one kernel, lr read on the device
   }
 }
 
@@ -101,6 +114,9 @@ void CapturableAdam::step() {
   const at::Tensor decay = options_.decoupled_weight_decay && options_.weight_decay != 0
                                ? 1 - lr_ * options_.weight_decay
                                : at::Tensor();
+  // The step's scalars in the parameters' dtype, made again only when a parameter's differs.
+  at::ScalarType scalars_dtype = at::ScalarType::Undefined;
+  at::Tensor step_size_t, bias2_t, decay_t;
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!stepping_[i]) continue;
     at::Tensor& p = params_[i];
@@ -111,8 +127,14 @@ void CapturableAdam::step() {
       exp_avg_sq_[i] = at::zeros_like(p, at::MemoryFormat::Preserve);
       if (options_.amsgrad) max_exp_avg_sq_[i] = at::zeros_like(p, at::MemoryFormat::Preserve);
     }
+    if (p.scalar_type() != scalars_dtype) {
+      scalars_dtype = p.scalar_type();
+      step_size_t = typed(neg_step_size, i);
+      bias2_t = typed(bias_correction2_sqrt, i);
+      if (decay.defined()) decay_t = typed(decay, i);
+    }
     if (decay.defined()) {
-      p.mul_(decay);  // AdamW: p * (1 - lr * weight_decay), before the moments
+      p.mul_(decay_t);  // AdamW: p * (1 - lr * weight_decay), before the moments
     } else if (options_.weight_decay != 0) {
       grad = grad.add(p, options_.weight_decay);  // Adam: L2 added to the gradient
     }
@@ -123,11 +145,12 @@ void CapturableAdam::step() {
     at::Tensor denom;
     if (options_.amsgrad) {
       at::max_out(max_exp_avg_sq_[i], exp_avg_sq, max_exp_avg_sq_[i]);
-      denom = (max_exp_avg_sq_[i].sqrt() / bias_correction2_sqrt).add_(options_.eps);
+      denom = (max_exp_avg_sq_[i].sqrt() / bias2_t).add_(options_.eps);
     } else {
-      denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(options_.eps);
+      denom = (exp_avg_sq.sqrt() / bias2_t).add_(options_.eps);
     }
-    p.add_(exp_avg / denom * neg_step_size);  // p - lr / (1 - beta1^t) * m / denom
+    // p - lr / (1 - beta1^t) * m / denom: the (negative) step size folded into the denominator.
+    p.addcdiv_(exp_avg, denom.div_(step_size_t));
   }
 }
 

@@ -110,6 +110,7 @@ void DistributedDataParallelBase::pre_forward() {
   stats_->collect(reducer_->num_synchronized_backwards());
   stats_->forward_started();
   if (!torch::GradMode::is_enabled()) return;  // inference: nothing to synchronize
+  reducer_->follow_current_stream();
   if (joining_) {
     TORCH_CHECK(require_sync_, "ddp: no_sync() inside join() is not supported");
     // Ranks still training say 1, joined ranks 0: the sum is the divisor's candidate.

@@ -159,6 +159,13 @@ void Reducer::set_predicted_order(const std::vector<size_t>& predicted) {
   if (order != plan_order_) build_plan(order);
 }
 
+void Reducer::follow_current_stream() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  TORCH_CHECK(state_ != State::kBackwardSync && state_ != State::kBackwardLocal,
+              "ddp: forward called while a backward is running (state: ", state_name(state_), ")");
+  autograd_hooks_->follow_current_stream();
+}
+
 void Reducer::prepare_for_local_backward() {
   std::lock_guard<std::mutex> lock(mutex_);
   TORCH_CHECK(state_ != State::kBackwardSync && state_ != State::kBackwardLocal,

@@ -1,8 +1,10 @@
 // CapturedStep (graphs/captured_step.hpp). On CPU (CI): the refusal by exact text. On one GPU
 // (scripts/gpu-check.sh, stage tests; skipped without CUDA): a whole step captured and replayed
-// equals the same steps run eagerly, bare and under DDP at world 1 on NCCL, with capturable SGD
-// momentum, Adam and AdamW under a learning-rate schedule written each step; a step that syncs
-// the host falls back to eager with the warning, still equal; dropout draws new masks per replay.
+// equals the same steps run eagerly at world 1 on NCCL: Net bare and under DDP with capturable
+// SGD momentum, Adam and AdamW under a warmup-cosine schedule written each step; the zoo's GPT
+// under bf16 autocast, DDP and FULLY_SHARD per block; accumulation over 3 micro-batches (no_sync,
+// one graph) under DDP and FULLY_SHARD. A step that syncs the host falls back to eager with the
+// warning, still equal; dropout draws new masks per replay.
 
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
@@ -11,12 +13,14 @@
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "ddp/graphs/captured_step.hpp"
-#include "ddp/models/net.hpp"
+#include "ddp/models/registry.hpp"
 #include "ddp/optim/capturable.hpp"
-#include "ddp/parallel/distributed_data_parallel.hpp"
+#include "ddp/parallel/autocast.hpp"
+#include "ddp/parallel/data_parallel.hpp"
 #include "support/error_text.hpp"
 #include "support/workers.hpp"
 
@@ -29,8 +33,6 @@ TEST(CapturedStepRefuses, ACpuDevice) {
             "capture GPU work only");
 }
 
-constexpr int64_t kDim = 64;
-constexpr int64_t kBatch = 32;
 constexpr int kWarmup = 3;
 constexpr int kSteps = 12;
 
@@ -38,7 +40,7 @@ std::unique_ptr<optim::CapturableOptimizer> make_optimizer(const std::string& ki
                                                            std::vector<torch::Tensor> params) {
   if (kind == "sgd") {
     optim::CapturableSgdOptions o;
-    o.lr = 0.05;
+    o.lr = 0.01;
     o.momentum = 0.9;
     return std::make_unique<optim::CapturableSgd>(std::move(params), o);
   }
@@ -56,88 +58,175 @@ double schedule(int step) {
   return 1e-4 + 0.5 * (peak - 1e-4) * (1 + std::cos(M_PI * (step - 4) / (kSteps - 4)));
 }
 
-// kSteps steps of Net on the GPU, captured (CapturedStep) or eager, with or without DDP; the
-// batches are refilled into static tensors before each step. Returns the final parameters.
-std::vector<torch::Tensor> train(const std::string& kind, bool ddp, bool captured,
-                                 bool sync_in_step, comm::ProcessGroupPtr pg,
-                                 graphs::CapturedStep::State* end_state = nullptr) {
-  torch::manual_seed(0);
-  models::Net net(kDim);
-  net->to(torch::kCUDA);
-  std::unique_ptr<DistributedDataParallel<models::Net>> wrapped;
-  if (ddp) wrapped = std::make_unique<DistributedDataParallel<models::Net>>(net, pg);
-  auto opt = make_optimizer(kind, net->parameters());
-  const auto x = torch::zeros({kBatch, kDim}, torch::kCUDA);
-  const auto y = torch::zeros({kBatch, kDim}, torch::kCUDA);
+struct Config {
+  std::string model = "net";   // a models/registry.hpp workload
+  std::string style = "bare";  // bare, ddp or fsdp (FULLY_SHARD per wrap unit)
+  std::string optimizer = "sgd";
+  int micro_batches = 1;  // > 1: no_sync for all but the last, in one step
+  bool autocast_bf16 = false;
+  bool sync_in_step = false;  // a host sync inside the step: the capture must fall back
+  std::string describe() const {
+    return style + " " + model + " " + optimizer + (micro_batches > 1 ? " accumulating" : "") +
+           (autocast_bf16 ? " bf16" : "");
+  }
+};
+
+struct Result {
+  std::vector<torch::Tensor> params;  // whole, on the CPU
+  graphs::CapturedStep::State state = graphs::CapturedStep::State::kWarmingUp;
+};
+
+// kSteps steps of `config` on the GPU, captured (CapturedStep) or eager; the batches are refilled
+// into static tensors before each step. Returns the final whole parameters.
+Result train(const Config& config, bool captured, comm::ProcessGroupPtr pg) {
+  models::WorkloadOptions wo;
+  wo.dim = config.model == "net" ? 64 : 0;
+  models::Workload w = models::make_workload(config.model, wo);
+  w.ptr->to(torch::kCUDA);
+  std::optional<DataParallel<torch::nn::AnyModule>> wrapped;
+  if (config.style != "bare") {
+    DataParallelOptions options;
+    options.shard.units = w.wrap_units;
+    wrapped.emplace(
+        w.module, pg,
+        config.style == "ddp" ? DataParallelStyle::kReplicate : DataParallelStyle::kFullyShard,
+        std::move(options));
+  }
+  auto opt = make_optimizer(config.optimizer, w.ptr->parameters());
+  const int64_t batch = 8;
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> inputs;  // static, one per micro-batch
+  for (int m = 0; m < config.micro_batches; ++m) {
+    auto [x, y] = w.batch(0, batch);
+    inputs.emplace_back(x.to(torch::kCUDA), y.to(torch::kCUDA));
+  }
+  const auto micro_step = [&](int m) {
+    std::optional<parallel::AutocastGuard> autocast;
+    if (config.autocast_bf16) autocast.emplace(torch::kCUDA, torch::kBFloat16);
+    const auto& [x, y] = inputs[static_cast<size_t>(m)];
+    return w.loss(wrapped ? (*wrapped)(x) : w.module.forward(x), y) / config.micro_batches;
+  };
   const auto body = [&] {
-    opt->zero_grad();
-    const auto out = wrapped ? (*wrapped)(x) : net->forward(x);
-    const auto loss = torch::mse_loss(out, y);
+    // A bare model's gradients are dropped (the backward makes them in the graph's pool); a
+    // wrapper's are zeroed in place (DDP's bucket views, the shards' gradients).
+    opt->zero_grad(/*set_to_none=*/!wrapped);
+    for (int m = 0; m + 1 < config.micro_batches; ++m) {
+      TORCH_CHECK(wrapped, "accumulation is tested under a wrapper");
+      const auto guard = wrapped->no_sync();
+      micro_step(m).backward();
+    }
+    const auto loss = micro_step(config.micro_batches - 1);
     loss.backward();
     opt->step();
-    if (sync_in_step) (void)loss.item<float>();  // a host sync: cannot be captured
+    if (config.sync_in_step) (void)loss.item<float>();  // a host sync: cannot be captured
   };
   graphs::CapturedStepOptions options;
   options.warmup_steps = kWarmup;
   std::unique_ptr<graphs::CapturedStep> step;
-  if (captured)
+  if (captured) {
     step = std::make_unique<graphs::CapturedStep>(body, torch::Device("cuda:0"), options);
+  }
   for (int s = 0; s < kSteps; ++s) {
-    torch::manual_seed(100 + s);
-    x.copy_(torch::randn({kBatch, kDim}));
-    y.copy_(torch::randn({kBatch, kDim}));
-    if (kind == "adamw") opt->set_lr(schedule(s));
+    for (int m = 0; m < config.micro_batches; ++m) {
+      auto [x, y] = w.batch((s * config.micro_batches + m) * batch, batch);
+      inputs[static_cast<size_t>(m)].first.copy_(x);
+      inputs[static_cast<size_t>(m)].second.copy_(y);
+    }
+    if (config.optimizer == "adamw") opt->set_lr(schedule(s));
     if (step) {
       step->run();
     } else {
       body();
     }
   }
-  if (end_state != nullptr && step) *end_state = step->state();
+  Result out;
+  if (step) out.state = step->state();
   torch::cuda::synchronize();
-  std::vector<torch::Tensor> out;
-  for (const auto& p : net->parameters()) out.push_back(p.detach().cpu().clone());
+  if (wrapped && wrapped->sharded()) {
+    for (const auto& [name, p] : wrapped->sharded()->full_parameters()) {
+      out.params.push_back(p.detach().cpu().clone());
+    }
+  } else {
+    for (const auto& p : w.ptr->parameters()) out.params.push_back(p.detach().cpu().clone());
+  }
   return out;
 }
 
 double max_rel_err(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
   double worst = 0;
   for (size_t i = 0; i < a.size(); ++i) {
-    worst = std::max(worst, ((a[i] - b[i]).norm() / b[i].norm()).item<double>());
+    worst = std::max(worst, ((a[i].to(torch::kDouble) - b[i].to(torch::kDouble)).norm() /
+                             b[i].to(torch::kDouble).norm())
+                                .item<double>());
   }
   return worst;
 }
 
 DDP_TEST_WORKER(captured_step_equals_eager) {
   auto pg = worker_process_group(std::chrono::seconds(120), "nccl");
-  for (const bool ddp : {false, true}) {
-    for (const std::string kind : {"sgd", "adam", "adamw"}) {
-      const auto eager = train(kind, ddp, false, false, pg);
-      graphs::CapturedStep::State state{};
-      const auto captured = train(kind, ddp, true, false, pg, &state);
-      const std::string what = std::string(ddp ? "ddp " : "bare ") + kind;
-      require(state == graphs::CapturedStep::State::kReplaying,
-              what + ": the step was not captured (" + graphs::state_name(state) + ")");
-      const double err = max_rel_err(captured, eager);
-      std::cerr << what << ": captured vs eager max relative error " << err << std::endl;
-      require(err < 1e-6, what + ": captured differs from eager by " + std::to_string(err));
+  std::vector<Config> configs;
+  for (const std::string style : {"bare", "ddp"}) {
+    for (const std::string optimizer : {"sgd", "adam", "adamw"}) {
+      Config c;
+      c.style = style;
+      c.optimizer = optimizer;
+      configs.push_back(c);
     }
+  }
+  for (const std::string style : {"ddp", "fsdp"}) {
+    Config gpt;  // the zoo's small GPT under bf16 autocast, FULLY_SHARD per block
+    gpt.model = "gpt";
+    gpt.style = style;
+    gpt.optimizer = "adamw";
+    gpt.autocast_bf16 = true;
+    configs.push_back(gpt);
+    Config mlp;  // accumulation over 3 micro-batches, one graph
+    mlp.model = "mlp";
+    mlp.style = style;
+    mlp.micro_batches = 3;
+    configs.push_back(mlp);
+  }
+  for (const Config& c : configs) {
+    const Result eager = train(c, false, pg);
+    const Result captured = train(c, true, pg);
+    require(
+        captured.state == graphs::CapturedStep::State::kReplaying,
+        c.describe() + ": the step was not captured (" + graphs::state_name(captured.state) + ")");
+    require(captured.params.size() == eager.params.size(), c.describe() + ": parameter count");
+    const double err = max_rel_err(captured.params, eager.params);
+    std::cerr << c.describe() << ": captured vs eager max relative error " << err << std::endl;
+    require(err < 1e-6, c.describe() + ": captured differs from eager by " + std::to_string(err));
+    // The runs trained: the comparison is not between two untouched models.
+    models::WorkloadOptions wo;
+    wo.dim = c.model == "net" ? 64 : 0;
+    const auto initial = models::make_workload(c.model, wo).ptr->parameters();
+    double moved = 0;
+    for (size_t i = 0; i < initial.size() && i < eager.params.size(); ++i) {
+      if (initial[i].sizes() != eager.params[i].sizes()) continue;
+      moved = std::max(moved, (eager.params[i] - initial[i]).abs().max().item<double>());
+    }
+    require(moved > 1e-4, c.describe() + ": the parameters did not move");
   }
 }
 
 DDP_TEST_WORKER(captured_step_fallback) {
   auto pg = worker_process_group(std::chrono::seconds(120), "nccl");
-  const auto eager = train("sgd", true, false, true, pg);
-  graphs::CapturedStep::State state{};
+  Config c;
+  c.style = "ddp";
+  c.sync_in_step = true;
+  const Result eager = train(c, false, pg);
   ::testing::internal::CaptureStderr();
-  const auto fallback = train("sgd", true, true, true, pg, &state);
+  const Result fallback = train(c, true, pg);
   const std::string warning = ::testing::internal::GetCapturedStderr();
-  require(state == graphs::CapturedStep::State::kEager, "a host sync falls back to eager");
+  require(fallback.state == graphs::CapturedStep::State::kEager, "a host sync falls back to eager");
   const std::string want =
       "[ddp rank 0] ddp: warning: the step could not be captured in a CUDA graph, so it runs "
       "eagerly from now on: ";
+  // The warning, then the reason (CUDA's text, which names the capture).
   require(warning.rfind(want, 0) == 0, "the fallback warning, got: '" + warning + "'");
-  require(max_rel_err(fallback, eager) < 1e-6, "the eager fallback equals eager training");
+  require(warning.find("capture", want.size()) != std::string::npos,
+          "the reason names the capture: '" + warning + "'");
+  require(max_rel_err(fallback.params, eager.params) < 1e-6,
+          "the eager fallback equals eager training");
 }
 
 DDP_TEST_WORKER(captured_step_dropout) {

@@ -3,6 +3,7 @@
 #include <array>
 #include <cstdio>
 #include <string>
+#include <utility>
 
 #include <unistd.h>
 
@@ -217,6 +218,28 @@ TEST(DdpTrain, TieWeightsNeedsAGptModel) {
                "gpt2-medium, gpt-char), got --model net, which has no token embedding to tie"),
       std::string::npos)
       << out;
+}
+
+// --cuda-graph: refused on the CPU, and with the flags a captured step does not carry yet, before
+// any worker starts.
+TEST(DdpTrain, CudaGraphRefusals) {
+  const std::string train = std::string(DDP_TRAIN_PATH) + " --cuda-graph ";
+  const std::pair<std::string, std::string> cases[] = {
+      {"",
+       "ddp-train: --cuda-graph needs --device cuda, not --device cpu: CUDA graphs capture GPU "
+       "work only"},
+      {"--device cuda --optimizer-overlap",
+       "ddp-train: --cuda-graph cannot be combined with --optimizer-overlap (torch::optim inside "
+       "backward bakes its learning rate into the graph)"},
+      {"--device cuda --checkpoint-dir /tmp/x",
+       "ddp-train: --cuda-graph cannot be combined with --checkpoint-dir (the capturable "
+       "optimizers' state is not in checkpoints yet)"},
+  };
+  for (const auto& [flags, want] : cases) {
+    const auto [out, code] = run(train + flags);
+    EXPECT_EQ(code, 2) << flags;
+    EXPECT_NE(out.find(want), std::string::npos) << flags << ": " << out;
+  }
 }
 
 TEST(DdpTrain, MissingLauncherVariableIsNamed) {

@@ -27,7 +27,23 @@ void add_run_flags(CLI::App& app, RunFlags& flags, bool& verbose) {
   app.add_flag("--optimizer-overlap", flags.optimizer_overlap,
                "step each parameter's optimizer once its bucket is reduced (inside backward; a "
                "sharded unit's at the end of backward, on its shard)");
+  app.add_flag("--cuda-graph", flags.cuda_graph,
+               "capture the whole step (forward, loss, backward, optimizer) in a CUDA graph after "
+               "the warm-up and replay it (needs --device cuda)");
   app.add_flag("--verbose", verbose, "print the bucket or unit table and the runtime stats");
+}
+
+std::string cuda_graph_refusal(const RunFlags& flags) {
+  if (!flags.cuda_graph) return "";
+  if (flags.device != "cuda") {
+    return "--cuda-graph needs --device cuda, not --device " + flags.device +
+           ": CUDA graphs capture GPU work only";
+  }
+  if (flags.optimizer_overlap) {
+    return "--cuda-graph cannot be combined with --optimizer-overlap (torch::optim inside "
+           "backward bakes its learning rate into the graph)";
+  }
+  return "";
 }
 
 }  // namespace ddp::tools

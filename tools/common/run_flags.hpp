@@ -20,10 +20,18 @@ struct RunFlags {
   double lr = 0;                   // --lr: learning rate; 0: the model's own (Workload::lr)
   int timeout_s = 300;             // --timeout-s: bound of every collective
   bool optimizer_overlap = false;  // --optimizer-overlap: optimizer in backward (every style)
+  // --cuda-graph: the whole step captured in a CUDA graph after the warm-up and replayed
+  // (graphs/captured_step.hpp) with the capturable optimizers (optim/capturable.hpp).
+  bool cuda_graph = false;
 };
 
 // --model, --device, --batch-size, --nproc, --threads, --lr, --timeout-s, --optimizer-overlap,
-// and --verbose into `verbose` (the tool's DDPOptions::verbose).
+// --cuda-graph, and --verbose into `verbose` (the tool's DDPOptions::verbose).
 void add_run_flags(CLI::App& app, RunFlags& flags, bool& verbose);
+
+// Why --cuda-graph cannot run with these run flags ("" when it can, or is not set): it needs a
+// CUDA device, and --optimizer-overlap's torch::optim steps inside backward would bake their
+// learning rate into the graph. Each tool refuses its own further flags after this.
+std::string cuda_graph_refusal(const RunFlags& flags);
 
 }  // namespace ddp::tools

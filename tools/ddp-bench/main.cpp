@@ -67,9 +67,6 @@ struct Args : ddp::tools::RunFlags {
   std::string init_params;
   std::string inputs;
   std::string save_params;
-  // --cuda-graph: the whole step captured in a CUDA graph after the warm-up and replayed
-  // (graphs/captured_step.hpp), with the capturable SGD; needs --device cuda.
-  bool cuda_graph = false;
 };
 
 struct Stats {
@@ -136,15 +133,8 @@ bool sharded(const Args& args) { return args.shard.sharded(); }
 // captured step cannot do (a host-side timer per phase, a host copy per step, a step-1 graph).
 std::string cuda_graph_refusal(const Args& args) {
   if (!args.cuda_graph) return "";
-  if (args.device != "cuda") {
-    return "--cuda-graph needs --device cuda, not --device " + args.device +
-           ": CUDA graphs capture GPU work only";
-  }
+  if (std::string common = ddp::tools::cuda_graph_refusal(args); !common.empty()) return common;
   if (args.profile) return "--cuda-graph cannot be combined with --profile (per-phase timers)";
-  if (args.optimizer_overlap) {
-    return "--cuda-graph cannot be combined with --optimizer-overlap (torch::optim inside "
-           "backward bakes its learning rate into the graph)";
-  }
   if (!args.inputs.empty()) return "--cuda-graph cannot be combined with --inputs (parity runs)";
   if (!args.graph_dot.empty()) return "--cuda-graph cannot be combined with --graph-dot";
   return "";
@@ -288,7 +278,7 @@ int run_worker(const Args& args) {
     graph_loss = torch::zeros({}, torch::TensorOptions().device(device));
     captured = std::make_unique<ddp::graphs::CapturedStep>(
         [&, x = x, y = y] {
-          graph_opt->zero_grad();
+          graph_opt->zero_grad(/*set_to_none=*/!wrapped);  // a wrapper's are bucket views / shards
           torch::Tensor loss;
           {
             std::optional<ddp::parallel::AutocastGuard> autocast;
@@ -465,9 +455,6 @@ int main(int argc, char** argv) {
   app.add_option("--init-params", args.init_params, "load parameters by name (safetensors)");
   app.add_option("--inputs", args.inputs, "parity batches x.<step>.<rank>, y.<step>.<rank>");
   app.add_option("--save-params", args.save_params, "rank 0 saves final parameters (safetensors)");
-  app.add_flag("--cuda-graph", args.cuda_graph,
-               "capture the whole step (forward, loss, backward, SGD) in a CUDA graph after "
-               "the warm-up and replay it (needs --device cuda)");
   CLI11_PARSE(app, argc, argv);
   if (args.toy_model) args.model = "toy";
   if (const std::string wrong = ddp::tools::check_model_flags(args.model, args.workload);

@@ -22,6 +22,7 @@
 #include "common/tensor_parallel_setup.hpp"
 #include "common/tool_error.hpp"
 #include "ddp/comm/init.hpp"
+#include "ddp/graphs/captured_step.hpp"
 #include "ddp/io/checkpoint_coordinator.hpp"
 #include "ddp/io/checkpoint_state.hpp"
 #include "ddp/io/full_state_dict.hpp"
@@ -29,6 +30,7 @@
 #include "ddp/io/torch_save.hpp"
 #include "ddp/launch/spawn.hpp"
 #include "ddp/models/registry.hpp"
+#include "ddp/optim/capturable.hpp"
 #include "ddp/parallel/data_parallel.hpp"
 #include "ddp/unit/module_intake.hpp"
 #include "loss_plot.hpp"
@@ -84,6 +86,23 @@ void check_checkpoint_flags(const Args& args) {
   TORCH_CHECK(args.comm_hook != "powersgd",
               "--checkpoint-dir cannot be combined with --comm-hook powersgd: its error-feedback "
               "state is not checkpointed, so a resumed run would differ");
+}
+
+// Why --cuda-graph cannot run with these flags ("" when it can): beyond the shared refusals
+// (run_flags.hpp), what the captured step does not carry yet.
+std::string cuda_graph_refusal(const Args& args) {
+  if (!args.cuda_graph) return "";
+  if (std::string common = ddp::tools::cuda_graph_refusal(args); !common.empty()) return common;
+  if (!args.checkpoint_dir.empty()) {
+    return "--cuda-graph cannot be combined with --checkpoint-dir (the capturable optimizers' "
+           "state is not in checkpoints yet)";
+  }
+  if (args.tp > 0) return "--cuda-graph cannot be combined with --tp (not captured yet)";
+  if (args.comm_hook == "powersgd") {
+    return "--cuda-graph cannot be combined with --comm-hook powersgd (its steps differ until "
+           "its warm-up ends, and a graph replays one)";
+  }
+  return "";
 }
 
 int run_worker(const Args& args) {
@@ -147,7 +166,20 @@ int run_worker(const Args& args) {
   // With --optimizer-overlap each parameter's optimizer steps inside backward, as soon as its
   // bucket is reduced; there is then no optimizer step after backward.
   std::unique_ptr<torch::optim::Optimizer> opt;
-  if (args.optimizer_overlap) {
+  // --cuda-graph: the same optimizer, capturable (its step count and learning rate on the device).
+  std::unique_ptr<ddp::optim::CapturableOptimizer> graph_opt;
+  if (args.cuda_graph) {
+    if (args.optimizer == "adam") {
+      ddp::optim::CapturableAdamOptions adam;
+      adam.lr = lr / 10;
+      graph_opt = std::make_unique<ddp::optim::CapturableAdam>(params, adam);
+    } else {
+      ddp::optim::CapturableSgdOptions sgd;
+      sgd.lr = lr;
+      sgd.momentum = 0.9;
+      graph_opt = std::make_unique<ddp::optim::CapturableSgd>(params, sgd);
+    }
+  } else if (args.optimizer_overlap) {
     const auto factory = [&](const torch::Tensor& p) { return make_optimizer({p}); };
     if (ddp_model) ddp_model->set_optimizer_in_backward(factory);
     if (sharded) sharded->set_optimizer_in_backward(factory);
@@ -213,6 +245,10 @@ int run_worker(const Args& args) {
     }
   }
 
+  // --cuda-graph: the step over static batch tensors, refilled before each run; made at the
+  // first step (the batch's shape), destroyed before the process group (declared after it).
+  std::unique_ptr<ddp::graphs::CapturedStep> captured;
+  torch::Tensor static_x, static_y, static_loss;
   ddp::tools::Progress progress(args.steps, lead && ::isatty(STDOUT_FILENO), 20);
   if (text) progress.set_tokens_per_step(text->tokens_per_step());
   ddp::tools::LossCurve curve;  // for --plot
@@ -229,16 +265,38 @@ int run_worker(const Args& args) {
     }
     const int64_t offset = (step - 1) * global_batch + data_rank * args.batch_size;
     auto [x_cpu, y_cpu] = text ? text->next_batch() : w.batch(offset, args.batch_size);
-    auto x = x_cpu.to(device);
-    auto y = y_cpu.to(device);
-    if (ddp_model) {
-      ddp_model->zero_grad();
+    torch::Tensor loss;
+    if (graph_opt) {
+      if (!captured) {
+        static_x = x_cpu.to(device);
+        static_y = y_cpu.to(device);
+        static_loss = torch::zeros({}, static_x.options().dtype(torch::kFloat));
+        captured = std::make_unique<ddp::graphs::CapturedStep>(
+            [&] {
+              graph_opt->zero_grad();  // in place: DDP's bucket views, the shards' gradients
+              const torch::Tensor l = w.loss(forward(static_x), static_y);
+              l.backward();
+              graph_opt->step();
+              static_loss.copy_(l.detach());
+            },
+            device);
+      }
+      static_x.copy_(x_cpu);
+      static_y.copy_(y_cpu);
+      captured->run();
+      loss = static_loss;
     } else {
-      opt->zero_grad();
+      const auto x = x_cpu.to(device);
+      const auto y = y_cpu.to(device);
+      if (ddp_model) {
+        ddp_model->zero_grad();
+      } else {
+        opt->zero_grad();
+      }
+      loss = w.loss(forward(x), y);
+      loss.backward();
+      if (opt) opt->step();
     }
-    auto loss = w.loss(forward(x), y);
-    loss.backward();
-    if (opt) opt->step();
     // The global mean loss, for display: one small all-reduce per step.
     auto shown = loss.detach().clone().reshape({1});
     pg->allreduce_sum(shown, "loss all-reduce");
@@ -272,6 +330,11 @@ int run_worker(const Args& args) {
       std::cout << ddp::obs::format_summary(ddp_model->logging_data());
     }
     if (args.ddp.verbose && sharded) std::cout << ddp::obs::format_summary(sharded->logging_data());
+    if (captured) {
+      std::cout << "ddp-train: cuda graph " << ddp::graphs::state_name(captured->state())
+                << (captured->fallback_reason().empty() ? "" : ": " + captured->fallback_reason())
+                << std::endl;
+    }
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const int ran = std::max(0, args.steps - first_step + 1);
@@ -361,6 +424,10 @@ int main(int argc, char** argv) {
   if (args.comm_hook == "powersgd") ddp_only.push_back("--comm-hook powersgd");
   if (const std::string wrong = ddp::tools::check_shard_flags(args.shard, ddp_only);
       !wrong.empty()) {
+    std::cerr << "ddp-train: " << wrong << std::endl;
+    return 2;
+  }
+  if (const std::string wrong = cuda_graph_refusal(args); !wrong.empty()) {
     std::cerr << "ddp-train: " << wrong << std::endl;
     return 2;
   }

@@ -69,8 +69,12 @@ class CapturableOptimizer {
   // One update of every parameter with a gradient (parameters without one are skipped, as in
   // torch::optim; under capture the set is the one captured).
   virtual void step() = 0;
-  // Zeroes every defined gradient in place; never frees one.
-  void zero_grad();
+  // Zeroes every defined gradient in place (default), or drops them (set_to_none). In place keeps
+  // the buffers a DDP bucket view or a graph's replays write. Dropped inside a captured step, the
+  // backward makes new gradients in the graph's pool and AccumulateGrad takes them over without a
+  // copy or an add (PyTorch's recipe: zero_grad(set_to_none=True) before its capture): the cheaper
+  // choice for a bare model, whose gradients nobody else holds.
+  void zero_grad(bool set_to_none = false);
   // Writes the learning rate into its device scalar: the next step (eager or replayed) uses it.
   void set_lr(double lr);
   // The device scalar (0-dim float64) that holds the learning rate.
@@ -82,8 +86,12 @@ class CapturableOptimizer {
  protected:
   CapturableOptimizer(std::vector<at::Tensor> params, double lr);
   std::vector<at::Tensor> params_;  // distinct, all on one device
-  at::Tensor lr_;                   // 0-dim float64 on the parameters' device
-  at::Tensor step_;                 // 0-dim float64 on the parameters' device: steps taken
+  // A device scalar in params_[i]'s dtype (made per step from a float64 one), so that kernels
+  // multiply like dtypes, as torch::optim's host scalars do.
+  at::Tensor typed(const at::Tensor& scalar, size_t i) const;
+
+  at::Tensor lr_;    // 0-dim float64 on the parameters' device
+  at::Tensor step_;  // 0-dim float64 on the parameters' device: steps taken
 };
 
 class CapturableSgd : public CapturableOptimizer {

@@ -3,13 +3,23 @@
 // accumulator (runs after AccumulateGrad wrote param.grad, i.e. when the gradient is final for
 // this backward: the engine sums all uses of a parameter before its accumulator runs), and the
 // engine's end-of-backward callback.
+//
+// Streams: since torch 2.x an AccumulateGrad node keeps the stream that was current when it was
+// created, and the engine makes the producer of a gradient wait for that stream. Holding the
+// nodes (the keys need them) pins them to the stream of the wrapper's construction, usually the
+// default stream, and a CUDA graph captured on another stream then fails ("operation would make
+// the legacy stream depend on a capturing blocking stream"). follow_current_stream() therefore
+// re-creates the nodes and their hooks when a forward runs on a stream other than the one they
+// were made on (PyTorch's recipe instead asks users to build DDP on the capture stream).
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Stream.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace torch::autograd {
@@ -31,8 +41,21 @@ class AutogradHooks {
   // From inside a backward: runs `fn` once the engine has finished the current graph task.
   static void at_end_of_backward(std::function<void()> fn);
 
+  // Between backwards (a forward is starting): if the parameters' device has another current
+  // stream than the one the accumulators were made on, drops them and installs the hooks on new
+  // ones made now, on the current stream. An accumulator that something else keeps alive (a
+  // graph from an earlier step still held, e.g. by its loss) cannot be renewed and keeps its
+  // stream. Cheap when the stream did not change (one stream query).
+  void follow_current_stream();
+
  private:
+  void install();
+  void remove();
+
+  std::vector<at::Tensor> params_;
+  std::vector<std::string> names_;
   std::function<void(size_t)> on_ready_;
+  c10::Stream stream_;  // current on the parameters' device when the accumulators were made
   // The accumulator nodes are kept alive so the keys stay valid for removal.
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::vector<uintptr_t> keys_;

@@ -90,6 +90,10 @@ class Reducer {
   // A synchronized or local backward has run: hooks and listeners can no longer change.
   bool backward_ran() const;
 
+  // Start of a forward (before it builds its graph): the gradient hooks move to the current stream
+  // if it changed (AutogradHooks::follow_current_stream), so that a step warmed up and captured
+  // on a side stream (graphs/captured_step.hpp) finds its accumulators there.
+  void follow_current_stream();
   // End of a forward whose backward must be synchronized. `reachable` (from the graph walk over
   // the forward's outputs, planner/) says which parameters can get a gradient; empty: all of them.
   // Needed with find_unused_parameters and in static_graph's first iteration (needs_walk()).
