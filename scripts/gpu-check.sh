@@ -150,6 +150,17 @@ if has graphs; then
     g ours-fsdp-wrap "$BENCH" --fsdp --fsdp-wrap --nproc 1 --verbose
     g ours-fsdp-wrap-graph "$BENCH" --fsdp --fsdp-wrap --nproc 1 --cuda-graph --verbose
   done
+  # ddp-train --data (the 135 k-parameter byte GPT: launch-bound), eager and captured, DDP and
+  # FULLY_SHARD per block: steps/s and the last validation loss (the same within rounding).
+  for style in ddp fsdp; do
+    extra=""; [[ $style == fsdp ]] && extra="--fsdp --fsdp-wrap"
+    for mode in eager graph; do
+      flag=""; [[ $mode == graph ]] && flag="--cuda-graph"
+      timeout 300 build-gpu/ddp-train --nproc 1 --device cuda --data --steps 400 --eval-every 100 \
+        --timeout-s 120 --verbose $extra $flag >"$OUT/train-graph-$style-$mode.log" 2>&1
+      note "ddp-train --data $style $mode rc=$?: $(grep -oE '[0-9.]+ steps/s' "$OUT/train-graph-$style-$mode.log" | tail -1); $(grep 'validation loss' "$OUT/train-graph-$style-$mode.log" | tail -1); $(grep -o 'cuda graph [a-z ]*' "$OUT/train-graph-$style-$mode.log" | head -1)"
+    done
+  done
 fi
 
 if has levers; then
