@@ -112,7 +112,7 @@ TEST(GptModel, ALaterTokenChangesNoEarlierLogit) {
 
 TEST(GptModel, TiedWeightsAreOneTensorUnderTwoNames) {
   EXPECT_EQ(tied_weights_workload_names(),
-            (std::vector<std::string>{"gpt", "gpt-tiny", "gpt2-small", "gpt2-medium"}));
+            (std::vector<std::string>{"gpt", "gpt-tiny", "gpt2-small", "gpt2-medium", "gpt-char"}));
   WorkloadOptions tied;
   tied.tie_weights = true;
   const auto untied_w = make_workload("gpt");
@@ -137,7 +137,8 @@ TEST(GptModel, TieWeightsIsRefusedForAModelWithoutAnEmbedding) {
   tied.tie_weights = true;
   EXPECT_EQ(ddp::testing::error_of([&] { make_workload("toy", tied); }),
             "make_workload('toy'): tie_weights needs a model with a token embedding and an output "
-            "layer to tie; the workloads that have them: gpt, gpt-tiny, gpt2-small, gpt2-medium");
+            "layer to tie; the workloads that have them: gpt, gpt-tiny, gpt2-small, gpt2-medium, "
+            "gpt-char");
 }
 
 }  // namespace

@@ -138,7 +138,8 @@ TEST(DdpTrainText, FlagsThatNeedDataOrAGptAreRefused) {
   std::tie(out, code) = run("--data --model mlp");
   EXPECT_EQ(code, 2) << out;
   EXPECT_NE(out.find("ddp-train: --data trains a GPT on bytes, but --model mlp is not one; use "
-                     "gpt, gpt-tiny, gpt2-small, gpt2-medium (gpt is the default with --data)"),
+                     "gpt, gpt-tiny, gpt2-small, gpt2-medium, gpt-char (gpt is the default with "
+                     "--data)"),
             std::string::npos)
       << out;
 }
