@@ -149,8 +149,10 @@ void CapturableAdam::step() {
     } else {
       denom = (exp_avg_sq.sqrt() / bias2_t).add_(options_.eps);
     }
-    // p - lr / (1 - beta1^t) * m / denom: the (negative) step size folded into the denominator.
-    p.addcdiv_(exp_avg, denom.div_(step_size_t));
+    // p - lr / (1 - beta1^t) * (m / denom), rounded as torch::optim's addcdiv_(m, denom,
+    // -step_size): the quotient in place into denom, then one multiply-add by the device scalar.
+    at::div_out(denom, exp_avg, denom);
+    p.addcmul_(denom, step_size_t);
   }
 }
 

@@ -33,6 +33,7 @@
 #include "ddp/optim/capturable.hpp"
 #include "ddp/parallel/data_parallel.hpp"
 #include "ddp/unit/module_intake.hpp"
+#include "loss_log.hpp"
 #include "loss_plot.hpp"
 #include "progress.hpp"
 #include "text_training.hpp"
@@ -251,7 +252,9 @@ int run_worker(const Args& args) {
   torch::Tensor static_x, static_y, static_loss;
   ddp::tools::Progress progress(args.steps, lead && ::isatty(STDOUT_FILENO), 20);
   if (text) progress.set_tokens_per_step(text->tokens_per_step());
-  ddp::tools::LossCurve curve;  // for --plot
+  ddp::tools::LossCurve curve;    // for --plot
+  constexpr int kLossEvery = 20;  // the progress lines' interval (a log prints every 20 steps)
+  ddp::tools::LossLog losses(pg, device, kLossEvery);
   const auto start = std::chrono::steady_clock::now();
   double first_loss = 0, last_loss = 0;
   for (int step = first_step; step <= args.steps; ++step) {
@@ -297,19 +300,26 @@ int run_worker(const Args& args) {
       loss.backward();
       if (opt) opt->step();
     }
-    // The global mean loss, for display: one small all-reduce per step.
-    auto shown = loss.detach().clone().reshape({1});
-    pg->allreduce_sum(shown, "loss all-reduce");
-    last_loss = shown.cpu().item<double>() / pg->world_size();
-    TORCH_CHECK(std::isfinite(last_loss), "the loss became ", last_loss, " at step ", step,
-                " (learning rate ", lr, "); lower --lr");
-    if (step == first_step) first_loss = last_loss;
-    const double secs =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (lead) progress.update(step, last_loss, (step - first_step + 1) / secs);
-    curve.train.push_back({step, last_loss});
+    // The global mean loss, for display: kept on the device and read in batches (loss_log.hpp),
+    // at the latest where a line is printed, an evaluation or a checkpoint needs it, or the run
+    // ends; every rank flushes at the same steps (the read is an all-reduce).
+    losses.record(step, loss);
+    const bool checkpoint_due = args.checkpoint_every > 0 && step % args.checkpoint_every == 0;
+    if (step == first_step || step % kLossEvery == 0 || step == args.steps || checkpoint_due ||
+        (text && text->evaluates_at(step, args.steps)) || losses.full()) {
+      const double secs =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      for (const auto& [at, value] : losses.flush()) {
+        TORCH_CHECK(std::isfinite(value), "the loss became ", value, " at step ", at,
+                    " (learning rate ", lr, "); lower --lr");
+        last_loss = value;
+        if (at == first_step) first_loss = value;
+        if (lead) progress.update(at, value, (step - first_step + 1) / secs);
+        curve.train.push_back({at, value});
+      }
+    }
     if (text) text->after_step(step, args.steps, last_loss, forward, curve, progress);
-    if (args.checkpoint_every > 0 && step % args.checkpoint_every == 0) {
+    if (checkpoint_due) {
       state.step = step;
       state.data_position = text ? text->data_position() : step * global_batch;
       // Returns on every rank once the checkpoint is complete on disk.

@@ -179,7 +179,7 @@ double TextTraining::validation_loss(const TokenForward& forward) const {
 std::optional<double> TextTraining::after_step(int step, int last_step, double train_loss,
                                                const TokenForward& forward, LossCurve& curve,
                                                Progress& progress) {
-  if (step % flags_.eval_every != 0 && step != last_step) return std::nullopt;
+  if (!evaluates_at(step, last_step)) return std::nullopt;
   const double loss = validation_loss(forward);
   curve.validation.push_back({step, loss});
   if (lead_) {

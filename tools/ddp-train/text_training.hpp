@@ -91,6 +91,10 @@ class TextTraining {
   // Collective over the data-parallel group (one all-reduce), and every rank runs the same number
   // of forwards, so it also works where forward is collective (sharded styles, --tp).
   double validation_loss(const TokenForward& forward) const;
+  // Whether after_step evaluates after `step`: every flags.eval_every steps and at the last.
+  bool evaluates_at(int step, int last_step) const {
+    return step % flags_.eval_every == 0 || step == last_step;
+  }
   // After step `step` of a run ending at `last_step`: every flags.eval_every steps and at the
   // last step, computes the validation loss (collective), records it in `curve` and prints it
   // through `progress` on the lead rank. Returns it when computed.
