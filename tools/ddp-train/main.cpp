@@ -252,6 +252,11 @@ int run_worker(const Args& args) {
   torch::Tensor static_x, static_y, static_loss;
   ddp::tools::Progress progress(args.steps, lead && ::isatty(STDOUT_FILENO), 20);
   if (text) progress.set_tokens_per_step(text->tokens_per_step());
+  // A batch to the device. On CUDA through pinned memory without waiting: a copy from pageable
+  // memory makes the host wait for the stream, so it could not run ahead of the GPU.
+  const auto to_device = [&](const torch::Tensor& t) {
+    return device.is_cuda() ? t.pin_memory().to(device, /*non_blocking=*/true) : t.to(device);
+  };
   ddp::tools::LossCurve curve;    // for --plot
   constexpr int kLossEvery = 20;  // the progress lines' interval (a log prints every 20 steps)
   ddp::tools::LossLog losses(pg, device, kLossEvery);
@@ -271,8 +276,8 @@ int run_worker(const Args& args) {
     torch::Tensor loss;
     if (graph_opt) {
       if (!captured) {
-        static_x = x_cpu.to(device);
-        static_y = y_cpu.to(device);
+        static_x = to_device(x_cpu);
+        static_y = to_device(y_cpu);
         static_loss = torch::zeros({}, static_x.options().dtype(torch::kFloat));
         captured = std::make_unique<ddp::graphs::CapturedStep>(
             [&] {
@@ -284,13 +289,13 @@ int run_worker(const Args& args) {
             },
             device);
       }
-      static_x.copy_(x_cpu);
-      static_y.copy_(y_cpu);
+      static_x.copy_(to_device(x_cpu));
+      static_y.copy_(to_device(y_cpu));
       captured->run();
       loss = static_loss;
     } else {
-      const auto x = x_cpu.to(device);
-      const auto y = y_cpu.to(device);
+      const auto x = to_device(x_cpu);
+      const auto y = to_device(y_cpu);
       if (ddp_model) {
         ddp_model->zero_grad();
       } else {
