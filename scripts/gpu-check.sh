@@ -149,6 +149,9 @@ if has graphs; then
     g torch-ddp-graph $PY bench/reference/torch_ddp.py --ddp --nproc 1 --cuda-graph
     g ours-fsdp-wrap "$BENCH" --fsdp --fsdp-wrap --nproc 1 --verbose
     g ours-fsdp-wrap-graph "$BENCH" --fsdp --fsdp-wrap --nproc 1 --cuda-graph --verbose
+    # Attribution of the captured DDP step: one bucket; no communication (noop hook).
+    g ours-ddp-graph-1bucket "$BENCH" --ddp --nproc 1 --cuda-graph --verbose --bucket-cap-mb 4000
+    g ours-ddp-graph-noop "$BENCH" --ddp --nproc 1 --cuda-graph --verbose --comm-hook noop
   done
   # ddp-train --data (the 135 k-parameter byte GPT: launch-bound), eager and captured, DDP and
   # FULLY_SHARD per block: steps/s and the last validation loss (the same within rounding).
