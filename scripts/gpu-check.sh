@@ -136,7 +136,7 @@ if has graphs; then
       local name="$1"; shift
       timeout 200 "$@" $flags >"$OUT/graph-$model-$name.log" 2>&1
       printf '  %-24s rc=%s %8s ms %s\n' "$name" "$?" "$(median "$OUT/graph-$model-$name.log")" \
-        "$(grep -o 'cuda graph [a-z ]*' "$OUT/graph-$model-$name.log" | head -1)" | tee -a "$SUMMARY"
+        "$(grep -o 'cuda graph .*' "$OUT/graph-$model-$name.log" | head -1 | cut -c1-150)" | tee -a "$SUMMARY"
     }
     note "CUDA graphs, $model (median step ms)"
     g ours-bare "$BENCH" --verbose
@@ -161,7 +161,7 @@ if has graphs; then
       flag=""; [[ $mode == graph ]] && flag="--cuda-graph"
       timeout 300 build-gpu/ddp-train --nproc 1 --device cuda --data --steps 400 --eval-every 100 \
         --timeout-s 120 --verbose $extra $flag >"$OUT/train-graph-$style-$mode.log" 2>&1
-      note "ddp-train --data $style $mode rc=$?: $(grep -oE '[0-9.]+ steps/s' "$OUT/train-graph-$style-$mode.log" | tail -1); $(grep 'validation loss' "$OUT/train-graph-$style-$mode.log" | tail -1); $(grep -o 'cuda graph [a-z ]*' "$OUT/train-graph-$style-$mode.log" | head -1)"
+      note "ddp-train --data $style $mode rc=$?: $(grep -oE '[0-9.]+ steps/s' "$OUT/train-graph-$style-$mode.log" | tail -1); $(grep 'validation loss' "$OUT/train-graph-$style-$mode.log" | tail -1); $(grep -o 'cuda graph .*' "$OUT/train-graph-$style-$mode.log" | head -1 | cut -c1-150)"
     done
   done
 fi

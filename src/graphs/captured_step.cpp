@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "ddp/detail/torch_compat.hpp"
 #include "ddp/obs/log.hpp"
@@ -16,6 +17,7 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 #endif
 
 namespace ddp::graphs {
@@ -46,6 +48,7 @@ struct CapturedStep::Impl {
   State state = State::kWarmingUp;
   int64_t steps = 0;
   std::string fallback_reason;
+  GraphCensus census;
 
   Impl(std::function<void()> s, c10::Device d, CapturedStepOptions o)
       : step(std::move(s)),
@@ -94,6 +97,36 @@ struct CapturedStep::Impl {
     replay_pending = true;
   }
 
+  // Counts the nodes of the graph being captured (before capture_end hands it to CUDAGraph).
+  void count_nodes() {
+    cudaStreamCaptureStatus status{};
+    unsigned long long id = 0;
+    cudaGraph_t captured = nullptr;
+    if (cudaStreamGetCaptureInfo(stream.stream(), &status, &id, &captured) != cudaSuccess ||
+        status != cudaStreamCaptureStatusActive || captured == nullptr) {
+      (void)cudaGetLastError();
+      return;
+    }
+    size_t n = 0;
+    if (cudaGraphGetNodes(captured, nullptr, &n) != cudaSuccess) return;
+    std::vector<cudaGraphNode_t> nodes(n);
+    if (cudaGraphGetNodes(captured, nodes.data(), &n) != cudaSuccess) return;
+    census = {};
+    for (cudaGraphNode_t node : nodes) {
+      cudaGraphNodeType type{};
+      (void)cudaGraphNodeGetType(node, &type);
+      if (type == cudaGraphNodeTypeKernel) {
+        ++census.kernels;
+      } else if (type == cudaGraphNodeTypeMemcpy) {
+        ++census.copies;
+      } else if (type == cudaGraphNodeTypeMemset) {
+        ++census.memsets;
+      } else {
+        ++census.other;
+      }
+    }
+  }
+
   // The capture, then its first replay (a capture records work without running it). A failure
   // ends the capture, drops the graph and returns its reason.
   std::string capture() {
@@ -111,6 +144,7 @@ struct CapturedStep::Impl {
         reason = e.what();
       }
       if (reason.empty()) {
+        count_nodes();
         try {
           graph->capture_end();
         } catch (const c10::Error& e) {
@@ -195,6 +229,7 @@ struct CapturedStep::Impl {
   State state = State::kWarmingUp;
   int64_t steps = 0;
   std::string fallback_reason;
+  GraphCensus census;
 };
 
 CapturedStep::CapturedStep(std::function<void()>, c10::Device device, CapturedStepOptions) {
@@ -214,5 +249,16 @@ void CapturedStep::run() { TORCH_CHECK(false, "ddp: a captured step needs CUDA")
 CapturedStep::State CapturedStep::state() const { return impl_->state; }
 int64_t CapturedStep::steps() const { return impl_->steps; }
 const std::string& CapturedStep::fallback_reason() const { return impl_->fallback_reason; }
+const GraphCensus& CapturedStep::census() const { return impl_->census; }
+
+std::string describe(const CapturedStep& step) {
+  std::string out = state_name(step.state());
+  if (!step.fallback_reason().empty()) return out + ": " + step.fallback_reason();
+  if (step.state() != CapturedStep::State::kReplaying) return out;
+  const GraphCensus& c = step.census();
+  return out + ": one launch per step for " + std::to_string(c.kernels) + " kernels, " +
+         std::to_string(c.copies) + " copies, " + std::to_string(c.memsets) +
+         " memsets (each one launch of an eager step), " + std::to_string(c.other) + " other nodes";
+}
 
 }  // namespace ddp::graphs

@@ -116,7 +116,7 @@ void CapturableAdam::step() {
                                : at::Tensor();
   // The step's scalars in the parameters' dtype, made again only when a parameter's differs.
   at::ScalarType scalars_dtype = at::ScalarType::Undefined;
-  at::Tensor step_size_t, bias2_t, decay_t;
+  at::Tensor step_size_t, inv_bias2_t, decay_t;
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!stepping_[i]) continue;
     at::Tensor& p = params_[i];
@@ -130,7 +130,9 @@ void CapturableAdam::step() {
     if (p.scalar_type() != scalars_dtype) {
       scalars_dtype = p.scalar_type();
       step_size_t = typed(neg_step_size, i);
-      bias2_t = typed(bias_correction2_sqrt, i);
+      // torch divides by a host scalar as a multiplication by its reciprocal, taken in the
+      // tensor's dtype (div_true_kernel): the same here, so the rounding is the same.
+      inv_bias2_t = 1 / typed(bias_correction2_sqrt, i);
       if (decay.defined()) decay_t = typed(decay, i);
     }
     if (decay.defined()) {
@@ -145,12 +147,13 @@ void CapturableAdam::step() {
     at::Tensor denom;
     if (options_.amsgrad) {
       at::max_out(max_exp_avg_sq_[i], exp_avg_sq, max_exp_avg_sq_[i]);
-      denom = (max_exp_avg_sq_[i].sqrt() / bias2_t).add_(options_.eps);
+      denom = max_exp_avg_sq_[i].sqrt().mul_(inv_bias2_t).add_(options_.eps);
     } else {
-      denom = (exp_avg_sq.sqrt() / bias2_t).add_(options_.eps);
+      denom = exp_avg_sq.sqrt().mul_(inv_bias2_t).add_(options_.eps);
     }
-    // p - lr / (1 - beta1^t) * (m / denom), rounded as torch::optim's addcdiv_(m, denom,
-    // -step_size): the quotient in place into denom, then one multiply-add by the device scalar.
+    // p - lr / (1 - beta1^t) * (m / denom), as torch::optim's addcdiv_(m, denom, -step_size):
+    // the quotient in place into denom, then one multiply-add by the device scalar. The rounding
+    // may differ from torch's in the last bit (tests/optim bound it).
     at::div_out(denom, exp_avg, denom);
     p.addcmul_(denom, step_size_t);
   }

@@ -68,6 +68,11 @@ struct Config {
   int micro_batches = 1;  // > 1: no_sync for all but the last, in one step
   bool autocast_bf16 = false;
   bool sync_in_step = false;  // a host sync inside the step: the capture must fall back
+  // The eager run's optimizer: torch::optim's (captured within rel. err 1e-6), or the capturable
+  // one run eagerly (the same kernels: captured must be bitwise equal). The GPT takes the latter:
+  // its attention key bias has a zero true gradient, whose rounding noise Adam scales up, so a
+  // last-bit difference between the two optimizers grows there (tests/optim bound it).
+  bool eager_torch_optim = true;
   std::string describe() const {
     return style + " " + model + " " + optimizer + (micro_batches > 1 ? " accumulating" : "") +
            (autocast_bf16 ? " bf16" : "");
@@ -116,7 +121,7 @@ Result train(const Config& config, bool captured, comm::ProcessGroupPtr pg) {
   }
   std::unique_ptr<optim::CapturableOptimizer> opt;
   std::unique_ptr<torch::optim::Optimizer> torch_opt;
-  if (captured) {
+  if (captured || !config.eager_torch_optim) {
     opt = make_optimizer(config.optimizer, w.ptr->parameters());
   } else {
     torch_opt = make_torch_optimizer(config.optimizer, w.ptr->parameters());
@@ -223,11 +228,13 @@ DDP_TEST_WORKER(captured_step_equals_eager) {
     gpt.style = style;
     gpt.optimizer = "adamw";
     gpt.autocast_bf16 = true;
+    gpt.eager_torch_optim = false;
     configs.push_back(gpt);
     Config mlp;  // accumulation over 3 micro-batches, one graph
     mlp.model = "mlp";
     mlp.style = style;
     mlp.micro_batches = 3;
+    mlp.eager_torch_optim = false;
     configs.push_back(mlp);
   }
   for (const Config& c : configs) {
@@ -239,7 +246,8 @@ DDP_TEST_WORKER(captured_step_equals_eager) {
     require(captured.params.size() == eager.params.size(), c.describe() + ": parameter count");
     const double err = max_rel_err(captured.params, eager.params);
     std::cerr << c.describe() << ": captured vs eager max relative error " << err << std::endl;
-    require(err < 1e-6, c.describe() + ": captured differs from eager by " + std::to_string(err));
+    const double bound = c.eager_torch_optim ? 1e-6 : 0;  // the same kernels: bitwise
+    require(err <= bound, c.describe() + ": captured differs from eager by " + std::to_string(err));
     // The runs trained: the comparison is not between two untouched models.
     models::WorkloadOptions wo;
     wo.dim = c.model == "net" ? 64 : 0;

@@ -309,9 +309,7 @@ int run_worker(const Args& args) {
     }
   }
   if (captured && lead && args.options.verbose) {
-    std::cout << "ddp-bench: cuda graph " << ddp::graphs::state_name(captured->state())
-              << (captured->fallback_reason().empty() ? "" : ": " + captured->fallback_reason())
-              << std::endl;
+    std::cout << "ddp-bench: cuda graph " << ddp::graphs::describe(*captured) << std::endl;
   }
   for (int i = 0; !args.cuda_graph && i < warmup + timed; ++i) {
     const auto& [x, y] = batches[static_cast<size_t>(i) % batches.size()];

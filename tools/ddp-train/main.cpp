@@ -346,9 +346,7 @@ int run_worker(const Args& args) {
     }
     if (args.ddp.verbose && sharded) std::cout << ddp::obs::format_summary(sharded->logging_data());
     if (captured) {
-      std::cout << "ddp-train: cuda graph " << ddp::graphs::state_name(captured->state())
-                << (captured->fallback_reason().empty() ? "" : ": " + captured->fallback_reason())
-                << std::endl;
+      std::cout << "ddp-train: cuda graph " << ddp::graphs::describe(*captured) << std::endl;
     }
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -61,6 +61,15 @@ struct CapturedStepOptions {
   std::chrono::milliseconds replay_timeout{std::chrono::minutes(5)};
 };
 
+// What one captured step holds: each node is one launch an eager step makes (a kernel, a copy, a
+// memset) or a cross-stream dependency (an event); a replay launches them all with one call.
+struct GraphCensus {
+  int64_t kernels = 0;
+  int64_t copies = 0;
+  int64_t memsets = 0;
+  int64_t other = 0;  // events, empty nodes, host nodes
+};
+
 class CapturedStep {
  public:
   // warming up -> replaying (capture succeeded) or eager (capture failed, fallback). Checked at
@@ -82,6 +91,8 @@ class CapturedStep {
   int64_t steps() const;
   // Why the capture failed ("" while it has not).
   const std::string& fallback_reason() const;
+  // The captured graph's nodes, counted at the capture (zeros before it or after a fallback).
+  const GraphCensus& census() const;
 
  private:
   struct Impl;
@@ -90,5 +101,8 @@ class CapturedStep {
 
 // "warming up", "replaying", "eager".
 const char* state_name(CapturedStep::State state);
+// "replaying: one launch per step for 412 kernels, 3 copies, 8 memsets (each one launch of an
+// eager step)", or the state and the fallback reason.
+std::string describe(const CapturedStep& step);
 
 }  // namespace ddp::graphs
