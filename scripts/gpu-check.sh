@@ -164,6 +164,13 @@ if has graphs; then
       note "ddp-train --data $style $mode rc=$?: $(grep -oE '[0-9.]+ steps/s' "$OUT/train-graph-$style-$mode.log" | tail -1); $(grep 'validation loss' "$OUT/train-graph-$style-$mode.log" | tail -1); $(grep -o 'cuda graph .*' "$OUT/train-graph-$style-$mode.log" | head -1 | cut -c1-150)"
     done
   done
+  # With SGD the eager (torch::optim) and captured (capturable) updates round alike: the same loss.
+  for mode in eager graph; do
+    flag=""; [[ $mode == graph ]] && flag="--cuda-graph"
+    timeout 300 build-gpu/ddp-train --nproc 1 --device cuda --data --steps 400 --eval-every 100 \
+      --optimizer sgd --timeout-s 120 --verbose $flag >"$OUT/train-graph-sgd-$mode.log" 2>&1
+    note "ddp-train --data ddp --optimizer sgd $mode rc=$?: $(grep -oE '[0-9.]+ steps/s' "$OUT/train-graph-sgd-$mode.log" | tail -1); $(grep 'validation loss' "$OUT/train-graph-sgd-$mode.log" | tail -1)"
+  done
 fi
 
 if has levers; then
