@@ -25,7 +25,9 @@
 #include "ddp/comm/process_group.hpp"
 #include "ddp/data/distributed_sampler.hpp"
 #include "ddp/data/loader_sampler.hpp"
+#include "ddp/graphs/captured_step.hpp"
 #include "ddp/io/checkpoint_coordinator.hpp"
+#include "ddp/optim/capturable.hpp"
 #include "ddp/parallel/data_parallel.hpp"
 #include "ddp/parallel/ddp_options.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
@@ -43,10 +45,16 @@ using comm::world_info_from_env;
 using data::DistributedSampler;
 using data::LoaderSampler;
 using data::SamplerOptions;
+using graphs::CapturedStep;
+using graphs::CapturedStepOptions;
 using io::CoordinatorOptions;
 using io::resume_latest;
 using io::save_and_barrier;
 using io::TrainingState;
+using optim::CapturableAdam;
+using optim::CapturableAdamOptions;
+using optim::CapturableSgd;
+using optim::CapturableSgdOptions;
 using shard::FullyShardedDataParallel;
 using shard::ShardOptions;
 using tp::ColwiseParallel;

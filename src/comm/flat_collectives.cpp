@@ -71,7 +71,9 @@ PendingCollective ProcessGroup::reduce_scatter_async(const at::Tensor& input, Re
     at::Tensor in = padded_to(flat, layout.padded_numel());
     at::Tensor out = at::empty({layout.chunk()}, flat.options());
     c10d::ReduceScatterOptions opts;
-    opts.reduceOp = op == ReduceOp::kSum ? c10d::ReduceOp::SUM : c10d::ReduceOp::AVG;
+    // At one rank the average is the sum (allreduce_avg_async says why that is cheaper).
+    const bool sum = op == ReduceOp::kSum || world_size() == 1;
+    opts.reduceOp = sum ? c10d::ReduceOp::SUM : c10d::ReduceOp::AVG;
     opts.timeout = timeout_;
     auto work = issued(made_.backend->_reduce_scatter_base(out, in, opts),
                        {kind, layout.numel, input.scalar_type()});

@@ -2,7 +2,13 @@
 
 #include <c10/util/Exception.h>
 
+#include <ATen/core/Tensor.h>
+#include <ATen/core/grad_mode.h>
+
 #include <algorithm>
+#include <array>
+#include <chrono>
+#include <sstream>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -34,24 +40,47 @@ const char* state_name(CapturedStep::State state) {
   return "?";
 }
 
+std::string batch_mismatch(const std::vector<at::Tensor>& inputs,
+                           const std::vector<at::Tensor>& batch) {
+  if (batch.size() != inputs.size()) {
+    return std::to_string(batch.size()) + " batch tensors given, but the step reads " +
+           std::to_string(inputs.size()) + " inputs";
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (batch[i].sizes() == inputs[i].sizes()) continue;
+    std::ostringstream out;
+    out << "input " << i << " has shape " << batch[i].sizes() << ", but the captured step reads "
+        << inputs[i].sizes()
+        << ": a replay reads fixed shapes (pad the last partial batch or drop it, or make one "
+           "CapturedStep per shape)";
+    return out.str();
+  }
+  return "";
+}
+
 #if DDP_HAVE_CUDA_GRAPHS
 
 struct CapturedStep::Impl {
   std::function<void()> step;
+  std::vector<at::Tensor> inputs;  // static: refilled by run(batch), read by every replay
   c10::Device device;
   CapturedStepOptions options;
   c10::cuda::CUDAStream stream;  // the capture stream: warm-up, capture and replays run on it
   std::unique_ptr<at::cuda::CUDAGraph> graph;
-  at::cuda::CUDAEvent last_replay;  // recorded after each replay: the next run() waits for it
+  // Recorded after each replay, in turn: a replay waits for the one two replays back, so one
+  // replay stays queued behind the running one and the GPU never waits for the host's launch.
+  std::array<at::cuda::CUDAEvent, 2> replayed;
+  std::array<int64_t, 2> replayed_step{-1, -1};  // the step each event marks; -1: none pending
+  int64_t replays = 0;
   at::cuda::CUDAEvent inputs_ready, done;  // the fork from and the join to the caller's stream
-  bool replay_pending = false;
   State state = State::kWarmingUp;
   int64_t steps = 0;
   std::string fallback_reason;
   GraphCensus census;
 
-  Impl(std::function<void()> s, c10::Device d, CapturedStepOptions o)
+  Impl(std::function<void()> s, std::vector<at::Tensor> in, c10::Device d, CapturedStepOptions o)
       : step(std::move(s)),
+        inputs(std::move(in)),
         device(d),
         options(o),
         stream(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, d.index())) {}
@@ -71,30 +100,36 @@ struct CapturedStep::Impl {
     done.block(caller);
   }
 
-  // Waits, bounded, for the previous replay: the host-side timeout c10d cannot give replayed
-  // collectives.
-  void wait_for_last_replay() {
-    if (!replay_pending) return;
-    const auto deadline = std::chrono::steady_clock::now() + options.replay_timeout;
-    auto pause = std::chrono::microseconds(20);
-    while (!last_replay.query()) {
-      TORCH_CHECK(std::chrono::steady_clock::now() < deadline, "ddp: captured step ", steps,
-                  ": the replay of step ", steps - 1, " did not finish within ",
-                  options.replay_timeout.count(),
+  // Waits, bounded, for the replay that `slot` marks: the host-side timeout c10d cannot give
+  // replayed collectives. Polls without backing off: a launch-bound replay ends within
+  // microseconds of the poll that sees it; after 2 ms of yielding it sleeps 100 us per poll.
+  void wait_for_replay(size_t slot) {
+    if (replayed_step[slot] < 0) return;
+    const auto start = std::chrono::steady_clock::now();
+    const auto deadline = start + options.replay_timeout;
+    while (!replayed[slot].query()) {
+      const auto now = std::chrono::steady_clock::now();
+      TORCH_CHECK(now < deadline, "ddp: captured step ", steps, ": the replay of step ",
+                  replayed_step[slot], " did not finish within ", options.replay_timeout.count(),
                   " ms (a collective inside it waits on a rank that is dead or stopped?)");
-      std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::microseconds(1000));
+      if (now - start < std::chrono::milliseconds(2)) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
     }
-    replay_pending = false;
+    replayed_step[slot] = -1;
   }
 
   void replay() {
-    wait_for_last_replay();
+    const size_t slot = static_cast<size_t>(replays % 2);
+    wait_for_replay(slot);
     on_capture_stream([&] {
       graph->replay();
-      last_replay.record(stream);
+      replayed[slot].record(stream);
     });
-    replay_pending = true;
+    replayed_step[slot] = steps;
+    ++replays;
   }
 
   // Counts the nodes of the graph being captured (before capture_end hands it to CUDAGraph).
@@ -167,7 +202,11 @@ struct CapturedStep::Impl {
 };
 
 CapturedStep::CapturedStep(std::function<void()> step, c10::Device device,
-                           CapturedStepOptions options) {
+                           CapturedStepOptions options)
+    : CapturedStep(std::move(step), {}, device, options) {}
+
+CapturedStep::CapturedStep(std::function<void()> step, std::vector<at::Tensor> inputs,
+                           c10::Device device, CapturedStepOptions options) {
   TORCH_CHECK(device.is_cuda(), "ddp: a captured step (--cuda-graph) needs a CUDA device, not ",
               device, ": CUDA graphs capture GPU work only");
   TORCH_CHECK(options.warmup_steps >= 1, "ddp: CapturedStepOptions::warmup_steps is ",
@@ -175,13 +214,32 @@ CapturedStep::CapturedStep(std::function<void()> step, c10::Device device,
   TORCH_CHECK(options.replay_timeout.count() > 0, "ddp: CapturedStepOptions::replay_timeout is ",
               options.replay_timeout.count(), " ms; it must be positive");
   TORCH_CHECK(step != nullptr, "ddp: a captured step needs a step function");
-  impl_ = std::make_unique<Impl>(std::move(step), device, options);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    TORCH_CHECK(inputs[i].defined() && inputs[i].device() == device,
+                "ddp: a captured step's input ", i, " must be a tensor on ", device,
+                ", where the step runs");
+  }
+  impl_ = std::make_unique<Impl>(std::move(step), std::move(inputs), device, options);
+}
+
+void CapturedStep::run(const std::vector<at::Tensor>& batch) {
+  const std::string wrong = batch_mismatch(impl_->inputs, batch);
+  TORCH_CHECK(wrong.empty(), "ddp: captured step ", impl_->steps, ": ", wrong);
+  {
+    // On the caller's stream, which waits for the previous step (run() joins it back there).
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < batch.size(); ++i)
+      impl_->inputs[i].copy_(batch[i], /*non_blocking=*/true);
+  }
+  run();
 }
 
 CapturedStep::~CapturedStep() {
-  if (impl_ && impl_->replay_pending) {
+  if (!impl_) return;
+  for (size_t slot = 0; slot < impl_->replayed.size(); ++slot) {
+    if (impl_->replayed_step[slot] < 0) continue;
     try {
-      impl_->last_replay.synchronize();
+      impl_->replayed[slot].synchronize();
     } catch (...) {
       // Destruction must not throw; the graph goes with impl_.
     }
@@ -232,7 +290,12 @@ struct CapturedStep::Impl {
   GraphCensus census;
 };
 
-CapturedStep::CapturedStep(std::function<void()>, c10::Device device, CapturedStepOptions) {
+CapturedStep::CapturedStep(std::function<void()> step, c10::Device device,
+                           CapturedStepOptions options)
+    : CapturedStep(std::move(step), {}, device, options) {}
+
+CapturedStep::CapturedStep(std::function<void()>, std::vector<at::Tensor>, c10::Device device,
+                           CapturedStepOptions) {
   TORCH_CHECK(device.is_cuda(), "ddp: a captured step (--cuda-graph) needs a CUDA device, not ",
               device, ": CUDA graphs capture GPU work only");
   TORCH_CHECK(false,
@@ -243,6 +306,7 @@ CapturedStep::CapturedStep(std::function<void()>, c10::Device device, CapturedSt
 CapturedStep::~CapturedStep() = default;
 
 void CapturedStep::run() { TORCH_CHECK(false, "ddp: a captured step needs CUDA"); }
+void CapturedStep::run(const std::vector<at::Tensor>&) { run(); }
 
 #endif
 

@@ -8,6 +8,7 @@
 
 #include "ddp/buckets/bucket_table.hpp"
 #include "ddp/comm/control_scalars.hpp"
+#include "ddp/detail/capture_status.hpp"
 #include "ddp/obs/timeline.hpp"
 
 namespace ddp::reducer {
@@ -139,6 +140,7 @@ void Reducer::prepare_for_backward(std::vector<bool> reachable) {
   std::lock_guard<std::mutex> lock(mutex_);
   TORCH_CHECK(state_ != State::kBackwardSync && state_ != State::kBackwardLocal,
               "ddp: forward called while a backward is running (state: ", state_name(state_), ")");
+  refuse_capture_if_host_bound();
   if (!reachable.empty()) {
     TORCH_CHECK(reachable.size() == params_.size(), "ddp: reachability for ", reachable.size(),
                 " parameters, the reducer has ", params_.size());
@@ -147,6 +149,20 @@ void Reducer::prepare_for_backward(std::vector<bool> reachable) {
   planned_ = true;  // from now on only the post-iteration-1 rebuild may change the plan
   forward_end_ns_ = obs::steady_ns();
   state_ = State::kPreparedSync;
+}
+
+void Reducer::refuse_capture_if_host_bound() const {
+  if (params_.empty() || !detail::is_capturing(params_[0].device())) return;
+  // Both read a device value on the host or run a collective there every step: a graph replays
+  // device work only, so the capture would fail with CUDA's "operation not permitted when stream
+  // is capturing" or replay step 1's decision forever.
+  TORCH_CHECK(!options_.find_unused_parameters || options_.static_graph,
+              "ddp: DistributedDataParallel with find_unused_parameters cannot be captured in a "
+              "CUDA graph: the used-parameter map is read on the host every step. Set "
+              "static_graph too (the set recorded in the first step is replayed), or run eagerly");
+  TORCH_CHECK(pg_->backend() != comm::Backend::kGloo,
+              "ddp: DistributedDataParallel over gloo cannot be captured in a CUDA graph: Gloo's "
+              "collectives run on the host; use nccl");
 }
 
 void Reducer::set_predicted_order(const std::vector<size_t>& predicted) {

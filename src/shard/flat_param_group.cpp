@@ -3,7 +3,10 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+
 #include "ddp/comm/flat_shards.hpp"
+#include "ddp/detail/torch_compat.hpp"
 
 namespace ddp::shard {
 namespace {
@@ -29,6 +32,51 @@ void point(at::Tensor& param, const at::Tensor& source, int64_t offset,
 }
 
 }  // namespace
+
+void copy_into_layout(at::Tensor out, const std::vector<at::Tensor>& grads,
+                      const std::vector<LayoutBlock>& blocks, int world, bool fused) {
+  TORCH_CHECK(grads.size() == blocks.size(), "ddp: copy_into_layout: ", grads.size(),
+              " gradients for ", blocks.size(), " blocks");
+  at::NoGradGuard no_grad;
+#if DDP_HAVE_CHUNK_CAT
+  const bool one_kernel =
+      fused && !grads.empty() && std::all_of(grads.begin(), grads.end(), [&](const at::Tensor& g) {
+        return g.defined() && g.scalar_type() == out.scalar_type() && g.device() == out.device();
+      });
+  if (one_kernel) {
+    at::_chunk_cat_out(out, grads, /*dim=*/0, /*num_chunks=*/world);
+    return;
+  }
+#else
+  (void)fused;
+#endif
+  int64_t offset = 0;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const LayoutBlock& m = blocks[i];
+    const at::Tensor block = out.narrow(1, offset, m.chunk * m.row_numel);  // (world, ...)
+    offset += m.chunk * m.row_numel;
+    const at::Tensor& grad = grads[i];
+    if (!grad.defined()) {
+      block.zero_();
+      continue;
+    }
+    const at::Tensor rows = grad.reshape({m.rows, m.row_numel});
+    if (m.rows == world * m.chunk) {
+      block.copy_(rows.view({world, -1}));  // dim 0 divides: one strided copy, no padding
+      continue;
+    }
+    // Rank k's rows into row k of the layout, then its padding rows (zeros).
+    const comm::FlatShards split{m.rows, world};
+    for (int k = 0; k < world; ++k) {
+      const int64_t n = split.length(k);
+      const at::Tensor mine = block[k];
+      if (n > 0) {
+        mine.narrow(0, 0, n * m.row_numel).copy_(rows.narrow(0, split.offset(k), n).reshape({-1}));
+      }
+      if (n < m.chunk) mine.narrow(0, n * m.row_numel, (m.chunk - n) * m.row_numel).zero_();
+    }
+  }
+}
 
 FlatParamGroup::FlatParamGroup(const ShardPlan& plan, size_t unit,
                                const std::vector<at::Tensor>& params, comm::ProcessGroupPtr pg)
@@ -152,15 +200,21 @@ at::Tensor FlatParamGroup::wait_gather() {
 }
 
 void FlatParamGroup::copy_out(const at::Tensor& gathered) {
-  // [Note: flat shard layout]: parameter p is the (world, block_p) column block at offset_p.
+  // [Note: flat shard layout]: parameter p is the (world, block_p) column block at offset_p. One
+  // split-and-copy for the whole unit (FSDP2's copy-out: one kernel on CUDA since torch 2.3, a
+  // copy per parameter in 1.13), instead of one launch per parameter.
   const at::Tensor by_rank = gathered.view({world_, shard_numel_});
   at::NoGradGuard no_grad;
+  std::vector<int64_t> blocks;
+  std::vector<at::Tensor> outs;
+  blocks.reserve(params_.size());
+  outs.reserve(params_.size());
   for (Member& m : params_) {
     const int64_t block = m.chunk * m.row_numel;
-    full_.narrow(0, world_ * m.offset, world_ * block)
-        .view({world_, block})
-        .copy_(by_rank.narrow(1, m.offset, block));
+    blocks.push_back(block);
+    outs.push_back(full_.narrow(0, world_ * m.offset, world_ * block).view({world_, block}));
   }
+  if (!outs.empty()) at::split_with_sizes_copy_out(outs, by_rank, blocks, /*dim=*/1);
 }
 
 bool FlatParamGroup::unshard() {
@@ -242,37 +296,26 @@ void FlatParamGroup::fill_reduce_input(const at::Tensor& input, int64_t member,
   // Every element is written below: the padding rows and an absent gradient's block by zero_().
   const at::Tensor by_rank = input.view({world_, shard_numel_});
   at::NoGradGuard no_grad;
+  std::vector<at::Tensor> grads;
+  grads.reserve(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
     Member& m = params_[i];
-    const at::Tensor block = by_rank.narrow(1, m.offset, m.chunk * m.row_numel);  // (world, ...)
     at::Tensor grad = m.param.grad();
     if (static_cast<int64_t>(i) == member && incoming.defined()) {
       grad = grad.defined() ? grad + incoming : incoming;
     }
     m.param.mutable_grad() = at::Tensor();  // the full gradient is in the layout now
-    if (!grad.defined()) {
-      block.zero_();
-      continue;
+    if (grad.defined()) {
+      TORCH_CHECK(grad.sizes().vec() == m.full_sizes, "ddp: unit '", unit_name_,
+                  "': a gradient of shape ", grad.sizes(), " for a parameter of shape ",
+                  at::IntArrayRef(m.full_sizes));
     }
-    TORCH_CHECK(grad.sizes().vec() == m.full_sizes, "ddp: unit '", unit_name_,
-                "': a gradient of shape ", grad.sizes(), " for a parameter of shape ",
-                at::IntArrayRef(m.full_sizes));
-    const at::Tensor rows = grad.reshape({m.rows, m.row_numel});
-    if (m.rows == world_ * m.chunk) {
-      block.copy_(rows.view({world_, -1}));  // dim 0 divides: one strided copy, no padding
-      continue;
-    }
-    // Rank k's rows into row k of the layout, then its padding rows (zeros).
-    const comm::FlatShards split{m.rows, world_};
-    for (int k = 0; k < world_; ++k) {
-      const int64_t n = split.length(k);
-      const at::Tensor mine = block[k];
-      if (n > 0) {
-        mine.narrow(0, 0, n * m.row_numel).copy_(rows.narrow(0, split.offset(k), n).reshape({-1}));
-      }
-      if (n < m.chunk) mine.narrow(0, n * m.row_numel, (m.chunk - n) * m.row_numel).zero_();
-    }
+    grads.push_back(std::move(grad));
   }
+  std::vector<LayoutBlock> blocks;
+  blocks.reserve(params_.size());
+  for (const Member& m : params_) blocks.push_back({m.rows, m.chunk, m.row_numel});
+  copy_into_layout(by_rank, grads, blocks, world_);
   free_full();
   reducing_ = true;
 }

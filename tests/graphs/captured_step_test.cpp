@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 
 #include "ddp/graphs/captured_step.hpp"
@@ -34,6 +35,20 @@ TEST(CapturedStepRefuses, ACpuDevice) {
   EXPECT_EQ(error_of([] { graphs::CapturedStep step([] {}, torch::Device(torch::kCPU)); }),
             "ddp: a captured step (--cuda-graph) needs a CUDA device, not cpu: CUDA graphs "
             "capture GPU work only");
+}
+
+// A replay reads fixed shapes: another count or shape of batch is named, input and shapes.
+TEST(CapturedStepRefuses, ABatchOfAnotherShape) {
+  const std::vector<torch::Tensor> inputs = {torch::zeros({16, 256}), torch::zeros({16})};
+  EXPECT_EQ(graphs::batch_mismatch(inputs, {torch::ones({16, 256}), torch::ones({16})}), "");
+  EXPECT_EQ(graphs::batch_mismatch(inputs, {torch::ones({16, 256})}),
+            "1 batch tensors given, but the step reads 2 inputs");
+  EXPECT_EQ(graphs::batch_mismatch(inputs, {torch::ones({16, 256}), torch::ones({8})}),
+            "input 1 has shape [8], but the captured step reads [16]: a replay reads fixed shapes "
+            "(pad the last partial batch or drop it, or make one CapturedStep per shape)");
+  // The dtype may differ: copy_ converts (token ids read as int64 from an int32 host batch).
+  EXPECT_EQ(
+      graphs::batch_mismatch(inputs, {torch::ones({16, 256}, torch::kInt), torch::ones({16})}), "");
 }
 
 constexpr int kWarmup = 3;
@@ -139,10 +154,10 @@ Result train(const Config& config, bool captured, comm::ProcessGroupPtr pg) {
     return w.loss(wrapped ? (*wrapped)(x) : w.module.forward(x), y) / config.micro_batches;
   };
   const auto body = [&] {
-    // A bare model's gradients are dropped (the backward makes them in the graph's pool); a
-    // wrapper's are zeroed in place (DDP's bucket views, the shards' gradients).
+    // A bare model's and DDP's gradients are dropped (the backward makes them in the graph's
+    // pool; DDP's reducer copies them into its buckets); the shards' are zeroed in place.
     if (opt) {
-      opt->zero_grad(/*set_to_none=*/!wrapped);
+      opt->zero_grad(/*set_to_none=*/config.style != "fsdp");
     } else {
       torch::NoGradGuard no_grad;
       for (auto& p : w.ptr->parameters()) {
@@ -300,10 +315,54 @@ DDP_TEST_WORKER(captured_step_dropout) {
   require(kept > 0.4 && kept < 0.6, "about half kept: " + std::to_string(kept));
 }
 
+// What a replay cannot repeat is refused by name: DDP's find_unused_parameters without
+// static_graph at the capture (an error with error_on_fallback), and a batch of another shape.
+DDP_TEST_WORKER(captured_step_refusals) {
+  auto pg = worker_process_group(std::chrono::seconds(120), "nccl");
+  models::WorkloadOptions wo;
+  wo.dim = 64;
+  models::Workload w = models::make_workload("net", wo);
+  w.ptr->to(torch::kCUDA);
+  DataParallelOptions options;
+  options.ddp.reducer.find_unused_parameters = true;
+  DataParallel<torch::nn::AnyModule> wrapped(w.module, pg, DataParallelStyle::kReplicate, options);
+  const auto opt = make_optimizer("sgd", w.ptr->parameters());
+  const auto batch = w.batch(0, 8);
+  const torch::Tensor x_cpu = batch.first, y_cpu = batch.second;  // a lambda takes no binding
+  const torch::Tensor x = x_cpu.to(torch::kCUDA), y = y_cpu.to(torch::kCUDA);
+  graphs::CapturedStepOptions o;
+  o.warmup_steps = 2;
+  o.error_on_fallback = true;
+  graphs::CapturedStep step(
+      [&] {
+        opt->zero_grad();
+        w.loss(wrapped(x), y).backward();
+        opt->step();
+      },
+      {x, y}, torch::Device("cuda:0"), o);
+  step.run({x_cpu, y_cpu});
+  step.run({x_cpu, y_cpu});
+  std::ostringstream shapes;
+  shapes << "input 0 has shape " << x_cpu.slice(0, 0, 4).sizes() << ", but the captured step reads "
+         << x_cpu.sizes();
+  const std::string wrong_shape = error_of([&] { step.run({x_cpu.slice(0, 0, 4), y_cpu}); });
+  require(wrong_shape == "ddp: captured step 2: " + shapes.str() +
+                             ": a replay reads fixed shapes (pad the last partial batch or drop "
+                             "it, or make one CapturedStep per shape)",
+          "the batch-shape refusal, got: '" + wrong_shape + "'");
+  const std::string refused = error_of([&] { step.run({x_cpu, y_cpu}); });
+  require(refused ==
+              "ddp: the step could not be captured in a CUDA graph: ddp: DistributedDataParallel "
+              "with find_unused_parameters cannot be captured in a CUDA graph: the "
+              "used-parameter map is read on the host every step. Set static_graph too (the set "
+              "recorded in the first step is replayed), or run eagerly",
+          "the find_unused_parameters refusal, got: '" + refused + "'");
+}
+
 TEST(CapturedStepGpu, EqualsEagerFallsBackAndRedrawsDropout) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  for (const char* worker :
-       {"captured_step_equals_eager", "captured_step_fallback", "captured_step_dropout"}) {
+  for (const char* worker : {"captured_step_equals_eager", "captured_step_fallback",
+                             "captured_step_dropout", "captured_step_refusals"}) {
     const auto result = run_workers(worker, 1);
     EXPECT_TRUE(result.ok()) << worker << ": " << result.describe();
   }

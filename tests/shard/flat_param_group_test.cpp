@@ -35,6 +35,61 @@ torch::nn::Sequential make_net() {
                                torch::nn::Linear(3, 2));
 }
 
+// The reduce-scatter copy-in by closed form: rank k's row holds, member after member, rows
+// [k * chunk, (k + 1) * chunk) of each gradient and zeros past its end; an undefined gradient is
+// zeros. The fused path (one at::_chunk_cat kernel, torch >= 2.4) writes the same bytes as the
+// copy per gradient, on CPU and, where there is one, on the GPU; rows 7, 3, 2 and 1 are uneven at
+// worlds 2-4 and fewer than the ranks.
+TEST(CopyIntoLayout, EqualsTheClosedFormFusedOrNot) {
+  std::vector<torch::Device> devices{torch::kCPU};
+  if (torch::cuda::is_available()) devices.emplace_back(torch::kCUDA);
+  for (const auto& device : devices) {
+    for (int world = 1; world <= 4; ++world) {
+      const std::vector<std::vector<int64_t>> shapes{{7, 5}, {3}, {2, 4}, {1, 3}};
+      std::vector<torch::Tensor> grads;
+      std::vector<shard::LayoutBlock> blocks;
+      int64_t s = 0;
+      for (const auto& shape : shapes) {
+        grads.push_back(torch::randn(shape, torch::TensorOptions().device(device)));
+        const int64_t rows = shape[0];
+        const int64_t row_numel = grads.back().numel() / rows;
+        const int64_t chunk = (rows + world - 1) / world;
+        blocks.push_back({rows, chunk, row_numel});
+        s += chunk * row_numel;
+      }
+      for (const bool fused : {true, false}) {
+        for (const bool with_hole : {false, true}) {
+          std::vector<torch::Tensor> given = grads;
+          if (with_hole) given[1] = torch::Tensor();  // a member without a gradient: zeros
+          auto out = torch::full({world, s}, 7.0, torch::TensorOptions().device(device));
+          shard::copy_into_layout(out, given, blocks, world, fused);
+          auto want = torch::zeros({world, s});
+          int64_t offset = 0;
+          for (size_t i = 0; i < given.size(); ++i) {
+            const auto& b = blocks[i];
+            for (int k = 0; k < world && given[i].defined(); ++k) {
+              const int64_t first = std::min(b.rows, k * b.chunk);
+              const int64_t n = std::min(b.rows, (k + 1) * b.chunk) - first;
+              if (n <= 0) continue;
+              want[k]
+                  .narrow(0, offset, n * b.row_numel)
+                  .copy_(given[i]
+                             .cpu()
+                             .reshape({b.rows, b.row_numel})
+                             .narrow(0, first, n)
+                             .reshape({-1}));
+            }
+            offset += b.chunk * b.row_numel;
+          }
+          EXPECT_TRUE(torch::equal(out.cpu(), want))
+              << device << " world " << world << (fused ? " fused" : " per copy")
+              << (with_hole ? " with an undefined gradient" : "");
+        }
+      }
+    }
+  }
+}
+
 DDP_TEST_WORKER(flat_param_group_closed_form) {
   auto pg = worker_process_group(std::chrono::seconds(60));
   const int w = pg->world_size(), r = pg->rank();

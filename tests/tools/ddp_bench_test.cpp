@@ -70,6 +70,18 @@ TEST(DdpBench, CudaGraphOnCpuIsRefused) {
       << out;
 }
 
+// find_unused_parameters reads its map on the host every step unless the graph is static.
+TEST(DdpBench, CudaGraphWithFindUnusedNeedsStaticGraph) {
+  const auto [out, code] =
+      run_command(kBench + " --ddp --device cuda --cuda-graph --find-unused-parameters");
+  EXPECT_EQ(code, 2);
+  EXPECT_NE(out.find("ddp-bench: --cuda-graph cannot be combined with --find-unused-parameters "
+                     "without --static-graph (the used-parameter map is read on the host every "
+                     "step)"),
+            std::string::npos)
+      << out;
+}
+
 // Refused before any worker starts, naming the flag, the model and the models it fits.
 TEST(DdpBench, TieWeightsNeedsAGptModel) {
   const auto [out, code] = run_command(kBench + " --ddp --nproc 2 --model mlp-deep --tie-weights");

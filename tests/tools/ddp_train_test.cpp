@@ -234,6 +234,12 @@ TEST(DdpTrain, CudaGraphRefusals) {
       {"--device cuda --checkpoint-dir /tmp/x",
        "ddp-train: --cuda-graph cannot be combined with --checkpoint-dir (the capturable "
        "optimizers' state is not in checkpoints yet)"},
+      {"--device cuda --find-unused-parameters",
+       "ddp-train: --cuda-graph cannot be combined with --find-unused-parameters without "
+       "--static-graph (the used-parameter map is read on the host every step)"},
+      {"--device cuda --backend gloo",
+       "ddp-train: --cuda-graph needs the nccl backend, not gloo: Gloo's collectives run on the "
+       "host, outside any CUDA graph"},
   };
   for (const auto& [flags, want] : cases) {
     const auto [out, code] = run(train + flags);

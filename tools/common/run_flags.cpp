@@ -33,7 +33,7 @@ void add_run_flags(CLI::App& app, RunFlags& flags, bool& verbose) {
   app.add_flag("--verbose", verbose, "print the bucket or unit table and the runtime stats");
 }
 
-std::string cuda_graph_refusal(const RunFlags& flags) {
+std::string cuda_graph_refusal(const RunFlags& flags, const reducer::ReducerOptions& reducer) {
   if (!flags.cuda_graph) return "";
   if (flags.device != "cuda") {
     return "--cuda-graph needs --device cuda, not --device " + flags.device +
@@ -42,6 +42,10 @@ std::string cuda_graph_refusal(const RunFlags& flags) {
   if (flags.optimizer_overlap) {
     return "--cuda-graph cannot be combined with --optimizer-overlap (torch::optim inside "
            "backward bakes its learning rate into the graph)";
+  }
+  if (reducer.find_unused_parameters && !reducer.static_graph) {
+    return "--cuda-graph cannot be combined with --find-unused-parameters without "
+           "--static-graph (the used-parameter map is read on the host every step)";
   }
   return "";
 }

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <string>
 
+#include "ddp/reducer/reducer_options.hpp"
+
 namespace ddp::tools {
 
 struct RunFlags {
@@ -29,9 +31,10 @@ struct RunFlags {
 // --cuda-graph, and --verbose into `verbose` (the tool's DDPOptions::verbose).
 void add_run_flags(CLI::App& app, RunFlags& flags, bool& verbose);
 
-// Why --cuda-graph cannot run with these run flags ("" when it can, or is not set): it needs a
-// CUDA device, and --optimizer-overlap's torch::optim steps inside backward would bake their
-// learning rate into the graph. Each tool refuses its own further flags after this.
-std::string cuda_graph_refusal(const RunFlags& flags);
+// Why --cuda-graph cannot run with these run flags and DDP flags ("" when it can, or is not set):
+// it needs a CUDA device; --optimizer-overlap's torch::optim steps inside backward would bake
+// their learning rate into the graph; --find-unused-parameters without --static-graph reads the
+// used-parameter map on the host every step. Each tool refuses its own further flags after this.
+std::string cuda_graph_refusal(const RunFlags& flags, const reducer::ReducerOptions& reducer);
 
 }  // namespace ddp::tools

@@ -133,7 +133,9 @@ bool sharded(const Args& args) { return args.shard.sharded(); }
 // captured step cannot do (a host-side timer per phase, a host copy per step, a step-1 graph).
 std::string cuda_graph_refusal(const Args& args) {
   if (!args.cuda_graph) return "";
-  if (std::string common = ddp::tools::cuda_graph_refusal(args); !common.empty()) return common;
+  if (std::string common = ddp::tools::cuda_graph_refusal(args, args.options.reducer);
+      !common.empty())
+    return common;
   if (args.profile) return "--cuda-graph cannot be combined with --profile (per-phase timers)";
   if (!args.inputs.empty()) return "--cuda-graph cannot be combined with --inputs (parity runs)";
   if (!args.graph_dot.empty()) return "--cuda-graph cannot be combined with --graph-dot";
@@ -278,7 +280,10 @@ int run_worker(const Args& args) {
     graph_loss = torch::zeros({}, torch::TensorOptions().device(device));
     captured = std::make_unique<ddp::graphs::CapturedStep>(
         [&, x = x, y = y] {
-          graph_opt->zero_grad(/*set_to_none=*/!wrapped);  // a wrapper's are bucket views / shards
+          // Dropped (a bare model's, DDP's bucket views: the backward makes them in the graph's
+          // pool, the reducer copies DDP's into its buckets, one read and write, instead of a
+          // zero and an add per parameter); a sharded style's shards zeroed in place.
+          graph_opt->zero_grad(/*set_to_none=*/sharded_model == nullptr);
           torch::Tensor loss;
           {
             std::optional<ddp::parallel::AutocastGuard> autocast;

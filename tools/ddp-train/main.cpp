@@ -93,12 +93,17 @@ void check_checkpoint_flags(const Args& args) {
 // (run_flags.hpp), what the captured step does not carry yet.
 std::string cuda_graph_refusal(const Args& args) {
   if (!args.cuda_graph) return "";
-  if (std::string common = ddp::tools::cuda_graph_refusal(args); !common.empty()) return common;
+  if (std::string common = ddp::tools::cuda_graph_refusal(args, args.ddp.reducer); !common.empty())
+    return common;
   if (!args.checkpoint_dir.empty()) {
     return "--cuda-graph cannot be combined with --checkpoint-dir (the capturable optimizers' "
            "state is not in checkpoints yet)";
   }
   if (args.tp > 0) return "--cuda-graph cannot be combined with --tp (not captured yet)";
+  if (args.backend == "gloo") {
+    return "--cuda-graph needs the nccl backend, not gloo: Gloo's collectives run on the host, "
+           "outside any CUDA graph";
+  }
   if (args.comm_hook == "powersgd") {
     return "--cuda-graph cannot be combined with --comm-hook powersgd (its steps differ until "
            "its warm-up ends, and a graph replays one)";
@@ -261,6 +266,13 @@ int run_worker(const Args& args) {
   constexpr int kLossEvery = 20;  // the progress lines' interval (a log prints every 20 steps)
   ddp::tools::LossLog losses(pg, device, kLossEvery);
   const auto start = std::chrono::steady_clock::now();
+  // Seconds spent evaluating (--data's validation passes) and sampling: not training, so the
+  // steps/s of the progress lines and the last line leave them out. A captured step made them most
+  // of a run's time (its steps are a few ms, a validation pass and a sample are eager forwards).
+  double not_training_s = 0;
+  const auto seconds_since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
   double first_loss = 0, last_loss = 0;
   for (int step = first_step; step <= args.steps; ++step) {
     if (step == args.fail_at_step && pg->rank() == args.fail_rank && restart_count() == 0) {
@@ -276,22 +288,23 @@ int run_worker(const Args& args) {
     torch::Tensor loss;
     if (graph_opt) {
       if (!captured) {
-        static_x = to_device(x_cpu);
-        static_y = to_device(y_cpu);
+        static_x = torch::empty_like(x_cpu, torch::TensorOptions().device(device));
+        static_y = torch::empty_like(y_cpu, torch::TensorOptions().device(device));
         static_loss = torch::zeros({}, static_x.options().dtype(torch::kFloat));
         captured = std::make_unique<ddp::graphs::CapturedStep>(
             [&] {
-              graph_opt->zero_grad();  // in place: DDP's bucket views, the shards' gradients
+              // Dropped: the reducer copies the new gradients into DDP's buckets (cheaper than a
+              // zero and an add per parameter); the shards' gradients zeroed in place.
+              graph_opt->zero_grad(/*set_to_none=*/sharded == nullptr);
               const torch::Tensor l = w.loss(forward(static_x), static_y);
               l.backward();
               graph_opt->step();
               static_loss.copy_(l.detach());
             },
-            device);
+            std::vector<torch::Tensor>{static_x, static_y}, device);
       }
-      static_x.copy_(to_device(x_cpu));
-      static_y.copy_(to_device(y_cpu));
-      captured->run();
+      // Straight from pinned host memory into the static inputs, without a host wait.
+      captured->run({x_cpu.pin_memory(), y_cpu.pin_memory()});
       loss = static_loss;
     } else {
       const auto x = to_device(x_cpu);
@@ -312,8 +325,7 @@ int run_worker(const Args& args) {
     const bool checkpoint_due = args.checkpoint_every > 0 && step % args.checkpoint_every == 0;
     if (step == first_step || step % kLossEvery == 0 || step == args.steps || checkpoint_due ||
         (text && text->evaluates_at(step, args.steps)) || losses.full()) {
-      const double secs =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const double secs = seconds_since(start) - not_training_s;
       for (const auto& [at, value] : losses.flush()) {
         TORCH_CHECK(std::isfinite(value), "the loss became ", value, " at step ", at,
                     " (learning rate ", lr, "); lower --lr");
@@ -323,7 +335,11 @@ int run_worker(const Args& args) {
         curve.train.push_back({at, value});
       }
     }
-    if (text) text->after_step(step, args.steps, last_loss, forward, curve, progress);
+    if (text) {
+      const auto evaluating = std::chrono::steady_clock::now();
+      text->after_step(step, args.steps, last_loss, forward, curve, progress);
+      not_training_s += seconds_since(evaluating);
+    }
     if (checkpoint_due) {
       state.step = step;
       state.data_position = text ? text->data_position() : step * global_batch;
@@ -338,7 +354,9 @@ int run_worker(const Args& args) {
     weights = ddp::tools::whole_weights(*w.ptr, sharded, split);  // by layouts (collective)
   }
   // Every rank samples: the forward is collective under the sharded styles and --tp.
+  const auto sampling = std::chrono::steady_clock::now();
   const std::string sample = text ? text->sample_report(forward) : "";
+  not_training_s += seconds_since(sampling);
   if (lead) {
     progress.finish();
     if (args.ddp.verbose && ddp_model) {
@@ -348,11 +366,12 @@ int run_worker(const Args& args) {
     if (captured) {
       std::cout << "ddp-train: cuda graph " << ddp::graphs::describe(*captured) << std::endl;
     }
-    const double secs =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double secs = seconds_since(start) - not_training_s;
     const int ran = std::max(0, args.steps - first_step + 1);
     std::cout << "ddp-train: loss " << first_loss << " -> " << last_loss << " in " << ran
-              << " steps (" << secs << " s, " << ran / secs << " steps/s)" << std::endl;
+              << " steps (" << secs << " s, " << ran / secs << " steps/s";
+    if (text) std::cout << "; " << not_training_s << " s of evaluation and sampling not counted";
+    std::cout << ")" << std::endl;
     if (!sample.empty()) std::cout << sample << std::endl;
     if (!args.plot.empty() && !curve.train.empty()) {
       const auto options =

@@ -48,6 +48,15 @@
 #define DDP_HAVE_SDPA 0
 #endif
 
+// at::_chunk_cat (2.4+): chunks each tensor along a dim into N padded chunks and lays chunk k of
+// every tensor side by side in row k of a (N, -1) output, in one kernel: FSDP2's reduce-scatter
+// copy-in. Without it (1.13), a FULLY_SHARD unit copies each gradient into the layout in turn.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+#define DDP_HAVE_CHUNK_CAT 1
+#else
+#define DDP_HAVE_CHUNK_CAT 0
+#endif
+
 // torch::data samplers (data/): the Sampler base class returns and takes c10::optional, a type of
 // its own in 1.13 and an alias of std::optional since 2.x, so overrides spell c10::optional and
 // compile against both without a version test (the data headers do not include this file, to

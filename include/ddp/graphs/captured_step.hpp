@@ -31,12 +31,22 @@
 //
 // Timeout: a replayed collective is invisible to c10d's watchdog (work made under capture is not
 // enqueued), so a dead or stopped rank would hang a replay forever. run() therefore waits, with
-// `replay_timeout`, for the previous replay to finish before launching the next (one step of
-// run-ahead), and throws naming the step when it does not.
+// `replay_timeout`, for the replay two steps back before launching the next (one replay queued
+// behind the running one, so the GPU does not idle while the host launches), and throws naming
+// the step whose replay did not finish.
 //
-// Refused, by exact text: a CPU device or a build without CUDA. Destroy a CapturedStep before the
-// process group its step uses (a graph holding NCCL work must go first).
+// Inputs: a step reads its batch from tensors that stay put (a replay reads the captured
+// addresses). Hand them to the constructor and feed each batch with run(batch): it copies the
+// batch into them, on the caller's stream, after the previous step. A batch of another count or
+// shape than the inputs is refused by exact text naming the step and the input: a graph replays
+// fixed shapes (pad the last partial batch or drop it, or make one CapturedStep per shape).
+//
+// Refused, by exact text: a CPU device or a build without CUDA. Under capture the layers below
+// refuse by name what a replay cannot repeat (DDP's find_unused_parameters without static_graph,
+// Gloo): the capture then falls back as above. Destroy a CapturedStep before the process group its
+// step uses (a graph holding NCCL work must go first).
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
 #include <chrono>
@@ -44,6 +54,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace ddp::graphs {
 
@@ -78,6 +89,9 @@ class CapturedStep {
 
   // `step` runs one whole training step; `device` is where it runs (must be CUDA).
   CapturedStep(std::function<void()> step, c10::Device device, CapturedStepOptions options = {});
+  // The same over static `inputs` (on `device`) that run(batch) refills before each step.
+  CapturedStep(std::function<void()> step, std::vector<at::Tensor> inputs, c10::Device device,
+               CapturedStepOptions options = {});
   ~CapturedStep();
   CapturedStep(const CapturedStep&) = delete;
   CapturedStep& operator=(const CapturedStep&) = delete;
@@ -85,6 +99,9 @@ class CapturedStep {
   // One step: eager while warming up, the capture and its first replay at the end of the warm-up,
   // a replay afterwards (or eager after a failed capture).
   void run();
+  // Copies `batch` into the static inputs (each of its input's shape; any dtype or device that
+  // copy_ takes), then run().
+  void run(const std::vector<at::Tensor>& batch);
 
   State state() const;
   // Steps run so far (warm-up, replays and eager fallbacks together).
@@ -98,6 +115,11 @@ class CapturedStep {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// Why `batch` cannot be copied into the static `inputs` of a captured step ("" when it can):
+// another number of tensors, or one of another shape. Pure; run(batch) throws it naming the step.
+std::string batch_mismatch(const std::vector<at::Tensor>& inputs,
+                           const std::vector<at::Tensor>& batch);
 
 // "warming up", "replaying", "eager".
 const char* state_name(CapturedStep::State state);

@@ -135,6 +135,9 @@ class Reducer {
   static const char* state_name(State s) { return iteration_state_name(s); }
 
   void on_grad_ready(size_t index);  // from the accumulator post-hook, on the autograd thread
+  // Under a CUDA-graph capture: refuses, by name, what a replay cannot repeat (the used-parameter
+  // map read on the host every step, Gloo's host collectives).
+  void refuse_capture_if_host_bound() const;
   void begin_sync_backward();
   void mark_ready(size_t index, bool used);  // gradient into its slot, then the runtime
   void launched(size_t count);               // tell listeners about the newest launches

@@ -57,6 +57,23 @@ const char* state_name(ShardedState state);
 // with every new full buffer). Backward then produces param_dtype gradients, reduce-scattered in
 // the reduce dtype, and the shards' .grad is in the shards' dtype again.
 
+// One member's part of [Note: flat shard layout]: `rows` of dim 0, `chunk` rows per rank,
+// `row_numel` elements per row; it fills chunk * row_numel columns of each rank's row.
+struct LayoutBlock {
+  int64_t rows = 0;
+  int64_t chunk = 0;
+  int64_t row_numel = 0;
+};
+
+// The reduce-scatter copy-in of [Note: flat shard layout]: each full gradient (shaped [rows, ...],
+// or undefined: zeros) chunked by rank into row k of `out`, a (world, S) view with S the sum of
+// the blocks, padding rows zero. With `fused` and every gradient defined in out's dtype and
+// device, one at::_chunk_cat kernel (FSDP2's copy-in; torch >= 2.4, whose chunks are torch.chunk's
+// even split, FlatShards' rule); otherwise one copy per gradient. Both write the same bytes
+// (tests/shard check it at worlds 1-4 with uneven rows).
+void copy_into_layout(at::Tensor out, const std::vector<at::Tensor>& grads,
+                      const std::vector<LayoutBlock>& blocks, int world, bool fused = true);
+
 class FlatParamGroup {
  public:
   // `params`: every distinct parameter of the model, parallel to plan.shapes, holding the same
