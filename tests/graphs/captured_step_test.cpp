@@ -154,10 +154,10 @@ Result train(const Config& config, bool captured, comm::ProcessGroupPtr pg) {
     return w.loss(wrapped ? (*wrapped)(x) : w.module.forward(x), y) / config.micro_batches;
   };
   const auto body = [&] {
-    // A bare model's and DDP's gradients are dropped (the backward makes them in the graph's
-    // pool; DDP's reducer copies them into its buckets); the shards' are zeroed in place.
+    // Dropped (the backward makes them in the graph's pool; DDP's reducer copies them into its
+    // buckets, a sharded unit's reduced shard becomes them), as the tools' captured steps do.
     if (opt) {
-      opt->zero_grad(/*set_to_none=*/config.style != "fsdp");
+      opt->zero_grad(/*set_to_none=*/true);
     } else {
       torch::NoGradGuard no_grad;
       for (auto& p : w.ptr->parameters()) {

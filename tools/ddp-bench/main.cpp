@@ -280,10 +280,10 @@ int run_worker(const Args& args) {
     graph_loss = torch::zeros({}, torch::TensorOptions().device(device));
     captured = std::make_unique<ddp::graphs::CapturedStep>(
         [&, x = x, y = y] {
-          // Dropped (a bare model's, DDP's bucket views: the backward makes them in the graph's
-          // pool, the reducer copies DDP's into its buckets, one read and write, instead of a
-          // zero and an add per parameter); a sharded style's shards zeroed in place.
-          graph_opt->zero_grad(/*set_to_none=*/sharded_model == nullptr);
+          // Dropped: the backward makes them in the graph's pool; DDP's reducer copies them into
+          // its buckets and a sharded unit's reduced shard becomes them, instead of a zero and an
+          // add per parameter (154 more kernels in the gpt-char FULLY_SHARD graph).
+          graph_opt->zero_grad(/*set_to_none=*/true);
           torch::Tensor loss;
           {
             std::optional<ddp::parallel::AutocastGuard> autocast;
