@@ -210,6 +210,40 @@ class TensorParallelPlanTest(unittest.TestCase):
                       f"this is torch {torch.__version__}", r.stderr)
 
 
+class CompareTest(unittest.TestCase):
+    """bench/compare's flags reach both sides; --cuda-graph is refused where it cannot run."""
+
+    @staticmethod
+    def load_compare():
+        import importlib.machinery
+        import importlib.util
+        path = os.path.join(ROOT, "bench", "compare")
+        loader = importlib.machinery.SourceFileLoader("bench_compare", path)
+        spec = importlib.util.spec_from_loader("bench_compare", loader)
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+        return module
+
+    def test_cuda_graph_reaches_both_sides(self):
+        compare = self.load_compare()
+        args = compare.parse_args(["--device", "cuda", "--cuda-graph", "--model", "gpt-char"])
+        for side in ("ours", "pytorch"):
+            cmd = compare.side_command(args, side, "gpt-char", 1)
+            self.assertIn("--cuda-graph", cmd)
+            self.assertEqual(cmd[cmd.index("--nproc") + 1], "1")
+
+    def test_cuda_graph_refusals(self):
+        for flags, want in [
+                ([], "--cuda-graph needs --device cuda, not --device cpu: CUDA graphs capture GPU "
+                     "work only"),
+                (["--device", "cuda", "--parity"],
+                 "--cuda-graph cannot be combined with --parity (its batches change every step)")]:
+            r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "compare"), "--cuda-graph",
+                                *flags], capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn(want, r.stderr)
+
+
 class RunTest(unittest.TestCase):
     def test_result_lines_text_and_json(self):
         proc = run_reference("--model", "mlp-deep", "--batch-size", "4", "--repeat", "2", "--warmup", "1",
