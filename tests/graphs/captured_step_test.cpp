@@ -359,10 +359,37 @@ DDP_TEST_WORKER(captured_step_refusals) {
           "the find_unused_parameters refusal, got: '" + refused + "'");
 }
 
+// The host-side bound on a replay (what c10d's watchdog does not give captured collectives),
+// without a dead rank: a replay of 30 fp32 8192^3 products (about 0.6 s on an H100) against a
+// 100 ms bound. Run 2 captures and replays (step 1), run 3 queues step 2's replay, run 4 waits for
+// step 1's and gives up naming it.
+DDP_TEST_WORKER(captured_step_replay_timeout) {
+  const auto a = torch::randn({8192, 8192}, torch::kCUDA);
+  auto out = torch::empty_like(a);
+  graphs::CapturedStepOptions o;
+  o.warmup_steps = 1;
+  o.replay_timeout = std::chrono::milliseconds(100);
+  graphs::CapturedStep step(
+      [&] {
+        for (int i = 0; i < 30; ++i) at::mm_out(out, a, a);
+      },
+      torch::Device("cuda:0"), o);
+  step.run();  // warm-up
+  step.run();  // capture, and the replay of step 1
+  step.run();  // the replay of step 2, queued behind it
+  const std::string err = error_of([&] { step.run(); });
+  require(step.state() == graphs::CapturedStep::State::kReplaying, "the products were captured");
+  require(err ==
+              "ddp: captured step 3: the replay of step 1 did not finish within 100 ms (a "
+              "collective inside it waits on a rank that is dead or stopped?)",
+          "the replay timeout, got: '" + err + "'");
+}
+
 TEST(CapturedStepGpu, EqualsEagerFallsBackAndRedrawsDropout) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  for (const char* worker : {"captured_step_equals_eager", "captured_step_fallback",
-                             "captured_step_dropout", "captured_step_refusals"}) {
+  for (const char* worker :
+       {"captured_step_equals_eager", "captured_step_fallback", "captured_step_dropout",
+        "captured_step_refusals", "captured_step_replay_timeout"}) {
     const auto result = run_workers(worker, 1);
     EXPECT_TRUE(result.ok()) << worker << ": " << result.describe();
   }
