@@ -62,7 +62,7 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
 
   reducer_ = std::make_unique<reducer::Reducer>(grad_params, param_names_, pg_, options_.reducer,
                                                 expect_sparse);
-  stats_ = std::make_unique<reducer::GradientStats>(options_.stats_every);
+  stats_ = std::make_unique<obs::GradientStats>(options_.stats_every);
   reducer_->add_listener(stats_->listener(), "the stats timeline");
   const bool show =
       pg_->rank() == 0 && (options_.verbose || obs::log_level() >= obs::LogLevel::kInfo);

@@ -26,7 +26,7 @@
 #include "ddp/obs/runtime_stats.hpp"
 #include "ddp/optim/optimizer_in_backward.hpp"
 #include "ddp/parallel/ddp_options.hpp"
-#include "ddp/reducer/gradient_stats.hpp"
+#include "ddp/obs/gradient_stats.hpp"
 #include "ddp/reducer/no_sync_guard.hpp"
 #include "ddp/reducer/reducer_runtime.hpp"
 #include "ddp/unit/module_call.hpp"
@@ -91,7 +91,7 @@ class DistributedDataParallelBase {
   std::vector<torch::Tensor> buffers_;
   std::vector<std::string> buffer_names_;
   // Listeners on the reducer's events; declared before reducer_ so they outlive it.
-  std::unique_ptr<reducer::GradientStats> stats_;
+  std::unique_ptr<obs::GradientStats> stats_;
   std::unique_ptr<optim::OptimizerInBackward> optimizer_in_backward_;
   std::unique_ptr<reducer::Reducer> reducer_;
   bool require_sync_ = true;  // false inside no_sync()

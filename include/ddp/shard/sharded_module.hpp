@@ -43,7 +43,7 @@
 #include "ddp/layout/tensor_layouts.hpp"
 #include "ddp/obs/runtime_stats.hpp"
 #include "ddp/optim/optimizer_in_backward.hpp"
-#include "ddp/reducer/gradient_stats.hpp"
+#include "ddp/obs/gradient_stats.hpp"
 #include "ddp/reducer/no_sync_guard.hpp"
 #include "ddp/reducer/reducer_options.hpp"
 #include "ddp/shard/flat_param_group.hpp"
@@ -183,7 +183,7 @@ class ShardedModule : private unit::UnitListener {
   bool require_sync_ = true;         // false inside no_sync(): backward reduces nothing
   int64_t peak_gathered_bytes_ = 0;
   // Listeners on the gradient runtimes; declared before them so they outlive them.
-  reducer::GradientStats stats_;
+  obs::GradientStats stats_;
   std::vector<std::unique_ptr<optim::OptimizerInBackward>> optimizers_in_backward_;
   // The gradient runtimes, last: their hooks go before anything they use. The units' (one bucket
   // each, reduce-scattered), and DEFAULT's replicated parameters' (DDP's bucketed all-reduce).

@@ -9,7 +9,7 @@
 #include "ddp/obs/runtime_stats.hpp"
 #include "ddp/reducer/timeline_recorder.hpp"
 
-namespace ddp::reducer {
+namespace ddp::obs {
 
 class GradientStats {
  public:
@@ -17,8 +17,8 @@ class GradientStats {
   explicit GradientStats(int64_t every);
 
   // Add it to the gradient path (Reducer::add_listener, UnitReducer::add_listener).
-  ReducerListener* listener() { return &timeline_; }
-  obs::IterationTimeline last_timeline() const { return timeline_.last(); }
+  reducer::ReducerListener* listener() { return &timeline_; }
+  IterationTimeline last_timeline() const { return timeline_.last(); }
 
   // Around the wrapped module's forward (a synchronized one: ended only when a backward follows).
   void forward_started();
@@ -27,15 +27,15 @@ class GradientStats {
   // call; cheap otherwise. Call before each forward and before reading the samples.
   void collect(int64_t synchronized_backwards);
   // The samples and their averages into `data` (the caller fills the configuration).
-  void fill(obs::LoggingData& data) const;
+  void fill(LoggingData& data) const;
 
  private:
   int64_t every_;
-  TimelineRecorder timeline_;
+  reducer::TimelineRecorder timeline_;
   int64_t forward_start_ns_ = 0;
   int64_t last_forward_ns_ = 0;
   int64_t collected_through_ = 0;  // synchronized backwards already looked at
-  std::vector<obs::IterationStats> samples_;
+  std::vector<IterationStats> samples_;
 };
 
-}  // namespace ddp::reducer
+}  // namespace ddp::obs

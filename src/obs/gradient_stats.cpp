@@ -1,10 +1,10 @@
-#include "ddp/reducer/gradient_stats.hpp"
+#include "ddp/obs/gradient_stats.hpp"
 
 #include <c10/util/Exception.h>
 
 #include "ddp/obs/timeline.hpp"
 
-namespace ddp::reducer {
+namespace ddp::obs {
 
 GradientStats::GradientStats(int64_t every) : every_(every) {
   TORCH_CHECK(every_ >= 1, "ddp: stats_every must be at least 1, got ", every_);
@@ -27,4 +27,4 @@ void GradientStats::fill(obs::LoggingData& data) const {
   obs::summarize(data);
 }
 
-}  // namespace ddp::reducer
+}  // namespace ddp::obs
