@@ -8,6 +8,7 @@
 #include <sstream>
 #include <string>
 
+#include "ddp/optim/lr_schedule.hpp"
 #include "ddp/parallel/ddp_options.hpp"
 #include "ddp/shard/shard_options.hpp"
 
@@ -65,6 +66,10 @@ TEST(Options, ShardOptionsDescribeReachesNestedFields) {
   EXPECT_EQ(d.at("shard.reduce_dtype"), "none");
   EXPECT_EQ(d.at("shard.stats_every"), "100");
   EXPECT_EQ(d.at("shard.replicated.buckets.bucket_cap_bytes"), "7");
+}
+
+TEST(Options, DocsListEveryLrScheduleOption) {
+  expect_docs_list(optim::describe(optim::LrScheduleOptions{}));
 }
 
 TEST(Options, DocsListEveryShardOption) {
