@@ -9,7 +9,10 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
+#include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
 
 namespace ddp::io {
@@ -111,10 +114,123 @@ void load_model_tensors(torch::nn::Module& model, const TensorMap& tensors,
 std::string optimizer_kind(const torch::optim::Optimizer& optimizer) {
   if (dynamic_cast<const torch::optim::SGD*>(&optimizer) != nullptr) return "sgd";
   if (dynamic_cast<const torch::optim::Adam*>(&optimizer) != nullptr) return "adam";
+  if (dynamic_cast<const torch::optim::AdamW*>(&optimizer) != nullptr) return "adamw";
+  if (dynamic_cast<const torch::optim::RMSprop*>(&optimizer) != nullptr) return "rmsprop";
+  if (dynamic_cast<const torch::optim::Adagrad*>(&optimizer) != nullptr) return "adagrad";
   TORCH_CHECK(false,
-              "ddp: checkpoint: only torch::optim::SGD and torch::optim::Adam state can be saved; "
-              "this optimizer is neither");
+              "ddp: checkpoint: only the state of torch::optim's SGD, Adam, AdamW, RMSprop and "
+              "Adagrad can be saved; this optimizer is none of them");
 }
+
+namespace {
+
+// [Note: optimizer state fields] One parameter's state as named fields, the names PyTorch's
+// state_dict uses: `step` an int64 scalar (a count, not parameter-shaped), the rest tensors of
+// the parameter's shape (a sharded checkpoint splits them as the parameter). Optional fields
+// (SGD without momentum, AMSGrad's maximum, RMSprop's momentum and centered average) are absent
+// when undefined. Each kind's fields are written and read by the one pair of functions below.
+template <typename State>
+struct Fields;
+
+template <>
+struct Fields<torch::optim::SGDParamState> {
+  template <typename F>
+  static void each(torch::optim::SGDParamState& s, F&& f) {
+    f(
+        "momentum_buffer", false, [&] { return s.momentum_buffer(); },
+        [&](const at::Tensor& t) { s.momentum_buffer(t); });
+  }
+};
+
+// Adam and AdamW keep the same fields.
+template <typename AdamState>
+struct AdamFields {
+  template <typename F>
+  static void each(AdamState& s, F&& f) {
+    f(
+        "exp_avg", true, [&] { return s.exp_avg(); }, [&](const at::Tensor& t) { s.exp_avg(t); });
+    f(
+        "exp_avg_sq", true, [&] { return s.exp_avg_sq(); },
+        [&](const at::Tensor& t) { s.exp_avg_sq(t); });
+    f(
+        "max_exp_avg_sq", false, [&] { return s.max_exp_avg_sq(); },
+        [&](const at::Tensor& t) { s.max_exp_avg_sq(t); });
+  }
+};
+template <>
+struct Fields<torch::optim::AdamParamState> : AdamFields<torch::optim::AdamParamState> {};
+template <>
+struct Fields<torch::optim::AdamWParamState> : AdamFields<torch::optim::AdamWParamState> {};
+
+template <>
+struct Fields<torch::optim::RMSpropParamState> {
+  template <typename F>
+  static void each(torch::optim::RMSpropParamState& s, F&& f) {
+    f(
+        "square_avg", true, [&] { return s.square_avg(); },
+        [&](const at::Tensor& t) { s.square_avg(t); });
+    f(
+        "momentum_buffer", false, [&] { return s.momentum_buffer(); },
+        [&](const at::Tensor& t) { s.momentum_buffer(t); });
+    f(
+        "grad_avg", false, [&] { return s.grad_avg(); },
+        [&](const at::Tensor& t) { s.grad_avg(t); });
+  }
+};
+
+template <>
+struct Fields<torch::optim::AdagradParamState> {
+  template <typename F>
+  static void each(torch::optim::AdagradParamState& s, F&& f) {
+    f(
+        "sum", true, [&] { return s.sum(); }, [&](const at::Tensor& t) { s.sum(t); });
+  }
+};
+
+// Whether State counts steps (SGD does not).
+template <typename State>
+constexpr bool kHasStep = !std::is_same_v<State, torch::optim::SGDParamState>;
+
+template <typename State>
+void save_state(torch::optim::OptimizerParamState& base, const std::string& name, TensorMap& out) {
+  auto& s = static_cast<State&>(base);
+  if constexpr (kHasStep<State>)
+    out[name + ".step"] = at::scalar_tensor(int64_t(s.step()), at::kLong);
+  Fields<State>::each(s, [&](const char* field, bool, auto get, auto) {
+    const at::Tensor t = get();
+    if (t.defined()) out[name + "." + field] = t.detach();
+  });
+}
+
+// The state of parameter `p` from `take` (nullptr: absent) and `require` (throws naming the key),
+// or nullptr when the checkpoint holds none for it (not stepped when saved).
+template <typename State, typename Take, typename Require, typename Like>
+std::unique_ptr<torch::optim::OptimizerParamState> load_state(const std::string& name,
+                                                              const std::string& source,
+                                                              Take&& take, Require&& require,
+                                                              Like&& like) {
+  auto s = std::make_unique<State>();
+  bool any = false;
+  if constexpr (kHasStep<State>) {
+    const at::Tensor* step = take(name + ".step");
+    if (step == nullptr) return nullptr;
+    TORCH_CHECK(step->numel() == 1 && step->scalar_type() == at::kLong, "ddp: checkpoint ", source,
+                ": optimizer state '", name, ".step' is not an int64 scalar");
+    s->step(step->template item<int64_t>());
+    any = true;
+  }
+  Fields<State>::each(*s, [&](const char* field, bool required, auto, auto set) {
+    const std::string key = name + "." + field;
+    const at::Tensor* t = required && any ? &require(key) : take(key);
+    if (t == nullptr) return;
+    set(like(*t, key));
+    any = true;
+  });
+  if (!any) return nullptr;
+  return s;
+}
+
+}  // namespace
 
 TensorMap optimizer_tensors(torch::optim::Optimizer& optimizer, const torch::nn::Module& model) {
   const std::string kind = optimizer_kind(optimizer);
@@ -128,17 +244,17 @@ TensorMap optimizer_tensors(torch::optim::Optimizer& optimizer, const torch::nn:
       const std::string& name = name_of(names, p, g, i);
       const auto it = state.find(state_key<StateMap>(p));
       if (it == state.end()) continue;  // not stepped yet
+      auto& base = *it->second;
       if (kind == "sgd") {
-        const auto& s = static_cast<const torch::optim::SGDParamState&>(*it->second);
-        if (s.momentum_buffer().defined())
-          out[name + ".momentum_buffer"] = s.momentum_buffer().detach();
+        save_state<torch::optim::SGDParamState>(base, name, out);
+      } else if (kind == "adam") {
+        save_state<torch::optim::AdamParamState>(base, name, out);
+      } else if (kind == "adamw") {
+        save_state<torch::optim::AdamWParamState>(base, name, out);
+      } else if (kind == "rmsprop") {
+        save_state<torch::optim::RMSpropParamState>(base, name, out);
       } else {
-        const auto& s = static_cast<const torch::optim::AdamParamState&>(*it->second);
-        out[name + ".step"] = at::scalar_tensor(int64_t(s.step()), at::kLong);
-        out[name + ".exp_avg"] = s.exp_avg().detach();
-        out[name + ".exp_avg_sq"] = s.exp_avg_sq().detach();
-        if (s.max_exp_avg_sq().defined())
-          out[name + ".max_exp_avg_sq"] = s.max_exp_avg_sq().detach();
+        save_state<torch::optim::AdagradParamState>(base, name, out);
       }
     }
   }
@@ -169,25 +285,22 @@ void load_optimizer_tensors(torch::optim::Optimizer& optimizer, const torch::nn:
     for (size_t i = 0; i < groups[g].params().size(); ++i) {
       const at::Tensor& p = groups[g].params()[i];
       const std::string& name = name_of(names, p, g, i);
+      const auto like = [&](const at::Tensor& t, const std::string& key) {
+        return state_like(t, p, key, source);
+      };
+      std::unique_ptr<torch::optim::OptimizerParamState> s;
       if (kind == "sgd") {
-        const at::Tensor* buf = take(name + ".momentum_buffer");
-        if (buf == nullptr) continue;
-        auto s = std::make_unique<torch::optim::SGDParamState>();
-        s->momentum_buffer(state_like(*buf, p, name + ".momentum_buffer", source));
-        fresh[state_key<StateMap>(p)] = std::move(s);
+        s = load_state<torch::optim::SGDParamState>(name, source, take, require, like);
+      } else if (kind == "adam") {
+        s = load_state<torch::optim::AdamParamState>(name, source, take, require, like);
+      } else if (kind == "adamw") {
+        s = load_state<torch::optim::AdamWParamState>(name, source, take, require, like);
+      } else if (kind == "rmsprop") {
+        s = load_state<torch::optim::RMSpropParamState>(name, source, take, require, like);
       } else {
-        const at::Tensor* step = take(name + ".step");
-        if (step == nullptr) continue;
-        TORCH_CHECK(step->numel() == 1 && step->scalar_type() == at::kLong, "ddp: checkpoint ",
-                    source, ": optimizer state '", name, ".step' is not an int64 scalar");
-        auto s = std::make_unique<torch::optim::AdamParamState>();
-        s->step(step->item<int64_t>());
-        s->exp_avg(state_like(require(name + ".exp_avg"), p, name + ".exp_avg", source));
-        s->exp_avg_sq(state_like(require(name + ".exp_avg_sq"), p, name + ".exp_avg_sq", source));
-        if (const at::Tensor* m = take(name + ".max_exp_avg_sq"))
-          s->max_exp_avg_sq(state_like(*m, p, name + ".max_exp_avg_sq", source));
-        fresh[state_key<StateMap>(p)] = std::move(s);
+        s = load_state<torch::optim::AdagradParamState>(name, source, take, require, like);
       }
+      if (s) fresh[state_key<StateMap>(p)] = std::move(s);
     }
   }
   for (const auto& [key, t] : tensors)

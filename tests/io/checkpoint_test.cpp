@@ -6,13 +6,18 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <regex>
 #include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/lbfgs.h>
+#include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
 
 #include "ddp/io/checkpoint_state.hpp"
@@ -46,6 +51,15 @@ struct Trainer {
     if (optimizer == "adam") {
       opt = std::make_unique<torch::optim::Adam>(w.ptr->parameters(),
                                                  torch::optim::AdamOptions(0.01));
+    } else if (optimizer == "adamw") {
+      opt = std::make_unique<torch::optim::AdamW>(
+          w.ptr->parameters(), torch::optim::AdamWOptions(0.01).weight_decay(0.1).amsgrad(true));
+    } else if (optimizer == "rmsprop") {  // every optional field: momentum and centered
+      opt = std::make_unique<torch::optim::RMSprop>(
+          w.ptr->parameters(), torch::optim::RMSpropOptions(0.01).momentum(0.9).centered(true));
+    } else if (optimizer == "adagrad") {
+      opt = std::make_unique<torch::optim::Adagrad>(w.ptr->parameters(),
+                                                    torch::optim::AdagradOptions(0.05));
     } else {
       opt = std::make_unique<torch::optim::SGD>(w.ptr->parameters(),
                                                 torch::optim::SGDOptions(0.05).momentum(0.9));
@@ -139,9 +153,13 @@ TEST_P(CheckpointRoundTrip, RestoresEverything) {
   const at::Tensor drawn_after_save = at::rand({5});
   const TensorMap model_at_3 = cloned(ddp::io::model_tensors(*a.w.ptr));
   const TensorMap optim_at_3 = cloned(ddp::io::optimizer_tensors(*a.opt, *a.w.ptr));
-  // SGD: one momentum buffer per parameter; Adam: step, exp_avg, exp_avg_sq per parameter.
+  // Per parameter, PyTorch's state_dict fields: SGD momentum_buffer; Adam step, exp_avg,
+  // exp_avg_sq; AdamW (AMSGrad) also max_exp_avg_sq; RMSprop (momentum, centered) step,
+  // square_avg, momentum_buffer, grad_avg; Adagrad step, sum.
+  const std::map<std::string, size_t> fields{
+      {"sgd", 1}, {"adam", 3}, {"adamw", 4}, {"rmsprop", 4}, {"adagrad", 2}};
   const size_t params = a.w.ptr->parameters().size();
-  EXPECT_EQ(optim_at_3.size(), GetParam() == "sgd" ? params : 3 * params);
+  EXPECT_EQ(optim_at_3.size(), fields.at(GetParam()) * params);
   EXPECT_FALSE(a.w.ptr->buffers().empty());
   a.train(4, 5);
 
@@ -161,8 +179,21 @@ TEST_P(CheckpointRoundTrip, RestoresEverything) {
 }
 
 INSTANTIATE_TEST_SUITE_P(CheckpointOptimizers, CheckpointRoundTrip,
-                         ::testing::Values("sgd", "adam"),
+                         ::testing::Values("sgd", "adam", "adamw", "rmsprop", "adagrad"),
                          [](const auto& info) { return info.param; });
+
+// Any other optimizer is refused by name before anything is written.
+TEST(Checkpoint, AnotherOptimizerIsRefusedByName) {
+  TempDir root;
+  Trainer a("sgd");
+  a.opt = std::make_unique<torch::optim::LBFGS>(a.w.ptr->parameters());
+  CheckpointOptions options;
+  options.root = root.str();
+  EXPECT_EQ(error_of([&] { ddp::io::save_checkpoint(options, a.state(1)); }),
+            "ddp: checkpoint: only the state of torch::optim's SGD, Adam, AdamW, RMSprop and "
+            "Adagrad can be saved; this optimizer is none of them");
+  EXPECT_TRUE(fs::is_empty(root.path));
+}
 
 // A truncated file and a flipped byte are each refused with the file and the mismatch named; the
 // refused load changes nothing; the older checkpoint is intact, and latest-valid falls back to it.

@@ -54,9 +54,11 @@ struct CheckpointOptions {
 
 // The live objects a checkpoint is taken from and restored into.
 struct TrainingState {
-  torch::nn::Module* model = nullptr;            // required: parameters and buffers
-  torch::optim::Optimizer* optimizer = nullptr;  // optional: SGD or Adam; null saves none
-  int64_t step = 0;                              // steps completed; load sets it
+  torch::nn::Module* model = nullptr;  // required: parameters and buffers
+  // Optional: torch::optim's SGD, Adam, AdamW, RMSprop or Adagrad (another is refused by name);
+  // null saves none.
+  torch::optim::Optimizer* optimizer = nullptr;
+  int64_t step = 0;  // steps completed; load sets it
   // The caller's data cursor, saved and restored as it is; load sets it. The tools keep samples
   // of the global stream consumed, the unit of DistributedSampler::data_position
   // (data/distributed_sampler.hpp), which every world size reads alike.
