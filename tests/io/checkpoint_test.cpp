@@ -52,8 +52,16 @@ struct Trainer {
       opt = std::make_unique<torch::optim::Adam>(w.ptr->parameters(),
                                                  torch::optim::AdamOptions(0.01));
     } else if (optimizer == "adamw") {
-      opt = std::make_unique<torch::optim::AdamW>(
-          w.ptr->parameters(), torch::optim::AdamWOptions(0.01).weight_decay(0.1).amsgrad(true));
+      // The GPT recipe's two groups: weight decay on 2-D parameters only.
+      std::vector<torch::Tensor> decayed, plain;
+      for (const auto& p : w.ptr->parameters()) (p.dim() >= 2 ? decayed : plain).push_back(p);
+      const auto options = torch::optim::AdamWOptions(0.01).amsgrad(true);
+      std::vector<torch::optim::OptimizerParamGroup> groups;
+      groups.emplace_back(decayed, std::make_unique<torch::optim::AdamWOptions>(
+                                       torch::optim::AdamWOptions(options).weight_decay(0.1)));
+      groups.emplace_back(plain, std::make_unique<torch::optim::AdamWOptions>(
+                                     torch::optim::AdamWOptions(options).weight_decay(0)));
+      opt = std::make_unique<torch::optim::AdamW>(std::move(groups), options);
     } else if (optimizer == "rmsprop") {  // every optional field: momentum and centered
       opt = std::make_unique<torch::optim::RMSprop>(
           w.ptr->parameters(), torch::optim::RMSpropOptions(0.01).momentum(0.9).centered(true));
@@ -154,8 +162,8 @@ TEST_P(CheckpointRoundTrip, RestoresEverything) {
   const TensorMap model_at_3 = cloned(ddp::io::model_tensors(*a.w.ptr));
   const TensorMap optim_at_3 = cloned(ddp::io::optimizer_tensors(*a.opt, *a.w.ptr));
   // Per parameter, PyTorch's state_dict fields: SGD momentum_buffer; Adam step, exp_avg,
-  // exp_avg_sq; AdamW (AMSGrad) also max_exp_avg_sq; RMSprop (momentum, centered) step,
-  // square_avg, momentum_buffer, grad_avg; Adagrad step, sum.
+  // exp_avg_sq; AdamW (AMSGrad, two parameter groups) also max_exp_avg_sq; RMSprop (momentum,
+  // centered) step, square_avg, momentum_buffer, grad_avg; Adagrad step, sum.
   const std::map<std::string, size_t> fields{
       {"sgd", 1}, {"adam", 3}, {"adamw", 4}, {"rmsprop", 4}, {"adagrad", 2}};
   const size_t params = a.w.ptr->parameters().size();
