@@ -230,6 +230,27 @@ std::unique_ptr<torch::optim::OptimizerParamState> load_state(const std::string&
   return s;
 }
 
+template <typename State>
+struct StateType {
+  using type = State;
+};
+
+// Calls `f` with StateType<the per-parameter state class of `kind`> (an optimizer_kind name).
+template <typename F>
+void with_state_type(const std::string& kind, F&& f) {
+  if (kind == "sgd") {
+    f(StateType<torch::optim::SGDParamState>{});
+  } else if (kind == "adam") {
+    f(StateType<torch::optim::AdamParamState>{});
+  } else if (kind == "adamw") {
+    f(StateType<torch::optim::AdamWParamState>{});
+  } else if (kind == "rmsprop") {
+    f(StateType<torch::optim::RMSpropParamState>{});
+  } else {
+    f(StateType<torch::optim::AdagradParamState>{});
+  }
+}
+
 }  // namespace
 
 TensorMap optimizer_tensors(torch::optim::Optimizer& optimizer, const torch::nn::Module& model) {
@@ -244,18 +265,9 @@ TensorMap optimizer_tensors(torch::optim::Optimizer& optimizer, const torch::nn:
       const std::string& name = name_of(names, p, g, i);
       const auto it = state.find(state_key<StateMap>(p));
       if (it == state.end()) continue;  // not stepped yet
-      auto& base = *it->second;
-      if (kind == "sgd") {
-        save_state<torch::optim::SGDParamState>(base, name, out);
-      } else if (kind == "adam") {
-        save_state<torch::optim::AdamParamState>(base, name, out);
-      } else if (kind == "adamw") {
-        save_state<torch::optim::AdamWParamState>(base, name, out);
-      } else if (kind == "rmsprop") {
-        save_state<torch::optim::RMSpropParamState>(base, name, out);
-      } else {
-        save_state<torch::optim::AdagradParamState>(base, name, out);
-      }
+      with_state_type(kind, [&](auto type) {
+        save_state<typename decltype(type)::type>(*it->second, name, out);
+      });
     }
   }
   return out;
@@ -289,17 +301,9 @@ void load_optimizer_tensors(torch::optim::Optimizer& optimizer, const torch::nn:
         return state_like(t, p, key, source);
       };
       std::unique_ptr<torch::optim::OptimizerParamState> s;
-      if (kind == "sgd") {
-        s = load_state<torch::optim::SGDParamState>(name, source, take, require, like);
-      } else if (kind == "adam") {
-        s = load_state<torch::optim::AdamParamState>(name, source, take, require, like);
-      } else if (kind == "adamw") {
-        s = load_state<torch::optim::AdamWParamState>(name, source, take, require, like);
-      } else if (kind == "rmsprop") {
-        s = load_state<torch::optim::RMSpropParamState>(name, source, take, require, like);
-      } else {
-        s = load_state<torch::optim::AdagradParamState>(name, source, take, require, like);
-      }
+      with_state_type(kind, [&](auto type) {
+        s = load_state<typename decltype(type)::type>(name, source, take, require, like);
+      });
       if (s) fresh[state_key<StateMap>(p)] = std::move(s);
     }
   }
