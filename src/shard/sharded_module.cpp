@@ -11,7 +11,7 @@
 #include "ddp/obs/log.hpp"
 #include "ddp/reducer/autograd_hooks.hpp"
 #include "ddp/reducer/reducer_runtime.hpp"
-#include "ddp/reducer/unit_reducer.hpp"
+#include "ddp/reducer/unit_runtime.hpp"
 #include "ddp/unit/module_intake.hpp"
 
 namespace ddp::shard {
@@ -187,7 +187,7 @@ ShardMemory ShardedModule::memory() const {
 
 void ShardedModule::gather(size_t g) {
   // The parameters' tensor hooks stay through unshard's set_() ([Note: hooks that survive set_]
-  // in reducer/unit_reducer.hpp): nothing to install per step.
+  // in reducer/unit_runtime.hpp): nothing to install per step.
   groups_[g]->unshard();
   note_memory();
 }

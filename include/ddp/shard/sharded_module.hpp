@@ -10,7 +10,7 @@
 //   unit forward   run_unit: gather the unit (prefetch the next one in the last forward's order);
 //                  after it, release it (reshard_after_forward) and put a node on its output
 //   backward       the output's node gathers the unit again (prefetch the one before); when the
-//                  unit's last gradient arrives, the gradient runtime (reducer/unit_reducer.hpp:
+//                  unit's last gradient arrives, the gradient runtime (reducer/unit_runtime.hpp:
 //                  one bucket per unit, DDP's BucketRuntime, comm hooks and listeners) fills its
 //                  reduce input and issues its reduce-scatter; the unit's full parameters are
 //                  released
@@ -120,7 +120,7 @@ class ShardedModule : private unit::UnitListener {
   // Unit indices (into plan().units) in the order the last forward ran them through run_unit.
   const std::vector<size_t>& unit_order() const { return last_order_; }
 
-  // The gradient runtime's features, as DistributedDataParallel's (reducer/unit_reducer.hpp):
+  // The gradient runtime's features, as DistributedDataParallel's (reducer/unit_runtime.hpp):
   // Replaces the units' built-in averaged reduce-scatter (and, under DEFAULT, the replicated
   // parameters' all-reduce) by `hook` (allreduce, fp16_compress, bf16_compress, noop, or your
   // own that handles GradBucket::reduce_scatter). Once, before the first backward.
