@@ -51,6 +51,7 @@ class DistributedDataParallelBase {
   std::string bucket_table() const;
   reducer::Reducer& reducer() { return *reducer_; }
   comm::ProcessGroup& process_group() { return *pg_; }
+  const comm::ProcessGroupPtr& group() const { return pg_; }
   const DDPOptions& options() const { return options_; }
   std::shared_ptr<torch::nn::Module> module_ptr() const { return module_; }
 

@@ -100,6 +100,9 @@ class ShardedModule : private unit::UnitListener {
   [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(require_sync_); }
 
   const ShardPlan& plan() const { return plan_; }
+  // The data-parallel group the parameters are sharded over, and the wrapped module.
+  const comm::ProcessGroupPtr& group() const { return pg_; }
+  const std::shared_ptr<torch::nn::Module>& module_ptr() const { return module_; }
   // Parameter `name` (any of a tied parameter's names) as a layout over this module's group
   // (mesh {world}): its whole shape, Shard(0) when the plan shards it (the even split with
   // padding: a rank's real rows are layout::local_shape's, its storage padded_local_shape's), no

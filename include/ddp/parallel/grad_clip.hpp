@@ -1,0 +1,66 @@
+#pragma once
+// clip_grad_norm(model, max_norm) for every style and mesh: the wrapper says how it splits the
+// gradients (its layouts, nested on tensor parallelism's), and optim/grad_clip.hpp computes the
+// norm of the whole gradients from them ([Note: a norm over layouts]).
+//
+//   loss.backward();
+//   const auto clipped = ddp::clip_grad_norm(model, 1.0);            // DDP, FULLY_SHARD, DEFAULT
+//   const auto clipped = ddp::clip_grad_norm(model, *tp, 1.0);       // DP x TP, FULLY_SHARD x TP
+//   const auto clipped = ddp::clip_grad_norm(*net, *tp, 1.0);        // TP alone
+//   if (!clipped.skipped) opt.step();
+//
+// Collectives: none for DDP; one over the dp group for the sharded styles; one over the tp group
+// when TP splits something; both for FULLY_SHARD x TP. Every rank of the mesh must call it.
+
+#include <torch/nn/module.h>
+
+#include "ddp/optim/grad_clip.hpp"
+#include "ddp/parallel/data_parallel.hpp"
+#include "ddp/tp/parallelize.hpp"
+
+namespace ddp::parallel {
+
+// `module`'s gradients split by the wrappers around it: `sharded` (FULLY_SHARD or DEFAULT over
+// its group; null: DDP or none), over `tp` (null: none). `dp_group` is the data-parallel group
+// of a DDP wrapper over TP (the outer mesh dim); ignored otherwise.
+optim::GradShards split_grad_shards(torch::nn::Module& module, const shard::ShardedModule* sharded,
+                                    const tp::TensorParallel* tp,
+                                    const comm::ProcessGroupPtr& dp_group);
+
+template <typename ModuleType>
+optim::GradShards grad_shards(DataParallel<ModuleType>& model,
+                              const tp::TensorParallel* tp = nullptr) {
+  if (auto* replicated = model.replicated()) {
+    return split_grad_shards(*replicated->module_ptr(), nullptr, tp, replicated->group());
+  }
+  return split_grad_shards(*model.sharded()->module_ptr(), model.sharded(), tp, nullptr);
+}
+
+template <typename ModuleType>
+optim::ClipResult clip_grad_norm(DataParallel<ModuleType>& model, const optim::ClipOptions& options,
+                                 int64_t step = -1) {
+  return optim::clip_grad_norm(grad_shards(model), options, step);
+}
+template <typename ModuleType>
+optim::ClipResult clip_grad_norm(DataParallel<ModuleType>& model, double max_norm) {
+  optim::ClipOptions options;
+  options.max_norm = max_norm;
+  return clip_grad_norm(model, options);
+}
+// Over tensor parallelism: the mesh {dp, tp}.
+template <typename ModuleType>
+optim::ClipResult clip_grad_norm(DataParallel<ModuleType>& model, const tp::TensorParallel& tp,
+                                 double max_norm) {
+  optim::ClipOptions options;
+  options.max_norm = max_norm;
+  return optim::clip_grad_norm(grad_shards(model, &tp), options);
+}
+// Tensor parallelism alone (no data-parallel wrapper).
+optim::ClipResult clip_grad_norm(torch::nn::Module& module, const tp::TensorParallel& tp,
+                                 double max_norm);
+
+}  // namespace ddp::parallel
+
+namespace ddp {
+using parallel::clip_grad_norm;
+}  // namespace ddp

@@ -1,0 +1,208 @@
+#include "ddp/optim/grad_clip.hpp"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/nn/module.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <sstream>
+#include <unordered_set>
+
+#include "ddp/comm/layout_tensors.hpp"
+#include "ddp/obs/log.hpp"
+
+namespace ddp::optim {
+namespace {
+
+bool is_inf_norm(double norm_type) { return std::isinf(norm_type) && norm_type > 0; }
+
+// The mesh dims a layout splits, ascending.
+std::vector<int> split_dims(const layout::Layout& layout) {
+  std::vector<int> dims;
+  for (const auto& p : layout.placements) {
+    if (p.kind == layout::Placement::Kind::kShard) dims.push_back(p.mesh_dim);
+  }
+  std::sort(dims.begin(), dims.end());
+  dims.erase(std::unique(dims.begin(), dims.end()), dims.end());
+  return dims;
+}
+
+// The contribution of `grads` to the norm: the sum of squares (2-norm) or the largest |element|
+// (inf-norm), a 0-d double tensor on `device`.
+at::Tensor partial(const std::vector<at::Tensor>& grads, bool inf, const c10::Device& device) {
+  const auto options = at::TensorOptions().dtype(at::kDouble).device(device);
+  if (grads.empty()) return at::zeros({}, options);
+  std::vector<at::Tensor> norms;
+  norms.reserve(grads.size());
+  const at::Scalar ord =
+      inf ? at::Scalar(std::numeric_limits<double>::infinity()) : at::Scalar(2.0);
+  for (const auto& g : grads) {
+    // Low-precision gradients are normed in fp32, as PyTorch's foreach norm accumulates.
+    const auto dtype = g.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    norms.push_back(at::linalg_vector_norm(g, ord, c10::nullopt, false, dtype).to(options));
+  }
+  const at::Tensor stacked = at::stack(norms);
+  return inf ? stacked.max() : stacked.pow(2).sum();
+}
+
+}  // namespace
+
+const char* non_finite_name(NonFinite policy) {
+  switch (policy) {
+    case NonFinite::kError:
+      return "error";
+    case NonFinite::kSkip:
+      return "skip";
+  }
+  return "?";
+}
+
+NonFinite non_finite_from_name(const std::string& name) {
+  if (name == "error") return NonFinite::kError;
+  if (name == "skip") return NonFinite::kSkip;
+  TORCH_CHECK(false, "ddp: unknown non-finite gradient policy '", name, "'; valid: error, skip");
+}
+
+std::string clip_error(const ClipOptions& options) {
+  std::ostringstream out;
+  if (!(options.max_norm > 0) || std::isinf(options.max_norm)) {
+    out << "--grad-clip must be a positive number (the largest total gradient norm), got "
+        << options.max_norm;
+  } else if (options.norm_type != 2.0 && !is_inf_norm(options.norm_type)) {
+    out << "the gradient norm must be the 2-norm or the inf-norm, got norm type "
+        << options.norm_type;
+  }
+  return out.str();
+}
+
+GradShards grad_shards(torch::nn::Module& module, const layout::TensorLayouts* layouts,
+                       std::vector<comm::ProcessGroupPtr> groups) {
+  const layout::TensorLayouts whole;  // mesh {1}: every gradient whole
+  const layout::TensorLayouts& split = layouts != nullptr ? *layouts : whole;
+  TORCH_CHECK(groups.empty() || groups.size() == split.mesh.size(),
+              "ddp: grad_shards: ", groups.size(), " groups for a mesh of ", split.mesh.size(),
+              " dims: pass this rank's group along each mesh dim");
+  groups.resize(split.mesh.size());
+  for (size_t d = 0; d < groups.size(); ++d) {
+    TORCH_CHECK(!groups[d] || groups[d]->world_size() == split.mesh[d],
+                "ddp: grad_shards: mesh dim ", d, " has ", split.mesh[d],
+                " ranks but its group has ", groups[d] ? groups[d]->world_size() : 0);
+  }
+  GradShards out;
+  out.groups = std::move(groups);
+  std::unordered_set<const void*> seen;  // a tied parameter is one tensor under two names
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    const at::Tensor& p = item.value();
+    if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
+    const layout::Layout layout = split.of(item.key(), p.sizes().vec());
+    std::vector<int> dims = split_dims(layout);
+    for (int d : dims) {
+      TORCH_CHECK(split.mesh[d] == 1 || out.groups[d], "ddp: grad_shards: parameter '", item.key(),
+                  "' is split over mesh dim ", d, " but no group was given for it");
+    }
+    if (std::find(out.sets.begin(), out.sets.end(), dims) == out.sets.end()) {
+      out.sets.push_back(dims);
+    }
+    if (!p.requires_grad() || !p.grad().defined()) continue;
+    at::Tensor grad = comm::real_local(layout, p.grad(), split.coordinate,
+                                       "the gradient of '" + item.key() + "'");
+    out.entries.push_back({item.key(), std::move(grad), std::move(dims)});
+  }
+  std::sort(out.sets.begin(), out.sets.end());
+  return out;
+}
+
+at::Tensor total_grad_norm(const GradShards& grads, double norm_type) {
+  const bool inf = is_inf_norm(norm_type);
+  TORCH_CHECK(inf || norm_type == 2.0, "ddp: total_grad_norm: norm type ", norm_type,
+              " is neither 2 nor inf");
+  c10::Device device = c10::kCPU;
+  if (!grads.entries.empty()) {
+    device = grads.entries.front().grad.device();
+  } else {
+    for (const auto& g : grads.groups) {
+      if (g) device = g->device();
+    }
+  }
+  // One partial per set of mesh dims ([Note: a norm over layouts]).
+  std::vector<at::Tensor> partials;
+  for (const auto& set : grads.sets) {
+    std::vector<at::Tensor> mine;
+    for (const auto& e : grads.entries) {
+      if (e.sharded_over == set) mine.push_back(e.grad);
+    }
+    partials.push_back(partial(mine, inf, device));
+  }
+  for (size_t d = 0; d < grads.groups.size(); ++d) {
+    const comm::ProcessGroupPtr& group = grads.groups[d];
+    if (!group || group->world_size() == 1) continue;
+    std::vector<size_t> over;
+    for (size_t k = 0; k < grads.sets.size(); ++k) {
+      const auto& set = grads.sets[k];
+      if (std::find(set.begin(), set.end(), static_cast<int>(d)) != set.end()) over.push_back(k);
+    }
+    if (over.empty()) continue;
+    std::vector<at::Tensor> parts;
+    for (size_t k : over) parts.push_back(partials[k]);
+    const std::string what = "clip_grad_norm over mesh dim " + std::to_string(d);
+    at::Tensor packed = at::stack(parts).to(group->device());
+    if (inf) {
+      // No max all-reduce in comm/: gather every rank's partials (a few scalars) and take the max.
+      packed = at::stack(group->all_gather_each(packed, what)).amax(0);
+    } else {
+      group->allreduce_sum(packed, what);
+    }
+    packed = packed.to(device);
+    for (size_t i = 0; i < over.size(); ++i) partials[over[i]] = packed[static_cast<int64_t>(i)];
+  }
+  if (partials.empty()) return at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device));
+  const at::Tensor all = at::stack(partials);
+  return (inf ? all.max() : all.sum().sqrt()).to(at::kFloat);
+}
+
+ClipResult clip_grad_norm(const GradShards& grads, const ClipOptions& options, int64_t step) {
+  const std::string wrong = clip_error(options);
+  TORCH_CHECK(wrong.empty(), "ddp: clip_grad_norm: ", wrong);
+  ClipResult result;
+  result.total_norm = total_grad_norm(grads, options.norm_type).item<double>();
+  if (!std::isfinite(result.total_norm)) {
+    TORCH_CHECK(options.non_finite == NonFinite::kSkip,
+                "ddp: clip_grad_norm: the total gradient norm is ", result.total_norm,
+                step >= 0 ? " at step " + std::to_string(step) : std::string(),
+                ": a gradient holds nan or inf (lower the learning rate, or skip such steps with "
+                "the non-finite policy 'skip')");
+    result.skipped = true;
+    return result;
+  }
+  // PyTorch's coefficient; at or above 1 nothing changes, so nothing is touched.
+  const double coef = options.max_norm / (result.total_norm + 1e-6);
+  if (coef < 1.0) {
+    for (const auto& e : grads.entries) e.grad.mul_(coef);
+  }
+  return result;
+}
+
+GradClipper::GradClipper(ClipOptions options) : options_(options) {
+  const std::string wrong = clip_error(options_);
+  TORCH_CHECK(wrong.empty(), "ddp: GradClipper: ", wrong);
+}
+
+ClipResult GradClipper::clip(const GradShards& grads, int64_t step) {
+  const ClipResult result = clip_grad_norm(grads, options_, step);
+  if (result.skipped) {
+    ++skipped_;
+    std::ostringstream line;
+    line << "ddp: step " << step << " skipped: the total gradient norm is " << result.total_norm
+         << " (" << skipped_ << " step" << (skipped_ == 1 ? "" : "s") << " skipped so far)";
+    int rank = 0;  // the log's prefix: this rank's global rank, where a group knows it
+    for (const auto& g : grads.groups) {
+      if (g) rank = g->global_rank();
+    }
+    obs::log(obs::LogLevel::kWarn, rank, line.str());
+  }
+  return result;
+}
+
+}  // namespace ddp::optim
