@@ -29,22 +29,24 @@ std::vector<int> split_dims(const layout::Layout& layout) {
   return dims;
 }
 
-// The contribution of `grads` to the norm: the sum of squares (2-norm) or the largest |element|
-// (inf-norm), a 0-d double tensor on `device`.
+// The norm of `grads` alone, a 0-d float tensor on `device`, computed as PyTorch's
+// clip_grad_norm_ does (each gradient's norm, then the norm of their stack, in fp32), so that
+// where nothing is split (DDP, one process) the norm and the clipped gradients are bit for bit
+// PyTorch's: Adam turns rounding differences in near-zero gradients into visible updates.
 at::Tensor partial(const std::vector<at::Tensor>& grads, bool inf, const c10::Device& device) {
-  const auto options = at::TensorOptions().dtype(at::kDouble).device(device);
-  if (grads.empty()) return at::zeros({}, options);
+  const auto fp32 = at::TensorOptions().dtype(at::kFloat).device(device);
+  if (grads.empty()) return at::zeros({}, fp32);
   std::vector<at::Tensor> norms;
   norms.reserve(grads.size());
   const at::Scalar ord =
       inf ? at::Scalar(std::numeric_limits<double>::infinity()) : at::Scalar(2.0);
   for (const auto& g : grads) {
-    // Low-precision gradients are normed in fp32, as PyTorch's foreach norm accumulates.
-    const auto dtype = g.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-    norms.push_back(at::linalg_vector_norm(g, ord, c10::nullopt, false, dtype).to(options));
+    // Low-precision gradients are normed in fp32 (PyTorch's would be in their own dtype).
+    const at::Tensor norm =
+        g.scalar_type() == at::kFloat ? at::norm(g, ord) : at::norm(g.to(at::kFloat), ord);
+    norms.push_back(norm.to(fp32));
   }
-  const at::Tensor stacked = at::stack(norms);
-  return inf ? stacked.max() : stacked.pow(2).sum();
+  return at::norm(at::stack(norms), ord);
 }
 
 }  // namespace
@@ -126,7 +128,7 @@ at::Tensor total_grad_norm(const GradShards& grads, double norm_type) {
       if (g) device = g->device();
     }
   }
-  // One partial per set of mesh dims ([Note: a norm over layouts]).
+  // One partial norm per set of mesh dims ([Note: a norm over layouts]).
   std::vector<at::Tensor> partials;
   for (const auto& set : grads.sets) {
     std::vector<at::Tensor> mine;
@@ -135,6 +137,9 @@ at::Tensor total_grad_norm(const GradShards& grads, double norm_type) {
     }
     partials.push_back(partial(mine, inf, device));
   }
+  // Split sets: their squares (2-norm) are summed over the ranks, in fp64 on the wire, then the
+  // root taken again; the inf-norm's maxima need no squaring.
+  std::vector<bool> squared(partials.size(), false);
   for (size_t d = 0; d < grads.groups.size(); ++d) {
     const comm::ProcessGroupPtr& group = grads.groups[d];
     if (!group || group->world_size() == 1) continue;
@@ -145,7 +150,12 @@ at::Tensor total_grad_norm(const GradShards& grads, double norm_type) {
     }
     if (over.empty()) continue;
     std::vector<at::Tensor> parts;
-    for (size_t k : over) parts.push_back(partials[k]);
+    for (size_t k : over) {
+      at::Tensor part = partials[k].to(at::kDouble);
+      if (!inf && !squared[k]) part = part * part;
+      squared[k] = !inf;
+      parts.push_back(part);
+    }
     const std::string what = "clip_grad_norm over mesh dim " + std::to_string(d);
     at::Tensor packed = at::stack(parts).to(group->device());
     if (inf) {
@@ -157,16 +167,23 @@ at::Tensor total_grad_norm(const GradShards& grads, double norm_type) {
     packed = packed.to(device);
     for (size_t i = 0; i < over.size(); ++i) partials[over[i]] = packed[static_cast<int64_t>(i)];
   }
+  for (size_t k = 0; k < partials.size(); ++k) {
+    if (squared[k]) partials[k] = partials[k].sqrt();
+    partials[k] = partials[k].to(at::kFloat);
+  }
   if (partials.empty()) return at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device));
-  const at::Tensor all = at::stack(partials);
-  return (inf ? all.max() : all.sum().sqrt()).to(at::kFloat);
+  // One set (DDP, one process, TP alone without replicated parameters): its norm as it is.
+  if (partials.size() == 1) return partials.front();
+  return at::norm(at::stack(partials),
+                  inf ? at::Scalar(std::numeric_limits<double>::infinity()) : at::Scalar(2.0));
 }
 
 ClipResult clip_grad_norm(const GradShards& grads, const ClipOptions& options, int64_t step) {
   const std::string wrong = clip_error(options);
   TORCH_CHECK(wrong.empty(), "ddp: clip_grad_norm: ", wrong);
   ClipResult result;
-  result.total_norm = total_grad_norm(grads, options.norm_type).item<double>();
+  const at::Tensor total = total_grad_norm(grads, options.norm_type);
+  result.total_norm = total.item<double>();
   if (!std::isfinite(result.total_norm)) {
     TORCH_CHECK(options.non_finite == NonFinite::kSkip,
                 "ddp: clip_grad_norm: the total gradient norm is ", result.total_norm,
@@ -176,11 +193,10 @@ ClipResult clip_grad_norm(const GradShards& grads, const ClipOptions& options, i
     result.skipped = true;
     return result;
   }
-  // PyTorch's coefficient; at or above 1 nothing changes, so nothing is touched.
-  const double coef = options.max_norm / (result.total_norm + 1e-6);
-  if (coef < 1.0) {
-    for (const auto& e : grads.entries) e.grad.mul_(coef);
-  }
+  // PyTorch's coefficient, op for op (max_norm / t is t.reciprocal() * max_norm in Python), in
+  // fp32 and clamped at 1: multiplying by 1 changes nothing, so a small norm leaves every bit.
+  const at::Tensor coef = ((total + 1e-6).reciprocal() * options.max_norm).clamp_max(1.0);
+  for (const auto& e : grads.entries) e.grad.mul_(coef.to(e.grad.device()));
   return result;
 }
 
