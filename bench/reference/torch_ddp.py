@@ -14,7 +14,10 @@ script runs as one worker of an external launcher's job (RANK etc. from the envi
 world of one when there is none). Works with torch 1.13 (Gloo, CPU) and 2.x (NCCL, CUDA).
 
 The models mirror models/src/*.cpp: the same parameter names, shapes and registration order and
-the same math (checked by bench/compare --parity and tests/bench/test_reference.py). Flags this
+the same math (checked by bench/compare --parity and tests/bench/test_reference.py). The GPT
+training recipe (nanoGPT's train.py) is in the same flags as ddp-bench's: --optimizer adamw
+--weight-decay --beta2, --warmup-steps --lr-decay-steps --min-lr --lr-decay, --grad-clip,
+--grad-accum; their defaults are plain SGD at a constant --lr, one micro-batch, no clip. Flags this
 side has no use for (e.g. --no-graph-planning, --graph-dot) are accepted and reported, never an
 error, so that one command line serves both sides.
 """
@@ -91,7 +94,23 @@ def parse_args(argv):
     p.add_argument("--init-params", default=None, help="safetensors file of parameters by name")
     p.add_argument("--inputs", default=None, help="safetensors file of x.<step>.<rank>, y.<step>.<rank>")
     p.add_argument("--save-params", default=None, help="rank 0 writes the final parameters here")
-    p.add_argument("--lr", type=float, default=0.01, help="SGD learning rate (momentum 0)")
+    p.add_argument("--lr", type=float, default=0.01,
+                   help="learning rate (the peak of a schedule); default optimizer SGD, momentum 0")
+    # The GPT training recipe (nanoGPT's train.py), flag for flag as ddp-bench spells it.
+    p.add_argument("--optimizer", choices=["sgd", "adam", "adamw"], default="sgd",
+                   help="adamw: nanoGPT's two groups (weight decay on dim >= 2 parameters only)")
+    p.add_argument("--weight-decay", type=float, default=0.1, help="adamw's decay group")
+    p.add_argument("--beta2", type=float, default=0.999, help="adam/adamw betas (0.9, B)")
+    p.add_argument("--warmup-steps", type=int, default=0, help="linear warmup from lr / (N + 1)")
+    p.add_argument("--lr-decay-steps", type=int, default=0,
+                   help="the step at which the decay reaches --min-lr")
+    p.add_argument("--min-lr", type=float, default=None, help="the decay's floor (default lr / 10)")
+    p.add_argument("--lr-decay", choices=LR_DECAYS, default=None,
+                   help="default cosine with --lr-decay-steps, else constant")
+    p.add_argument("--grad-clip", type=float, default=0.0,
+                   help="clip the gradients' total 2-norm to C after the all-reduce (0: off)")
+    p.add_argument("--grad-accum", type=int, default=1,
+                   help="split each per-rank batch into N micro-batches; all-reduce after the last")
     # Reference-only extras: PyTorch DDP's own knobs, for "best PyTorch option" runs.
     p.add_argument("--bucket-view", action="store_true", help="gradient_as_bucket_view=True")
     p.add_argument("--static-graph", action="store_true", help="static_graph=True")
@@ -126,6 +145,13 @@ def parse_args(argv):
         p.error("--param-dtype and --reduce-dtype need --fsdp")
     if args.tp < 0:
         p.error(f"--tp must be >= 1, got {args.tp}")
+    if args.lr_decay is None:
+        args.lr_decay = "cosine" if args.lr_decay_steps > 0 else "constant"
+    if args.min_lr is None:
+        args.min_lr = args.lr / 10
+    why = recipe_error(args)
+    if why is not None:
+        p.error(why)
     if args.tp:
         if args.fsdp:
             p.error("--tp with --fsdp is not in the reference: use --tp N --ddp")
@@ -133,6 +159,108 @@ def parse_args(argv):
         if why is not None:
             p.error(why)
     return args, unknown
+
+
+LR_DECAYS = ("constant", "linear", "cosine")
+
+
+def recipe_error(args):
+    """Why the recipe flags cannot run (None when they can). The schedule's checks and texts are
+    optim/lr_schedule.cpp's schedule_error, so that both sides refuse the same command lines."""
+    if args.grad_clip < 0:
+        return f"--grad-clip must be >= 0 (0: off), got {args.grad_clip}"
+    if args.grad_accum < 1:
+        return f"--grad-accum must be >= 1, got {args.grad_accum}"
+    if args.weight_decay < 0:
+        return f"--weight-decay must be >= 0, got {args.weight_decay}"
+    if not 0 <= args.beta2 < 1:
+        return f"--beta2 must be in [0, 1), got {args.beta2}"
+    if args.warmup_steps < 0 or args.lr_decay_steps < 0:
+        return (f"--warmup-steps and --lr-decay-steps must be >= 0, got {args.warmup_steps} and "
+                f"{args.lr_decay_steps}")
+    if scheduled(args):  # a constant --lr is today's behaviour: no new checks on it
+        if not (args.lr > 0 and math.isfinite(args.lr)):
+            return f"--lr must be a positive number, got {args.lr}"
+        if not 0 <= args.min_lr <= args.lr:
+            return f"--min-lr must be between 0 and --lr ({args.lr}), got {args.min_lr}"
+        if args.lr_decay != "constant" and args.lr_decay_steps == 0:
+            return (f"a {args.lr_decay} decay needs --lr-decay-steps (the step at which it reaches "
+                    "--min-lr)")
+        if args.lr_decay != "constant" and args.warmup_steps > args.lr_decay_steps:
+            return (f"--warmup-steps ({args.warmup_steps}) must not exceed --lr-decay-steps "
+                    f"({args.lr_decay_steps}): the decay would end before the warmup")
+    if args.cuda_graph:
+        # The captured step bakes in one SGD update at one rate: anything else would need its own
+        # capture recipe, and the reference keeps PyTorch's documented one only.
+        extra = [flag for flag, on in (("--grad-accum", args.grad_accum > 1),
+                                       ("--grad-clip", args.grad_clip > 0),
+                                       ("--optimizer", args.optimizer != "sgd"),
+                                       ("an lr schedule", scheduled(args))) if on]
+        if extra:
+            return (f"--cuda-graph captures plain SGD at a constant --lr only; not with "
+                    f"{', '.join(extra)}")
+    return None
+
+
+def scheduled(args):
+    """Whether the rate changes over the steps (else every step runs at --lr)."""
+    return args.warmup_steps > 0 or args.lr_decay != "constant"
+
+
+def lr_at(step, lr, min_lr, warmup, decay_steps, decay):
+    """The rate of optimizer step `step` (0-based: the steps already taken): nanoGPT's get_lr,
+    a linear warmup to lr, then `decay` ("constant", "linear", "cosine") down to min_lr at
+    decay_steps, min_lr after. The same function as optim/lr_schedule.cpp's lr_at."""
+    if step < warmup:
+        return lr * (step + 1) / (warmup + 1)
+    if decay == "constant":
+        return lr
+    if step > decay_steps:
+        return min_lr
+    span = decay_steps - warmup  # 0: the decay is a step down at the warmup's end
+    r = (step - warmup) / span if span > 0 else 1.0
+    coeff = 1.0 - r if decay == "linear" else 0.5 * (1.0 + math.cos(math.pi * r))
+    return min_lr + coeff * (lr - min_lr)
+
+
+def weight_decay_groups(model, weight_decay):
+    """nanoGPT's configure_optimizers groups: weight decay on the parameters of two or more dims
+    (matmul weights, embeddings), none on biases and norm gains, whose decay would only pull them
+    to 0. Distinct parameters in named_parameters order (a tied weight once); an empty group is
+    left out, as optim/param_groups.cpp's weight_decay_groups."""
+    params = [p for _, p in model.named_parameters()]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
+def make_optimizer(model, args):
+    # SGD as it always was here. Adam/AdamW with foreach=False: the plain per-tensor update that
+    # ddp-bench's runs are compared with (torch 2.x defaults to the multi-tensor one on CUDA;
+    # 1.13 already to the per-tensor one).
+    if args.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0)
+    betas = (0.9, args.beta2)
+    if args.optimizer == "adam":
+        return torch.optim.Adam(model.parameters(), lr=args.lr, betas=betas, eps=1e-8,
+                                foreach=False)
+    return torch.optim.AdamW(weight_decay_groups(model, args.weight_decay), lr=args.lr, betas=betas,
+                             eps=1e-8, foreach=False)
+
+
+def describe_recipe(args):
+    """The recipe in one line, for --verbose."""
+    opt = args.optimizer
+    if args.optimizer != "sgd":
+        decay = f", weight decay {args.weight_decay:g} on dim >= 2" if args.optimizer == "adamw" else ""
+        opt += f" (betas 0.9/{args.beta2:g}, eps 1e-8{decay})"
+    lr = f"lr {args.lr:g}"
+    if scheduled(args):
+        lr += f", {args.warmup_steps} warmup steps"
+        if args.lr_decay != "constant":
+            lr += f", {args.lr_decay} decay to {args.min_lr:g} at step {args.lr_decay_steps}"
+    clip = f"grad clip {args.grad_clip:g}" if args.grad_clip > 0 else "no grad clip"
+    return f"optimizer {opt}, {lr}, {clip}, grad accum {args.grad_accum}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -479,7 +607,7 @@ def worker(args, unknown):
                           args.reduce_dtype)
     model.train()
     lossf = loss_fn(args.model)
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0)
+    opt = make_optimizer(model, args)
 
     if args.inputs:
         batches = load_inputs(args.inputs, data_rank, device)
@@ -488,6 +616,11 @@ def worker(args, unknown):
         gen = torch.Generator().manual_seed(1000 + data_rank)
         batches = [random_batch(args.model, args.batch_size, gen, device)]
         warmup, repeat = args.warmup, args.repeat
+    accum = args.grad_accum
+    for x, _ in batches:
+        if x.shape[0] % accum:
+            raise SystemExit(f"torch_ddp.py: --grad-accum {accum} does not divide the per-rank "
+                             f"batch of {x.shape[0]} into equal micro-batches")
 
     if lead and args.verbose:
         n = sum(p.numel() for p in net.parameters())
@@ -499,6 +632,7 @@ def worker(args, unknown):
               f"{len(list(net.parameters()))} tensors, world {world}, device {device}, "
               f"{'DDP' if args.ddp else 'FSDP2' if args.fsdp else 'plain'}, comm hook {args.comm_hook}"
               f"{gpt}")
+        print(f"torch_ddp.py: {describe_recipe(args)}")
 
     autocast = (
         (lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16))
@@ -507,15 +641,47 @@ def worker(args, unknown):
     )
     rf = torch.autograd.profiler.record_function
 
+    def grad_sync(last):
+        """Micro-batches before the last only accumulate: no all-reduce until the last one's
+        backward (DDP's no_sync; FSDP2's reduce-scatter switch where this torch has it)."""
+        if args.fsdp and hasattr(model, "set_requires_gradient_sync"):
+            model.set_requires_gradient_sync(last)
+        elif args.ddp and not last:
+            return model.no_sync()
+        return contextlib.nullcontext()
+
+    taken = [0]  # optimizer steps so far: the schedule's step (warm-up steps count too)
+
     def step(i):
         x, y = batches[i % len(batches)]
         opt.zero_grad()
-        with rf("forward"), autocast():
-            loss = lossf(model(x), y)
-        with rf("backward"):
-            loss.backward()
+        if accum == 1:
+            with rf("forward"), autocast():
+                loss = lossf(model(x), y)
+            with rf("backward"):
+                loss.backward()
+        else:
+            losses = []
+            for k, (xm, ym) in enumerate(zip(x.chunk(accum), y.chunk(accum))):
+                with grad_sync(k == accum - 1):
+                    with rf("forward"), autocast():
+                        micro = lossf(model(xm), ym)
+                    with rf("backward"):
+                        # Each micro loss is a mean over 1/accum of the batch: the accumulated
+                        # gradient is then the whole batch's mean, as without accumulation.
+                        (micro / accum).backward()
+                losses.append(micro.detach())
+            loss = torch.stack(losses).mean()
+        if args.grad_clip > 0:
+            with rf("clip"):
+                torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+        rate = lr_at(taken[0], args.lr, args.min_lr, args.warmup_steps, args.lr_decay_steps,
+                     args.lr_decay)
+        for group in opt.param_groups:
+            group["lr"] = rate
         with rf("optimizer"):
             opt.step()
+        taken[0] += 1
         return loss
 
     if args.cuda_graph:

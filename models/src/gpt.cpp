@@ -28,8 +28,16 @@ torch::Tensor linear(const torch::nn::Linear& m, const torch::Tensor& x) {
 
 }  // namespace
 
+// nanoGPT's dropout; p = 0 returns `x` itself: no kernel, no random numbers drawn, so the default
+// model's steps are the same as before dropout existed (and capturable as they were).
+namespace {
+torch::Tensor maybe_dropout(const torch::Tensor& x, double p, bool training) {
+  return p > 0 && training ? torch::dropout(x, p, true) : x;
+}
+}  // namespace
+
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& config)
-    : n_heads_(config.n_heads) {
+    : n_heads_(config.n_heads), dropout_(config.dropout) {
   c_attn = register_module("c_attn", torch::nn::Linear(config.d_model, 3 * config.d_model));
   c_proj = register_module("c_proj", torch::nn::Linear(config.d_model, config.d_model));
 }
@@ -54,16 +62,16 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
 
   auto y = causal_attention(q, k, v);  // [B, H, T, hd]
   y = y.transpose(1, 2).contiguous().view({batch, seq, width});
-  return linear(c_proj, y);
+  return maybe_dropout(linear(c_proj, y), dropout_, is_training());
 }
 
-GPTMLPImpl::GPTMLPImpl(const GPTConfig& config) {
+GPTMLPImpl::GPTMLPImpl(const GPTConfig& config) : dropout_(config.dropout) {
   c_fc = register_module("c_fc", torch::nn::Linear(config.d_model, 4 * config.d_model));
   c_proj = register_module("c_proj", torch::nn::Linear(4 * config.d_model, config.d_model));
 }
 
 torch::Tensor GPTMLPImpl::forward(const torch::Tensor& x) {
-  return linear(c_proj, torch::gelu(linear(c_fc, x)));
+  return maybe_dropout(linear(c_proj, torch::gelu(linear(c_fc, x))), dropout_, is_training());
 }
 
 GPTBlockImpl::GPTBlockImpl(const GPTConfig& config) {
@@ -84,6 +92,8 @@ GPTImpl::GPTImpl(const GPTConfig& config) : config_(config) {
               "GPT: sizes must be positive, got vocab_size=", config.vocab_size,
               " seq_len=", config.seq_len, " d_model=", config.d_model, " n_heads=", config.n_heads,
               " n_layers=", config.n_layers);
+  TORCH_CHECK(config.dropout >= 0 && config.dropout < 1, "GPT: dropout must be in [0, 1), got ",
+              config.dropout);
   TORCH_CHECK(config.d_model % config.n_heads == 0, "GPT: d_model (", config.d_model,
               ") must be divisible by n_heads (", config.n_heads, ")");
 
@@ -122,7 +132,7 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& idx) {
   TORCH_CHECK(seq <= config_.seq_len, "GPT: input length ", seq, " exceeds seq_len ",
               config_.seq_len);
   const auto positions = torch::arange(seq, idx.options().dtype(torch::kLong));
-  auto x = wte(idx) + wpe(positions);  // [B, T, d] + [T, d]
+  auto x = maybe_dropout(wte(idx) + wpe(positions), config_.dropout, is_training());  // [B, T, d]
   for (const auto& block : *h) x = call_block(*block->as<GPTBlockImpl>(), x, checkpoint_units);
   return linear(lm_head, ln_f(x));
 }

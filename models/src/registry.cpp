@@ -40,11 +40,21 @@ void build_mlp(Workload& w, const MLPOptions& options, uint64_t seed) {
 // The GPT rows' shapes, with the options every GPT takes (tie_weights, seed).
 void build_gpt(Workload& w, GPTConfig config, const WorkloadOptions& options) {
   config.tie_weights = options.tie_weights;
+  config.n_layers = pick(options.n_layers, config.n_layers);
+  config.n_heads = pick(options.n_heads, config.n_heads);
+  config.seq_len = pick(options.seq_len, config.seq_len);
+  config.dropout = options.dropout;
   GPT gpt(config);
   set_model(w, gpt);
   w.set_checkpointing = [impl = gpt.ptr()](bool on) { impl->checkpoint_units = on; };
   for (int64_t i = 0; i < config.n_layers; ++i) w.wrap_units.push_back("h." + std::to_string(i));
   w.tp_plan = gpt_tensor_parallel_plan(config);
+  int64_t params = 0;  // distinct (a tied lm_head counts once), without wpe
+  for (const auto& p : gpt->parameters()) params += p.numel();
+  if (config.tie_weights) params -= config.vocab_size * config.d_model;
+  params -= config.seq_len * config.d_model;
+  w.flops_per_token = 6.0 * static_cast<double>(params) +
+                      12.0 * static_cast<double>(config.n_layers * config.d_model * config.seq_len);
   add_counting_task(w, config.vocab_size, config.seq_len, options.seed);
 }
 

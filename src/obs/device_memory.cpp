@@ -3,6 +3,7 @@
 #include "ddp/detail/torch_compat.hpp"
 
 #if DDP_HAVE_NCCL
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
@@ -26,6 +27,14 @@ void reset_device_peak(const c10::Device& device) {
   if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
 #endif
   (void)device;
+}
+
+std::string device_name(const c10::Device& device) {
+#if DDP_HAVE_NCCL
+  if (device.is_cuda()) return at::cuda::getDeviceProperties(device.index())->name;
+#endif
+  (void)device;
+  return "";
 }
 
 }  // namespace ddp::obs

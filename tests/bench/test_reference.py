@@ -8,6 +8,8 @@ The C++ zoo's names and math are checked against these models by bench/compare -
 sides built); here the expected names are written out from models/include/ddp/models/*.hpp.
 """
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -232,6 +234,17 @@ class CompareTest(unittest.TestCase):
             self.assertIn("--cuda-graph", cmd)
             self.assertEqual(cmd[cmd.index("--nproc") + 1], "1")
 
+    def test_recipe_args_reach_both_sides_before_their_own(self):
+        compare = self.load_compare()
+        args = compare.parse_args(["--recipe-args", "--optimizer adamw --grad-accum 2",
+                                   "--reference-args=--static-graph"])
+        for side in ("ours", "pytorch"):
+            cmd = compare.side_command(args, side, "toy", 2)
+            self.assertEqual(cmd[cmd.index("--optimizer"):cmd.index("--optimizer") + 4],
+                             ["--optimizer", "adamw", "--grad-accum", "2"])
+        cmd = compare.side_command(args, "pytorch", "toy", 2)
+        self.assertLess(cmd.index("--grad-accum"), cmd.index("--static-graph"))
+
     def test_cuda_graph_refusals(self):
         for flags, want in [
                 ([], "--cuda-graph needs --device cuda, not --device cpu: CUDA graphs capture GPU "
@@ -242,6 +255,107 @@ class CompareTest(unittest.TestCase):
                                 *flags], capture_output=True, text=True, timeout=60)
             self.assertEqual(r.returncode, 2, r.stderr)
             self.assertIn(want, r.stderr)
+
+
+class RecipeTest(unittest.TestCase):
+    """The GPT training recipe (nanoGPT's train.py): schedule, AdamW groups, accumulation."""
+
+    def test_lr_at_closed_forms(self):
+        lr, min_lr = 6e-4, 6e-5
+
+        def at(step, warmup=4, decay_steps=12, decay="cosine"):
+            return torch_ddp.lr_at(step, lr, min_lr, warmup, decay_steps, decay)
+
+        self.assertAlmostEqual(at(0), lr / 5, delta=1e-15)  # lr / (warmup + 1)
+        self.assertAlmostEqual(at(3), lr * 4 / 5, delta=1e-15)
+        self.assertEqual(at(4), lr)  # the warmup's end: the peak, r = 0
+        self.assertAlmostEqual(at(8), (lr + min_lr) / 2, delta=1e-15)  # mid-cosine
+        self.assertAlmostEqual(at(12), min_lr, delta=1e-15)  # r = 1
+        self.assertEqual(at(13), min_lr)
+        self.assertEqual(at(1000), min_lr)
+        self.assertAlmostEqual(at(8, decay="linear"), (lr + min_lr) / 2, delta=1e-15)
+        self.assertAlmostEqual(at(6, decay="linear"), lr - (lr - min_lr) / 4, delta=1e-15)
+        self.assertEqual(at(100, decay="constant"), lr)
+        self.assertEqual(at(0, warmup=0, decay="constant"), lr)  # the default: --lr every step
+        self.assertEqual(at(4, warmup=4, decay_steps=4), min_lr)  # a step down at the warmup's end
+        self.assertEqual(at(3, warmup=4, decay_steps=4), lr * 4 / 5)
+
+    def test_adamw_groups_decay_exactly_the_matrices_once_each(self):
+        for tie in (False, True):
+            model = zoo.build_model("gpt-tiny", tie_weights=tie)
+            groups = torch_ddp.weight_decay_groups(model, 0.1)
+            self.assertEqual([g["weight_decay"] for g in groups], [0.1, 0.0])
+            decay, no_decay = ({id(p) for p in g["params"]} for g in groups)
+            names = {id(p): n for n, p in model.named_parameters()}
+            for n, p in model.named_parameters():
+                self.assertIn(id(p), decay if p.dim() >= 2 else no_decay, n)
+            listed = [id(p) for g in groups for p in g["params"]]
+            self.assertEqual(sorted(listed), sorted(names), f"tie={tie}: each parameter once")
+            self.assertEqual(len(listed), len(set(listed)))
+            self.assertIn(id(model.wte.weight), decay)
+            self.assertIn(id(model.ln_f.weight), no_decay)
+            self.assertIn(id(model.h[0].attn.c_attn.bias), no_decay)
+            # The optimizer the script builds holds these groups as they are.
+            opt = torch_ddp.make_optimizer(model, torch_ddp.parse_args(
+                ["--optimizer", "adamw", "--beta2", "0.95", "--weight-decay", "0.1"])[0])
+            self.assertIsInstance(opt, torch.optim.AdamW)
+            self.assertEqual([len(g["params"]) for g in opt.param_groups],
+                             [len(g["params"]) for g in groups])
+            self.assertEqual(opt.param_groups[0]["betas"], (0.9, 0.95))
+
+    def test_grad_accum_matches_the_whole_batch(self):
+        # 4 micro-batches of 2 accumulate to the gradient of the batch of 8, so AdamW with a
+        # clip and a schedule (warmup, cosine, then min_lr) ends where the unsplit run does.
+        torch.manual_seed(0)
+        model = "mlp-deep"
+        init = {n: p.detach() for n, p in torch_ddp.build_model(model).named_parameters()}
+        gen = torch.Generator().manual_seed(1)
+        inputs = {}
+        for step in range(4):
+            x, y = torch_ddp.random_batch(model, 8, gen)
+            inputs[f"x.{step}.0"], inputs[f"y.{step}.0"] = x, y / 512 ** 0.5
+        with tempfile.TemporaryDirectory() as tmp:
+            f = {k: os.path.join(tmp, k + ".safetensors") for k in ("init", "inputs", "one", "four")}
+            safetensors_io.save_file(init, f["init"])
+            safetensors_io.save_file(inputs, f["inputs"])
+            common = ["--model", model, "--init-params", f["init"], "--inputs", f["inputs"],
+                      "--lr", "1e-3", "--optimizer", "adamw", "--grad-clip", "0.5",
+                      "--warmup-steps", "1", "--lr-decay-steps", "3"]
+            run_reference(*common, "--grad-accum", "1", "--save-params", f["one"])
+            run_reference(*common, "--grad-accum", "4", "--save-params", f["four"])
+            one, four = (safetensors_io.load_file(f[k]) for k in ("one", "four"))
+        for name in init:
+            self.assertGreater(rel_diff(one[name], init[name]), 0, f"{name} did not move")
+            self.assertLess(rel_diff(four[name], one[name]), 1e-6, name)
+
+    def test_grad_accum_that_does_not_divide_the_batch_is_refused(self):
+        r = subprocess.run([sys.executable, SCRIPT, "--model", "toy", "--batch-size", "8",
+                            "--grad-accum", "3", "--repeat", "1", "--warmup", "0"],
+                           capture_output=True, text=True, timeout=120, cwd=ROOT)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("--grad-accum 3 does not divide the per-rank batch of 8", r.stderr)
+
+    def test_bad_recipe_flags_are_parser_errors(self):
+        for flags, want in [
+                (["--grad-clip", "-1"], "--grad-clip must be >= 0 (0: off), got -1.0"),
+                (["--grad-accum", "0"], "--grad-accum must be >= 1, got 0"),
+                (["--lr-decay", "linear"], "a linear decay needs --lr-decay-steps"),
+                (["--warmup-steps", "5", "--lr-decay-steps", "3"],
+                 "--warmup-steps (5) must not exceed --lr-decay-steps (3)"),
+                (["--device", "cuda", "--cuda-graph", "--optimizer", "adamw", "--grad-accum", "2"],
+                 "--cuda-graph captures plain SGD at a constant --lr only; not with --grad-accum, "
+                 "--optimizer")]:
+            with self.assertRaises(SystemExit), contextlib.redirect_stderr(io.StringIO()) as err:
+                torch_ddp.parse_args(flags)
+            self.assertIn(want, err.getvalue())
+
+    def test_defaults_are_plain_sgd_at_a_constant_rate(self):
+        args, _ = torch_ddp.parse_args([])
+        self.assertEqual((args.optimizer, args.grad_clip, args.grad_accum, args.lr_decay),
+                         ("sgd", 0.0, 1, "constant"))
+        self.assertFalse(torch_ddp.scheduled(args))
+        args, _ = torch_ddp.parse_args(["--lr", "0.5", "--lr-decay-steps", "10"])
+        self.assertEqual((args.lr_decay, args.min_lr), ("cosine", 0.05))
 
 
 class RunTest(unittest.TestCase):

@@ -77,10 +77,27 @@ hooks::CommHookPtr make_comm_hook(const std::string& name, comm::ProcessGroupPtr
 void add_model_flags(CLI::App& app, models::WorkloadOptions& options) {
   app.add_flag("--tie-weights", options.tie_weights,
                "GPT models: lm_head shares the token embedding's weight (wte), as in GPT-2");
+  // nanoGPT's names for the GPT's shape (0: the zoo row's own).
+  app.add_option("--n-layer", options.n_layers, "GPT models: transformer blocks")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--n-head", options.n_heads, "GPT models: attention heads (must divide the width)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  app.add_option("--n-embd", options.dim, "GPT models: the width (d_model; the same as --dim)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  app.add_option("--seq-len", options.seq_len, "GPT models: tokens per sequence")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  app.add_option("--dropout", options.dropout,
+                 "GPT models: dropout in training (embeddings, attention and MLP outputs)")
+      ->check(CLI::Range(0.0, 0.99));
 }
 
 std::string check_model_flags(const std::string& model, const models::WorkloadOptions& options) {
   const auto tied = models::tied_weights_workload_names();
+  const bool gpt = std::find(tied.begin(), tied.end(), model) != tied.end();
+  if (!gpt && (options.n_layers != 0 || options.n_heads != 0 || options.seq_len != 0 ||
+               options.dropout != 0)) {
+    return "--n-layer, --n-head, --seq-len and --dropout need a GPT model, got --model " + model;
+  }
   if (!options.tie_weights || std::find(tied.begin(), tied.end(), model) != tied.end()) return "";
   std::string list;
   for (const auto& name : tied) list += (list.empty() ? "" : ", ") + name;

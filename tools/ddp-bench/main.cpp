@@ -21,6 +21,7 @@
 #include <sstream>
 
 #include "common/ddp_flags.hpp"
+#include "common/recipe_flags.hpp"
 #include "common/run_flags.hpp"
 #include "common/tensor_parallel_setup.hpp"
 #include "common/tool_error.hpp"
@@ -35,8 +36,10 @@
 #include "ddp/obs/chrome_trace.hpp"
 #include "ddp/obs/device_memory.hpp"
 #include "ddp/optim/capturable.hpp"
+#include "ddp/optim/param_groups.hpp"
 #include "ddp/parallel/autocast.hpp"
 #include "ddp/parallel/data_parallel.hpp"
+#include "ddp/parallel/grad_clip.hpp"
 #include "ddp/planner/graph_dot.hpp"
 #include "ddp/shard/sharded_module.hpp"
 #include "ddp/unit/module_intake.hpp"
@@ -60,6 +63,10 @@ struct Args : ddp::tools::RunFlags {
   std::string comm_hook = "allreduce";
   ddp::DDPOptions options;  // the DDP flags (tools/common) write here; --verbose too
   bool autocast_bf16 = false;
+  // --optimizer (sgd: momentum 0, bench/reference/torch_ddp.py's), the schedule, --grad-clip,
+  // --grad-accum: common/recipe_flags.hpp. With --grad-accum N a step runs N micro-batches of
+  // --batch-size per rank (an --inputs batch is split into N).
+  ddp::tools::RecipeFlags recipe;
   bool json = false;
   bool profile = false;
   std::string trace_file = "profile.json";
@@ -139,6 +146,11 @@ std::string cuda_graph_refusal(const Args& args) {
   if (args.profile) return "--cuda-graph cannot be combined with --profile (per-phase timers)";
   if (!args.inputs.empty()) return "--cuda-graph cannot be combined with --inputs (parity runs)";
   if (!args.graph_dot.empty()) return "--cuda-graph cannot be combined with --graph-dot";
+  if (args.recipe.optimizer != "sgd" || args.recipe.grad_clip > 0 || args.recipe.grad_accum > 1 ||
+      ddp::tools::has_schedule(args.recipe)) {
+    return "--cuda-graph cannot be combined with --optimizer adam/adamw, --grad-clip, --grad-accum "
+           "or a schedule in ddp-bench (its captured step is plain SGD)";
+  }
   return "";
 }
 
@@ -207,7 +219,8 @@ int run_worker(const Args& args) {
                 "' has no batches for rank ", data_rank, " (expected tensors x.<step>.", data_rank,
                 ")");
   } else {
-    auto [x, y] = w.batch(data_rank * args.batch_size, args.batch_size);
+    const int64_t per_rank = args.batch_size * args.recipe.grad_accum;
+    auto [x, y] = w.batch(data_rank * per_rank, per_rank);
     batches.emplace_back(x.to(device), y.to(device));
   }
   const bool parity = !args.inputs.empty();
@@ -237,7 +250,18 @@ int run_worker(const Args& args) {
   std::vector<torch::Tensor> params;
   for (auto& [name, p] : named_params(*w.ptr)) params.push_back(p);
   const double lr = args.lr > 0 ? args.lr : w.lr;  // --lr 0: the model's own (run_flags.hpp)
-  torch::optim::SGD opt(params, torch::optim::SGDOptions(lr));
+  const auto opt = ddp::tools::make_optimizer(args.recipe, params, lr, /*sgd_momentum=*/0.0);
+  const ddp::optim::LrScheduleOptions schedule = ddp::tools::schedule_of(args.recipe, lr);
+  TORCH_CHECK(ddp::optim::schedule_error(schedule).empty(),
+              "ddp-bench: ", ddp::optim::schedule_error(schedule));
+  const bool scheduled = ddp::tools::has_schedule(args.recipe);
+  std::optional<ddp::optim::GradClipper> clipper;
+  if (args.recipe.grad_clip > 0) clipper.emplace(ddp::tools::clip_of(args.recipe));
+  // The gradients as this rank holds them, split by the style and --tp (for --grad-clip).
+  const auto grad_shards = [&] {
+    if (wrapped) return ddp::parallel::grad_shards(*wrapped, tensor_parallel.get());
+    return ddp::parallel::split_grad_shards(*w.ptr, nullptr, tensor_parallel.get(), nullptr);
+  };
   if (args.optimizer_overlap) {
     TORCH_CHECK(model || sharded_model, "ddp-bench: --optimizer-overlap needs --ddp or --fsdp");
     // Each parameter's SGD step runs inside backward once its bucket is reduced (a sharded unit:
@@ -320,14 +344,35 @@ int run_worker(const Args& args) {
     const auto& [x, y] = batches[static_cast<size_t>(i) % batches.size()];
     sync();
     const int64_t t0 = ddp::obs::trace_now_ns();
-    opt.zero_grad();
-    torch::Tensor loss;
-    {
+    opt->zero_grad();
+    // --grad-accum N: the rank's batch in N equal micro-batches; all but the last under no_sync,
+    // each loss divided by N (the timer's forward phase is the last micro-batch's).
+    const int micro = args.recipe.grad_accum;
+    TORCH_CHECK(x.size(0) % micro == 0, "ddp-bench: a batch of ", x.size(0),
+                " samples cannot be split into --grad-accum ", micro, " equal micro-batches");
+    const int64_t n = x.size(0) / micro;
+    const auto micro_loss = [&](int k) {
       std::optional<ddp::parallel::AutocastGuard> autocast;
       if (args.autocast_bf16) autocast.emplace(device.type(), torch::kBFloat16);
-      const torch::Tensor out = wrapped ? (*wrapped)(x) : w.module.forward(x);
-      loss = w.loss(out, y);
+      const torch::Tensor xs = micro > 1 ? x.narrow(0, k * n, n) : x;
+      const torch::Tensor ys = micro > 1 ? y.narrow(0, k * n, n) : y;
+      const torch::Tensor out = wrapped ? (*wrapped)(xs) : w.module.forward(xs);
+      return w.loss(out, ys);
+    };
+    torch::Tensor accumulated;  // the mean of the first N - 1 micro-batches' losses, / N each
+    for (int k = 0; k + 1 < micro; ++k) {
+      torch::Tensor l;
+      if (wrapped) {
+        auto quiet = wrapped->no_sync();  // gradients accumulate locally
+        l = micro_loss(k);
+        (l / micro).backward();
+      } else {
+        l = micro_loss(k);
+        (l / micro).backward();
+      }
+      accumulated = k == 0 ? l.detach() / micro : accumulated + l.detach() / micro;
     }
+    torch::Tensor loss = micro_loss(micro - 1);
     phase_sync();
     const int64_t t1 = ddp::obs::trace_now_ns();
     if (i == 0 && lead && !args.graph_dot.empty()) {
@@ -335,10 +380,14 @@ int run_worker(const Args& args) {
       for (auto& [name, p] : named_params(*w.ptr)) names.push_back(name);
       std::ofstream(args.graph_dot) << ddp::planner::autograd_graph_dot(loss, params, names);
     }
-    loss.backward();
+    (micro > 1 ? loss / micro : loss).backward();
+    if (micro > 1) loss = accumulated + loss.detach() / micro;
+    bool skip = false;
+    if (clipper) skip = clipper->clip(grad_shards(), i).skipped;
     phase_sync();
     const int64_t t2 = ddp::obs::trace_now_ns();
-    if (!args.optimizer_overlap) opt.step();
+    if (scheduled) ddp::optim::set_lr(*opt, ddp::optim::lr_at(schedule, i));
+    if (!args.optimizer_overlap && !skip) opt->step();
     sync();
     const int64_t t3 = ddp::obs::trace_now_ns();
     TORCH_CHECK(std::isfinite(loss.item<double>()),
@@ -370,7 +419,7 @@ int run_worker(const Args& args) {
     }
     if (lead) std::cerr << "ddp-bench: wrote trace " << args.trace_file << std::endl;
   }
-  const Memory memory = measure_memory(*w.ptr, opt, sharded_model, device);
+  const Memory memory = measure_memory(*w.ptr, *opt, sharded_model, device);
   if (!args.save_params.empty()) {
     ddp::io::TensorMap out;
     // Collective: every parameter gathered by its layout (sharded, --tp, or both nested).
@@ -449,6 +498,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   ddp::tools::add_ddp_flags(app, args.options);
   ddp::tools::add_comm_hook_flag(app, args.comm_hook);
+  ddp::tools::add_recipe_flags(app, args.recipe, {"sgd", "adam", "adamw"});
   app.add_flag("--autocast-bf16", args.autocast_bf16,
                "forward and loss under bf16 autocast (parameters and gradients stay fp32)");
   app.add_flag("--json", args.json, "one JSON object per result");
@@ -464,6 +514,21 @@ int main(int argc, char** argv) {
       !wrong.empty()) {
     std::cerr << "ddp-bench: " << wrong << std::endl;
     return 2;
+  }
+  {
+    // The peak rate is known here only with --lr (else the model's, checked in the worker).
+    const double lr = args.lr > 0 ? args.lr : std::max(1.0, args.recipe.min_lr);
+    std::string wrong = ddp::tools::check_recipe_flags(app, args.recipe, lr);
+    if (wrong.empty() && args.optimizer_overlap &&
+        (args.recipe.grad_clip > 0 || args.recipe.grad_accum > 1)) {
+      wrong =
+          "--grad-clip and --grad-accum cannot be combined with --optimizer-overlap: the "
+          "optimizer steps inside backward";
+    }
+    if (!wrong.empty()) {
+      std::cerr << "ddp-bench: " << wrong << std::endl;
+      return 2;
+    }
   }
 
   if (const std::string wrong = cuda_graph_refusal(args); !wrong.empty()) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <sstream>
 #include <stdexcept>
 
@@ -22,13 +23,26 @@ constexpr double kPlotBottom = 84;
 constexpr const char* kTrainColour = "#4e79a7";
 constexpr const char* kValidationColour = "#f28e2b";
 constexpr const char* kReferenceColour = "#7f7f7f";
+constexpr const char* kLrColour = "#59a14f";  // Tableau 10's green
+// With a learning rate: room for its tick labels and its rotated label on the right.
+constexpr double kPlotRightWithLr = 78;
+
+// A learning rate as a tick label: "6e-04" reads worse than "0.0006", "0.0006" better than
+// "0.000600"; %g picks the short form.
+std::string rate_label(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
 
 }  // namespace
 
 std::string render_loss_svg(const LossCurve& curve, const LossPlotOptions& options) {
   using svg::number;
   if (curve.train.empty()) throw std::invalid_argument("no training loss to plot");
-  const double plot_w = options.width - kPlotLeft - kPlotRight;
+  const bool with_lr = !curve.lr.empty();
+  const double right = with_lr ? kPlotRightWithLr : kPlotRight;
+  const double plot_w = options.width - kPlotLeft - right;
   const double plot_h = options.height - kPlotTop - kPlotBottom;
   if (!(plot_w >= 100 && plot_h >= 100)) {
     throw std::invalid_argument("a " + number(options.width, 0) + " x " +
@@ -44,6 +58,12 @@ std::string render_loss_svg(const LossCurve& curve, const LossPlotOptions& optio
       if (std::isfinite(p.loss)) top = std::max(top, p.loss);
     }
   }
+  double lr_top = 0;
+  for (const LossPoint& p : curve.lr) {
+    last_step = std::max(last_step, p.step);
+    if (std::isfinite(p.loss)) lr_top = std::max(lr_top, p.loss);
+  }
+  if (!(lr_top > 0)) lr_top = 1;
   for (const ReferenceLine& r : options.references) top = std::max(top, r.value);
   if (!(top > 0)) top = 1;
   // The y axis ends on a tick: ticks over [0, top], and one more step when the last falls short.
@@ -52,12 +72,20 @@ std::string render_loss_svg(const LossCurve& curve, const LossPlotOptions& optio
     y_ticks.values.push_back(y_ticks.values.back() + y_ticks.step);
   }
   const double y_max = y_ticks.values.back();
+  svg::Ticks lr_ticks = svg::ticks(0, lr_top, plot_h, 45);
+  if (lr_ticks.values.back() < lr_top * (1 - 1e-9)) {
+    lr_ticks.values.push_back(lr_ticks.values.back() + lr_ticks.step);
+  }
+  const double lr_max = lr_ticks.values.back();
   const svg::Ticks x_ticks = svg::ticks(0, double(last_step), plot_w);
 
   const double bottom = kPlotTop + plot_h;
   const auto x_of = [&](double step) { return kPlotLeft + step / double(last_step) * plot_w; };
   const auto y_of = [&](double loss) {
     return bottom - std::clamp(loss, 0.0, y_max) / y_max * plot_h;
+  };
+  const auto y_of_lr = [&](double lr) {
+    return bottom - std::clamp(lr, 0.0, lr_max) / lr_max * plot_h;
   };
 
   std::ostringstream s;
@@ -88,10 +116,24 @@ std::string render_loss_svg(const LossCurve& curve, const LossPlotOptions& optio
   s << "<text x=\"18\" y=\"" << number(label_y) << "\" font-size=\"12\" text-anchor=\"middle\" "
     << "transform=\"rotate(-90 18 " << number(label_y) << ")\">" << svg::escape(options.y_label)
     << "</text>\n";
+  if (with_lr) {
+    const double axis = kPlotLeft + plot_w;
+    s << svg::line(axis, kPlotTop, axis, bottom, kLrColour);
+    for (const double v : lr_ticks.values) {
+      s << "<text x=\"" << number(axis + 6) << "\" y=\"" << number(y_of_lr(v) + 4) << "\" fill=\""
+        << kLrColour << "\">" << rate_label(v) << "</text>\n";
+    }
+    const double lr_label_x = options.width - 14;
+    s << "<text x=\"" << number(lr_label_x) << "\" y=\"" << number(label_y)
+      << "\" font-size=\"12\" text-anchor=\"middle\" fill=\"" << kLrColour
+      << "\" transform=\"rotate(90 " << number(lr_label_x) << " " << number(label_y)
+      << ")\">learning rate</text>\n";
+  }
   s << "</g>\n";
 
   std::vector<svg::LegendEntry> legend = {{options.train_label, kTrainColour}};
   if (!curve.validation.empty()) legend.push_back({options.validation_label, kValidationColour});
+  if (with_lr) legend.push_back({"learning rate", kLrColour});
   s << "<g id=\"references\">\n";
   for (const ReferenceLine& r : options.references) {
     s << "<line x1=\"" << number(kPlotLeft) << "\" y1=\"" << number(y_of(r.value)) << "\" x2=\""
@@ -122,10 +164,19 @@ std::string render_loss_svg(const LossCurve& curve, const LossPlotOptions& optio
         << ": validation loss " << number(p.loss, 4) << "</title></circle>\n";
     }
   }
+  if (with_lr) {
+    s << "<polyline class=\"lr\" fill=\"none\" stroke=\"" << kLrColour
+      << "\" stroke-width=\"1.2\" stroke-dasharray=\"4 3\" points=\"";
+    for (size_t i = 0; i < curve.lr.size(); ++i) {
+      s << (i ? " " : "") << number(x_of(double(curve.lr[i].step))) << ','
+        << number(y_of_lr(curve.lr[i].loss));
+    }
+    s << "\"/>\n";
+  }
   s << "</g>\n";
 
   const svg::LegendLayout layout =
-      svg::layout_legend(legend, legend.size(), kPlotLeft, bottom + 50, options.width - kPlotRight);
+      svg::layout_legend(legend, legend.size(), kPlotLeft, bottom + 50, options.width - right);
   s << "<g id=\"legend\" font-size=\"12\" fill=\"#1f1f1f\">\n";
   s << svg::legend_items(legend, layout);
   s << "</g>\n";

@@ -15,7 +15,9 @@
 //
 // Scales: x runs from 0 to the last step; y from 0 to the first y tick at or above the highest
 // loss (or reference) drawn. Each series is one <polyline class="SERIES"> with one "x,y" point per
-// logged step, in step order; validation points also get a <circle> each.
+// logged step, in step order; validation points also get a <circle> each. With a learning rate,
+// a right-hand axis (0 to its first tick at or above the highest rate) and a dashed
+// <polyline class="lr">.
 
 #include <cstdint>
 #include <string>
@@ -31,6 +33,10 @@ struct LossPoint {
 struct LossCurve {
   std::vector<LossPoint> train;       // the mean training loss over ranks, one per step
   std::vector<LossPoint> validation;  // one per evaluation
+  // The learning rate per step (LossPoint::loss holds the rate): drawn against a right-hand axis
+  // from 0 to its largest value, so a warmup and a decay show beside the loss they shape. Empty:
+  // no axis, no line.
+  std::vector<LossPoint> lr;
 };
 
 // A horizontal dashed line across the plot, e.g. the text's unigram entropy.

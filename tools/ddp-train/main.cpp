@@ -15,9 +15,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
+#include <map>
 #include <optional>
 
 #include "common/ddp_flags.hpp"
+#include "common/recipe_flags.hpp"
 #include "common/run_flags.hpp"
 #include "common/tensor_parallel_setup.hpp"
 #include "common/tool_error.hpp"
@@ -30,8 +32,12 @@
 #include "ddp/io/torch_save.hpp"
 #include "ddp/launch/spawn.hpp"
 #include "ddp/models/registry.hpp"
+#include "ddp/obs/device_memory.hpp"
 #include "ddp/optim/capturable.hpp"
+#include "ddp/optim/param_groups.hpp"
+#include "ddp/parallel/autocast.hpp"
 #include "ddp/parallel/data_parallel.hpp"
+#include "ddp/parallel/grad_clip.hpp"
 #include "ddp/unit/module_intake.hpp"
 #include "loss_log.hpp"
 #include "loss_plot.hpp"
@@ -46,8 +52,13 @@ struct Args : ddp::tools::RunFlags {
   int steps = 200;
   ddp::models::WorkloadOptions workload;  // --dim, --tie-weights
   int64_t tp = 0;                         // --tp N: tensor parallel over N ranks; 0: none
-  std::string optimizer = "sgd";
-  std::string backend = "";  // "": gloo on cpu, nccl on cuda
+  // --optimizer (sgd: momentum 0.9 at --lr; adam: --lr / 10; adamw: --lr, default the model's
+  // rate / 10), its groups, the schedule, --grad-clip, --grad-accum (common/recipe_flags.hpp).
+  ddp::tools::RecipeFlags recipe;
+  bool autocast_bf16 = false;  // --autocast-bf16: forward and loss under bf16 autocast
+  double peak_tflops = 0;      // --peak-tflops: per device, for MFU; 0: the GPU table's
+  bool json = false;           // --json: progress as JSON lines
+  std::string backend = "";    // "": gloo on cpu, nccl on cuda
   std::string comm_hook = "allreduce";
   ddp::DDPOptions ddp;           // the DDP flags (tools/common) write here; --verbose too
   ddp::tools::ShardFlags shard;  // --style, --fsdp, --fsdp-wrap, ... (tools/common)
@@ -100,6 +111,11 @@ std::string cuda_graph_refusal(const Args& args) {
            "state is not in checkpoints yet)";
   }
   if (args.tp > 0) return "--cuda-graph cannot be combined with --tp (not captured yet)";
+  if (args.recipe.optimizer == "adamw" || args.recipe.grad_clip > 0 || args.recipe.grad_accum > 1 ||
+      args.autocast_bf16) {
+    return "--cuda-graph cannot be combined with --optimizer adamw, --grad-clip, --grad-accum or "
+           "--autocast-bf16 in ddp-train (not captured yet; ddp-bench captures bf16 steps)";
+  }
   if (args.backend == "gloo") {
     return "--cuda-graph needs the nccl backend, not gloo: Gloo's collectives run on the host, "
            "outside any CUDA graph";
@@ -107,6 +123,29 @@ std::string cuda_graph_refusal(const Args& args) {
   if (args.comm_hook == "powersgd") {
     return "--cuda-graph cannot be combined with --comm-hook powersgd (its steps differ until "
            "its warm-up ends, and a graph replays one)";
+  }
+  return "";
+}
+
+// The recipe flags against each other and the run's other flags ("" when they fit). The peak
+// rate is known here only with --lr (else the model's, checked again in the worker).
+std::string check_recipe(const CLI::App& app, const Args& args) {
+  const double lr = args.lr > 0 ? (args.recipe.optimizer == "adam" ? args.lr / 10 : args.lr)
+                                : std::max(1.0, args.recipe.min_lr);
+  if (std::string wrong = ddp::tools::check_recipe_flags(app, args.recipe, lr); !wrong.empty()) {
+    return wrong;
+  }
+  if (args.recipe.grad_clip > 0 && args.optimizer_overlap) {
+    return "--grad-clip cannot be combined with --optimizer-overlap: the optimizer steps inside "
+           "backward, before the norm of the whole gradient is known";
+  }
+  if (args.recipe.grad_accum > 1 && args.optimizer_overlap) {
+    return "--grad-accum cannot be combined with --optimizer-overlap: the optimizer would step "
+           "after every micro-batch";
+  }
+  if (args.workload.dropout > 0 && args.tp > 0) {
+    return "--dropout cannot be combined with --tp: the ranks of a tp group would drop different "
+           "elements of the activations they must share";
   }
   return "";
 }
@@ -161,13 +200,17 @@ int run_worker(const Args& args) {
   const auto forward = [&](const torch::Tensor& x) { return model(x); };
   // The parameters once each (a tied weight has two names): what the optimizer steps.
   const std::vector<torch::Tensor> params = ddp::unit::take_in(*w.ptr).params;
-  const double lr = args.lr > 0 ? args.lr : w.lr;
-  auto make_optimizer =
-      [&](const std::vector<torch::Tensor>& params) -> std::unique_ptr<torch::optim::Optimizer> {
-    if (args.optimizer == "adam") {
-      return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(lr / 10));
-    }
-    return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(lr).momentum(0.9));
+  // The peak rate: SGD's the model's own (or --lr); Adam's a tenth of it (as before --optimizer
+  // adamw existed); AdamW takes --lr as given, else a tenth of the model's SGD rate.
+  const std::string& kind = args.recipe.optimizer;
+  const double lr = kind == "sgd"    ? (args.lr > 0 ? args.lr : w.lr)
+                    : kind == "adam" ? (args.lr > 0 ? args.lr : w.lr) / 10
+                                     : (args.lr > 0 ? args.lr : w.lr / 10);
+  const ddp::optim::LrScheduleOptions schedule = ddp::tools::schedule_of(args.recipe, lr);
+  TORCH_CHECK(ddp::optim::schedule_error(schedule).empty(), ddp::optim::schedule_error(schedule));
+  const bool scheduled = ddp::tools::has_schedule(args.recipe);
+  auto make_optimizer = [&](const std::vector<torch::Tensor>& params) {
+    return ddp::tools::make_optimizer(args.recipe, params, lr, /*sgd_momentum=*/0.9);
   };
   // With --optimizer-overlap each parameter's optimizer steps inside backward, as soon as its
   // bucket is reduced; there is then no optimizer step after backward.
@@ -175,9 +218,10 @@ int run_worker(const Args& args) {
   // --cuda-graph: the same optimizer, capturable (its step count and learning rate on the device).
   std::unique_ptr<ddp::optim::CapturableOptimizer> graph_opt;
   if (args.cuda_graph) {
-    if (args.optimizer == "adam") {
+    if (kind == "adam") {
       ddp::optim::CapturableAdamOptions adam;
-      adam.lr = lr / 10;
+      adam.lr = lr;
+      adam.betas = {0.9, args.recipe.beta2};
       graph_opt = std::make_unique<ddp::optim::CapturableAdam>(params, adam);
     } else {
       ddp::optim::CapturableSgdOptions sgd;
@@ -209,7 +253,7 @@ int run_worker(const Args& args) {
               << ", batch " << args.batch_size << " per worker" << std::endl;
   }
 
-  const int64_t global_batch = args.batch_size * dp_group->world_size();
+  const int64_t global_batch = args.batch_size * args.recipe.grad_accum * dp_group->world_size();
   // Step `step` trains on samples [(step - 1) * global_batch, step * global_batch): a pure
   // function of the step and the rank, so a resumed run sees the batches an uninterrupted one does.
   ddp::io::TrainingState state;
@@ -255,8 +299,20 @@ int run_worker(const Args& args) {
   // first step (the batch's shape), destroyed before the process group (declared after it).
   std::unique_ptr<ddp::graphs::CapturedStep> captured;
   torch::Tensor static_x, static_y, static_loss;
-  ddp::tools::Progress progress(args.steps, lead && ::isatty(STDOUT_FILENO), 20);
-  if (text) progress.set_tokens_per_step(text->tokens_per_step());
+  ddp::tools::Progress progress(args.steps, lead && ::isatty(STDOUT_FILENO), 20, args.json);
+  if (text) {
+    progress.set_tokens_per_step(text->tokens_per_step() * args.recipe.grad_accum);
+    const double peak = args.peak_tflops > 0
+                            ? args.peak_tflops * 1e12
+                            : ddp::tools::peak_flops_of(ddp::obs::device_name(device));
+    progress.set_mfu(w.flops_per_token, peak, pg->world_size());
+  }
+  // --grad-clip: the norm over every rank's shards (parallel/grad_clip.hpp), each step.
+  std::optional<ddp::optim::GradClipper> clipper;
+  if (args.recipe.grad_clip > 0) clipper.emplace(ddp::tools::clip_of(args.recipe));
+  // The rate and the gradient norm of the steps whose loss is not printed yet (the loss log reads
+  // losses in batches): a progress line shows all three of its step.
+  std::map<int64_t, double> lrs, grad_norms;
   // A batch to the device. On CUDA through pinned memory without waiting: a copy from pageable
   // memory makes the host wait for the stream, so it could not run ahead of the GPU.
   const auto to_device = [&](const torch::Tensor& t) {
@@ -286,10 +342,18 @@ int run_worker(const Args& args) {
                 << " exits with code 3 (test hook)" << std::endl;
       std::_Exit(3);
     }
-    const int64_t offset = (step - 1) * global_batch + data_rank * args.batch_size;
-    auto [x_cpu, y_cpu] = text ? text->next_batch() : w.batch(offset, args.batch_size);
+    // This rank's micro-batch `k` of the step: the synthetic samples
+    // [offset + k * batch, offset + (k + 1) * batch), or the sampler's next windows.
+    const int micro = args.recipe.grad_accum;
+    const int64_t offset = (step - 1) * global_batch + data_rank * args.batch_size * micro;
+    const auto batch_of = [&](int k) {
+      return text ? text->next_batch() : w.batch(offset + k * args.batch_size, args.batch_size);
+    };
+    const double lr_now = scheduled ? ddp::optim::lr_at(schedule, step - 1) : lr;
     torch::Tensor loss;
     if (graph_opt) {
+      auto [x_cpu, y_cpu] = batch_of(0);
+      if (scheduled) graph_opt->set_lr(lr_now);
       if (!captured) {
         static_x = torch::empty_like(x_cpu, torch::TensorOptions().device(device));
         static_y = torch::empty_like(y_cpu, torch::TensorOptions().device(device));
@@ -310,16 +374,49 @@ int run_worker(const Args& args) {
       captured->run({x_cpu.pin_memory(), y_cpu.pin_memory()});
       loss = static_loss;
     } else {
-      const auto x = to_device(x_cpu);
-      const auto y = to_device(y_cpu);
       if (ddp_model) {
         ddp_model->zero_grad();
-      } else {
+      } else if (opt) {
         opt->zero_grad();
+      } else {
+        sharded->zero_grad();
       }
-      loss = w.loss(forward(x), y);
-      loss.backward();
-      if (opt) opt->step();
+      // One micro-batch's forward and backward; its loss divided by the micro-batch count, so the
+      // accumulated gradient is the mean over the step's whole batch.
+      const auto forward_backward = [&](int k) {
+        auto [x_cpu, y_cpu] = batch_of(k);
+        const auto x = to_device(x_cpu);
+        const auto y = to_device(y_cpu);
+        torch::Tensor l;
+        {
+          std::optional<ddp::parallel::AutocastGuard> autocast;
+          if (args.autocast_bf16) autocast.emplace(device.type(), torch::kBFloat16);
+          l = w.loss(forward(x), y);
+        }
+        (micro > 1 ? l / micro : l).backward();
+        loss = k == 0 ? l.detach() / micro : loss + l.detach() / micro;
+        if (micro == 1) loss = l;
+      };
+      for (int k = 0; k + 1 < micro; ++k) {
+        auto quiet = model.no_sync();  // gradients accumulate locally
+        forward_backward(k);
+      }
+      forward_backward(micro - 1);
+      bool skip = false;
+      if (clipper) {
+        const auto clipped =
+            clipper->clip(ddp::parallel::grad_shards(model, tensor_parallel.get()), step);
+        grad_norms[step] = clipped.total_norm;
+        skip = clipped.skipped;
+      }
+      if (opt && !skip) {
+        if (scheduled) ddp::optim::set_lr(*opt, lr_now);
+        opt->step();
+      }
+    }
+    if (scheduled) {
+      lrs[step] = lr_now;
+      curve.lr.push_back({step, lr_now});
     }
     // The global mean loss, for display: kept on the device and read in batches (loss_log.hpp),
     // at the latest where a line is printed, an evaluation or a checkpoint needs it, or the run
@@ -334,7 +431,17 @@ int run_worker(const Args& args) {
                     " (learning rate ", lr, "); lower --lr");
         last_loss = value;
         if (at == first_step) first_loss = value;
-        if (lead) progress.update(at, value, (step - first_step + 1) / secs);
+        if (lead) {
+          ddp::tools::StepReport report;
+          report.step = static_cast<int>(at);
+          report.loss = value;
+          report.steps_per_second = (step - first_step + 1) / secs;
+          if (lrs.count(at) > 0) report.lr = lrs[at];
+          if (grad_norms.count(at) > 0) report.grad_norm = grad_norms[at];
+          progress.update(report);
+        }
+        lrs.erase(at);
+        grad_norms.erase(at);
         curve.train.push_back({at, value});
       }
       // After the flush, which waited for the step's loss: the first step's device work included.
@@ -380,6 +487,10 @@ int run_worker(const Args& args) {
       std::cout << "; " << (ran - 1) / (secs - first_step_s) << " steps/s after the first step";
     }
     std::cout << ")" << std::endl;
+    if (clipper && clipper->skipped_steps() > 0) {
+      std::cout << "ddp-train: " << clipper->skipped_steps()
+                << " steps skipped: their gradient norm was not finite" << std::endl;
+    }
     if (!sample.empty()) std::cout << sample << std::endl;
     if (!args.plot.empty() && !curve.train.empty()) {
       const auto options =
@@ -411,9 +522,14 @@ int main(int argc, char** argv) {
   app.add_option("--dim", args.workload.dim, "model width (0: the model's default)")
       ->capture_default_str();
   ddp::tools::add_model_flags(app, args.workload);
-  app.add_option("--optimizer", args.optimizer, "sgd or adam")
-      ->check(CLI::IsMember({"sgd", "adam"}))
-      ->capture_default_str();
+  ddp::tools::add_recipe_flags(app, args.recipe, {"sgd", "adam", "adamw"});
+  app.add_flag("--autocast-bf16", args.autocast_bf16,
+               "forward and loss under bf16 autocast (parameters and gradients stay fp32)");
+  app.add_option("--peak-tflops", args.peak_tflops,
+                 "peak TFLOP/s of one device, for the MFU column (default: a table of GPUs; "
+                 "none on the CPU)")
+      ->check(CLI::Range(0.0, 1e6));
+  app.add_flag("--json", args.json, "progress as one JSON object per logged step (for plots)");
   app.add_option("--backend", args.backend, "gloo or nccl (default: gloo on cpu, nccl on cuda)")
       ->check(CLI::IsMember({"gloo", "nccl"}));
   ddp::tools::add_ddp_flags(app, args.ddp);
@@ -449,13 +565,17 @@ int main(int argc, char** argv) {
       ->type_name("FILE.svg");
   CLI11_PARSE(app, argc, argv);
   if (const std::string wrong =
-          ddp::tools::check_text_flags(app, args.text, args.model, args.optimizer);
+          ddp::tools::check_text_flags(app, args.text, args.model, args.recipe.optimizer);
       !wrong.empty()) {
     std::cerr << "ddp-train: " << wrong << std::endl;
     return 2;
   }
   if (const std::string wrong = ddp::tools::check_model_flags(args.model, args.workload);
       !wrong.empty()) {
+    std::cerr << "ddp-train: " << wrong << std::endl;
+    return 2;
+  }
+  if (const std::string wrong = check_recipe(app, args); !wrong.empty()) {
     std::cerr << "ddp-train: " << wrong << std::endl;
     return 2;
   }

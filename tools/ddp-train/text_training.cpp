@@ -186,7 +186,9 @@ std::optional<double> TextTraining::after_step(int step, int last_step, double t
     char line[160];
     std::snprintf(line, sizeof line, "step %d: validation loss %.4f, training loss %.4f", step,
                   loss, train_loss);
-    progress.note(line);
+    char json[96];
+    std::snprintf(json, sizeof json, "{\"step\":%d,\"val_loss\":%.9g}", step, loss);
+    progress.note(line, json);
   }
   return loss;
 }

@@ -1,15 +1,21 @@
 #pragma once
-// Peak device memory for reports (ddp-bench --verbose / --json): the CUDA caching allocator's peak
-// of allocated bytes since the last reset. -1 where there is no such number (CPU tensors, or a
-// libtorch without CUDA): CPU memory is reported as tensor storage bytes instead.
+// Peak device memory and the device's name for reports (ddp-bench --verbose / --json): the CUDA
+// caching allocator's peak of allocated bytes since the last reset. -1 where there is no such
+// number (CPU tensors, or a libtorch without CUDA): CPU memory is reported as tensor storage bytes
+// instead.
 
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <string>
 
 namespace ddp::obs {
 
 int64_t device_peak_allocated_bytes(const c10::Device& device);
 void reset_device_peak(const c10::Device& device);
+
+// The device's marketing name ("NVIDIA H100 80GB HBM3"), for a table of peak FLOP/s; "" for the
+// CPU or a build without CUDA.
+std::string device_name(const c10::Device& device);
 
 }  // namespace ddp::obs

@@ -34,6 +34,10 @@ struct GPTConfig {
   // appears twice in named_parameters() (libtorch does not deduplicate), which code that walks
   // parameters by name must be ready for.
   bool tie_weights = false;
+  // 0: no dropout (the tests' and benchmarks' models are deterministic). Otherwise nanoGPT's
+  // places, in training mode only: the embeddings' sum, and each block's attention and MLP output
+  // before the residual add (--dropout).
+  double dropout = 0;
 };
 
 // Multi-head causal self-attention: c_attn projects to q, k, v in one matmul, c_proj mixes heads.
@@ -49,6 +53,7 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
 
  private:
   int64_t n_heads_;
+  double dropout_;
 };
 TORCH_MODULE(CausalSelfAttention);
 
@@ -61,6 +66,9 @@ class GPTMLPImpl : public torch::nn::Module {
 
   torch::nn::Linear c_fc{nullptr};
   torch::nn::Linear c_proj{nullptr};
+
+ private:
+  double dropout_;
 };
 TORCH_MODULE(GPTMLP);
 

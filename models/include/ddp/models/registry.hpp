@@ -42,6 +42,10 @@ struct Workload {
   // Turns activation checkpointing of every wrap unit on or off (--fsdp-checkpoint); empty for a
   // model that cannot.
   std::function<void(bool)> set_checkpointing;
+  // Model FLOPs of one token's forward and backward, as nanoGPT's estimate_mfu counts them:
+  // 6 N (N: the parameters but the position embedding) + 12 n_layers d_model seq_len for the
+  // attention's two matmuls per layer. 0 for a model without tokens (no MFU is shown).
+  double flops_per_token = 0;
 };
 
 struct WorkloadOptions {
@@ -54,6 +58,13 @@ struct WorkloadOptions {
   // (GPTConfig::tie_weights, --tie-weights). Only for tied_weights_workload_names(); any other
   // workload refuses it, since it has no token embedding to tie.
   bool tie_weights = false;
+  // The GPTs' shape beyond `dim` (their d_model), as nanoGPT names it; 0 keeps the row's value:
+  // --n-layer, --n-head, --seq-len. `dropout` (--dropout, default 0) is GPTConfig::dropout. Any
+  // other workload refuses them (check_model_flags in the tools).
+  int64_t n_layers = 0;
+  int64_t n_heads = 0;
+  int64_t seq_len = 0;
+  double dropout = 0;
 };
 
 // Names, model, what `dim` sets, task:

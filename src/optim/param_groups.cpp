@@ -1,0 +1,16 @@
+#include "ddp/optim/param_groups.hpp"
+
+namespace ddp::optim {
+
+std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> split_by_dims(
+    const std::vector<at::Tensor>& params) {
+  std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> out;
+  for (const auto& p : params) (p.dim() >= 2 ? out.first : out.second).push_back(p);
+  return out;
+}
+
+void set_lr(torch::optim::Optimizer& optimizer, double lr) {
+  for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
+}
+
+}  // namespace ddp::optim
