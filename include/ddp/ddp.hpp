@@ -12,6 +12,8 @@
 //   in a model  ddp::run_unit (a unit's or a planned module's forward), ddp::activation_checkpoint
 //   data        ddp::DistributedSampler, ddp::LoaderSampler
 //   checkpoints ddp::save_and_barrier, ddp::resume_latest over an io::TrainingState
+//   recipe      ddp::clip_grad_norm(model, max_norm) over any style and mesh, ddp::lr_at (warmup,
+//               cosine), ddp::weight_decay_groups (AdamW's groups), ddp::set_lr
 //
 // The public headers are the ones included here and what they name in their own comments as
 // user-facing (options structs, the layout and its gather). The rest (reducer/, buckets/,
@@ -28,9 +30,13 @@
 #include "ddp/graphs/captured_step.hpp"
 #include "ddp/io/checkpoint_coordinator.hpp"
 #include "ddp/optim/capturable.hpp"
+#include "ddp/optim/grad_clip.hpp"
+#include "ddp/optim/lr_schedule.hpp"
+#include "ddp/optim/param_groups.hpp"
 #include "ddp/parallel/data_parallel.hpp"
 #include "ddp/parallel/ddp_options.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
+#include "ddp/parallel/grad_clip.hpp"
 #include "ddp/shard/sharded_module.hpp"
 #include "ddp/tp/parallelize.hpp"
 #include "ddp/unit/activation_checkpoint.hpp"
@@ -55,6 +61,12 @@ using optim::CapturableAdam;
 using optim::CapturableAdamOptions;
 using optim::CapturableSgd;
 using optim::CapturableSgdOptions;
+using optim::ClipOptions;
+using optim::GradClipper;
+using optim::lr_at;
+using optim::LrScheduleOptions;
+using optim::set_lr;
+using optim::weight_decay_groups;
 using shard::FullyShardedDataParallel;
 using shard::ShardOptions;
 using tp::ColwiseParallel;
