@@ -305,6 +305,12 @@ def spawn(nproc, argv):
             MASTER_PORT=str(port),
             TORCH_DDP_REFERENCE_WORKER="1",
         )
+        # As torchrun (and ddp-run, and ddp-bench --nproc) do for more than one local worker: one
+        # OpenMP / OpenBLAS thread each unless the caller chose. Without it the workers' BLAS ran
+        # on every core, with other GEMM kernels than ddp-bench's single-threaded workers: the same
+        # step differed in the last bit of most gradient elements, which Adam amplified to 1e-3.
+        if nproc > 1:
+            env.setdefault("OMP_NUM_THREADS", "1")
         procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__)] + argv, env=env,
                                       preexec_fn=die_with_parent))
     code = 0

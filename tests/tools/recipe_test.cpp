@@ -35,12 +35,12 @@ const std::string kBench = DDP_BENCH_PATH;
 // Adam in equivalence tests]
 //
 // [Note: Adam in equivalence tests] Runs that are equal in exact arithmetic (accumulation or not,
-// world 2 or 3) differ in the last bit of a few gradient elements, and Adam divides each element
-// by its own magnitude: where a gradient is near zero, a last-bit difference becomes an update of
-// up to lr. Measured here: 1e-5 to 7e-5 relative after 3 AdamW steps, against 1e-8 with SGD. So
-// equivalence is asserted with SGD (the gradients are what accumulation and resharding must get
-// right), and AdamW's state round trip at the same world size, where a resumed run is bit for bit
-// the uninterrupted one.
+// world 2 or 3) sum in another order, so a few gradient elements differ in the last bit; Adam
+// divides each element by its own magnitude, and where a gradient is near zero a last-bit
+// difference becomes an update of up to lr (measured: 1e-5 to 7e-5 relative after 3 AdamW steps,
+// against 1e-8 with SGD). So equivalence is asserted with SGD (the gradients are what accumulation
+// and resharding must get right), and AdamW where the arithmetic is the same: its state round trip
+// at one world size, and PyTorch's DDP (Bench.RecipeParityWithPyTorch), both bit for bit.
 const std::string kRecipe =
     " --lr 0.01 --warmup-steps 1 --lr-decay-steps 3 --min-lr 0.001 --grad-clip 0.5 ";
 
