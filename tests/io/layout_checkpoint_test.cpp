@@ -2,8 +2,9 @@
 // FULLY_SHARD over tensor parallelism, saved at (dp 2, tp 2) through save_and_barrier with the
 // nested layouts, resumes as a plain model at world 1, as TP 1x2 and as FULLY_SHARD at world 3;
 // each resumed run ends within 1e-5 of the uninterrupted (dp 2, tp 2) run on the same global
-// batches, with SGD momentum and with Adam (their state travels with the parameters, split by the
-// same layouts).
+// batches, with each optimizer a checkpoint holds: SGD momentum, Adam, AdamW in the GPT recipe's
+// two groups (weight decay on the 2-D parameters only), RMSprop (momentum, centered) and Adagrad
+// (their state travels with the parameters, split by the same layouts; the groups by name).
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -14,6 +15,7 @@
 #include "ddp/io/checkpoint_coordinator.hpp"
 #include "ddp/io/full_state_dict.hpp"
 #include "ddp/models/net.hpp"
+#include "ddp/optim/param_groups.hpp"
 #include "ddp/shard/sharded_module.hpp"
 #include "ddp/tp/parallelize.hpp"
 #include "support/oracle.hpp"
@@ -42,8 +44,20 @@ shard::ShardOptions per_layer() {
 }
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<torch::Tensor>& params) {
-  if (worker_env("DDP_TEST_OPT") == "adam") {
+  const std::string kind = worker_env("DDP_TEST_OPT");
+  if (kind == "adam") {
     return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(1e-2));
+  }
+  if (kind == "adamw") {
+    return std::make_unique<torch::optim::AdamW>(optim::weight_decay_groups(
+        params, torch::optim::AdamWOptions(1e-2).betas({0.9, 0.95}).weight_decay(0.1)));
+  }
+  if (kind == "rmsprop") {
+    return std::make_unique<torch::optim::RMSprop>(
+        params, torch::optim::RMSpropOptions(1e-3).momentum(0.9).centered(true));
+  }
+  if (kind == "adagrad") {
+    return std::make_unique<torch::optim::Adagrad>(params, torch::optim::AdagradOptions(0.05));
   }
   return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1).momentum(0.9));
 }
@@ -195,7 +209,8 @@ TEST_P(LayoutCheckpoint, FullyShardOverTpResumesAsPlainTpAndFullyShard) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Optimizers, LayoutCheckpoint, ::testing::Values("sgd", "adam"));
+INSTANTIATE_TEST_SUITE_P(Optimizers, LayoutCheckpoint,
+                         ::testing::Values("sgd", "adam", "adamw", "rmsprop", "adagrad"));
 
 }  // namespace
 }  // namespace ddp::testing
