@@ -7,7 +7,8 @@
 #   bash scripts/gpu-check.sh                 # build, tests, levers, table
 #   bash scripts/gpu-check.sh build tests     # only those stages
 #
-# Stages: build, tests, graphs (issue 25: captured steps, ours and PyTorch's recipe), text (ddp-train --data on the GPU), tpref (PyTorch's --tp reference checked on CPU Gloo), onegpu (ours vs PyTorch with one GPU: bare, DDP and FULLY_SHARD at world 1), sharded (FULLY_SHARD vs FSDP2), attribution (issue 13: noop hook, --no-overlap), tp (issue 15: --tp 2), final (the documented table), overlap, levers (ours only: each tuning lever against our default), table (bench/compare,
+# Stages: build, tests, graphs (issue 25: captured steps, ours and PyTorch's recipe), recipe (issue 26:
+# the GPT recipe, ours and PyTorch's in one bench/compare run, and ddp-train --data with MFU), text (ddp-train --data on the GPU), tpref (PyTorch's --tp reference checked on CPU Gloo), onegpu (ours vs PyTorch with one GPU: bare, DDP and FULLY_SHARD at world 1), sharded (FULLY_SHARD vs FSDP2), attribution (issue 13: noop hook, --no-overlap), tp (issue 15: --tp 2), final (the documented table), overlap, levers (ours only: each tuning lever against our default), table (bench/compare,
 # ours vs PyTorch in the same run, with the 1-GPU baselines), parity (C++ vs PyTorch parameters).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -194,6 +195,23 @@ if has levers; then
   done
 fi
 
+if has recipe; then
+  # Issue 26: AdamW in weight-decay groups, warmup-cosine, clip 1.0, 2 micro-batches, bf16 autocast
+  # on gpt-char (fused attention), ours and PyTorch's alternately; then ddp-train --data with MFU.
+  R="--optimizer adamw --weight-decay 0.1 --beta2 0.95 --warmup-steps 10 --lr-decay-steps 100"
+  R="$R --min-lr 0.0001 --grad-clip 1.0 --grad-accum 2"
+  $PY bench/compare --device cuda --models gpt-char --nproc "$NP" --batch-size 16 --autocast-bf16 \
+    --pairs 3 --repeat 20 --warmup 5 --ours "$BENCH" --recipe-args="$R" --markdown \
+    >"$OUT/recipe-compare.log" 2>&1
+  note "recipe compare rc=$?"
+  tail -12 "$OUT/recipe-compare.log" | tee -a "$SUMMARY"
+  timeout 300 build-gpu/ddp-train --nproc "$NP" --device cuda --data --model gpt-char \
+    --batch-size 32 --steps 300 --eval-every 100 --sample-bytes 0 --autocast-bf16 $R --lr 0.001 \
+    --json >"$OUT/recipe-train.log" 2>&1
+  note "recipe train rc=$?"
+  grep -E '"step":(1|100|200|300),|val_loss|steps/s' "$OUT/recipe-train.log" | tail -8 |
+    tee -a "$SUMMARY"
+fi
 if has table; then
   # The GPU table of docs/benchmarks.md: ours vs PyTorch in one run, A B alternated, with 1-GPU
   # baselines (--single) for the scaling efficiency.
