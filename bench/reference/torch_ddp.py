@@ -25,12 +25,9 @@ error, so that one command line serves both sides.
 import argparse
 import contextlib
 import json
-import math
 import os
 import re
-import socket
 import statistics
-import subprocess
 import sys
 import time
 
@@ -41,6 +38,16 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import safetensors_io  # noqa: E402  (next to this file, not an installed package)
+from local_launch import die_with_parent, free_port, spawn  # noqa: E402,F401
+from recipe import (  # noqa: E402,F401
+    LR_DECAYS,
+    describe_recipe,
+    lr_at,
+    make_optimizer,
+    recipe_error,
+    scheduled,
+    weight_decay_groups,
+)
 import torch_tp  # noqa: E402
 
 from zoo import (  # noqa: E402,F401
@@ -159,185 +166,6 @@ def parse_args(argv):
         if why is not None:
             p.error(why)
     return args, unknown
-
-
-LR_DECAYS = ("constant", "linear", "cosine")
-
-
-def recipe_error(args):
-    """Why the recipe flags cannot run (None when they can). The schedule's checks and texts are
-    optim/lr_schedule.cpp's schedule_error, so that both sides refuse the same command lines."""
-    if args.grad_clip < 0:
-        return f"--grad-clip must be >= 0 (0: off), got {args.grad_clip}"
-    if args.grad_accum < 1:
-        return f"--grad-accum must be >= 1, got {args.grad_accum}"
-    if args.weight_decay < 0:
-        return f"--weight-decay must be >= 0, got {args.weight_decay}"
-    if not 0 <= args.beta2 < 1:
-        return f"--beta2 must be in [0, 1), got {args.beta2}"
-    if args.warmup_steps < 0 or args.lr_decay_steps < 0:
-        return (f"--warmup-steps and --lr-decay-steps must be >= 0, got {args.warmup_steps} and "
-                f"{args.lr_decay_steps}")
-    if scheduled(args):  # a constant --lr is today's behaviour: no new checks on it
-        if not (args.lr > 0 and math.isfinite(args.lr)):
-            return f"--lr must be a positive number, got {args.lr}"
-        if not 0 <= args.min_lr <= args.lr:
-            return f"--min-lr must be between 0 and --lr ({args.lr}), got {args.min_lr}"
-        if args.lr_decay != "constant" and args.lr_decay_steps == 0:
-            return (f"a {args.lr_decay} decay needs --lr-decay-steps (the step at which it reaches "
-                    "--min-lr)")
-        if args.lr_decay != "constant" and args.warmup_steps > args.lr_decay_steps:
-            return (f"--warmup-steps ({args.warmup_steps}) must not exceed --lr-decay-steps "
-                    f"({args.lr_decay_steps}): the decay would end before the warmup")
-    if args.cuda_graph:
-        # The captured step bakes in one SGD update at one rate: anything else would need its own
-        # capture recipe, and the reference keeps PyTorch's documented one only.
-        extra = [flag for flag, on in (("--grad-accum", args.grad_accum > 1),
-                                       ("--grad-clip", args.grad_clip > 0),
-                                       ("--optimizer", args.optimizer != "sgd"),
-                                       ("an lr schedule", scheduled(args))) if on]
-        if extra:
-            return (f"--cuda-graph captures plain SGD at a constant --lr only; not with "
-                    f"{', '.join(extra)}")
-    return None
-
-
-def scheduled(args):
-    """Whether the rate changes over the steps (else every step runs at --lr)."""
-    return args.warmup_steps > 0 or args.lr_decay != "constant"
-
-
-def lr_at(step, lr, min_lr, warmup, decay_steps, decay):
-    """The rate of optimizer step `step` (0-based: the steps already taken): nanoGPT's get_lr,
-    a linear warmup to lr, then `decay` ("constant", "linear", "cosine") down to min_lr at
-    decay_steps, min_lr after. The same function as optim/lr_schedule.cpp's lr_at."""
-    if step < warmup:
-        return lr * (step + 1) / (warmup + 1)
-    if decay == "constant":
-        return lr
-    if step > decay_steps:
-        return min_lr
-    span = decay_steps - warmup  # 0: the decay is a step down at the warmup's end
-    r = (step - warmup) / span if span > 0 else 1.0
-    coeff = 1.0 - r if decay == "linear" else 0.5 * (1.0 + math.cos(math.pi * r))
-    return min_lr + coeff * (lr - min_lr)
-
-
-def weight_decay_groups(model, weight_decay):
-    """nanoGPT's configure_optimizers groups: weight decay on the parameters of two or more dims
-    (matmul weights, embeddings), none on biases and norm gains, whose decay would only pull them
-    to 0. Distinct parameters in named_parameters order (a tied weight once); an empty group is
-    left out, as optim/param_groups.cpp's weight_decay_groups."""
-    params = [p for _, p in model.named_parameters()]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    return [g for g in groups if g["params"]]
-
-
-def make_optimizer(model, args):
-    # SGD as it always was here. Adam/AdamW with foreach=False: the plain per-tensor update that
-    # ddp-bench's runs are compared with (torch 2.x defaults to the multi-tensor one on CUDA;
-    # 1.13 already to the per-tensor one).
-    if args.optimizer == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0)
-    betas = (0.9, args.beta2)
-    if args.optimizer == "adam":
-        return torch.optim.Adam(model.parameters(), lr=args.lr, betas=betas, eps=1e-8,
-                                foreach=False)
-    return torch.optim.AdamW(weight_decay_groups(model, args.weight_decay), lr=args.lr, betas=betas,
-                             eps=1e-8, foreach=False)
-
-
-def describe_recipe(args):
-    """The recipe in one line, for --verbose."""
-    opt = args.optimizer
-    if args.optimizer != "sgd":
-        decay = f", weight decay {args.weight_decay:g} on dim >= 2" if args.optimizer == "adamw" else ""
-        opt += f" (betas 0.9/{args.beta2:g}, eps 1e-8{decay})"
-    lr = f"lr {args.lr:g}"
-    if scheduled(args):
-        lr += f", {args.warmup_steps} warmup steps"
-        if args.lr_decay != "constant":
-            lr += f", {args.lr_decay} decay to {args.min_lr:g} at step {args.lr_decay_steps}"
-    clip = f"grad clip {args.grad_clip:g}" if args.grad_clip > 0 else "no grad clip"
-    return f"optimizer {opt}, {lr}, {clip}, grad accum {args.grad_accum}"
-
-
-# ---------------------------------------------------------------------------------------------
-# Launcher (--nproc)
-# ---------------------------------------------------------------------------------------------
-
-
-def free_port():
-    """A loopback TCP port that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def die_with_parent():
-    """preexec_fn: the child gets SIGTERM when its parent dies (Linux PR_SET_PDEATHSIG), so a
-    killed launcher never leaves workers behind (they would hold the port and the CPU)."""
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
-    except OSError:
-        pass  # not Linux/glibc: workers still exit once their collectives fail
-
-
-def spawn(nproc, argv):
-    """Runs nproc copies of this script as the ranks of one job; returns the job's exit code.
-
-    Once a worker fails, the others get 10 s to notice (their collectives fail), then SIGTERM.
-    """
-    port = free_port()
-    procs = []
-    for rank in range(nproc):
-        env = dict(os.environ)
-        env.update(
-            RANK=str(rank),
-            LOCAL_RANK=str(rank),
-            WORLD_SIZE=str(nproc),
-            LOCAL_WORLD_SIZE=str(nproc),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            TORCH_DDP_REFERENCE_WORKER="1",
-        )
-        # As torchrun (and ddp-run, and ddp-bench --nproc) do for more than one local worker: one
-        # OpenMP / OpenBLAS thread each unless the caller chose. Without it the workers' BLAS ran
-        # on every core, with other GEMM kernels than ddp-bench's single-threaded workers: the same
-        # step differed in the last bit of most gradient elements, which Adam amplified to 1e-3.
-        if nproc > 1:
-            env.setdefault("OMP_NUM_THREADS", "1")
-        procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__)] + argv, env=env,
-                                      preexec_fn=die_with_parent))
-    code = 0
-    failed_at = None
-    try:
-        while any(p.poll() is None for p in procs):
-            for rank, p in enumerate(procs):
-                rc = p.poll()
-                if rc not in (None, 0) and code == 0:
-                    code = rc if rc > 0 else 1
-                    failed_at = time.monotonic()
-                    print(f"torch_ddp.py: rank {rank} exited with code {rc}", file=sys.stderr)
-            if failed_at is not None and time.monotonic() - failed_at > 10:
-                for p in procs:
-                    if p.poll() is None:
-                        p.terminate()
-            time.sleep(0.05)
-    except KeyboardInterrupt:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        raise
-    for rank, p in enumerate(procs):
-        if p.returncode != 0 and code == 0:
-            code = p.returncode if p.returncode > 0 else 1
-            print(f"torch_ddp.py: rank {rank} exited with code {p.returncode}", file=sys.stderr)
-    return code
 
 
 # ---------------------------------------------------------------------------------------------
@@ -796,7 +624,7 @@ def main(argv):
     args, unknown = parse_args(argv)
     is_worker = os.environ.get("TORCH_DDP_REFERENCE_WORKER") == "1"
     if not is_worker and args.nproc > 0 and (args.ddp or args.fsdp or args.tp):
-        return spawn(args.nproc, argv)
+        return spawn(os.path.abspath(__file__), args.nproc, argv)
     if not is_worker and args.nproc > 1:
         print("torch_ddp.py: --nproc without --ddp/--fsdp: running the plain model in one process "
               "(the world-1 baseline)", file=sys.stderr)
