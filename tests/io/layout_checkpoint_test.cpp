@@ -4,7 +4,8 @@
 // each resumed run ends within 1e-5 of the uninterrupted (dp 2, tp 2) run on the same global
 // batches, with each optimizer a checkpoint holds: SGD momentum, Adam, AdamW in the GPT recipe's
 // two groups (weight decay on the 2-D parameters only), RMSprop (momentum, centered) and Adagrad
-// (their state travels with the parameters, split by the same layouts; the groups by name).
+// (their state travels with the parameters, split by the same layouts; the groups by name). And a
+// replicated (DDP) checkpoint saved at world 2 resumes as DDP and as FULLY_SHARD at world 3.
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -16,6 +17,7 @@
 #include "ddp/io/full_state_dict.hpp"
 #include "ddp/models/net.hpp"
 #include "ddp/optim/param_groups.hpp"
+#include "ddp/parallel/distributed_data_parallel.hpp"
 #include "ddp/shard/sharded_module.hpp"
 #include "ddp/tp/parallelize.hpp"
 #include "support/oracle.hpp"
@@ -108,8 +110,32 @@ DDP_TEST_WORKER(layout_checkpoint_save) {
   pg->barrier("reference written");
 }
 
+// The uninterrupted replicated run: DDP at world 2, saves after kSaved steps (every tensor whole,
+// no layouts), writes its final parameters.
+DDP_TEST_WORKER(layout_checkpoint_save_ddp) {
+  auto pg = worker_process_group(std::chrono::seconds(60));
+  torch::manual_seed(0);
+  models::Net net(kDim);
+  parallel::DistributedDataParallel<models::Net> ddp(net, pg);
+  auto opt = make_optimizer(net->parameters());
+  const auto forward = [&](const torch::Tensor& x) { return ddp(x); };
+  train(forward, *opt, 0, kSaved, pg->world_size(), pg->rank());
+  io::TrainingState state;
+  state.model = net.ptr().get();
+  state.optimizer = opt.get();
+  state.step = kSaved;
+  state.data_position = kSaved * kGlobal;
+  io::CoordinatorOptions where;
+  where.root = checkpoint_root();
+  io::save_and_barrier(*pg, where, state);
+  train(forward, *opt, kSaved, kSteps, pg->world_size(), pg->rank());
+  const io::TensorMap whole = io::whole_state(*net, layout::TensorLayouts{}, nullptr);
+  if (pg->rank() == 0) io::save_safetensors(reference_file(), whole);
+  pg->barrier("reference written");
+}
+
 // Resumes the checkpoint as DDP_TEST_AS: "plain" (world 1), "tp" (TP 1x2), "fully_shard"
-// (world 3), trains to kSteps and compares with the uninterrupted run.
+// (world 3), "ddp" (DDP at world 3), trains to kSteps and compares with the uninterrupted run.
 DDP_TEST_WORKER(layout_checkpoint_resume) {
   auto pg = worker_process_group(std::chrono::seconds(60));
   const std::string as = worker_env("DDP_TEST_AS");
@@ -118,6 +144,7 @@ DDP_TEST_WORKER(layout_checkpoint_resume) {
   std::unique_ptr<comm::DeviceMesh> mesh;
   std::unique_ptr<tp::TensorParallel> tensor_parallel;
   std::unique_ptr<shard::FullyShardedDataParallel<models::Net>> sharded;
+  std::unique_ptr<parallel::DistributedDataParallel<models::Net>> ddp;
   std::optional<layout::TensorLayouts> layouts;
   io::TrainingState state;
   state.model = net.ptr().get();
@@ -135,6 +162,10 @@ DDP_TEST_WORKER(layout_checkpoint_resume) {
     state.layouts = &*layouts;
     dp = pg->world_size();
     dp_rank = pg->rank();
+  } else if (as == "ddp") {
+    ddp = std::make_unique<parallel::DistributedDataParallel<models::Net>>(net, pg);
+    dp = pg->world_size();
+    dp_rank = pg->rank();
   }
   auto opt = make_optimizer(net->parameters());
   state.optimizer = opt.get();
@@ -144,7 +175,7 @@ DDP_TEST_WORKER(layout_checkpoint_resume) {
   require(entry.has_value() && state.step == kSaved && state.data_position == kSaved * kGlobal,
           as + ": resumed at step " + std::to_string(state.step));
   const auto forward = [&](const torch::Tensor& x) {
-    return sharded ? (*sharded)(x) : net->forward(x);
+    return sharded ? (*sharded)(x) : ddp ? (*ddp)(x) : net->forward(x);
   };
   train(forward, *opt, kSaved, kSteps, dp, dp_rank);
   io::TensorMap whole;
@@ -163,16 +194,19 @@ DDP_TEST_WORKER(layout_checkpoint_resume) {
     got.push_back(whole.at(name));
     expected.push_back(t);
   }
-  require_close(names, got, expected, 1e-5,
-                as + " resumed from (dp 2, tp 2) FULLY_SHARD x TP, " + worker_env("DDP_TEST_OPT"));
+  require_close(
+      names, got, expected, 1e-5,
+      as + " resumed from " + worker_env("DDP_TEST_SAVED") + ", " + worker_env("DDP_TEST_OPT"));
 }
 
 class LayoutCheckpoint : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(LayoutCheckpoint, FullyShardOverTpResumesAsPlainTpAndFullyShard) {
   TempDir dir;
-  const std::map<std::string, std::string> env = {{"DDP_TEST_DIR", dir.str()},
-                                                  {"DDP_TEST_OPT", GetParam()}};
+  const std::map<std::string, std::string> env = {
+      {"DDP_TEST_DIR", dir.str()},
+      {"DDP_TEST_OPT", GetParam()},
+      {"DDP_TEST_SAVED", "(dp 2, tp 2) FULLY_SHARD x TP"}};
   const auto saved = run_workers("layout_checkpoint_save", 4, env);
   ASSERT_TRUE(saved.ok()) << saved.describe();
   // The format: every rank wrote its pieces, and the manifest gives each split tensor's layout
@@ -205,6 +239,25 @@ TEST_P(LayoutCheckpoint, FullyShardOverTpResumesAsPlainTpAndFullyShard) {
     auto with = env;
     with["DDP_TEST_AS"] = as;
     const auto resumed = run_workers("layout_checkpoint_resume", world, with);
+    EXPECT_TRUE(resumed.ok()) << as << ": " << resumed.describe();
+  }
+}
+
+// A replicated (DDP) checkpoint saved at world 2 resumes as DDP and as FULLY_SHARD at world 3, as
+// PyTorch's does (issue 26 item 6), with each optimizer's state whole in one file.
+TEST_P(LayoutCheckpoint, ReplicatedResumesAsDdpAndFullyShardAtThree) {
+  TempDir dir;
+  const std::map<std::string, std::string> env = {{"DDP_TEST_DIR", dir.str()},
+                                                  {"DDP_TEST_OPT", GetParam()},
+                                                  {"DDP_TEST_SAVED", "DDP at world 2"}};
+  const auto saved = run_workers("layout_checkpoint_save_ddp", 2, env);
+  ASSERT_TRUE(saved.ok()) << saved.describe();
+  const io::Manifest m = io::verify_checkpoint(io::checkpoint_dir(dir.str() + "/ckpt", kSaved));
+  EXPECT_TRUE(m.sharded.empty());
+  for (const std::string as : {"ddp", "fully_shard"}) {
+    auto with = env;
+    with["DDP_TEST_AS"] = as;
+    const auto resumed = run_workers("layout_checkpoint_resume", 3, with);
     EXPECT_TRUE(resumed.ok()) << as << ": " << resumed.describe();
   }
 }
