@@ -15,26 +15,12 @@
 #include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
 
+#include "ddp/detail/optimizer_state_key.hpp"
+
 namespace ddp::io {
 namespace {
 
-// [Note: optimizer state keys] libtorch keys Optimizer::state() by parameter identity: 1.13 by
-// the string c10::guts::to_string(TensorImpl*) (an ostream's rendering of the pointer), 2.x by the
-// TensorImpl* itself. Choosing by the map's key_type compiles against both without testing the
-// torch version, which stays in ddp/detail/torch_compat.hpp.
-template <typename Map>
-typename Map::key_type state_key(const at::Tensor& param) {
-  using Key = typename Map::key_type;
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream out;
-    out << param.unsafeGetTensorImpl();
-    return out.str();
-  } else {
-    return static_cast<Key>(param.unsafeGetTensorImpl());
-  }
-}
-
-using StateMap = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>;
+using StateMap = detail::OptimizerStateMap;  // [Note: optimizer state keys]
 
 // Optimizer parameters are named by the model: the first name under which each appears.
 std::unordered_map<const c10::TensorImpl*, std::string> parameter_names(
@@ -263,7 +249,7 @@ TensorMap optimizer_tensors(torch::optim::Optimizer& optimizer, const torch::nn:
     for (size_t i = 0; i < groups[g].params().size(); ++i) {
       const at::Tensor& p = groups[g].params()[i];
       const std::string& name = name_of(names, p, g, i);
-      const auto it = state.find(state_key<StateMap>(p));
+      const auto it = state.find(detail::optimizer_state_key(p));
       if (it == state.end()) continue;  // not stepped yet
       with_state_type(kind, [&](auto type) {
         save_state<typename decltype(type)::type>(*it->second, name, out);
@@ -304,7 +290,7 @@ void load_optimizer_tensors(torch::optim::Optimizer& optimizer, const torch::nn:
       with_state_type(kind, [&](auto type) {
         s = load_state<typename decltype(type)::type>(name, source, take, require, like);
       });
-      if (s) fresh[state_key<StateMap>(p)] = std::move(s);
+      if (s) fresh[detail::optimizer_state_key(p)] = std::move(s);
     }
   }
   for (const auto& [key, t] : tensors)

@@ -11,6 +11,7 @@
 #include <unordered_set>
 
 #include "ddp/comm/layout_tensors.hpp"
+#include "ddp/detail/torch_compat.hpp"
 #include "ddp/obs/log.hpp"
 
 namespace ddp::optim {
@@ -29,6 +30,17 @@ std::vector<int> split_dims(const layout::Layout& layout) {
   return dims;
 }
 
+// Whether every gradient is an fp32 tensor on one CUDA device: then PyTorch 2.x's clip_grad_norm_
+// norms and scales them with multi-tensor kernels (one launch for all instead of one each).
+bool on_cuda_in_fp32(const std::vector<at::Tensor>& grads) {
+  for (const auto& g : grads) {
+    if (!g.is_cuda() || g.scalar_type() != at::kFloat || g.device() != grads.front().device()) {
+      return false;
+    }
+  }
+  return !grads.empty();
+}
+
 // The norm of `grads` alone, a 0-d float tensor on `device`, computed as PyTorch's
 // clip_grad_norm_ does (each gradient's norm, then the norm of their stack, in fp32), so that
 // where nothing is split (DDP, one process) the norm and the clipped gradients are bit for bit
@@ -40,11 +52,16 @@ at::Tensor partial(const std::vector<at::Tensor>& grads, bool inf, const c10::De
   norms.reserve(grads.size());
   const at::Scalar ord =
       inf ? at::Scalar(std::numeric_limits<double>::infinity()) : at::Scalar(2.0);
-  for (const auto& g : grads) {
-    // Low-precision gradients are normed in fp32 (PyTorch's would be in their own dtype).
-    const at::Tensor norm =
-        g.scalar_type() == at::kFloat ? at::norm(g, ord) : at::norm(g.to(at::kFloat), ord);
-    norms.push_back(norm.to(fp32));
+  if (on_cuda_in_fp32(grads) && grads.front().device() == device) {
+    // One multi-tensor kernel, as clip_grad_norm_ takes them on CUDA since torch 2.0.
+    norms = at::_foreach_norm(grads, ord);
+  } else {
+    for (const auto& g : grads) {
+      // Low-precision gradients are normed in fp32 (PyTorch's would be in their own dtype).
+      const at::Tensor norm =
+          g.scalar_type() == at::kFloat ? at::norm(g, ord) : at::norm(g.to(at::kFloat), ord);
+      norms.push_back(norm.to(fp32));
+    }
   }
   return at::norm(at::stack(norms), ord);
 }
@@ -196,7 +213,15 @@ ClipResult clip_grad_norm(const GradShards& grads, const ClipOptions& options, i
   // PyTorch's coefficient, op for op (max_norm / t is t.reciprocal() * max_norm in Python), in
   // fp32 and clamped at 1: multiplying by 1 changes nothing, so a small norm leaves every bit.
   const at::Tensor coef = ((total + 1e-6).reciprocal() * options.max_norm).clamp_max(1.0);
-  for (const auto& e : grads.entries) e.grad.mul_(coef.to(e.grad.device()));
+  std::vector<at::Tensor> all;
+  for (const auto& e : grads.entries) all.push_back(e.grad);
+#if DDP_HAVE_FOREACH_TENSOR_SCALE
+  if (on_cuda_in_fp32(all) && all.front().device() == coef.device()) {
+    at::_foreach_mul_(all, coef);
+    return result;
+  }
+#endif
+  for (const auto& g : all) g.mul_(coef.to(g.device()));
   return result;
 }
 

@@ -2,7 +2,8 @@
 // the clipped gradients equal single-process clipping on the global batch (rel. err < 1e-6), for
 // DDP, FULLY_SHARD and DEFAULT at worlds 1-3 (uneven shards at 3, a tied weight, a frozen
 // parameter), for TP alone, DDP x TP and FULLY_SHARD x TP on 2x2 and 1x4 meshes, with the 2-norm
-// and the inf-norm, clipping and not (a norm below max_norm changes nothing, bit for bit). In one
+// and the inf-norm, clipping and not (a norm below max_norm changes nothing, bit for bit), with one
+// collective per mesh dim that splits something (none for DDP). In one
 // process: closed forms, the non-finite policies and the bad options by exact text.
 
 #include <gtest/gtest.h>
@@ -181,10 +182,16 @@ DDP_TEST_WORKER(clip_styles) {
   const auto before = parallel::grad_shards(model);
   std::vector<torch::Tensor> kept;
   for (const auto& e : before.entries) kept.push_back(e.grad.clone());
+  const int64_t issued = pg->collectives_issued();
   const auto result = parallel::clip_grad_norm(model, options);
   const std::string context = std::string(shard::style_name(style)) + " at world " +
                               std::to_string(world) + ", norm " + worker_env("DDP_TEST_NORM") +
                               ", max_norm " + std::to_string(factor) + " x the norm";
+  // One collective where the style splits something over more than one rank, none for DDP.
+  const int64_t collectives = model.sharded() != nullptr && world > 1 ? 1 : 0;
+  require(pg->collectives_issued() - issued == collectives,
+          context + ": " + std::to_string(pg->collectives_issued() - issued) +
+              " collectives, want " + std::to_string(collectives));
   require(rel(result.total_norm, want) < 1e-6, context + ": total norm " +
                                                    std::to_string(result.total_norm) +
                                                    " != " + std::to_string(want));
@@ -286,9 +293,16 @@ DDP_TEST_WORKER(clip_meshes) {
   const optim::GradShards grads =
       model ? parallel::grad_shards(*model, tensor_parallel.get())
             : parallel::split_grad_shards(*net, nullptr, tensor_parallel.get(), nullptr);
+  const int64_t dp_issued = mesh["dp"]->collectives_issued();
+  const int64_t tp_issued = mesh["tp"]->collectives_issued();
   const auto result = optim::clip_grad_norm(grads, options);
   const std::string context = "mesh " + std::to_string(dp) + "x" + std::to_string(tps) + " " +
                               dp_style + " over dp, norm " + worker_env("DDP_TEST_NORM");
+  // One collective per mesh dim that splits something over more than one rank.
+  const int64_t dp_want = dp_style == "fully_shard" && dp > 1 ? 1 : 0;
+  require(mesh["dp"]->collectives_issued() - dp_issued == dp_want &&
+              mesh["tp"]->collectives_issued() - tp_issued == (tps > 1 ? 1 : 0),
+          context + ": another number of collectives than one per splitting mesh dim");
   require(rel(result.total_norm, want) < 1e-6, context + ": total norm " +
                                                    std::to_string(result.total_norm) +
                                                    " != " + std::to_string(want));

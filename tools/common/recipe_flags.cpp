@@ -4,6 +4,7 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include "ddp/optim/foreach_adamw.hpp"
 #include "ddp/optim/param_groups.hpp"
 
 namespace ddp::tools {
@@ -83,10 +84,15 @@ std::string check_recipe_flags(const CLI::App& app, const RecipeFlags& flags, do
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const RecipeFlags& flags,
                                                         const std::vector<at::Tensor>& params,
-                                                        double lr, double sgd_momentum) {
+                                                        double lr, double sgd_momentum,
+                                                        bool foreach) {
   if (flags.optimizer == "adamw") {
     const auto options =
         torch::optim::AdamWOptions(lr).betas({0.9, flags.beta2}).weight_decay(flags.weight_decay);
+    if (foreach) {
+      return std::make_unique<optim::ForeachAdamW>(optim::weight_decay_groups(params, options),
+                                                   options);
+    }
     return std::make_unique<torch::optim::AdamW>(optim::weight_decay_groups(params, options),
                                                  options);
   }

@@ -250,7 +250,8 @@ int run_worker(const Args& args) {
   std::vector<torch::Tensor> params;
   for (auto& [name, p] : named_params(*w.ptr)) params.push_back(p);
   const double lr = args.lr > 0 ? args.lr : w.lr;  // --lr 0: the model's own (run_flags.hpp)
-  const auto opt = ddp::tools::make_optimizer(args.recipe, params, lr, /*sgd_momentum=*/0.0);
+  const auto opt = ddp::tools::make_optimizer(args.recipe, params, lr, /*sgd_momentum=*/0.0,
+                                              /*foreach=*/device.is_cuda());
   const ddp::optim::LrScheduleOptions schedule = ddp::tools::schedule_of(args.recipe, lr);
   TORCH_CHECK(ddp::optim::schedule_error(schedule).empty(),
               "ddp-bench: ", ddp::optim::schedule_error(schedule));

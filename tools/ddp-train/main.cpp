@@ -210,7 +210,8 @@ int run_worker(const Args& args) {
   TORCH_CHECK(ddp::optim::schedule_error(schedule).empty(), ddp::optim::schedule_error(schedule));
   const bool scheduled = ddp::tools::has_schedule(args.recipe);
   auto make_optimizer = [&](const std::vector<torch::Tensor>& params) {
-    return ddp::tools::make_optimizer(args.recipe, params, lr, /*sgd_momentum=*/0.9);
+    return ddp::tools::make_optimizer(args.recipe, params, lr, /*sgd_momentum=*/0.9,
+                                      /*foreach=*/device.is_cuda());
   };
   // With --optimizer-overlap each parameter's optimizer steps inside backward, as soon as its
   // bucket is reduced; there is then no optimizer step after backward.

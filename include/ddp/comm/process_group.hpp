@@ -201,6 +201,8 @@ class ProcessGroup {
   // Desync detection (see [Note: sequence numbers]): who is behind, for an error about the
   // newest collective (a comm hook's future timed out).
   std::string progress_report() const { return progress_->report(nullptr); }
+  // Collectives this rank has issued on this group so far (each counted once, when issued).
+  int64_t collectives_issued() const { return progress_->count(); }
 
   // Unique per-process counter for store keys, so that repeated exchanges do not collide.
   int64_t next_exchange_id() { return exchange_id_++; }

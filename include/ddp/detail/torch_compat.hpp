@@ -57,6 +57,14 @@
 #define DDP_HAVE_CHUNK_CAT 0
 #endif
 
+// _foreach_mul_(TensorList, const Tensor&) (2.1+): scales many tensors by a device scalar in one
+// kernel, as clip_grad_norm_ does on CUDA since 2.1; 1.13 has only the Scalar overloads.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+#define DDP_HAVE_FOREACH_TENSOR_SCALE 1
+#else
+#define DDP_HAVE_FOREACH_TENSOR_SCALE 0
+#endif
+
 // torch::data samplers (data/): the Sampler base class returns and takes c10::optional, a type of
 // its own in 1.13 and an alias of std::optional since 2.x, so overrides spell c10::optional and
 // compile against both without a version test (the data headers do not include this file, to
