@@ -13,7 +13,8 @@
 //   data        ddp::DistributedSampler, ddp::LoaderSampler
 //   checkpoints ddp::save_and_barrier, ddp::resume_latest over an io::TrainingState
 //   recipe      ddp::clip_grad_norm(model, max_norm) over any style and mesh, ddp::lr_at (warmup,
-//               cosine), ddp::weight_decay_groups (AdamW's groups), ddp::set_lr
+//               cosine), ddp::weight_decay_groups (AdamW's groups), ddp::set_lr,
+//               ddp::ForeachAdamW (multi-tensor AdamW)
 //
 // The public headers are the ones included here and what they name in their own comments as
 // user-facing (options structs, the layout and its gather). The rest (reducer/, buckets/,
@@ -30,6 +31,7 @@
 #include "ddp/graphs/captured_step.hpp"
 #include "ddp/io/checkpoint_coordinator.hpp"
 #include "ddp/optim/capturable.hpp"
+#include "ddp/optim/foreach_adamw.hpp"
 #include "ddp/optim/grad_clip.hpp"
 #include "ddp/optim/lr_schedule.hpp"
 #include "ddp/optim/param_groups.hpp"
@@ -62,6 +64,7 @@ using optim::CapturableAdamOptions;
 using optim::CapturableSgd;
 using optim::CapturableSgdOptions;
 using optim::ClipOptions;
+using optim::ForeachAdamW;
 using optim::GradClipper;
 using optim::lr_at;
 using optim::LrScheduleOptions;
