@@ -91,12 +91,17 @@ void add_model_flags(CLI::App& app, models::WorkloadOptions& options) {
       ->check(CLI::Range(0.0, 0.99));
 }
 
-std::string check_model_flags(const std::string& model, const models::WorkloadOptions& options) {
+std::string check_model_flags(const std::string& model, const models::WorkloadOptions& options,
+                              int64_t tp) {
   const auto tied = models::tied_weights_workload_names();
   const bool gpt = std::find(tied.begin(), tied.end(), model) != tied.end();
   if (!gpt && (options.n_layers != 0 || options.n_heads != 0 || options.seq_len != 0 ||
                options.dropout != 0)) {
     return "--n-layer, --n-head, --seq-len and --dropout need a GPT model, got --model " + model;
+  }
+  if (options.dropout > 0 && tp > 0) {
+    return "--dropout cannot be combined with --tp: the ranks of a tp group would drop different "
+           "elements of the activations they must share";
   }
   if (!options.tie_weights || std::find(tied.begin(), tied.end(), model) != tied.end()) return "";
   std::string list;

@@ -33,7 +33,10 @@ hooks::CommHookPtr make_comm_hook(const std::string& name, comm::ProcessGroupPtr
 void add_model_flags(CLI::App& app, models::WorkloadOptions& options);
 // After parsing: the complaint about a model flag that --model `model` cannot take ("" when it
 // can), so that it is refused before any worker starts.
-std::string check_model_flags(const std::string& model, const models::WorkloadOptions& options);
+// `tp`: the run's --tp (dropout under tensor parallelism is refused: the ranks of a tp group would
+// draw different masks for the activations they share).
+std::string check_model_flags(const std::string& model, const models::WorkloadOptions& options,
+                              int64_t tp = 0);
 
 // The sharded styles' flags (docs/sharding.md), shared by ddp-bench and ddp-train.
 struct ShardFlags {

@@ -66,7 +66,8 @@ optim::ClipOptions clip_of(const RecipeFlags& flags) {
   return clip;
 }
 
-std::string check_recipe_flags(const CLI::App& app, const RecipeFlags& flags, double lr) {
+std::string check_recipe_flags(const CLI::App& app, const RecipeFlags& flags, double lr,
+                               bool optimizer_overlap) {
   if (app.count("--grad-clip") > 0) {
     if (std::string wrong = optim::clip_error(clip_of(flags)); !wrong.empty()) return wrong;
   }
@@ -78,6 +79,14 @@ std::string check_recipe_flags(const CLI::App& app, const RecipeFlags& flags, do
   }
   if (flags.weight_decay < 0) {
     return "--weight-decay must be >= 0, got " + std::to_string(flags.weight_decay);
+  }
+  if (flags.grad_clip > 0 && optimizer_overlap) {
+    return "--grad-clip cannot be combined with --optimizer-overlap: the optimizer steps inside "
+           "backward, before the norm of the whole gradient is known";
+  }
+  if (flags.grad_accum > 1 && optimizer_overlap) {
+    return "--grad-accum cannot be combined with --optimizer-overlap: the optimizer would step "
+           "after every micro-batch";
   }
   return optim::schedule_error(schedule_of(flags, lr));
 }

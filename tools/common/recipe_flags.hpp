@@ -48,8 +48,10 @@ void add_recipe_flags(CLI::App& app, RecipeFlags& flags,
 
 // After parsing: the complaint about the recipe flags ("" when all is well), with `lr` the
 // run's peak rate: --grad-clip <= 0 given, --weight-decay without adamw, a schedule that is not
-// one (optim::schedule_error's texts), --grad-skip-nonfinite without --grad-clip.
-std::string check_recipe_flags(const CLI::App& app, const RecipeFlags& flags, double lr);
+// one (optim::schedule_error's texts), --grad-skip-nonfinite without --grad-clip, and clipping or
+// accumulation with `optimizer_overlap` (--optimizer-overlap steps inside backward).
+std::string check_recipe_flags(const CLI::App& app, const RecipeFlags& flags, double lr,
+                               bool optimizer_overlap);
 
 optim::LrScheduleOptions schedule_of(const RecipeFlags& flags, double lr);
 optim::ClipOptions clip_of(const RecipeFlags& flags);

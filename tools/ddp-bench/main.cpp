@@ -511,7 +511,7 @@ int main(int argc, char** argv) {
   app.add_option("--save-params", args.save_params, "rank 0 saves final parameters (safetensors)");
   CLI11_PARSE(app, argc, argv);
   if (args.toy_model) args.model = "toy";
-  if (const std::string wrong = ddp::tools::check_model_flags(args.model, args.workload);
+  if (const std::string wrong = ddp::tools::check_model_flags(args.model, args.workload, args.tp);
       !wrong.empty()) {
     std::cerr << "ddp-bench: " << wrong << std::endl;
     return 2;
@@ -519,13 +519,8 @@ int main(int argc, char** argv) {
   {
     // The peak rate is known here only with --lr (else the model's, checked in the worker).
     const double lr = args.lr > 0 ? args.lr : std::max(1.0, args.recipe.min_lr);
-    std::string wrong = ddp::tools::check_recipe_flags(app, args.recipe, lr);
-    if (wrong.empty() && args.optimizer_overlap &&
-        (args.recipe.grad_clip > 0 || args.recipe.grad_accum > 1)) {
-      wrong =
-          "--grad-clip and --grad-accum cannot be combined with --optimizer-overlap: the "
-          "optimizer steps inside backward";
-    }
+    const std::string wrong =
+        ddp::tools::check_recipe_flags(app, args.recipe, lr, args.optimizer_overlap);
     if (!wrong.empty()) {
       std::cerr << "ddp-bench: " << wrong << std::endl;
       return 2;

@@ -132,22 +132,7 @@ std::string cuda_graph_refusal(const Args& args) {
 std::string check_recipe(const CLI::App& app, const Args& args) {
   const double lr = args.lr > 0 ? (args.recipe.optimizer == "adam" ? args.lr / 10 : args.lr)
                                 : std::max(1.0, args.recipe.min_lr);
-  if (std::string wrong = ddp::tools::check_recipe_flags(app, args.recipe, lr); !wrong.empty()) {
-    return wrong;
-  }
-  if (args.recipe.grad_clip > 0 && args.optimizer_overlap) {
-    return "--grad-clip cannot be combined with --optimizer-overlap: the optimizer steps inside "
-           "backward, before the norm of the whole gradient is known";
-  }
-  if (args.recipe.grad_accum > 1 && args.optimizer_overlap) {
-    return "--grad-accum cannot be combined with --optimizer-overlap: the optimizer would step "
-           "after every micro-batch";
-  }
-  if (args.workload.dropout > 0 && args.tp > 0) {
-    return "--dropout cannot be combined with --tp: the ranks of a tp group would drop different "
-           "elements of the activations they must share";
-  }
-  return "";
+  return ddp::tools::check_recipe_flags(app, args.recipe, lr, args.optimizer_overlap);
 }
 
 int run_worker(const Args& args) {
@@ -571,7 +556,7 @@ int main(int argc, char** argv) {
     std::cerr << "ddp-train: " << wrong << std::endl;
     return 2;
   }
-  if (const std::string wrong = ddp::tools::check_model_flags(args.model, args.workload);
+  if (const std::string wrong = ddp::tools::check_model_flags(args.model, args.workload, args.tp);
       !wrong.empty()) {
     std::cerr << "ddp-train: " << wrong << std::endl;
     return 2;
