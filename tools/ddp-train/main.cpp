@@ -379,9 +379,13 @@ int run_worker(const Args& args) {
           if (args.autocast_bf16) autocast.emplace(device.type(), torch::kBFloat16);
           l = w.loss(forward(x), y);
         }
-        (micro > 1 ? l / micro : l).backward();
+        if (micro == 1) {  // the step's loss as it is, as before accumulation existed
+          l.backward();
+          loss = l;
+          return;
+        }
+        (l / micro).backward();
         loss = k == 0 ? l.detach() / micro : loss + l.detach() / micro;
-        if (micro == 1) loss = l;
       };
       for (int k = 0; k + 1 < micro; ++k) {
         auto quiet = model.no_sync();  // gradients accumulate locally
