@@ -8,7 +8,7 @@
 #   bash scripts/gpu-check.sh build tests     # only those stages
 #
 # Stages: build, tests, graphs (issue 25: captured steps, ours and PyTorch's recipe), recipe (issue 26:
-# the GPT recipe, ours and PyTorch's in one bench/compare run, and ddp-train --data with MFU), text (ddp-train --data on the GPU), tpref (PyTorch's --tp reference checked on CPU Gloo), onegpu (ours vs PyTorch with one GPU: bare, DDP and FULLY_SHARD at world 1), sharded (FULLY_SHARD vs FSDP2), attribution (issue 13: noop hook, --no-overlap), tp (issue 15: --tp 2), final (the documented table), overlap, levers (ours only: each tuning lever against our default), table (bench/compare,
+# the GPT recipe, ours and PyTorch's in one bench/compare run, and ddp-train --data with MFU), text (ddp-train --data on the GPU), tpref (PyTorch's --tp reference checked on CPU Gloo), onegpu (ours vs PyTorch with one GPU: bare, DDP and FULLY_SHARD at world 1), sharded (FULLY_SHARD vs FSDP2), fsdpbest (issue 36: FULLY_SHARD vs FSDP2 under its reshard, prefetch and bf16 knobs), attribution (issue 13: noop hook, --no-overlap), tp (issue 15: --tp 2), final (the documented table), overlap, levers (ours only: each tuning lever against our default), table (bench/compare,
 # ours vs PyTorch in the same run, with the 1-GPU baselines), parity (C++ vs PyTorch parameters).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -369,6 +369,46 @@ if has sharded; then
       run_side ours-fsdp-one-unit "$BENCH" --fsdp
       run_side ours-fsdp-wrap-checkpoint "$BENCH" --fsdp --fsdp-wrap --fsdp-checkpoint
     fi
+  done
+fi
+
+if has fsdpbest; then
+  # Issue 36 item 4, FSDP2 at its best: our FULLY_SHARD per block against FSDP2 per block under its
+  # documented knobs (bench/reference/torch_fsdp.py), on $NP GPUs. FSDP2's default already keeps
+  # the root gathered after forward, so root-false (torchtitan's) runs the same schedule and its
+  # row shows the noise; true reshards the root too where this torch honours it (the log's "FSDP2
+  # as run" line says which). Ours before and after PyTorch's rows, so that a drift of the machine
+  # shows; ours in bf16 for the row with FSDP2's recommended bf16/fp32 policy.
+  for model in ${BEST_MODELS:-gpt2-medium}; do
+    flags="${FLAGS[$model]} --device cuda --repeat ${BEST_REPEAT:-20} --warmup 5 --json --verbose"
+    best() {  # name, then the command
+      local name="$1" log="$OUT/fsdpbest-$model-$1.log" rc result peak; shift
+      timeout 200 "$@" $flags --nproc $NP >"$log" 2>&1
+      rc=$?
+      result=$(grep -m1 '^{.*"median_ms":' "$log")
+      peak=$(grep -oE '"device_peak_allocated_bytes":[0-9]+' <<<"$result" | cut -d: -f2)
+      printf '  %-40s rc=%s %8s ms  device peak %s\n' "$name" "$rc" \
+        "$(grep -oE '"median_ms":[0-9.]+' <<<"$result" | cut -d: -f2)" \
+        "${peak:+$(awk -v b="$peak" 'BEGIN { printf "%.2f GiB", b / 2^30 }')}" | tee -a "$SUMMARY"
+      grep -m1 -o 'FSDP2 as run: .*' "$log" | sed 's/^/    /' | tee -a "$SUMMARY"
+      [[ -n "$result" ]] || tail -1 "$log" | cut -c1-200 | sed 's/^/    /' | tee -a "$SUMMARY"
+    }
+    ours() {
+      best "ours-fsdp-wrap$1" "$BENCH" --fsdp --fsdp-wrap
+      best "ours-fsdp-wrap-bf16$1" "$BENCH" --fsdp --fsdp-wrap --param-dtype bf16 --reduce-dtype fp32
+      best "ours-ddp$1" "$BENCH" --ddp
+    }
+    ref="$PY bench/reference/torch_ddp.py --fsdp --fsdp-wrap"
+    note "fsdpbest $model, $NP GPU(s) (median step ms, device peak allocated on rank 0)"
+    ours ""
+    best torch-fsdp2-default $ref
+    best torch-fsdp2-root-false $ref --reshard-after-forward root-false
+    best torch-fsdp2-root-false-prefetch1 $ref --reshard-after-forward root-false --fsdp-prefetch 1
+    best torch-fsdp2-keep $ref --reshard-after-forward false
+    best torch-fsdp2-true $ref --reshard-after-forward true
+    best torch-fsdp2-bf16-root-false-prefetch1 $ref --param-dtype bf16 --reduce-dtype fp32 \
+      --reshard-after-forward root-false --fsdp-prefetch 1
+    ours "-again"
   done
 fi
 

@@ -19,7 +19,8 @@ training recipe (nanoGPT's train.py) is in the same flags as ddp-bench's: --opti
 --weight-decay --beta2, --warmup-steps --lr-decay-steps --min-lr --lr-decay, --grad-clip,
 --grad-accum; their defaults are plain SGD at a constant --lr, one micro-batch, no clip. Flags this
 side has no use for (e.g. --no-graph-planning, --graph-dot) are accepted and reported, never an
-error, so that one command line serves both sides.
+error, so that one command line serves both sides. --fsdp (FSDP2, with its reshard, prefetch and
+mixed-precision knobs) is in torch_fsdp.py, --tp in torch_tp.py.
 """
 
 import argparse
@@ -33,7 +34,6 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -48,13 +48,13 @@ from recipe import (  # noqa: E402,F401
     scheduled,
     weight_decay_groups,
 )
+import torch_fsdp  # noqa: E402
 import torch_tp  # noqa: E402
 
 from zoo import (  # noqa: E402,F401
     FUSED_ATTENTION,
     GPT,
     MODELS,
-    ResNetSmall,
     build_model,
     loss_fn,
     random_batch,
@@ -82,6 +82,18 @@ def parse_args(argv):
                    help="with --fsdp: MixedPrecisionPolicy(param_dtype=...)")
     p.add_argument("--reduce-dtype", choices=["fp32", "bf16", "fp16"], default=None,
                    help="with --fsdp: MixedPrecisionPolicy(reduce_dtype=...)")
+    p.add_argument("--reshard-after-forward", choices=list(torch_fsdp.RESHARD_AFTER_FORWARD),
+                   default="default",
+                   help="with --fsdp: fully_shard's reshard_after_forward. default: none passed "
+                        "(FSDP2's own: blocks reshard, the root keeps its parameters); true: "
+                        "every unit, the root too where this torch honours it; false: no unit "
+                        "(more memory, no re-gather in backward); root-false (with --fsdp-wrap): "
+                        "blocks true, root false, torchtitan's")
+    p.add_argument("--fsdp-prefetch", type=int, default=0, metavar="N",
+                   help="with --fsdp --fsdp-wrap: each block prefetches the next N blocks' "
+                        "all-gathers in forward and the previous N in backward "
+                        "(set_modules_to_forward_prefetch / set_modules_to_backward_prefetch); "
+                        "0: FSDP2's implicit prefetch")
     p.add_argument("--tp", type=int, default=0,
                    help="tensor parallel over N ranks of a (world / N, N) mesh, DDP over the rest "
                         "(torch >= 2.2: parallelize_module; torch_tp.py)")
@@ -150,6 +162,17 @@ def parse_args(argv):
         p.error("--fsdp-wrap needs --fsdp")
     if (args.param_dtype or args.reduce_dtype) and not args.fsdp:
         p.error("--param-dtype and --reduce-dtype need --fsdp")
+    if args.reshard_after_forward != "default" and not args.fsdp:
+        p.error(f"--reshard-after-forward {args.reshard_after_forward} needs --fsdp")
+    if args.reshard_after_forward == "root-false" and not args.fsdp_wrap:
+        p.error("--reshard-after-forward root-false needs --fsdp-wrap: without it the root is the "
+                "only unit (use false)")
+    if args.fsdp_prefetch < 0:
+        p.error(f"--fsdp-prefetch must be >= 0 (0: FSDP2's implicit prefetch), got "
+                f"{args.fsdp_prefetch}")
+    if args.fsdp_prefetch and not (args.fsdp and args.fsdp_wrap):
+        p.error("--fsdp-prefetch needs --fsdp --fsdp-wrap: it prefetches blocks, and without "
+                "--fsdp-wrap the root is the only unit")
     if args.tp < 0:
         p.error(f"--tp must be >= 1, got {args.tp}")
     if args.lr_decay is None:
@@ -229,44 +252,6 @@ def memory_per_rank(net, opt, device):
         "device_peak_allocated_bytes":
             torch.cuda.max_memory_allocated(device) if device.type == "cuda" else -1,
     }
-
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def make_fsdp(model, name, device, wrap, param_dtype=None, reduce_dtype=None):
-    """FSDP2: with wrap, fully_shard each block (GPT blocks, ResNet blocks, Linears of Net/MLP),
-    then the root; without, the root alone (one unit, as ddp-bench --fsdp without --fsdp-wrap).
-    param_dtype / reduce_dtype ("bf16", ...): its MixedPrecisionPolicy, as ddp-bench's flags."""
-    fully_shard = None
-    # Any exception, not only ImportError: torch 1.13's fsdp package raises ValueError on import
-    # under Python 3.11 (a dataclass with a mutable default).
-    try:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # torch >= 2.6
-    except Exception:
-        try:
-            from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard  # 2.4-2.5
-        except Exception:
-            pass
-    if fully_shard is None:
-        if dist.get_rank() == 0:
-            print(f"torch_ddp.py: --fsdp needs FSDP2 (torch >= 2.4); this is torch {torch.__version__}",
-                  file=sys.stderr)
-        sys.exit(2)
-    if isinstance(model, GPT):
-        units = list(model.h)
-    elif isinstance(model, ResNetSmall):
-        units = [b for layer in (model.layer1, model.layer2, model.layer3, model.layer4) for b in layer]
-    else:
-        units = [m for m in model.modules() if isinstance(m, nn.Linear)]
-    kwargs = {}
-    if param_dtype or reduce_dtype:
-        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=DTYPES.get(param_dtype),
-                                                   reduce_dtype=DTYPES.get(reduce_dtype))
-    for unit in units if wrap else []:
-        fully_shard(unit, **kwargs)
-    fully_shard(model, **kwargs)
-    return model
 
 
 def serialized(hook):
@@ -437,8 +422,7 @@ def worker(args, unknown):
         register_hook(model, args, device)
         side.__exit__(None, None, None)
     elif args.fsdp:
-        model = make_fsdp(model, args.model, device, args.fsdp_wrap, args.param_dtype,
-                          args.reduce_dtype)
+        model = torch_fsdp.make_fsdp(model, args)
     model.train()
     lossf = loss_fn(args.model)
     opt = make_optimizer(model, args)
@@ -464,7 +448,8 @@ def worker(args, unknown):
             gpt += ", tied wte/lm_head" if args.tie_weights else ""
         print(f"torch_ddp.py: torch {torch.__version__}, model {args.model}, {n} parameters in "
               f"{len(list(net.parameters()))} tensors, world {world}, device {device}, "
-              f"{'DDP' if args.ddp else 'FSDP2' if args.fsdp else 'plain'}, comm hook {args.comm_hook}"
+              f"{'DDP' if args.ddp else torch_fsdp.describe(args) if args.fsdp else 'plain'}, "
+              f"comm hook {args.comm_hook}"
               f"{gpt}")
         print(f"torch_ddp.py: {describe_recipe(args)}")
 
@@ -612,6 +597,8 @@ def worker(args, unknown):
             for k in keep:
                 if k in data:
                     print(f"  ddp {k}: {data[k]}")
+        if args.verbose and args.fsdp:
+            print(f"torch_ddp.py: {torch_fsdp.fsdp_as_run(model) or 'FSDP2 as run: not readable'}")
         print(f"mean latency {mean:.3f} ms across {repeat} runs", flush=True)
 
     if distributed:
