@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include "ddp/detail/torch_compat.hpp"
+
 namespace ddp::buckets {
 
 GradLayout::GradLayout(const BucketPlan& plan, const std::vector<at::Tensor>& params,
@@ -15,6 +17,9 @@ GradLayout::GradLayout(const BucketPlan& plan, const std::vector<at::Tensor>& pa
   storage_.resize(plan.buckets.size());
   data_.resize(plan.buckets.size());
   slots_.resize(params.size());
+  staged_slots_.resize(plan.buckets.size());
+  staged_grads_.resize(plan.buckets.size());
+  bucket_of_ = plan.bucket_of;
   for (size_t b = 0; b < plan.buckets.size(); ++b) {
     const Bucket& spec = plan.buckets[b];
     if (spec.sparse) continue;
@@ -37,6 +42,31 @@ bool GradLayout::holds(size_t p, const at::Tensor& grad) const {
   return grad.defined() && slot.defined() && grad.data_ptr() == slot.data_ptr() &&
          grad.sizes() == slot.sizes() && grad.strides() == slot.strides() &&
          grad.scalar_type() == slot.scalar_type();
+}
+
+void GradLayout::stage(size_t p, at::Tensor grad) {
+  TORCH_CHECK(slots_[p].defined(), "ddp: parameter ", p, " has no slot to stage a gradient for");
+  const size_t b = bucket_of_[p];
+  staged_slots_[b].push_back(slots_[p]);
+  staged_grads_[b].push_back(std::move(grad));
+}
+
+void GradLayout::fill(size_t b) {
+  if (staged_grads_[b].empty()) return;
+  at::NoGradGuard no_grad;
+#if DDP_HAVE_FOREACH_COPY
+  at::_foreach_copy_(staged_slots_[b], staged_grads_[b]);
+#else
+  for (size_t i = 0; i < staged_grads_[b].size(); ++i)
+    staged_slots_[b][i].copy_(staged_grads_[b][i]);
+#endif
+  staged_slots_[b].clear();
+  staged_grads_[b].clear();
+}
+
+void GradLayout::drop_staged() {
+  for (auto& v : staged_slots_) v.clear();
+  for (auto& v : staged_grads_) v.clear();
 }
 
 void GradLayout::adopt(size_t p, at::Tensor& grad, bool as_view) const {

@@ -19,6 +19,9 @@ namespace ddp::comm {
 
 namespace {
 
+// How much later than ours c10d's NCCL watchdog fires (see backend_factory).
+constexpr std::chrono::seconds kC10dWatchdogMargin{30};
+
 #if DDP_HAVE_GLOO
 // Which local interface Gloo binds: GLOO_SOCKET_IFNAME as in PyTorch; loopback when the whole job
 // is on loopback (tests, --nproc); otherwise the interface of this host's name.
@@ -37,7 +40,7 @@ std::shared_ptr<::gloo::transport::Device> make_gloo_device(const WorldInfo& wor
 // The factory of the world group's backend, kept by the group to make its sub-groups the same
 // way (same device, same timeout).
 BackendFactory backend_factory(Backend backend, const WorldInfo& world,
-                               std::chrono::milliseconds timeout) {
+                               std::chrono::milliseconds timeout, const NcclOptions& nccl_options) {
   if (backend == Backend::kGloo) {
 #if DDP_HAVE_GLOO
     auto device = make_gloo_device(world);  // one device for every group, as PyTorch
@@ -49,6 +52,7 @@ BackendFactory backend_factory(Backend backend, const WorldInfo& world,
     };
 #else
     (void)world;
+    (void)nccl_options;
     TORCH_CHECK(false,
                 "ddp: backend 'gloo' is not available in this build (libtorch was found "
                 "without Gloo headers); use backend 'nccl'");
@@ -56,18 +60,37 @@ BackendFactory backend_factory(Backend backend, const WorldInfo& world,
   }
   if (backend == Backend::kNccl) {
 #if DDP_HAVE_NCCL
-    return
-        [timeout](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size) -> MadeBackend {
-          auto nccl_opts = c10d::ProcessGroupNCCL::Options::create();
-          nccl_opts->timeout = timeout;
-          auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, nccl_opts);
-          MadeBackend made{nccl, {}};
-#if defined(DDP_NCCL_HAS_SHUTDOWN) && DDP_NCCL_HAS_SHUTDOWN
-          made.shutdown = [nccl] { nccl->shutdown(); };
-#endif
-          return made;
-        };
+    return [timeout, nccl_options](const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                   int size) -> MadeBackend {
+      auto nccl_opts = c10d::ProcessGroupNCCL::Options::create(nccl_options.high_priority_stream);
+      // c10d's watchdog is the backstop behind ours (ProcessGroup's CollectiveWatchdog ends
+      // the process naming the rank behind at `timeout`); at the same bound it would race
+      // ours and win with a minute-long debug dump and an abort.
+      nccl_opts->timeout = timeout + kC10dWatchdogMargin;
+#if defined(NCCL_HAS_CONFIG) || defined(NCCL_HAS_COMM_NONBLOCKING)
+      if (nccl_options.max_ctas > 0) nccl_opts->config.maxCTAs = nccl_options.max_ctas;
+      if (nccl_options.min_ctas > 0) nccl_opts->config.minCTAs = nccl_options.min_ctas;
+#if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+      if (nccl_options.cta_policy >= 0) nccl_opts->config.CTAPolicy = nccl_options.cta_policy;
 #else
+      TORCH_CHECK(nccl_options.cta_policy < 0,
+                  "ddp: NcclOptions::cta_policy needs NCCL >= 2.27; this build has an older one");
+#endif
+#else
+      TORCH_CHECK(
+          nccl_options.max_ctas < 0 && nccl_options.min_ctas < 0 && nccl_options.cta_policy < 0,
+          "ddp: NcclOptions' CTA settings need ProcessGroupNCCL::Options::config, "
+          "which this libtorch does not have");
+#endif
+      auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, nccl_opts);
+      MadeBackend made{nccl, {}};
+#if defined(DDP_NCCL_HAS_SHUTDOWN) && DDP_NCCL_HAS_SHUTDOWN
+      made.shutdown = [nccl] { nccl->shutdown(); };
+#endif
+      return made;
+    };
+#else
+    (void)nccl_options;
     TORCH_CHECK(false,
                 "ddp: backend 'nccl' is not available in this build (libtorch has no CUDA); "
                 "use backend 'gloo'");
@@ -107,7 +130,8 @@ ProcessGroupPtr init_process_group(const InitOptions& options) {
   config.rank = world.rank;
   config.size = world.world_size;
   config.timeout = options.timeout;
-  config.make_backend = backend_factory(backend, world, options.timeout);
+  config.make_backend = backend_factory(backend, world, options.timeout, options.nccl);
+  config.watch_collectives = options.watch_collectives;
   config.device = pinned_device(backend, world, options.device_index);
   auto store = rendezvous(world, rendezvous_timeout);
   // A second connection to the same store for the collective-progress heartbeat: a TCPStore

@@ -3,15 +3,24 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <future>
+#include <memory>
+#include <thread>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
+#include "ddp/detail/capture_status.hpp"
 #include "ddp/obs/log.hpp"
 
 namespace ddp::comm {
 
 namespace {
+
+// How long a process that ends after a timeout waits for the store to say who is behind.
+constexpr std::chrono::seconds kReportBound{2};
 
 std::chrono::milliseconds heartbeat_interval() {
   long interval_ms = 1000;
@@ -64,15 +73,73 @@ ProcessGroup::ProcessGroup(MadeBackend backend, Config config,
   }
   progress_ = std::make_unique<CollectiveProgress>(std::move(progress_store), config_.rank,
                                                    config_.size, heartbeat_interval());
+  if (config_.watch_collectives.value_or(traits_.waits_on_stream)) {
+    // Polled 10 times per timeout, at most every 100 ms: the error comes within a tenth of the
+    // timeout after it, and a poll (one event query) costs nothing next to a collective.
+    const auto poll = std::clamp<std::chrono::milliseconds>(
+        timeout_ / 10, std::chrono::milliseconds(1), std::chrono::milliseconds(100));
+    watchdog_ = std::make_unique<CollectiveWatchdog>(
+        timeout_, poll,
+        [this](const CollectiveWatchdog::Watched& expired, std::chrono::milliseconds waited,
+               const std::string& error) {
+          end_process_after_timeout(expired.what, expired.work.get(), waited, error);
+        });
+  }
+}
+
+bool ProcessGroup::watch(std::function<bool()> finished, std::string what) {
+  if (!watchdog_) return false;
+  watchdog_->watch(
+      {[finished = std::move(finished)](std::string*) { return finished(); }, {}, std::move(what)});
+  return true;
+}
+
+void ProcessGroup::end_process_after_timeout(const std::string& what, const c10d::Work* work,
+                                             std::chrono::milliseconds waited,
+                                             const std::string& error) const {
+  // Who is behind, from the store, bounded: the store is served by rank 0, which may be the rank
+  // that is stopped. The reading thread is left behind when it does not answer; the process ends.
+  auto promise = std::make_shared<std::promise<std::string>>();
+  std::future<std::string> report = promise->get_future();
+  std::thread([this, work, promise] {
+    try {
+      promise->set_value(progress_->report(work));
+    } catch (const std::exception& e) {
+      promise->set_value(std::string("; the ranks' progress could not be read: ") + e.what());
+    }
+  }).detach();
+  const std::string who =
+      report.wait_for(kReportBound) == std::future_status::ready
+          ? report.get()
+          : "; the store did not answer within " + std::to_string(kReportBound.count()) +
+                " s to say which rank is behind (rank 0 serves it: it may be the one stopped)";
+  const std::string verdict = error.empty() ? " did not finish within " : " failed after ";
+  const std::string text =
+      "ddp: rank " + std::to_string(global_rank()) + ": " + what + verdict +
+      std::to_string(waited.count()) + " ms (collective timeout " +
+      std::to_string(timeout_.count()) + " ms" + who + ")" + (error.empty() ? "" : ": " + error) +
+      "; ending the process with exit code " + std::to_string(kCollectiveTimeoutExitCode) + "\n";
+  std::fputs(text.c_str(), stderr);
+  std::fflush(stderr);
+  std::fflush(stdout);
+  std::_Exit(kCollectiveTimeoutExitCode);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::issued(c10::intrusive_ptr<c10d::Work> work,
                                                     const CollectiveOp& op) {
   progress_->issued(work.get(), op);
+  // Work made under a capture has no event to poll until a replay: CapturedStep bounds replays.
+  if (watchdog_ && !detail::is_capturing(config_.device)) watchdog_->watch(work);
   return work;
 }
 
 ProcessGroup::~ProcessGroup() {
+  if (watchdog_) {
+    // A communicator shut down under a running collective hangs: let the watched ones finish
+    // first (a collective that never does ends the process, named, at its timeout).
+    watchdog_->wait_idle();
+    watchdog_.reset();  // before the heartbeat: its expiry reads the progress report
+  }
   progress_.reset();  // stop the heartbeat before the backend goes
   if (!made_.shutdown) return;
   try {

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "ddp/comm/process_group.hpp"
 #include "ddp/detail/torch_compat.hpp"
 #include "ddp/obs/log.hpp"
 
@@ -77,6 +78,8 @@ struct CapturedStep::Impl {
   int64_t steps = 0;
   std::string fallback_reason;
   GraphCensus census;
+  // A replay ran past replay_timeout: it may never end, so the destructor must not wait for it.
+  bool timed_out = false;
 
   Impl(std::function<void()> s, std::vector<at::Tensor> in, c10::Device d, CapturedStepOptions o)
       : step(std::move(s)),
@@ -109,9 +112,18 @@ struct CapturedStep::Impl {
     const auto deadline = start + options.replay_timeout;
     while (!replayed[slot].query()) {
       const auto now = std::chrono::steady_clock::now();
-      TORCH_CHECK(now < deadline, "ddp: captured step ", steps, ": the replay of step ",
-                  replayed_step[slot], " did not finish within ", options.replay_timeout.count(),
-                  " ms (a collective inside it waits on a rank that is dead or stopped?)");
+      if (now >= deadline) {
+        timed_out = true;
+        const std::string what =
+            "the replay of captured step " + std::to_string(replayed_step[slot]);
+        if (options.group) {
+          options.group->end_process_after_timeout(
+              what, nullptr, std::chrono::duration_cast<std::chrono::milliseconds>(now - start));
+        }
+        TORCH_CHECK(false, "ddp: captured step ", steps, ": ", what, " did not finish within ",
+                    options.replay_timeout.count(),
+                    " ms (a collective inside it waits on a rank that is dead or stopped?)");
+      }
       if (now - start < std::chrono::milliseconds(2)) {
         std::this_thread::yield();
       } else {
@@ -127,6 +139,19 @@ struct CapturedStep::Impl {
     on_capture_stream([&] {
       graph->replay();
       replayed[slot].record(stream);
+      if (options.group) {
+        // Its own event: the slot's is recorded again two replays later, while the watchdog may
+        // not yet have polled this one. The watchdog's thread has no current device.
+        auto end = std::make_shared<at::cuda::CUDAEvent>();
+        end->record(stream);
+        const c10::Device d = device;
+        options.group->watch(
+            [end, d] {
+              const c10::cuda::CUDAGuard guard(d);
+              return end->query();
+            },
+            "the replay of captured step " + std::to_string(steps));
+      }
     });
     replayed_step[slot] = steps;
     ++replays;
@@ -235,7 +260,7 @@ void CapturedStep::run(const std::vector<at::Tensor>& batch) {
 }
 
 CapturedStep::~CapturedStep() {
-  if (!impl_) return;
+  if (!impl_ || impl_->timed_out) return;
   for (size_t slot = 0; slot < impl_->replayed.size(); ++slot) {
     if (impl_->replayed_step[slot] < 0) continue;
     try {

@@ -233,6 +233,9 @@ class GroupRunner {
     for (Worker& w : workers_) {
       if (w.pid <= 0) continue;
       ::kill(-w.pid, sig);
+      // A stopped worker (SIGSTOP, a debugger's stop) acts on nothing until continued: without
+      // this it would outlive the grace and take SIGKILL, `grace` after the failure it caused.
+      ::kill(-w.pid, SIGCONT);
       w.exit.killed_by_launcher = true;
     }
   }

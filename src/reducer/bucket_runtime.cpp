@@ -55,7 +55,7 @@ void wait_future(const c10::intrusive_ptr<c10::ivalue::Future>& future,
 }
 
 BucketRuntime::BucketRuntime(const std::vector<at::Tensor>& params, const buckets::BucketPlan& plan,
-                             const buckets::BucketBuffers& layout, comm::ProcessGroupPtr pg,
+                             buckets::BucketBuffers& layout, comm::ProcessGroupPtr pg,
                              Reduction reduction, hooks::CommHookPtr hook, int64_t plan_epoch)
     : params_(params),
       plan_(plan),
@@ -143,6 +143,7 @@ hooks::GradBucket BucketRuntime::grad_bucket(size_t b) const {
 
 void BucketRuntime::launch(size_t b) {
   BucketState& bucket = buckets_[b];
+  if (!plan_.buckets[b].sparse) layout_.fill(b);  // staged gradients into the storage first
   const int64_t divisor = divisor_ > 0 ? divisor_ : pg_->world_size();
   switch (reduction_) {
     case Reduction::kAllReduce:

@@ -148,6 +148,8 @@ void Reducer::prepare_for_backward(std::vector<bool> reachable) {
   }
   planned_ = true;  // from now on only the post-iteration-1 rebuild may change the plan
   forward_end_ns_ = obs::steady_ns();
+  // Gradients staged by a backward that failed before its buckets launched are stale.
+  if (layout_) layout_->drop_staged();
   state_ = State::kPreparedSync;
 }
 
@@ -280,8 +282,8 @@ void Reducer::mark_ready(size_t index, bool used) {
       // accumulator made a fresh tensor: move it into the bucket and make the bucket the gradient
       // again. Without bucket views the gradient is always copied in.
       if (!layout_->holds(index, grad)) {
-        at::Tensor target = slot;
-        target.copy_(grad);
+        // Copied at the bucket's launch with the rest of its bucket ([Note: staged copies]).
+        layout_->stage(index, grad);
         if (options_.gradient_as_bucket_view) grad = slot;
       }
     } else {

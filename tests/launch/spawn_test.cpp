@@ -6,6 +6,7 @@
 
 #include "ddp/launch/spawn.hpp"
 #include "support/run_command.hpp"
+#include "support/temp_dir.hpp"
 
 namespace ddp::launch {
 namespace {
@@ -57,6 +58,25 @@ TEST(Spawn, AFailureStopsTheOthers) {
   EXPECT_EQ(r.workers[0].exit_code, 3);
   EXPECT_TRUE(r.workers[1].signaled);
   EXPECT_TRUE(r.workers[1].killed_by_launcher);
+  EXPECT_NE(r.describe().find("rank 1 killed by signal 15"), std::string::npos) << r.describe();
+}
+
+TEST(Spawn, AStoppedWorkerIsEndedWithoutWaitingForTheGrace) {
+  // Rank 1 stops itself (as a SIGSTOPped or debugger-held worker); rank 0 fails once rank 1's
+  // state is 'T'. The launcher's SIGTERM must reach the stopped worker at once (with SIGCONT),
+  // not after the 30 s grace, when SIGKILL would.
+  ddp::testing::TempDir dir("ddp_spawn_stop");
+  auto o = shell(2,
+                 "if [ \"$RANK\" = 1 ]; then echo $$ > \"$DIR/pid\"; kill -STOP $$; exec sleep 60; "
+                 "fi; until grep -q ') T' /proc/$(cat \"$DIR/pid\" 2>/dev/null)/stat 2>/dev/null; "
+                 "do sleep 0.02; done; exit 3");
+  o.env["DIR"] = dir.str();
+  o.grace = std::chrono::seconds(30);
+  const auto start = std::chrono::steady_clock::now();
+  const SpawnResult r = spawn_local_workers(o);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  EXPECT_EQ(r.workers[0].exit_code, 3) << r.describe();
+  EXPECT_TRUE(r.workers[1].signaled);
   EXPECT_NE(r.describe().find("rank 1 killed by signal 15"), std::string::npos) << r.describe();
 }
 

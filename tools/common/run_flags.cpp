@@ -30,7 +30,31 @@ void add_run_flags(CLI::App& app, RunFlags& flags, bool& verbose) {
   app.add_flag("--cuda-graph", flags.cuda_graph,
                "capture the whole step (forward, loss, backward, optimizer) in a CUDA graph after "
                "the warm-up and replay it (needs --device cuda)");
+  app.add_flag("--nccl-high-priority-stream,!--no-nccl-high-priority-stream",
+               flags.nccl.high_priority_stream,
+               "NCCL's collectives on a CUDA stream of the highest priority")
+      ->capture_default_str();
+  app.add_option("--nccl-cta-policy", flags.nccl.cta_policy,
+                 "ncclConfig_t CTAPolicy: 0 default, 1 efficiency, 2 zero; -1: NCCL's choice")
+      ->check(CLI::Range(-1, 2))
+      ->capture_default_str();
+  app.add_option("--nccl-max-ctas", flags.nccl.max_ctas,
+                 "ncclConfig_t maxCTAs (1-64); -1: NCCL's choice")
+      ->check(CLI::Range(-1, 64))
+      ->capture_default_str();
+  app.add_option("--nccl-min-ctas", flags.nccl.min_ctas,
+                 "ncclConfig_t minCTAs (1-64); -1: NCCL's choice")
+      ->check(CLI::Range(-1, 64))
+      ->capture_default_str();
   app.add_flag("--verbose", verbose, "print the bucket or unit table and the runtime stats");
+}
+
+comm::InitOptions init_options(const RunFlags& flags, const std::string& backend) {
+  comm::InitOptions init;
+  init.backend = backend;
+  init.timeout = std::chrono::seconds(flags.timeout_s);
+  init.nccl = flags.nccl;
+  return init;
 }
 
 std::string cuda_graph_refusal(const RunFlags& flags, const reducer::ReducerOptions& reducer) {

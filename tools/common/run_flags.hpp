@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 
+#include "ddp/comm/init.hpp"
 #include "ddp/reducer/reducer_options.hpp"
 
 namespace ddp::tools {
@@ -25,16 +26,22 @@ struct RunFlags {
   // --cuda-graph: the whole step captured in a CUDA graph after the warm-up and replayed
   // (graphs/captured_step.hpp) with the capturable optimizers (optim/capturable.hpp).
   bool cuda_graph = false;
+  // --nccl-high-priority-stream / --no-nccl-high-priority-stream, --nccl-cta-policy,
+  // --nccl-max-ctas, --nccl-min-ctas: how NCCL makes its communicators (comm/init.hpp).
+  comm::NcclOptions nccl;
 };
 
 // --model, --device, --batch-size, --nproc, --threads, --lr, --timeout-s, --optimizer-overlap,
-// --cuda-graph, and --verbose into `verbose` (the tool's DDPOptions::verbose).
+// --cuda-graph, the --nccl-* flags, and --verbose into `verbose` (the tool's DDPOptions::verbose).
 void add_run_flags(CLI::App& app, RunFlags& flags, bool& verbose);
 
 // Why --cuda-graph cannot run with these run flags and DDP flags ("" when it can, or is not set):
 // it needs a CUDA device; --optimizer-overlap's torch::optim steps inside backward would bake
 // their learning rate into the graph; --find-unused-parameters without --static-graph reads the
 // used-parameter map on the host every step. Each tool refuses its own further flags after this.
+// The process group's options from these flags: `backend`, --timeout-s, the NCCL options.
+comm::InitOptions init_options(const RunFlags& flags, const std::string& backend);
+
 std::string cuda_graph_refusal(const RunFlags& flags, const reducer::ReducerOptions& reducer);
 
 }  // namespace ddp::tools

@@ -35,6 +35,7 @@
 #include "ddp/models/registry.hpp"
 #include "ddp/obs/chrome_trace.hpp"
 #include "ddp/obs/device_memory.hpp"
+#include "ddp/obs/kernel_trace.hpp"
 #include "ddp/optim/capturable.hpp"
 #include "ddp/optim/param_groups.hpp"
 #include "ddp/parallel/autocast.hpp"
@@ -70,6 +71,9 @@ struct Args : ddp::tools::RunFlags {
   bool json = false;
   bool profile = false;
   std::string trace_file = "profile.json";
+  // --kernel-trace FILE: kKernelTraceSteps more steps after the timed ones, untimed, traced by
+  // Kineto (obs/kernel_trace.hpp); rank r > 0 writes FILE.rank<r>.
+  std::string kernel_trace;
   std::string graph_dot;
   std::string init_params;
   std::string inputs;
@@ -136,6 +140,15 @@ Memory measure_memory(torch::nn::Module& module, torch::optim::Optimizer& opt,
 }
 
 bool sharded(const Args& args) { return args.shard.sharded(); }
+
+// Steps a --kernel-trace records: the first shows any start-up effect, the middle one is the
+// steady state, the third shows the host running ahead into the next step.
+constexpr int kKernelTraceSteps = 3;
+
+// Where rank `rank` writes its --kernel-trace.
+std::string kernel_trace_path(const std::string& path, int rank) {
+  return rank == 0 ? path : path + ".rank" + std::to_string(rank);
+}
 // Why --cuda-graph cannot run with these flags, or "": each refused flag needs something a
 // captured step cannot do (a host-side timer per phase, a host copy per step, a step-1 graph).
 std::string cuda_graph_refusal(const Args& args) {
@@ -162,15 +175,17 @@ int run_worker(const Args& args) {
   ddp::comm::ProcessGroupPtr pg;
   int rank = 0, world = 1;
   if (distributed(args)) {
-    ddp::comm::InitOptions init;
-    init.backend = args.device == "cuda" ? "nccl" : "gloo";
-    init.timeout = std::chrono::seconds(args.timeout_s);
+    const ddp::comm::InitOptions init =
+        ddp::tools::init_options(args, args.device == "cuda" ? "nccl" : "gloo");
     pg = ddp::comm::init_process_group(init);
     rank = pg->rank();
     world = pg->world_size();
   }
   const bool lead = rank == 0;
   const bool cuda = args.device == "cuda";
+  TORCH_CHECK(args.kernel_trace.empty() || (cuda && ddp::obs::KernelTrace::available()),
+              "ddp-bench: --kernel-trace needs --device cuda and a CUDA build of libtorch (torch's "
+              "Kineto profiler traces the device's kernels)");
   int local_rank = 0;
   if (const char* lr = std::getenv("LOCAL_RANK")) local_rank = std::atoi(lr);
   const torch::Device device = cuda ? torch::Device(torch::kCUDA, local_rank) : torch::kCPU;
@@ -303,6 +318,9 @@ int run_worker(const Args& args) {
     graph_opt = std::make_unique<ddp::optim::CapturableSgd>(params, sgd);
     const auto& [x, y] = batches[0];
     graph_loss = torch::zeros({}, torch::TensorOptions().device(device));
+    ddp::graphs::CapturedStepOptions graph_options;  // replays bounded as ddp-train's
+    graph_options.replay_timeout = std::chrono::seconds(args.timeout_s);
+    graph_options.group = pg;
     captured = std::make_unique<ddp::graphs::CapturedStep>(
         [&, x = x, y = y] {
           // Dropped: the backward makes them in the graph's pool; DDP's reducer copies them into
@@ -320,11 +338,14 @@ int run_worker(const Args& args) {
           graph_opt->step();
           graph_loss.copy_(loss.detach());
         },
-        device);
+        device, graph_options);
   }
   const int untimed = args.cuda_graph ? std::max(warmup, 12) : warmup;  // 11 + the capture
-  for (int i = 0; args.cuda_graph && i < untimed + timed; ++i) {
+  const int traced = args.kernel_trace.empty() ? 0 : kKernelTraceSteps;
+  std::optional<ddp::obs::KernelTrace> kernel_trace;
+  for (int i = 0; args.cuda_graph && i < untimed + timed + traced; ++i) {
     sync();
+    if (i == untimed + timed) kernel_trace.emplace();
     const int64_t t0 = ddp::obs::trace_now_ns();
     captured->run();
     sync();
@@ -332,7 +353,7 @@ int run_worker(const Args& args) {
     TORCH_CHECK(std::isfinite(graph_loss.item<double>()),
                 "ddp-bench: the loss became non-finite at step ", i, " (learning rate ", lr,
                 "); lower --lr");
-    if (i >= untimed) step_ms.push_back(static_cast<double>(t3 - t0) / 1e6);
+    if (i >= untimed && i < untimed + timed) step_ms.push_back(static_cast<double>(t3 - t0) / 1e6);
     if (i + 1 == untimed) {
       if (sharded_model) sharded_model->reset_peak_memory();
       ddp::obs::reset_device_peak(device);
@@ -341,9 +362,11 @@ int run_worker(const Args& args) {
   if (captured && lead && args.options.verbose) {
     std::cout << "ddp-bench: cuda graph " << ddp::graphs::describe(*captured) << std::endl;
   }
-  for (int i = 0; !args.cuda_graph && i < warmup + timed; ++i) {
+  for (int i = 0; !args.cuda_graph && i < warmup + timed + traced; ++i) {
     const auto& [x, y] = batches[static_cast<size_t>(i) % batches.size()];
     sync();
+    if (i == warmup + timed) kernel_trace.emplace();
+    std::optional<ddp::obs::TraceRange> phase(std::in_place, "ddp-bench forward");
     const int64_t t0 = ddp::obs::trace_now_ns();
     opt->zero_grad();
     // --grad-accum N: the rank's batch in N equal micro-batches; all but the last under no_sync,
@@ -376,6 +399,8 @@ int run_worker(const Args& args) {
     torch::Tensor loss = micro_loss(micro - 1);
     phase_sync();
     const int64_t t1 = ddp::obs::trace_now_ns();
+    phase.reset();
+    phase.emplace("ddp-bench backward");
     if (i == 0 && lead && !args.graph_dot.empty()) {
       std::vector<std::string> names;
       for (auto& [name, p] : named_params(*w.ptr)) names.push_back(name);
@@ -387,14 +412,17 @@ int run_worker(const Args& args) {
     if (clipper) skip = clipper->clip(grad_shards(), i).skipped;
     phase_sync();
     const int64_t t2 = ddp::obs::trace_now_ns();
+    phase.reset();
+    phase.emplace("ddp-bench optimizer");
     if (scheduled) ddp::optim::set_lr(*opt, ddp::optim::lr_at(schedule, i));
     if (!args.optimizer_overlap && !skip) opt->step();
+    phase.reset();
     sync();
     const int64_t t3 = ddp::obs::trace_now_ns();
     TORCH_CHECK(std::isfinite(loss.item<double>()),
                 "ddp-bench: the loss became non-finite at step ", i, " (learning rate ", lr,
                 "); lower --lr");
-    if (i >= warmup) step_ms.push_back(static_cast<double>(t3 - t0) / 1e6);
+    if (i >= warmup && i < warmup + timed) step_ms.push_back(static_cast<double>(t3 - t0) / 1e6);
     if (i + 1 == warmup || (warmup == 0 && i == 0)) {
       // Peaks of the timed steps only: the first sharded step gathers everything to learn the
       // order in which the model runs its units.
@@ -412,6 +440,12 @@ int run_worker(const Args& args) {
     }
   }
 
+  if (kernel_trace) {
+    kernel_trace->save(kernel_trace_path(args.kernel_trace, rank));
+    if (lead)
+      std::cout << "ddp-bench: kernel trace of " << traced << " steps in " << args.kernel_trace
+                << std::endl;
+  }
   if (args.profile) {
     if (pg) {
       trace.write_merged(*pg, args.trace_file);
@@ -504,6 +538,9 @@ int main(int argc, char** argv) {
                "forward and loss under bf16 autocast (parameters and gradients stay fp32)");
   app.add_flag("--json", args.json, "one JSON object per result");
   app.add_flag("--profile", args.profile, "write a Chrome trace");
+  app.add_option("--kernel-trace", args.kernel_trace,
+                 "after the timed steps, trace 3 more with torch's Kineto profiler (every kernel "
+                 "on its stream) into this Chrome trace JSON; rank r > 0 writes FILE.rank<r>");
   app.add_option("--trace-file", args.trace_file, "Chrome trace path")->capture_default_str();
   app.add_option("--graph-dot", args.graph_dot, "write the autograd graph as Graphviz DOT");
   app.add_option("--init-params", args.init_params, "load parameters by name (safetensors)");

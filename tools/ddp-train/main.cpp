@@ -137,9 +137,8 @@ std::string check_recipe(const CLI::App& app, const Args& args) {
 
 int run_worker(const Args& args) {
   at::set_num_threads(args.threads);
-  ddp::comm::InitOptions init;
-  init.backend = !args.backend.empty() ? args.backend : (args.device == "cuda" ? "nccl" : "gloo");
-  init.timeout = std::chrono::seconds(args.timeout_s);
+  const ddp::comm::InitOptions init = ddp::tools::init_options(
+      args, !args.backend.empty() ? args.backend : (args.device == "cuda" ? "nccl" : "gloo"));
   auto pg = ddp::comm::init_process_group(init);
   const bool lead = pg->rank() == 0;
   // One GPU per worker, chosen by the launcher's LOCAL_RANK.
@@ -344,6 +343,11 @@ int run_worker(const Args& args) {
         static_x = torch::empty_like(x_cpu, torch::TensorOptions().device(device));
         static_y = torch::empty_like(y_cpu, torch::TensorOptions().device(device));
         static_loss = torch::zeros({}, static_x.options().dtype(torch::kFloat));
+        // A replay is bounded by --timeout-s like an eager collective, and under NCCL a stopped
+        // or dead rank ends this one naming it, wherever the host waits (the loss read too).
+        ddp::graphs::CapturedStepOptions graph_options;
+        graph_options.replay_timeout = std::chrono::seconds(args.timeout_s);
+        graph_options.group = pg;
         captured = std::make_unique<ddp::graphs::CapturedStep>(
             [&] {
               // Dropped: DDP copies the new gradients into its buckets, a sharded unit's reduced
@@ -354,7 +358,7 @@ int run_worker(const Args& args) {
               graph_opt->step();
               static_loss.copy_(l.detach());
             },
-            std::vector<torch::Tensor>{static_x, static_y}, device);
+            std::vector<torch::Tensor>{static_x, static_y}, device, graph_options);
       }
       // Straight from pinned host memory into the static inputs, without a host wait.
       captured->run({x_cpu.pin_memory(), y_cpu.pin_memory()});

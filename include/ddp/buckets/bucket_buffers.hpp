@@ -19,6 +19,10 @@ class BucketBuffers {
   virtual const at::Tensor& storage(size_t b) const = 0;
   // Bucket b's gradients as a comm hook sees them (GradBucket::buffer).
   virtual const at::Tensor& data(size_t b) const = 0;
+  // Called by the bucket runtime just before bucket b's reduction is launched, on the stream
+  // that produced its gradients: the storage must hold them all from here on. Default: nothing
+  // (the gradients were written into the storage as they came).
+  virtual void fill(size_t /*b*/) {}
 };
 
 }  // namespace ddp::buckets

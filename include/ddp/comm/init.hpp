@@ -11,6 +11,23 @@
 
 namespace ddp::comm {
 
+// How NCCL makes its communicators: ProcessGroupNCCL::Options and its ncclConfig_t. Ignored by
+// Gloo. Each field's default leaves NCCL's own choice; docs/options.md gives what each measured.
+struct NcclOptions {
+  // Run the collectives on a CUDA stream of the highest priority, so that the block scheduler
+  // starts a ready all-reduce's CTAs ahead of queued backward kernels instead of behind them.
+  // Default false, as PyTorch (ProcessGroupNCCL::Options::is_high_priority_stream).
+  bool high_priority_stream = false;
+  // ncclConfig_t::CTAPolicy (NCCL >= 2.27): -1 NCCL's default; 0 default, 1 efficiency (fewer
+  // CTAs for the same bandwidth, leaving SMs to overlapped compute), 2 zero-CTA where a
+  // copy-engine path exists. Default -1: measured no gain on 2x H200 (issue 36).
+  int cta_policy = -1;
+  // ncclConfig_t::maxCTAs / minCTAs: -1 NCCL's default. NCCL_MAX_CTAS=4 or 8 made the gpt2-medium
+  // DDP step slower on 2x H200 (61.2-61.3 vs 60.1 ms), so none is set.
+  int max_ctas = -1;
+  int min_ctas = -1;
+};
+
 struct InitOptions {
   // "gloo" (CPU tensors) or "nccl" (CUDA tensors; only in a CUDA build), parsed by
   // parse_backend (backend.hpp); text, so that a tool's --backend flag passes straight through.
@@ -30,6 +47,11 @@ struct InitOptions {
   // torch.cuda.set_device(local_rank), so the communicator, the group's control scalars and
   // tensors made on plain "cuda" all use the same GPU.
   std::optional<int> device_index;
+  // ProcessGroup::Config::watch_collectives: unset, on for NCCL (a collective that never ends
+  // ends the process, named, at `timeout`) and off for Gloo (its waits throw).
+  std::optional<bool> watch_collectives;
+  // NCCL's communicator options; every sub-group (new_group, DeviceMesh) gets the same.
+  NcclOptions nccl;
 };
 
 // Creates the world process group (store prefix "ddp/world"): the rendezvous of rendezvous.hpp,

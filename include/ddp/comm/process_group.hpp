@@ -32,11 +32,13 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "ddp/comm/backend.hpp"
 #include "ddp/comm/collective_progress.hpp"
+#include "ddp/comm/collective_watchdog.hpp"
 #include "ddp/comm/flat_shards.hpp"
 #include "ddp/detail/torch_compat.hpp"
 
@@ -44,6 +46,10 @@ namespace ddp::comm {
 
 class ProcessGroup;
 using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
+
+// What a process ends with when a watched collective runs past the timeout or fails unseen
+// (Config::watch_collectives): 124, as coreutils' timeout says "timed out".
+constexpr int kCollectiveTimeoutExitCode = 124;
 
 // How reduce_scatter combines the ranks' inputs.
 enum class ReduceOp { kSum, kAvg };
@@ -105,6 +111,13 @@ class ProcessGroup {
     // control scalar on another GPU than the gradients waits for a peer that never joins it.
     // Sub-groups inherit it.
     c10::Device device = c10::kCPU;
+    // Watch every collective issued outside a CUDA-graph capture (CollectiveWatchdog) and end the
+    // process with kCollectiveTimeoutExitCode, naming the collective and the rank that is behind,
+    // once one runs past `timeout`. Unset (default): on where waits are stream dependencies
+    // (NCCL: nothing on the host bounds them, and c10d's own watchdog dumps for a minute, then
+    // aborts without naming the rank), off where every wait is a bounded host wait that throws
+    // (Gloo). Sub-groups inherit it.
+    std::optional<bool> watch_collectives;
   };
 
   // Makes the group's backend with config.make_backend over PrefixStore(config.prefix,
@@ -204,6 +217,21 @@ class ProcessGroup {
   // Collectives this rank has issued on this group so far (each counted once, when issued).
   int64_t collectives_issued() const { return progress_->count(); }
 
+  // With Config::watch_collectives: bounds `finished` (polled from the watchdog's thread) by the
+  // collective timeout like a collective, and returns true; without: false, nothing is watched.
+  // For what waits on this group's collectives without a c10d work: a replayed CUDA graph.
+  bool watch(std::function<bool()> finished, std::string what);
+
+  // Ends this process after a collective timed out (or failed, `error` its text) where no host
+  // wait can throw: writes "ddp: rank R: <what> did not finish within W ms (collective timeout T
+  // ms; <which rank is behind>); ending the process with exit code 124" ("failed after W ms
+  // (...): <error>; ...") to stderr and exits at once, without destructors (a communicator with a
+  // collective that never ends cannot be shut down cleanly). Used by the watchdog and by
+  // CapturedStep's replay timeout. `work`: the collective, or null for the newest.
+  [[noreturn]] void end_process_after_timeout(const std::string& what, const c10d::Work* work,
+                                              std::chrono::milliseconds waited,
+                                              const std::string& error = "") const;
+
   // Unique per-process counter for store keys, so that repeated exchanges do not collide.
   int64_t next_exchange_id() { return exchange_id_++; }
 
@@ -218,6 +246,9 @@ class ProcessGroup {
   int64_t exchange_id_ = 0;  // advances identically on every rank: exchanges are collective
   // Numbers every collective and publishes this rank's count (heartbeat); never null.
   std::unique_ptr<CollectiveProgress> progress_;
+  // Config::watch_collectives: bounds the collectives no host wait bounds; null when off. Declared
+  // after progress_: its expiry reads the progress report, so it stops first.
+  std::unique_ptr<CollectiveWatchdog> watchdog_;
   c10::intrusive_ptr<c10d::Work> issued(c10::intrusive_ptr<c10d::Work> work,
                                         const CollectiveOp& op);
   PendingCollective pending(c10::intrusive_ptr<c10d::Work> work, at::Tensor result,

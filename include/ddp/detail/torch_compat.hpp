@@ -65,6 +65,14 @@
 #define DDP_HAVE_FOREACH_TENSOR_SCALE 0
 #endif
 
+// _foreach_copy_ (2.2+): copies many tensors in one multi-tensor kernel (a few launches for a
+// whole bucket instead of one per gradient). 1.13 copies each in turn.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2)
+#define DDP_HAVE_FOREACH_COPY 1
+#else
+#define DDP_HAVE_FOREACH_COPY 0
+#endif
+
 // torch::data samplers (data/): the Sampler base class returns and takes c10::optional, a type of
 // its own in 1.13 and an alias of std::optional since 2.x, so overrides spell c10::optional and
 // compile against both without a version test (the data headers do not include this file, to

@@ -33,7 +33,11 @@
 // enqueued), so a dead or stopped rank would hang a replay forever. run() therefore waits, with
 // `replay_timeout`, for the replay two steps back before launching the next (one replay queued
 // behind the running one, so the GPU does not idle while the host launches), and throws naming
-// the step whose replay did not finish.
+// the step whose replay did not finish. With `group` (the step's collectives' process group) the
+// bound holds wherever the host waits (a loss read between replays blocks in a device sync that
+// nothing else bounds): every replay is watched by the group's CollectiveWatchdog (NCCL), and a
+// replay past the timeout ends the process naming the step and the rank that is behind, as an
+// eager collective does (ProcessGroup::end_process_after_timeout).
 //
 // Inputs: a step reads its batch from tensors that stay put (a replay reads the captured
 // addresses). Hand them to the constructor and feed each batch with run(batch): it copies the
@@ -56,6 +60,10 @@
 #include <string>
 #include <vector>
 
+namespace ddp::comm {
+class ProcessGroup;
+}
+
 namespace ddp::graphs {
 
 struct CapturedStepOptions {
@@ -70,6 +78,10 @@ struct CapturedStepOptions {
   // long as the tools' collective timeout. A replay that hangs (a dead rank inside a replayed
   // collective) becomes an error naming the step within this time.
   std::chrono::milliseconds replay_timeout{std::chrono::minutes(5)};
+  // The process group whose collectives the step replays; null (default): none named, and a
+  // timeout is a thrown error seen at the next run(). Set it under NCCL (the tools do) so that a
+  // stopped or dead rank ends the others, named, within the timeout wherever they wait.
+  std::shared_ptr<comm::ProcessGroup> group;
 };
 
 // What one captured step holds: each node is one launch an eager step makes (a kernel, a copy, a

@@ -53,8 +53,8 @@ class BucketRuntime {
   // what a comm hook sees as GradBucket::params (hooks key their state by them). A bucket's
   // buffers are read when it launches. `hook`: null for the built-in average.
   BucketRuntime(const std::vector<at::Tensor>& params, const buckets::BucketPlan& plan,
-                const buckets::BucketBuffers& buffers, comm::ProcessGroupPtr pg,
-                Reduction reduction, hooks::CommHookPtr hook, int64_t plan_epoch);
+                buckets::BucketBuffers& buffers, comm::ProcessGroupPtr pg, Reduction reduction,
+                hooks::CommHookPtr hook, int64_t plan_epoch);
   BucketRuntime(const BucketRuntime&) = delete;
   BucketRuntime& operator=(const BucketRuntime&) = delete;
 
@@ -118,7 +118,7 @@ class BucketRuntime {
 
   const std::vector<at::Tensor>& params_;
   const buckets::BucketPlan& plan_;
-  const buckets::BucketBuffers& layout_;
+  buckets::BucketBuffers& layout_;  // filled (BucketBuffers::fill) at each bucket's launch
   comm::ProcessGroupPtr pg_;
   Reduction reduction_;
   hooks::CommHookPtr hook_;

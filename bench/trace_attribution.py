@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""Where a step's communication goes, read from a kernel trace (Kineto's Chrome trace JSON, as
+`ddp-bench --kernel-trace FILE` and torch.profiler write it).
+
+Every GPU kernel in the trace is tied to the host call that launched it (the `correlation` of its
+launch); the host's step marks split the kernels into steps: the `ddp-bench forward` ranges of an
+eager step, or each `cudaGraphLaunch` of a captured one. Per step it prints:
+
+  compute   the union of the non-NCCL kernels' intervals (the compute stream's busy time)
+  nccl      the NCCL kernels (one per bucket for DDP): their sum, the part that ran while some
+            compute kernel ran (hidden) and the rest (exposed: the step waits for it)
+  tail      from the end of backward's last compute kernel (eager: the last one launched inside
+            `ddp-bench backward`) to the end of the last NCCL kernel: what the step waits for
+and per NCCL kernel (bucket b in launch order): its host launch, GPU start and end, relative to the
+end of backward's last compute kernel (negative: before it), its duration and its hidden part.
+
+  bench/trace_attribution.py TRACE [--step K] [--svg OUT.svg]
+
+--step picks the step (default: the middle one of those traced); --svg draws it, one lane per
+stream. Uses only the standard library.
+"""
+import argparse
+import bisect
+import json
+import sys
+
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def is_nccl(event):
+    return event["name"].lower().startswith("nccl")
+
+
+def union(intervals):
+    """Sorted, merged [start, end) intervals."""
+    merged = []
+    for s, e in sorted(intervals):
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e)
+        else:
+            merged.append([s, e])
+    return merged
+
+
+def covered(start, end, merged):
+    """How much of [start, end) the merged intervals cover."""
+    total = 0.0
+    for s, e in merged:
+        if e <= start:
+            continue
+        if s >= end:
+            break
+        total += min(e, end) - max(s, start)
+    return total
+
+
+def load(path):
+    with open(path) as f:
+        data = json.load(f)
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    return [e for e in events if e.get("ph") == "X"]
+
+
+def steps_of(events):
+    """(step start times on the host, kind): eager step marks, else graph launches."""
+    marks = sorted(e["ts"] for e in events if e.get("name") == "ddp-bench forward"
+                   and e.get("cat") in ("user_annotation", "cpu_op", "python_function"))
+    if marks:
+        return marks, "eager"
+    launches = sorted(e["ts"] for e in events if e.get("cat") == "cuda_runtime"
+                      and "GraphLaunch" in e["name"])
+    if launches:
+        return launches, "captured"
+    return [], "none"
+
+
+def analyze(events, step_index=None):
+    launch_ts = {}
+    for e in events:
+        if e.get("cat") in ("cuda_runtime", "cuda_driver"):
+            corr = e.get("args", {}).get("correlation")
+            if corr is not None:
+                launch_ts[corr] = e["ts"]
+    gpu = [e for e in events if e.get("cat") in GPU_CATS]
+    starts, kind = steps_of(events)
+    if not starts or not gpu:
+        raise SystemExit("trace_attribution: no steps or no GPU kernels in this trace")
+    by_step = [[] for _ in starts]
+    for e in gpu:
+        t = launch_ts.get(e.get("args", {}).get("correlation"))
+        if t is None:
+            continue
+        k = bisect.bisect_right(starts, t) - 1
+        if k >= 0:
+            by_step[k].append((e, t))
+    if step_index is None:
+        step_index = len(starts) // 2
+    kernels = sorted(by_step[step_index], key=lambda et: et[0]["ts"])
+    if not kernels:
+        raise SystemExit(f"trace_attribution: step {step_index} has no kernels")
+    backward = [e for e in events if e.get("name") == "ddp-bench backward"
+                and e.get("cat") in ("user_annotation", "cpu_op")]
+    compute = [(e, t) for e, t in kernels if not is_nccl(e)]
+    nccl = [(e, t) for e, t in kernels if is_nccl(e)]
+    busy = union([(e["ts"], e["ts"] + e["dur"]) for e, _ in compute])
+    # The end of backward: the last compute kernel launched inside this step's backward range
+    # (eager), else the last compute kernel that starts before the last NCCL kernel ends.
+    ref = None
+    for b in backward:
+        if starts[step_index] <= b["ts"] and (step_index + 1 == len(starts)
+                                              or b["ts"] < starts[step_index + 1]):
+            inside = [e["ts"] + e["dur"] for e, t in compute if b["ts"] <= t <= b["ts"] + b["dur"]]
+            if inside:
+                ref = max(inside)
+    if ref is None:
+        last_nccl_end = max((e["ts"] + e["dur"] for e, _ in nccl), default=None)
+        before = [e["ts"] + e["dur"] for e, _ in compute
+                  if last_nccl_end is None or e["ts"] < last_nccl_end]
+        ref = max(before) if before else kernels[0][0]["ts"]
+    step_start = kernels[0][0]["ts"]
+    step_end = max(e["ts"] + e["dur"] for e, _ in kernels)
+    rows = []
+    for b, (e, t) in enumerate(nccl):
+        s, d = e["ts"], e["dur"]
+        rows.append({"bucket": b, "launch_ms": (t - ref) / 1e3, "start_ms": (s - ref) / 1e3,
+                     "end_ms": (s + d - ref) / 1e3, "dur_ms": d / 1e3,
+                     "hidden_ms": covered(s, s + d, busy) / 1e3, "name": e["name"][:40]})
+    nccl_total = sum(r["dur_ms"] for r in rows)
+    hidden = sum(r["hidden_ms"] for r in rows)
+    last_end = max((r["end_ms"] for r in rows), default=0.0)
+    summary = {"kind": kind, "step": step_index, "steps": len(starts),
+               "step_gpu_ms": (step_end - step_start) / 1e3,
+               "compute_busy_ms": sum(e - s for s, e in busy) / 1e3,
+               "compute_kernels": len(compute), "nccl_kernels": len(nccl),
+               "nccl_ms": nccl_total, "nccl_hidden_ms": hidden, "nccl_exposed_ms": nccl_total - hidden,
+               "tail_after_backward_ms": max(0.0, last_end),
+               "backward_end_ms": (ref - step_start) / 1e3}
+    return summary, rows, kernels, ref
+
+
+def svg(kernels, ref, path, width=1600):
+    streams = sorted({e.get("args", {}).get("stream", e.get("tid")) for e, _ in kernels},
+                     key=str)
+    t0 = min(e["ts"] for e, _ in kernels)
+    t1 = max(e["ts"] + e["dur"] for e, _ in kernels)
+    scale = (width - 120) / max(t1 - t0, 1)
+    lane = 28
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" '
+           f'height="{lane * len(streams) + 60}" font-family="sans-serif" font-size="11">']
+    for i, s in enumerate(streams):
+        y = 20 + i * lane
+        out.append(f'<text x="2" y="{y + 16}">stream {s}</text>')
+    for e, _ in kernels:
+        s = e.get("args", {}).get("stream", e.get("tid"))
+        y = 20 + streams.index(s) * lane
+        x = 110 + (e["ts"] - t0) * scale
+        w = max(e["dur"] * scale, 0.5)
+        color = "#d62728" if is_nccl(e) else "#1f77b4"
+        name = e["name"].replace("&", "&amp;").replace("<", "&lt;")[:80]
+        out.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.2f}" height="{lane - 6}" fill="{color}">'
+                   f'<title>{name} {e["dur"] / 1e3:.3f} ms</title></rect>')
+    xr = 110 + (ref - t0) * scale
+    out.append(f'<line x1="{xr:.1f}" x2="{xr:.1f}" y1="10" y2="{lane * len(streams) + 30}" '
+               'stroke="black" stroke-dasharray="4"/>')
+    out.append(f'<text x="{xr + 3:.1f}" y="{lane * len(streams) + 45}">end of backward\'s compute'
+               f'</text><text x="110" y="12">{(t1 - t0) / 1e3:.2f} ms; blue compute, red NCCL'
+               '</text></svg>')
+    with open(path, "w") as f:
+        f.write("\n".join(out))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("trace")
+    p.add_argument("--step", type=int, default=None)
+    p.add_argument("--svg", default=None)
+    args = p.parse_args()
+    summary, rows, kernels, ref = analyze(load(args.trace), args.step)
+    print("attribution " + " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
+                                     for k, v in summary.items()))
+    print(f"{'bucket':>6} {'launch':>8} {'start':>8} {'end':>8} {'dur':>7} {'hidden':>7}  "
+          "(ms, relative to the end of backward's compute)")
+    for r in rows:
+        print(f"{r['bucket']:>6} {r['launch_ms']:8.3f} {r['start_ms']:8.3f} {r['end_ms']:8.3f} "
+              f"{r['dur_ms']:7.3f} {r['hidden_ms']:7.3f}  {r['name']}")
+    if args.svg:
+        svg(kernels, ref, args.svg)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

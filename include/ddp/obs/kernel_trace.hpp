@@ -1,0 +1,54 @@
+#pragma once
+// KernelTrace: a kernel-level trace of a few steps, from C++, through torch's Kineto profiler (the
+// one torch.profiler drives): every CUDA kernel, copy and memset with its stream and GPU start and
+// end (CUPTI), the host's ops and launches, and the ranges named by TraceRange. Written as Chrome
+// trace JSON (chrome://tracing, Perfetto, bench/trace_attribution.py).
+//
+// Unlike ChromeTrace (obs/chrome_trace.hpp), which ddp-bench --profile fills from host timers with
+// a device synchronization between phases, this changes nothing in the step it watches: the GPU
+// runs ahead of the host as in an untraced step, and a bucket's all-reduce shows where it really
+// ran against backward's kernels, on NCCL's stream. The cost is the profiler's own (a few us per
+// launch on the host), so time steps without it.
+//
+// States: tracing (from construction) -> saved (save()); a second save() is refused by name.
+
+#include <memory>
+#include <string>
+
+namespace ddp::obs {
+
+class KernelTrace {
+ public:
+  // Starts tracing the host's ops and the device's kernels, copies and memsets. Throws naming
+  // the cause without a CUDA libtorch (Debian's 1.13 is CPU only and has no Kineto).
+  KernelTrace();
+  // Stops a trace that was never saved, discarding it.
+  ~KernelTrace();
+  KernelTrace(const KernelTrace&) = delete;
+  KernelTrace& operator=(const KernelTrace&) = delete;
+
+  // Stops tracing and writes the Chrome trace JSON to `path`. Once.
+  void save(const std::string& path);
+
+  // Whether this libtorch can trace: a CUDA build (the wheels carry Kineto).
+  static bool available();
+
+ private:
+  bool tracing_ = false;  // true from construction until save() or destruction stops it
+};
+
+// A named range on the trace's host timeline (Kineto also marks it on the GPU timeline, around
+// the kernels launched inside it): "ddp-bench backward". Cheap when nothing traces.
+class TraceRange {
+ public:
+  explicit TraceRange(const char* name);
+  ~TraceRange();
+  TraceRange(const TraceRange&) = delete;
+  TraceRange& operator=(const TraceRange&) = delete;
+
+ private:
+  struct Guard;
+  std::unique_ptr<Guard> guard_;
+};
+
+}  // namespace ddp::obs

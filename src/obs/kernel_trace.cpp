@@ -1,0 +1,67 @@
+#include "ddp/obs/kernel_trace.hpp"
+
+#include <ATen/Context.h>
+#include <ATen/record_function.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
+
+#include <set>
+
+namespace ddp::obs {
+
+namespace {
+
+namespace profiler = torch::autograd::profiler;
+using torch::profiler::impl::ActivityType;
+using torch::profiler::impl::ProfilerConfig;
+using torch::profiler::impl::ProfilerState;
+
+// The host's ops and CUPTI's kernels, copies and memsets.
+std::set<ActivityType> activities() { return {ActivityType::CPU, ActivityType::CUDA}; }
+
+}  // namespace
+
+bool KernelTrace::available() {
+  // CUDA builds of libtorch (the wheels) carry Kineto; Debian's CPU-only 1.13 does not, and its
+  // profiler would return a trace without a device timeline: refused rather than half-written.
+  return at::hasCUDA();
+}
+
+KernelTrace::KernelTrace() {
+  TORCH_CHECK(available(),
+              "ddp: a kernel trace (--kernel-trace) needs a CUDA build of libtorch (with Kineto, "
+              "torch's profiler); this one has no CUDA");
+  const ProfilerConfig config(ProfilerState::KINETO);
+  profiler::prepareProfiler(config, activities());
+  profiler::enableProfiler(config, activities());
+  tracing_ = true;
+}
+
+KernelTrace::~KernelTrace() {
+  if (!tracing_) return;
+  try {
+    (void)profiler::disableProfiler();
+  } catch (...) {
+    // A destructor must not throw; the trace is discarded anyway.
+  }
+}
+
+void KernelTrace::save(const std::string& path) {
+  TORCH_CHECK(tracing_, "ddp: this kernel trace was already saved; start a new KernelTrace");
+  tracing_ = false;
+  auto result = profiler::disableProfiler();
+  TORCH_CHECK(result != nullptr, "ddp: the profiler returned no trace to write to '", path, "'");
+  result->save(path);
+}
+
+struct TraceRange::Guard {
+  explicit Guard(const char* name) : record(at::RecordScope::USER_SCOPE) {
+    if (record.isActive()) record.before(name);
+  }
+  at::RecordFunction record;
+};
+
+TraceRange::TraceRange(const char* name) : guard_(std::make_unique<Guard>(name)) {}
+TraceRange::~TraceRange() = default;
+
+}  // namespace ddp::obs

@@ -1,0 +1,93 @@
+"""bench/trace_attribution.py on hand-made Kineto traces: the numbers are closed forms."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "..", "..", "bench", "trace_attribution.py")
+sys.path.insert(0, os.path.join(HERE, "..", "..", "bench"))
+import trace_attribution  # noqa: E402
+
+
+def kernel(name, ts, dur, corr, stream):
+    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur,
+            "args": {"correlation": corr, "stream": stream}}
+
+
+def launch(ts, corr, name="cudaLaunchKernel"):
+    return {"ph": "X", "cat": "cuda_runtime", "name": name, "ts": ts, "dur": 1,
+            "args": {"correlation": corr}}
+
+
+def eager_step(t, corr):
+    """One eager step at host time t (us): forward kernel, two backward kernels, one all-reduce
+    launched in backward, one optimizer kernel. GPU times are offsets from t + 10."""
+    g = t + 10
+    return [
+        {"ph": "X", "cat": "user_annotation", "name": "ddp-bench forward", "ts": t, "dur": 5},
+        {"ph": "X", "cat": "user_annotation", "name": "ddp-bench backward", "ts": t + 5, "dur": 5},
+        launch(t + 1, corr), kernel("fwd_gemm", g, 100, corr, 7),
+        launch(t + 6, corr + 1), kernel("bwd_gemm", g + 100, 100, corr + 1, 7),
+        launch(t + 7, corr + 2), kernel("ncclDevKernel_AllReduce", g + 150, 120, corr + 2, 20),
+        launch(t + 8, corr + 3), kernel("bwd_gemm2", g + 200, 50, corr + 3, 7),
+        {"ph": "X", "cat": "user_annotation", "name": "ddp-bench optimizer", "ts": t + 10, "dur": 2},
+        launch(t + 11, corr + 4), kernel("sgd", g + 270, 10, corr + 4, 7),
+    ]
+
+
+class TraceAttribution(unittest.TestCase):
+    def test_eager_step_closed_form(self):
+        events = eager_step(0, 1) + eager_step(1000, 10) + eager_step(2000, 20)
+        summary, rows, _, _ = trace_attribution.analyze(events)
+        self.assertEqual(summary["kind"], "eager")
+        self.assertEqual(summary["step"], 1)  # the middle of 3
+        # The all-reduce runs [150, 270) after the step's GPU start; compute is busy [0, 250):
+        # 100 of its 120 us hide, 20 stay exposed; backward's last compute kernel ends at 250.
+        self.assertEqual(len(rows), 1)
+        self.assertAlmostEqual(rows[0]["dur_ms"], 0.120)
+        self.assertAlmostEqual(rows[0]["hidden_ms"], 0.100)
+        self.assertAlmostEqual(rows[0]["start_ms"], -0.100)
+        self.assertAlmostEqual(rows[0]["end_ms"], 0.020)
+        self.assertAlmostEqual(summary["nccl_exposed_ms"], 0.020)
+        self.assertAlmostEqual(summary["tail_after_backward_ms"], 0.020)
+        self.assertAlmostEqual(summary["step_gpu_ms"], 0.280)
+        self.assertAlmostEqual(summary["compute_busy_ms"], 0.260)
+
+    def test_captured_steps_split_by_graph_launch(self):
+        events = []
+        for k, t in enumerate((0, 1000)):
+            corr = 100 + k
+            events.append(launch(t, corr, "cudaGraphLaunch"))
+            g = t + 10
+            events += [kernel("gemm", g, 200, corr, 7),
+                       kernel("ncclDevKernel_AllReduce", g + 100, 150, corr, 20)]
+        summary, rows, _, _ = trace_attribution.analyze(events, step_index=0)
+        self.assertEqual(summary["kind"], "captured")
+        self.assertEqual(summary["steps"], 2)
+        self.assertAlmostEqual(rows[0]["hidden_ms"], 0.100)
+        self.assertAlmostEqual(summary["nccl_exposed_ms"], 0.050)
+
+    def test_command_line_prints_the_table_and_draws(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "trace.json")
+            with open(path, "w") as f:
+                json.dump({"traceEvents": eager_step(0, 1)}, f)
+            svg = os.path.join(d, "step.svg")
+            out = subprocess.run([sys.executable, SCRIPT, path, "--svg", svg], check=True,
+                                 capture_output=True, text=True).stdout
+            self.assertIn("nccl_exposed_ms=0.020", out)
+            self.assertIn("ncclDevKernel_AllReduce", out)
+            with open(svg) as f:
+                self.assertIn("<svg", f.read())
+
+    def test_a_trace_without_steps_is_refused(self):
+        with self.assertRaises(SystemExit) as e:
+            trace_attribution.analyze([kernel("gemm", 0, 1, 1, 7)])
+        self.assertIn("no steps or no GPU kernels", str(e.exception))
+
+
+if __name__ == "__main__":
+    unittest.main()
