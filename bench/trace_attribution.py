@@ -4,7 +4,8 @@
 
 Every GPU kernel in the trace is tied to the host call that launched it (the `correlation` of its
 launch); the host's step marks split the kernels into steps: the `ddp-bench forward` ranges of an
-eager step, or each `cudaGraphLaunch` of a captured one. Per step it prints:
+eager step traced with host ops, else each `cudaGraphLaunch` of a captured one, else the device
+synchronizations the benchmark makes between steps. Per step it prints:
 
   compute   the union of the non-NCCL kernels' intervals (the compute stream's busy time)
   nccl      the NCCL kernels (one per bucket for DDP): their sum, the part that ran while some
@@ -71,6 +72,12 @@ def steps_of(events):
                       and "GraphLaunch" in e["name"])
     if launches:
         return launches, "captured"
+    # A trace without host ops (the default of ddp-bench --kernel-trace): the benchmark
+    # synchronizes the device between steps, so a step begins where a synchronization ends.
+    syncs = sorted(e["ts"] + e["dur"] for e in events if e.get("cat") == "cuda_runtime"
+                   and e["name"] in ("cudaDeviceSynchronize", "cudaStreamSynchronize"))
+    if syncs:
+        return [float("-inf")] + syncs, "eager"
     return [], "none"
 
 
@@ -94,7 +101,9 @@ def analyze(events, step_index=None):
         if k >= 0:
             by_step[k].append((e, t))
     if step_index is None:
-        step_index = len(starts) // 2
+        # The middle of the steps that hold kernels (a leading mark may precede the first step).
+        with_kernels = [k for k, ks in enumerate(by_step) if ks]
+        step_index = with_kernels[len(with_kernels) // 2] if with_kernels else 0
     kernels = sorted(by_step[step_index], key=lambda et: et[0]["ts"])
     if not kernels:
         raise SystemExit(f"trace_attribution: step {step_index} has no kernels")

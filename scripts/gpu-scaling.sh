@@ -68,10 +68,14 @@ fault() {
 for stage in "$@"; do
   case "$stage" in
     faults)
-      fault eager-stop STOP --data
-      fault eager-kill KILL --data
-      fault graph-stop STOP --model gpt --cuda-graph
-      fault graph-kill KILL --model gpt --cuda-graph
+      for f in ${FAULTS:-eager-stop eager-kill graph-stop graph-kill}; do
+        case "$f" in
+          eager-stop) fault eager-stop STOP --data ;;
+          eager-kill) fault eager-kill KILL --data ;;
+          graph-stop) fault graph-stop STOP --model gpt --cuda-graph ;;
+          graph-kill) fault graph-kill KILL --model gpt --cuda-graph ;;
+        esac
+      done
       ;;
     trace)
       timeout 200 $BENCH ${FLAGS[gpt2-medium]} --device cuda --ddp --nproc 2 --repeat 10 \
@@ -100,18 +104,18 @@ for stage in "$@"; do
       done
       ;;
     graphs)
-      for model in toy gpt-char gpt2-small; do
+      for model in ${GRAPH_MODELS:-toy gpt-char gpt2-small}; do
         flags="${FLAGS[$model]} --device cuda --repeat 50 --warmup 12 --ddp --nproc 2"
         g() {
           local name="$1"; shift
           timeout 200 "$@" $flags >"$OUT/graph2-$model-$name.log" 2>&1
           note "graphs world 2 $model $name: $(median "$OUT/graph2-$model-$name.log") ms $(grep -o 'cuda graph .*' "$OUT/graph2-$model-$name.log" | head -1 | cut -c1-120)"
         }
-        g ours-graph $BENCH --cuda-graph --verbose
-        g torch-graph $PY bench/reference/torch_ddp.py --cuda-graph
-        g ours-graph-again $BENCH --cuda-graph
-        g torch-graph-again $PY bench/reference/torch_ddp.py --cuda-graph
-        if [[ $model == gpt2-small || $model == toy ]]; then
+        for round in $(seq 1 "${GRAPH_ROUNDS:-2}"); do
+          g "ours-graph-$round" $BENCH --cuda-graph --verbose
+          g "torch-graph-$round" $PY bench/reference/torch_ddp.py --cuda-graph
+        done
+        if [[ " ${GRAPH_VARIANTS:-gpt2-small toy} " == *" $model "* ]]; then
           NCCL_GRAPH_MIXING_SUPPORT=0 g ours-graph-mixing0 $BENCH --cuda-graph
           NCCL_GRAPH_REGISTER=0 g ours-graph-register0 $BENCH --cuda-graph
           NCCL_GRAPH_REGISTER=1 g ours-graph-register1 $BENCH --cuda-graph

@@ -1,5 +1,6 @@
 #include "ddp/comm/process_group.hpp"
 
+#include <c10/core/Event.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
@@ -128,8 +129,15 @@ void ProcessGroup::end_process_after_timeout(const std::string& what, const c10d
 c10::intrusive_ptr<c10d::Work> ProcessGroup::issued(c10::intrusive_ptr<c10d::Work> work,
                                                     const CollectiveOp& op) {
   progress_->issued(work.get(), op);
-  // Work made under a capture has no event to poll until a replay: CapturedStep bounds replays.
-  if (watchdog_ && !detail::is_capturing(config_.device)) watchdog_->watch(work);
+  // Host-waited backends are watched from the issue, through the work itself. Stream-waited ones
+  // (NCCL) from wait_on_stream, through an event of ours: polling WorkNCCL::isCompleted takes the
+  // communicator's lock, which the thread that issues collectives holds while NCCL's launch waits
+  // for a full launch queue to drain (measured: a SIGSTOPped peer left our watchdog blocked there
+  // and c10d's fired instead). Work made under a capture has no event to poll until a replay:
+  // CapturedStep bounds replays.
+  if (watchdog_ && !traits_.waits_on_stream && !detail::is_capturing(config_.device)) {
+    watchdog_->watch(work);
+  }
   return work;
 }
 
@@ -209,7 +217,23 @@ void ProcessGroup::wait_on_stream(const c10::intrusive_ptr<c10d::Work>& work,
                 " (collective timeout ", timeout_.count(), " ms", progress_->report(work.get()),
                 "): ", e.what());
   }
+  if (watchdog_ && !detail::is_capturing(config_.device)) watch_stream_after(work);
   progress_->done(work.get());
+}
+
+void ProcessGroup::watch_stream_after(const c10::intrusive_ptr<c10d::Work>& work) const {
+  // An event on the caller's stream, now after the collective: it fires once the collective (and
+  // the work queued before it) ran. Queried without any lock of the communicator's.
+  const c10::DeviceType type = config_.device.type();
+  const auto* guard = c10::impl::getDeviceGuardImpl(type);
+  auto done = std::make_shared<c10::Event>(type);
+  done->record(guard->getStream(config_.device));
+  const c10::Device device = config_.device;
+  watchdog_->watch({[done, guard, device](std::string*) {
+                      guard->setDevice(device);  // the watchdog's thread has no current device
+                      return done->query();
+                    },
+                    work, "a collective"});
 }
 
 void ProcessGroup::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what) const {

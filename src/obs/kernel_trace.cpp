@@ -16,8 +16,11 @@ using torch::profiler::impl::ActivityType;
 using torch::profiler::impl::ProfilerConfig;
 using torch::profiler::impl::ProfilerState;
 
-// The host's ops and CUPTI's kernels, copies and memsets.
-std::set<ActivityType> activities() { return {ActivityType::CPU, ActivityType::CUDA}; }
+// CUPTI's kernels, copies, memsets and CUDA API calls; with host_ops also the host's ops.
+std::set<ActivityType> activities(const KernelTraceOptions& options) {
+  if (options.host_ops) return {ActivityType::CPU, ActivityType::CUDA};
+  return {ActivityType::CUDA};
+}
 
 }  // namespace
 
@@ -27,13 +30,13 @@ bool KernelTrace::available() {
   return at::hasCUDA();
 }
 
-KernelTrace::KernelTrace() {
+KernelTrace::KernelTrace(KernelTraceOptions options) {
   TORCH_CHECK(available(),
               "ddp: a kernel trace (--kernel-trace) needs a CUDA build of libtorch (with Kineto, "
               "torch's profiler); this one has no CUDA");
   const ProfilerConfig config(ProfilerState::KINETO);
-  profiler::prepareProfiler(config, activities());
-  profiler::enableProfiler(config, activities());
+  profiler::prepareProfiler(config, activities(options));
+  profiler::enableProfiler(config, activities(options));
   tracing_ = true;
 }
 

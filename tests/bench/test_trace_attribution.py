@@ -70,6 +70,21 @@ class TraceAttribution(unittest.TestCase):
         self.assertAlmostEqual(rows[0]["hidden_ms"], 0.100)
         self.assertAlmostEqual(summary["nccl_exposed_ms"], 0.050)
 
+    def test_without_host_ops_steps_split_at_device_synchronizations(self):
+        events = []
+        for k, t in enumerate((0, 1000, 2000)):
+            corr = 10 * (k + 1)
+            sync = launch(t - 5, corr + 9, "cudaDeviceSynchronize")
+            events += [sync, launch(t, corr), kernel("gemm", t + 10, 200, corr, 7),
+                       launch(t + 2, corr + 1),
+                       kernel("ncclDevKernel_AllReduce", t + 110, 130, corr + 1, 20)]
+        summary, rows, _, _ = trace_attribution.analyze(events)
+        self.assertEqual(summary["kind"], "eager")
+        self.assertEqual(summary["nccl_kernels"], 1)
+        # gemm [10, 210), all-reduce [110, 240): 100 of 130 hidden, 30 after backward's compute.
+        self.assertAlmostEqual(rows[0]["hidden_ms"], 0.100)
+        self.assertAlmostEqual(summary["tail_after_backward_ms"], 0.030)
+
     def test_command_line_prints_the_table_and_draws(self):
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "trace.json")

@@ -96,8 +96,8 @@ TEST(CollectiveWatchdog, RefusesANonPositiveTimeout) {
 
 // Every rank runs collective #1; rank 1 then stops issuing (it waits on the store, as a rank stuck
 // in its own code would), while rank 0 issues #2 and never waits for it on the host, as a
-// collective on NCCL's stream. With watch_collectives on, rank 0's process must end with exit code
-// 124 and, on stderr, the error naming the collective and rank 1.
+// collective on NCCL's stream. With watch_collectives on, a waiting rank's process must end with
+// exit code 124 and, on stderr, the error naming the collective and rank 1.
 DDP_TEST_WORKER(watchdog) {
   // stderr into a file the parent reads: the process ends without returning to the harness.
   const std::string path = worker_env("DDP_TEST_DIR") + "/stderr." + worker_env("RANK");
@@ -118,7 +118,7 @@ DDP_TEST_WORKER(watchdog) {
     }
     return;
   }
-  auto work = pg->allreduce_sum_async(t);  // #2: never waited for
+  auto work = pg->allreduce_sum_async(t);  // #2: never waited for (rank 0, and rank 2 at world 3)
   try {
     pg->store().wait({"test/never"}, std::chrono::seconds(60));
   } catch (const std::exception&) {
@@ -137,17 +137,24 @@ TEST_P(CollectiveWatchdogWorkers, AnUnwaitedCollectiveEndsTheProcessNamingTheRan
   // The 1.5 s timeout plus start-up, far from the 60 s store waits.
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(45));
   ASSERT_EQ(result.workers.size(), static_cast<size_t>(GetParam()));
-  EXPECT_EQ(result.workers[0].exit_code, comm::kCollectiveTimeoutExitCode) << result.describe();
-  std::ifstream in(dir.file("stderr.0"));
+  // Every rank but 1 waits on #2; the first whose watchdog fires ends (the launcher then stops
+  // the others), so that one is checked.
+  int ended = -1;
+  for (int r = 0; r < GetParam(); ++r) {
+    if (r != 1 && result.workers[r].exit_code == comm::kCollectiveTimeoutExitCode) ended = r;
+  }
+  ASSERT_GE(ended, 0) << "no rank ended with exit code 124: " << result.describe();
+  std::ifstream in(dir.file("stderr." + std::to_string(ended)));
   std::stringstream text;
   text << in.rdbuf();
   const std::string error = text.str();
+  const std::string r = std::to_string(ended);
   // Gloo ends the unwaited all-reduce with its own timeout error at 1.5 s (NCCL would leave it
   // running: "did not finish within"); either way the process ends naming rank 1.
-  EXPECT_NE(error.find("ddp: rank 0: a collective "), std::string::npos) << error;
-  EXPECT_NE(error.find("(collective timeout 1500 ms; collective #2 of rank 0 (all-reduce (sum) of "
-                       "4 Float elements); rank 1 is behind: it issued 1 collectives, this rank "
-                       "waits on #2"),
+  EXPECT_NE(error.find("ddp: rank " + r + ": a collective "), std::string::npos) << error;
+  EXPECT_NE(error.find("(collective timeout 1500 ms; collective #2 of rank " + r +
+                       " (all-reduce (sum) of 4 Float elements); rank 1 is behind: it issued 1 "
+                       "collectives, this rank waits on #2"),
             std::string::npos)
       << error;
   EXPECT_NE(error.find("; ending the process with exit code 124"), std::string::npos) << error;
