@@ -94,11 +94,12 @@ for stage in "$@"; do
     levers)
       flags="${FLAGS[gpt2-medium]} --device cuda --repeat 20 --warmup 5"
       for round in $(seq 1 "${LEVER_ROUNDS:-2}"); do
-        for lever in "default:" "highprio:--nccl-high-priority-stream" "cap100:--bucket-cap-mb 100" \
-          "cta-eff:--nccl-cta-policy 1" "first-cap25:--first-bucket-cap-mb 25" \
-          "highprio-cap100:--nccl-high-priority-stream --bucket-cap-mb 100"; do
-          name="${lever%%:*}"
-          timeout 200 $BENCH $flags --ddp --nproc 2 ${lever#*:} >"$OUT/lever-$name-$round.log" 2>&1
+        for name in ${LEVERS:-default highprio cap100 cta-eff first-cap25 highprio-cap100}; do
+          declare -A LEVER=([default]="" [highprio]="--nccl-high-priority-stream"
+            [cap100]="--bucket-cap-mb 100" [cap50]="--bucket-cap-mb 50" [cta-eff]="--nccl-cta-policy 1"
+            [first-cap25]="--first-bucket-cap-mb 25"
+            [highprio-cap100]="--nccl-high-priority-stream --bucket-cap-mb 100")
+          timeout 200 $BENCH $flags --ddp --nproc 2 ${LEVER[$name]} >"$OUT/lever-$name-$round.log" 2>&1
           note "lever gpt2-medium round $round $name: $(median "$OUT/lever-$name-$round.log") ms"
         done
       done
