@@ -102,7 +102,10 @@ def analyze(events, step_index=None):
             by_step[k].append((e, t))
     if step_index is None:
         # The middle of the steps that hold kernels (a leading mark may precede the first step).
-        with_kernels = [k for k, ks in enumerate(by_step) if ks]
+        # Segments between synchronizations that hold a step's worth of kernels (a loss read
+        # between steps makes small ones).
+        most = max(len(ks) for ks in by_step)
+        with_kernels = [k for k, ks in enumerate(by_step) if ks and len(ks) * 2 >= most]
         step_index = with_kernels[len(with_kernels) // 2] if with_kernels else 0
     kernels = sorted(by_step[step_index], key=lambda et: et[0]["ts"])
     if not kernels:

@@ -13,7 +13,8 @@ CollectiveWatchdog::CollectiveWatchdog(std::chrono::milliseconds timeout,
               "ddp: CollectiveWatchdog needs a positive timeout and poll interval, got ",
               timeout_.count(), " ms and ", poll_.count(), " ms");
   TORCH_CHECK(expired_, "ddp: CollectiveWatchdog needs an expiry action");
-  thread_ = std::thread([this] { loop(); });
+  poller_ = std::thread([this] { poll_loop(); });
+  clock_ = std::thread([this] { clock_loop(); });
 }
 
 CollectiveWatchdog::~CollectiveWatchdog() {
@@ -21,13 +22,14 @@ CollectiveWatchdog::~CollectiveWatchdog() {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_ = true;
   }
-  stop_cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  tick_cv_.notify_all();
+  if (clock_.joinable()) clock_.join();
+  // The poller exits at its next wake-up. It is not stuck in a query here: the group's
+  // destructor waits for every watched collective first (wait_idle), or the process has ended.
+  if (poller_.joinable()) poller_.join();
 }
 
 void CollectiveWatchdog::watch(c10::intrusive_ptr<c10d::Work> work) {
-  // isCompleted() polls an event (NCCL) or a flag (Gloo); a failed work counts as completed
-  // here: its waiter reports the failure.
   auto polled = work;
   watch(Watched{[polled](std::string* error) {
                   if (!polled->isCompleted()) return false;
@@ -46,9 +48,9 @@ void CollectiveWatchdog::watch(c10::intrusive_ptr<c10d::Work> work) {
 }
 
 void CollectiveWatchdog::watch(Watched watched) {
-  const auto now = std::chrono::steady_clock::now();
+  auto entry = std::make_shared<Entry>(Entry{std::move(watched), std::chrono::steady_clock::now()});
   std::lock_guard<std::mutex> lock(mutex_);
-  works_.emplace_back(std::move(watched), now);
+  works_.push_back(std::move(entry));
 }
 
 size_t CollectiveWatchdog::watched() const {
@@ -61,26 +63,48 @@ void CollectiveWatchdog::wait_idle() {
   idle_cv_.wait(lock, [this] { return works_.empty() || expired_ran_; });
 }
 
-void CollectiveWatchdog::loop() {
+bool CollectiveWatchdog::wait_tick(std::unique_lock<std::mutex>& lock) {
+  return !tick_cv_.wait_for(lock, poll_, [this] { return stop_; });
+}
+
+void CollectiveWatchdog::poll_loop() {
   std::unique_lock<std::mutex> lock(mutex_);
-  while (!stop_cv_.wait_for(lock, poll_, [this] { return stop_; })) {
-    std::string error;
-    while (!works_.empty() && works_.front().first.finished(&error) && error.empty()) {
-      works_.pop_front();
+  while (wait_tick(lock)) {
+    // Drops the finished entries from the front; stops at the first one still running. The
+    // query runs without the lock: it may block (see the class comment), and watch() must not.
+    while (!works_.empty() && !failed_ && !expired_ran_ && !stop_) {
+      const std::shared_ptr<Entry> front = works_.front();
+      lock.unlock();
+      std::string error;
+      const bool finished = front->watched.finished(&error);
+      lock.lock();
+      if (!finished) break;
+      if (!error.empty()) {
+        failed_ = front;
+        failure_ = error;
+        break;
+      }
+      if (!works_.empty() && works_.front() == front) works_.pop_front();
     }
-    if (works_.empty()) {
-      idle_cv_.notify_all();
-      continue;
+    if (works_.empty()) idle_cv_.notify_all();
+  }
+}
+
+void CollectiveWatchdog::clock_loop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (wait_tick(lock)) {
+    std::shared_ptr<Entry> expired = failed_;
+    const std::string error = failure_;
+    const auto now = std::chrono::steady_clock::now();
+    if (!expired && !works_.empty() && now - works_.front()->since >= timeout_) {
+      expired = works_.front();
     }
-    const auto age = std::chrono::duration_cast<std::chrono::milliseconds>(
-        std::chrono::steady_clock::now() - works_.front().second);
-    if (error.empty() && age < timeout_) continue;
-    const Watched expired = works_.front().first;
+    if (!expired) continue;
+    const auto age = std::chrono::duration_cast<std::chrono::milliseconds>(now - expired->since);
     lock.unlock();
-    expired_(expired, age,
-             error);  // ProcessGroup's ends the process; one that returns ends the watch
+    expired_(expired->watched, age, error);  // ProcessGroup's ends the process
     lock.lock();
-    expired_ran_ = true;
+    expired_ran_ = true;  // an action that returns ends the watch
     idle_cv_.notify_all();
     return;
   }

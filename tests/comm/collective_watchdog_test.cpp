@@ -137,10 +137,11 @@ TEST_P(CollectiveWatchdogWorkers, AnUnwaitedCollectiveEndsTheProcessNamingTheRan
   // The 1.5 s timeout plus start-up, far from the 60 s store waits.
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(45));
   ASSERT_EQ(result.workers.size(), static_cast<size_t>(GetParam()));
-  // Every rank but 1 waits on #2; the first whose watchdog fires ends (the launcher then stops
-  // the others), so that one is checked.
+  // Every rank but 1 waits on #2, and whichever watchdog fires first ends its rank (the launcher
+  // then stops the others). Rank 0 serves the store, so its report is whole; rank 2's is whole
+  // when it ended first, and may find the store gone when rank 0 ended in the same instant.
   int ended = -1;
-  for (int r = 0; r < GetParam(); ++r) {
+  for (int r = GetParam() - 1; r >= 0; --r) {
     if (r != 1 && result.workers[r].exit_code == comm::kCollectiveTimeoutExitCode) ended = r;
   }
   ASSERT_GE(ended, 0) << "no rank ended with exit code 124: " << result.describe();

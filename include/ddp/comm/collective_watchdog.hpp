@@ -20,6 +20,13 @@
 // Collectives finish in issue order on one communicator, so only the oldest needs polling; the
 // finished ones are dropped from the front each poll. Cost on the hot path: one lock and one
 // push per collective.
+//
+// Two threads, because a poll can block: while the issuing thread waits inside a kernel launch
+// for a full launch queue (the GPU stuck behind a collective whose peer is stopped), CUDA calls
+// from other threads wait with it (measured on 2x H200: a watchdog that polled and timed in one
+// thread never fired, c10d's fired at its own timeout). The poller queries the oldest entry and
+// may block; the clock only reads the time and the poller's verdicts, so it ends the process at
+// the timeout whether or not the poller is stuck.
 
 #include <ATen/core/Tensor.h>
 
@@ -27,6 +34,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -72,20 +80,30 @@ class CollectiveWatchdog {
   void wait_idle();
 
  private:
-  void loop();
+  struct Entry {
+    Watched watched;
+    std::chrono::steady_clock::time_point since;  // when watch() was called
+  };
+  void poll_loop();   // the poller: queries the oldest entry, drops it once finished
+  void clock_loop();  // the clock: expires the oldest entry by its age or a failure
+  bool wait_tick(std::unique_lock<std::mutex>& lock);  // false once stopping
 
   const std::chrono::milliseconds timeout_;
   const std::chrono::milliseconds poll_;
   const Expired expired_;
   mutable std::mutex mutex_;
-  // Issued and not yet seen finished, oldest first, with their issue time. Filled by watch(),
-  // drained from the front by the thread; holds a reference so the work outlives its caller's.
-  std::deque<std::pair<Watched, std::chrono::steady_clock::time_point>> works_;
-  std::condition_variable stop_cv_;
-  bool stop_ = false;                // set by the destructor; the thread exits at its next wake-up
-  bool expired_ran_ = false;         // the thread called `expired` and ended its watch
+  // Issued and not yet seen finished, oldest first. Filled by watch(), drained from the front by
+  // the poller; an entry holds a reference so the work outlives its caller's.
+  std::deque<std::shared_ptr<Entry>> works_;
+  // Set by the poller when the oldest ended in a failure (its text in failure_): the clock expires
+  // it at its next tick.
+  std::shared_ptr<Entry> failed_;
+  std::string failure_;
+  std::condition_variable tick_cv_;
+  bool stop_ = false;         // set by the destructor; the threads exit at their next wake-up
+  bool expired_ran_ = false;  // the clock called `expired` and ended the watch
   std::condition_variable idle_cv_;  // notified when works_ empties or the watch ends
-  std::thread thread_;
+  std::thread poller_, clock_;
 };
 
 }  // namespace ddp::comm
