@@ -70,6 +70,29 @@ TEST(DdpBench, CudaGraphOnCpuIsRefused) {
       << out;
 }
 
+// A kernel trace is Kineto's view of the device: refused on the CPU by name, before any step.
+TEST(DdpBench, KernelTraceOnCpuIsRefused) {
+  const auto [out, code] =
+      run_command(kBench + " --model toy --repeat 1 --warmup 0 --kernel-trace /nonexistent/t.json");
+  EXPECT_EQ(code, 1);
+  EXPECT_NE(out.find("ddp-bench: --kernel-trace needs --device cuda and a CUDA build of libtorch "
+                     "(torch's Kineto profiler traces the device's kernels)"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("median_ms"), std::string::npos) << out;
+}
+
+// NCCL's communicator options are checked at parse time, by range.
+TEST(DdpBench, NcclOptionsOutOfRangeAreRefused) {
+  const auto [out, code] = run_command(kBench + " --model toy --nccl-cta-policy 5");
+  EXPECT_NE(code, 0);
+  EXPECT_NE(out.find("--nccl-cta-policy: Value 5 not in range -1 to 2"), std::string::npos) << out;
+  const auto [out2, code2] = run_command(kBench + " --model toy --nccl-max-ctas 65");
+  EXPECT_NE(code2, 0);
+  EXPECT_NE(out2.find("--nccl-max-ctas: Value 65 not in range -1 to 64"), std::string::npos)
+      << out2;
+}
+
 // find_unused_parameters reads its map on the host every step unless the graph is static.
 TEST(DdpBench, CudaGraphWithFindUnusedNeedsStaticGraph) {
   const auto [out, code] =

@@ -1,0 +1,61 @@
+// GradLayout's staged copies ([Note: staged copies]): gradients set aside by stage() reach their
+// slots only at fill() of their bucket, all of them, and drop_staged() forgets them.
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "ddp/buckets/bucket_plan.hpp"
+#include "ddp/buckets/grad_layout.hpp"
+
+namespace ddp::buckets {
+namespace {
+
+// Three parameters in two buckets: {0, 1} and {2}, in that order.
+struct TwoBuckets {
+  std::vector<at::Tensor> params{torch::zeros({2, 3}), torch::zeros({4}), torch::zeros({5})};
+  BucketPlan plan;
+  TwoBuckets() {
+    std::vector<ParamSpec> specs;
+    for (const auto& p : params) specs.push_back({"p", p.numel()});
+    PlanOptions options;
+    options.first_bucket_cap_bytes = 40;  // params 0 and 1 (24 + 16 bytes) close the first
+    options.bucket_cap_bytes = 1 << 20;
+    options.order = {0, 1, 2};
+    plan = plan_buckets(specs, options);
+  }
+};
+
+TEST(GradLayout, StagedGradientsReachTheirSlotsOnlyAtTheirBucketsFill) {
+  TwoBuckets t;
+  ASSERT_EQ(t.plan.buckets.size(), 2u);
+  GradLayout layout(t.plan, t.params);
+  const at::Tensor g0 = torch::arange(6, torch::kFloat).view({2, 3});
+  const at::Tensor g1 = torch::full({4}, 7.0f);
+  const at::Tensor g2 = torch::full({5}, -1.5f);
+  layout.stage(0, g0);
+  layout.stage(1, g1);
+  layout.stage(2, g2);
+  EXPECT_EQ(layout.storage(0).abs().sum().item<float>(), 0.0f);  // nothing copied yet
+  layout.fill(t.plan.bucket_of[0]);
+  EXPECT_TRUE(torch::equal(layout.slot(0), g0));
+  EXPECT_TRUE(torch::equal(layout.slot(1), g1));
+  EXPECT_EQ(layout.slot(2).abs().sum().item<float>(), 0.0f);  // the other bucket waits
+  layout.fill(t.plan.bucket_of[2]);
+  EXPECT_TRUE(torch::equal(layout.slot(2), g2));
+  // Filled once: a second fill copies nothing (the staged lists were emptied).
+  layout.slot(2).zero_();
+  layout.fill(t.plan.bucket_of[2]);
+  EXPECT_EQ(layout.slot(2).abs().sum().item<float>(), 0.0f);
+}
+
+TEST(GradLayout, DroppedStagedGradientsAreNeverCopied) {
+  TwoBuckets t;
+  GradLayout layout(t.plan, t.params);
+  layout.stage(1, torch::ones({4}));
+  layout.drop_staged();
+  layout.fill(t.plan.bucket_of[1]);
+  EXPECT_EQ(layout.storage(t.plan.bucket_of[1]).abs().sum().item<float>(), 0.0f);
+}
+
+}  // namespace
+}  // namespace ddp::buckets
