@@ -76,7 +76,15 @@ void CollectiveWatchdog::poll_loop() {
       const std::shared_ptr<Entry> front = works_.front();
       lock.unlock();
       std::string error;
-      const bool finished = front->watched.finished(&error);
+      bool finished = true;
+      try {
+        finished = front->watched.finished(&error);
+      } catch (const std::exception&) {
+        // The query itself failed (a device error, a context already torn down at exit): the
+        // thread waiting on the device sees that error itself; nothing is left to time here.
+        finished = true;
+        error.clear();
+      }
       lock.lock();
       if (!finished) break;
       if (!error.empty()) {

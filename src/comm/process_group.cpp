@@ -130,11 +130,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::issued(c10::intrusive_ptr<c10d::Wor
                                                     const CollectiveOp& op) {
   progress_->issued(work.get(), op);
   // Host-waited backends are watched from the issue, through the work itself. Stream-waited ones
-  // (NCCL) from wait_on_stream, through an event of ours: polling WorkNCCL::isCompleted takes the
-  // communicator's lock, which the thread that issues collectives holds while NCCL's launch waits
-  // for a full launch queue to drain (measured: a SIGSTOPped peer left our watchdog blocked there
-  // and c10d's fired instead). Work made under a capture has no event to poll until a replay:
-  // CapturedStep bounds replays.
+  // (NCCL) from wait_on_stream, through an event of ours, a plain device query: WorkNCCL's
+  // isCompleted also reads the communicator's error state under its lock (on 2x H200 a watchdog
+  // that polled it, in one thread with its clock, never fired with a SIGSTOPped peer; see the
+  // watchdog's note on blocking queries). Work made under a capture has no event to poll until a
+  // replay: CapturedStep bounds replays.
   if (watchdog_ && !traits_.waits_on_stream && !detail::is_capturing(config_.device)) {
     watchdog_->watch(work);
   }
