@@ -3,15 +3,14 @@
 `ddp-bench --kernel-trace FILE` and torch.profiler write it).
 
 Every GPU kernel in the trace is tied to the host call that launched it (the `correlation` of its
-launch); the host's step marks split the kernels into steps: the `ddp-bench forward` ranges of an
-eager step traced with host ops, else each `cudaGraphLaunch` of a captured one, else the device
-synchronizations the benchmark makes between steps. Per step it prints:
+launch); the host's calls split the kernels into steps: each `cudaGraphLaunch` of a captured step,
+else the device synchronizations the benchmark makes between eager steps. Per step it prints:
 
   compute   the union of the non-NCCL kernels' intervals (the compute stream's busy time)
   nccl      the NCCL kernels (one per bucket for DDP): their sum, the part that ran while some
             compute kernel ran (hidden) and the rest (exposed: the step waits for it)
-  tail      from the end of backward's last compute kernel (eager: the last one launched inside
-            `ddp-bench backward`) to the end of the last NCCL kernel: what the step waits for
+  tail      from the end of backward's last compute kernel (the last one that starts before the
+            last NCCL kernel ends) to the end of the last NCCL kernel: what the step waits for
 and per NCCL kernel (bucket b in launch order): its host launch, GPU start and end, relative to the
 end of backward's last compute kernel (negative: before it), its duration and its hidden part.
 
@@ -63,17 +62,12 @@ def load(path):
 
 
 def steps_of(events):
-    """(step start times on the host, kind): eager step marks, else graph launches."""
-    marks = sorted(e["ts"] for e in events if e.get("name") == "ddp-bench forward"
-                   and e.get("cat") in ("user_annotation", "cpu_op", "python_function"))
-    if marks:
-        return marks, "eager"
+    """(step start times on the host, kind): graph launches of a captured step, else the ends of
+    the device synchronizations the benchmark makes between eager steps."""
     launches = sorted(e["ts"] for e in events if e.get("cat") == "cuda_runtime"
                       and "GraphLaunch" in e["name"])
     if launches:
         return launches, "captured"
-    # A trace without host ops (the default of ddp-bench --kernel-trace): the benchmark
-    # synchronizes the device between steps, so a step begins where a synchronization ends.
     syncs = sorted(e["ts"] + e["dur"] for e in events if e.get("cat") == "cuda_runtime"
                    and e["name"] in ("cudaDeviceSynchronize", "cudaStreamSynchronize"))
     if syncs:
@@ -110,25 +104,15 @@ def analyze(events, step_index=None):
     kernels = sorted(by_step[step_index], key=lambda et: et[0]["ts"])
     if not kernels:
         raise SystemExit(f"trace_attribution: step {step_index} has no kernels")
-    backward = [e for e in events if e.get("name") == "ddp-bench backward"
-                and e.get("cat") in ("user_annotation", "cpu_op")]
     compute = [(e, t) for e, t in kernels if not is_nccl(e)]
     nccl = [(e, t) for e, t in kernels if is_nccl(e)]
     busy = union([(e["ts"], e["ts"] + e["dur"]) for e, _ in compute])
-    # The end of backward: the last compute kernel launched inside this step's backward range
-    # (eager), else the last compute kernel that starts before the last NCCL kernel ends.
-    ref = None
-    for b in backward:
-        if starts[step_index] <= b["ts"] and (step_index + 1 == len(starts)
-                                              or b["ts"] < starts[step_index + 1]):
-            inside = [e["ts"] + e["dur"] for e, t in compute if b["ts"] <= t <= b["ts"] + b["dur"]]
-            if inside:
-                ref = max(inside)
-    if ref is None:
-        last_nccl_end = max((e["ts"] + e["dur"] for e, _ in nccl), default=None)
-        before = [e["ts"] + e["dur"] for e, _ in compute
-                  if last_nccl_end is None or e["ts"] < last_nccl_end]
-        ref = max(before) if before else kernels[0][0]["ts"]
+    # The end of backward: the last compute kernel that starts before the last NCCL kernel ends
+    # (the optimizer's kernels wait for the reduced gradients, so they start after it).
+    last_nccl_end = max((e["ts"] + e["dur"] for e, _ in nccl), default=None)
+    before = [e["ts"] + e["dur"] for e, _ in compute
+              if last_nccl_end is None or e["ts"] < last_nccl_end]
+    ref = max(before) if before else kernels[0][0]["ts"]
     step_start = kernels[0][0]["ts"]
     step_end = max(e["ts"] + e["dur"] for e, _ in kernels)
     rows = []

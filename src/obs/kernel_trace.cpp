@@ -1,7 +1,6 @@
 #include "ddp/obs/kernel_trace.hpp"
 
 #include <ATen/Context.h>
-#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 
@@ -56,15 +55,5 @@ void KernelTrace::save(const std::string& path) {
   TORCH_CHECK(result != nullptr, "ddp: the profiler returned no trace to write to '", path, "'");
   result->save(path);
 }
-
-struct TraceRange::Guard {
-  explicit Guard(const char* name) : record(at::RecordScope::USER_SCOPE) {
-    if (record.isActive()) record.before(name);
-  }
-  at::RecordFunction record;
-};
-
-TraceRange::TraceRange(const char* name) : guard_(std::make_unique<Guard>(name)) {}
-TraceRange::~TraceRange() = default;
 
 }  // namespace ddp::obs

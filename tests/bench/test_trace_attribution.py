@@ -23,27 +23,26 @@ def launch(ts, corr, name="cudaLaunchKernel"):
 
 
 def eager_step(t, corr):
-    """One eager step at host time t (us): forward kernel, two backward kernels, one all-reduce
-    launched in backward, one optimizer kernel. GPU times are offsets from t + 10."""
+    """One eager step after a device synchronization ending at host time t (us): forward kernel,
+    two backward kernels, one all-reduce, one optimizer kernel. GPU times are offsets from
+    t + 10."""
     g = t + 10
     return [
-        {"ph": "X", "cat": "user_annotation", "name": "ddp-bench forward", "ts": t, "dur": 5},
-        {"ph": "X", "cat": "user_annotation", "name": "ddp-bench backward", "ts": t + 5, "dur": 5},
+        launch(t - 1, corr + 9, "cudaDeviceSynchronize"),
         launch(t + 1, corr), kernel("fwd_gemm", g, 100, corr, 7),
         launch(t + 6, corr + 1), kernel("bwd_gemm", g + 100, 100, corr + 1, 7),
         launch(t + 7, corr + 2), kernel("ncclDevKernel_AllReduce", g + 150, 120, corr + 2, 20),
         launch(t + 8, corr + 3), kernel("bwd_gemm2", g + 200, 50, corr + 3, 7),
-        {"ph": "X", "cat": "user_annotation", "name": "ddp-bench optimizer", "ts": t + 10, "dur": 2},
         launch(t + 11, corr + 4), kernel("sgd", g + 270, 10, corr + 4, 7),
     ]
 
 
 class TraceAttribution(unittest.TestCase):
     def test_eager_step_closed_form(self):
-        events = eager_step(0, 1) + eager_step(1000, 10) + eager_step(2000, 20)
+        events = eager_step(0, 1) + eager_step(1000, 20) + eager_step(2000, 40)
         summary, rows, _, _ = trace_attribution.analyze(events)
         self.assertEqual(summary["kind"], "eager")
-        self.assertEqual(summary["step"], 1)  # the middle of 3
+        self.assertEqual(summary["step"], 2)  # the middle of 3 (step 0: before the first sync)
         # The all-reduce runs [150, 270) after the step's GPU start; compute is busy [0, 250):
         # 100 of its 120 us hide, 20 stay exposed; backward's last compute kernel ends at 250.
         self.assertEqual(len(rows), 1)

@@ -366,7 +366,6 @@ int run_worker(const Args& args) {
     const auto& [x, y] = batches[static_cast<size_t>(i) % batches.size()];
     sync();
     if (i == warmup + timed) kernel_trace.emplace();
-    std::optional<ddp::obs::TraceRange> phase(std::in_place, "ddp-bench forward");
     const int64_t t0 = ddp::obs::trace_now_ns();
     opt->zero_grad();
     // --grad-accum N: the rank's batch in N equal micro-batches; all but the last under no_sync,
@@ -399,8 +398,6 @@ int run_worker(const Args& args) {
     torch::Tensor loss = micro_loss(micro - 1);
     phase_sync();
     const int64_t t1 = ddp::obs::trace_now_ns();
-    phase.reset();
-    phase.emplace("ddp-bench backward");
     if (i == 0 && lead && !args.graph_dot.empty()) {
       std::vector<std::string> names;
       for (auto& [name, p] : named_params(*w.ptr)) names.push_back(name);
@@ -412,11 +409,8 @@ int run_worker(const Args& args) {
     if (clipper) skip = clipper->clip(grad_shards(), i).skipped;
     phase_sync();
     const int64_t t2 = ddp::obs::trace_now_ns();
-    phase.reset();
-    phase.emplace("ddp-bench optimizer");
     if (scheduled) ddp::optim::set_lr(*opt, ddp::optim::lr_at(schedule, i));
     if (!args.optimizer_overlap && !skip) opt->step();
-    phase.reset();
     sync();
     const int64_t t3 = ddp::obs::trace_now_ns();
     TORCH_CHECK(std::isfinite(loss.item<double>()),

@@ -1,7 +1,7 @@
 #pragma once
 // KernelTrace: a kernel-level trace of a few steps, from C++, through torch's Kineto profiler (the
 // one torch.profiler drives): every CUDA kernel, copy and memset with its stream and GPU start and
-// end (CUPTI), the host's ops and launches, and the ranges named by TraceRange. Written as Chrome
+// end (CUPTI), the CUDA calls that launched them, and on request the host's ops. Written as Chrome
 // trace JSON (chrome://tracing, Perfetto, bench/trace_attribution.py).
 //
 // Unlike ChromeTrace (obs/chrome_trace.hpp), which ddp-bench --profile fills from host timers with
@@ -12,13 +12,12 @@
 //
 // States: tracing (from construction) -> saved (save()); a second save() is refused by name.
 
-#include <memory>
 #include <string>
 
 namespace ddp::obs {
 
 struct KernelTraceOptions {
-  // Also trace the host's ops and the TraceRange ranges. Default false: the profiler's cost per
+  // Also trace the host's ops. Default false: the profiler's cost per
   // op on the host (tens of us) starves a launch-bound step of its GPU (measured on 2x H200: a
   // gpt2-medium DDP step spread over 125 ms of GPU time traced with host ops, 61 ms untraced), so
   // a kernel trace alone keeps the device's timeline as it is. The CUDA API calls (each kernel's
@@ -45,21 +44,6 @@ class KernelTrace {
 
  private:
   bool tracing_ = false;  // true from construction until save() or destruction stops it
-};
-
-// A named range on the trace's host timeline (Kineto also marks it on the GPU timeline, around
-// the kernels launched inside it): "ddp-bench backward". Recorded only by a KernelTrace with
-// host_ops; cheap when nothing records it.
-class TraceRange {
- public:
-  explicit TraceRange(const char* name);
-  ~TraceRange();
-  TraceRange(const TraceRange&) = delete;
-  TraceRange& operator=(const TraceRange&) = delete;
-
- private:
-  struct Guard;
-  std::unique_ptr<Guard> guard_;
 };
 
 }  // namespace ddp::obs
