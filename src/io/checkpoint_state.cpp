@@ -16,6 +16,7 @@
 #include <torch/optim/sgd.h>
 
 #include "ddp/detail/optimizer_state_key.hpp"
+#include "ddp/optim/device_step.hpp"
 
 namespace ddp::io {
 namespace {
@@ -241,6 +242,8 @@ void with_state_type(const std::string& kind, F&& f) {
 
 TensorMap optimizer_tensors(torch::optim::Optimizer& optimizer, const torch::nn::Module& model) {
   const std::string kind = optimizer_kind(optimizer);
+  // Ours count steps on the device: the count into each state's `step` first (a host read).
+  if (auto* device = dynamic_cast<optim::DeviceStep*>(&optimizer)) device->steps_to_state();
   const auto names = parameter_names(model);
   StateMap& state = optimizer.state();
   TensorMap out;
@@ -298,6 +301,7 @@ void load_optimizer_tensors(torch::optim::Optimizer& optimizer, const torch::nn:
                 "' that matches no parameter of this ", kind,
                 " optimizer: was it saved from another model or optimizer?");
   optimizer.state() = std::move(fresh);
+  if (auto* device = dynamic_cast<optim::DeviceStep*>(&optimizer)) device->steps_from_state();
 }
 
 TensorMap rng_tensors() {

@@ -195,24 +195,21 @@ at::Tensor total_grad_norm(const GradShards& grads, double norm_type) {
                   inf ? at::Scalar(std::numeric_limits<double>::infinity()) : at::Scalar(2.0));
 }
 
-ClipResult clip_grad_norm(const GradShards& grads, const ClipOptions& options, int64_t step) {
+namespace {
+
+// The clip itself, on the device; the policy is the caller's.
+ClipResult clip_on_device(const GradShards& grads, const ClipOptions& options) {
   const std::string wrong = clip_error(options);
   TORCH_CHECK(wrong.empty(), "ddp: clip_grad_norm: ", wrong);
   ClipResult result;
-  const at::Tensor total = total_grad_norm(grads, options.norm_type);
-  result.total_norm = total.item<double>();
-  if (!std::isfinite(result.total_norm)) {
-    TORCH_CHECK(options.non_finite == NonFinite::kSkip,
-                "ddp: clip_grad_norm: the total gradient norm is ", result.total_norm,
-                step >= 0 ? " at step " + std::to_string(step) : std::string(),
-                ": a gradient holds nan or inf (lower the learning rate, or skip such steps with "
-                "the non-finite policy 'skip')");
-    result.skipped = true;
-    return result;
-  }
+  result.total_norm = total_grad_norm(grads, options.norm_type);
+  const at::Tensor finite = at::isfinite(result.total_norm);
+  result.nonfinite = at::logical_not(finite).to(at::kFloat);
   // PyTorch's coefficient, op for op (max_norm / t is t.reciprocal() * max_norm in Python), in
-  // fp32 and clamped at 1: multiplying by 1 changes nothing, so a small norm leaves every bit.
-  const at::Tensor coef = ((total + 1e-6).reciprocal() * options.max_norm).clamp_max(1.0);
+  // fp32 and clamped at 1: multiplying by 1 changes nothing, so a small norm leaves every bit. A
+  // non-finite norm multiplies by 1 too: the gradients stay as they were for the caller to see.
+  const at::Tensor coef = at::where(
+      finite, ((result.total_norm + 1e-6).reciprocal() * options.max_norm).clamp_max(1.0), 1.0);
   std::vector<at::Tensor> all;
   for (const auto& e : grads.entries) all.push_back(e.grad);
 #if DDP_HAVE_FOREACH_TENSOR_SCALE
@@ -225,25 +222,67 @@ ClipResult clip_grad_norm(const GradShards& grads, const ClipOptions& options, i
   return result;
 }
 
-GradClipper::GradClipper(ClipOptions options) : options_(options) {
-  const std::string wrong = clip_error(options_);
-  TORCH_CHECK(wrong.empty(), "ddp: GradClipper: ", wrong);
-}
+}  // namespace
 
-ClipResult GradClipper::clip(const GradShards& grads, int64_t step) {
-  const ClipResult result = clip_grad_norm(grads, options_, step);
-  if (result.skipped) {
-    ++skipped_;
-    std::ostringstream line;
-    line << "ddp: step " << step << " skipped: the total gradient norm is " << result.total_norm
-         << " (" << skipped_ << " step" << (skipped_ == 1 ? "" : "s") << " skipped so far)";
-    int rank = 0;  // the log's prefix: this rank's global rank, where a group knows it
-    for (const auto& g : grads.groups) {
-      if (g) rank = g->global_rank();
-    }
-    obs::log(obs::LogLevel::kWarn, rank, line.str());
+double ClipResult::norm() const { return total_norm.item<double>(); }
+bool ClipResult::skipped() const { return nonfinite.item<float>() > 0; }
+
+ClipResult clip_grad_norm(const GradShards& grads, const ClipOptions& options, int64_t step) {
+  ClipResult result = clip_on_device(grads, options);
+  if (options.non_finite == NonFinite::kError && result.skipped()) {
+    TORCH_CHECK(false, "ddp: clip_grad_norm: the total gradient norm is ", result.norm(),
+                step >= 0 ? " at step " + std::to_string(step) : std::string(),
+                ": a gradient holds nan or inf (lower the learning rate, or skip such steps with "
+                "the non-finite policy 'skip')");
   }
   return result;
+}
+
+GradClipper::GradClipper(ClipOptions options, c10::Device device, int64_t first_step)
+    : options_(options) {
+  const std::string wrong = clip_error(options_);
+  TORCH_CHECK(wrong.empty(), "ddp: GradClipper: ", wrong);
+  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+  const auto f64 = f32.dtype(at::kDouble);
+  norm_ = at::zeros({}, f32);
+  flag_ = at::zeros({}, f32);
+  first_bad_norm_ = at::zeros({}, f32);
+  skipped_ = at::zeros({}, f64);
+  step_ = at::full({}, static_cast<double>(first_step - 1), f64);
+  first_bad_step_ = at::full({}, -1.0, f64);
+}
+
+void GradClipper::clip(const GradShards& grads) {
+  const ClipResult result = clip_on_device(grads, options_);
+  at::NoGradGuard no_grad;
+  norm_.copy_(result.total_norm);
+  flag_.copy_(result.nonfinite);
+  step_.add_(1);
+  skipped_.add_(flag_);
+  const at::Tensor first = at::logical_and(flag_ > 0, first_bad_step_ < 0);
+  first_bad_step_.copy_(at::where(first, step_, first_bad_step_));
+  first_bad_norm_.copy_(at::where(first, norm_, first_bad_norm_));
+}
+
+double GradClipper::last_norm() const { return norm_.item<double>(); }
+
+int64_t GradClipper::skipped_steps() const { return static_cast<int64_t>(skipped_.item<double>()); }
+
+void GradClipper::check() {
+  const int64_t skipped = skipped_steps();
+  if (skipped == reported_) return;
+  const int64_t first = static_cast<int64_t>(first_bad_step_.item<double>());
+  const double norm = first_bad_norm_.item<double>();
+  TORCH_CHECK(options_.non_finite == NonFinite::kSkip,
+              "ddp: clip_grad_norm: the total gradient norm is ", norm, " at step ", first,
+              ": a gradient holds nan or inf (lower the learning rate, or skip such steps with "
+              "the non-finite policy 'skip'); that step changed nothing");
+  reported_ = skipped;
+  std::ostringstream line;
+  line << "ddp: " << skipped << " step" << (skipped == 1 ? "" : "s")
+       << " skipped so far: the total gradient norm was not finite (the first at step " << first
+       << ", norm " << norm << ")";
+  obs::log(obs::LogLevel::kWarn, 0, line.str());
 }
 
 }  // namespace ddp::optim

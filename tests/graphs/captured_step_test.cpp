@@ -1,10 +1,15 @@
 // CapturedStep (graphs/captured_step.hpp). On CPU (CI): the refusal by exact text. On one GPU
 // (scripts/gpu-check.sh, stage tests; skipped without CUDA): a whole step captured and replayed
-// equals the same steps run eagerly with torch::optim at world 1 on NCCL: Net bare and under DDP
-// with capturable SGD momentum, Adam and AdamW under a warmup-cosine schedule written each step;
-// the zoo's GPT under bf16 autocast, DDP and FULLY_SHARD per block; accumulation over 3
-// micro-batches (no_sync, one graph) under DDP and FULLY_SHARD. A step that syncs the host falls
-// back to eager with the warning, still equal; dropout draws new masks per replay.
+// equals the same steps run eagerly through the same optimizer (optim/sgd.hpp, optim/adam.hpp:
+// the same fused kernels, so bit for bit) at world 1 on NCCL: Net bare and under DDP with SGD
+// momentum, Adam and AdamW under a warmup-cosine schedule written each step; the zoo's GPT under
+// bf16 autocast, DDP and FULLY_SHARD per block; accumulation over 3 micro-batches (no_sync, one
+// graph) under DDP and FULLY_SHARD; the whole GPT recipe (AdamW in weight-decay groups, the
+// schedule, clipping on the device, 2 micro-batches, bf16) under DDP and FULLY_SHARD, and the same
+// with an inf gradient injected at one step, which must equal a run that never took that step
+// (parameters and optimizer state untouched on the device, the skip counted). A step that syncs
+// the host falls back to eager with the warning, still equal; dropout draws new masks per replay.
+// Our fused optimizers also stay within rel. err 1e-5 of torch::optim's per-tensor ones.
 
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
@@ -22,9 +27,13 @@
 
 #include "ddp/graphs/captured_step.hpp"
 #include "ddp/models/registry.hpp"
-#include "ddp/optim/capturable.hpp"
+#include "ddp/optim/adam.hpp"
+#include "ddp/optim/grad_clip.hpp"
+#include "ddp/optim/param_groups.hpp"
+#include "ddp/optim/sgd.hpp"
 #include "ddp/parallel/autocast.hpp"
 #include "ddp/parallel/data_parallel.hpp"
+#include "ddp/parallel/grad_clip.hpp"
 #include "support/error_text.hpp"
 #include "support/workers.hpp"
 
@@ -54,19 +63,22 @@ TEST(CapturedStepRefuses, ABatchOfAnotherShape) {
 constexpr int kWarmup = 3;
 constexpr int kSteps = 12;
 
-std::unique_ptr<optim::CapturableOptimizer> make_optimizer(const std::string& kind,
-                                                           std::vector<torch::Tensor> params) {
+// Ours: one implementation for eager and captured steps. "recipe": AdamW in the GPT recipe's
+// weight-decay groups.
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind,
+                                                        std::vector<torch::Tensor> params) {
   if (kind == "sgd") {
-    optim::CapturableSgdOptions o;
-    o.lr = 0.01;
-    o.momentum = 0.9;
-    return std::make_unique<optim::CapturableSgd>(std::move(params), o);
+    return std::make_unique<optim::Sgd>(params, torch::optim::SGDOptions(0.01).momentum(0.9));
   }
-  optim::CapturableAdamOptions o;
-  o.lr = 1e-3;
-  o.decoupled_weight_decay = kind == "adamw";
-  o.weight_decay = kind == "adamw" ? 1e-2 : 0;
-  return std::make_unique<optim::CapturableAdam>(std::move(params), o);
+  if (kind == "recipe") {
+    const auto o = torch::optim::AdamWOptions(1e-3).betas({0.9, 0.95}).weight_decay(0.1);
+    return std::make_unique<optim::AdamW>(optim::weight_decay_groups(params, o), o);
+  }
+  if (kind == "adamw") {
+    return std::make_unique<optim::AdamW>(params,
+                                          torch::optim::AdamWOptions(1e-3).weight_decay(1e-2));
+  }
+  return std::make_unique<optim::Adam>(params, torch::optim::AdamOptions(1e-3));
 }
 
 // A warmup-then-cosine schedule: what a replay must follow through the device scalar.
@@ -83,20 +95,22 @@ struct Config {
   int micro_batches = 1;  // > 1: no_sync for all but the last, in one step
   bool autocast_bf16 = false;
   bool sync_in_step = false;  // a host sync inside the step: the capture must fall back
-  // The eager run's optimizer: torch::optim's (captured within rel. err 1e-6), or the capturable
-  // one run eagerly (the same kernels: captured must be bitwise equal). The GPT takes the latter:
-  // its attention key bias has a zero true gradient, whose rounding noise Adam scales up, so a
-  // last-bit difference between the two optimizers grows there (tests/optim bound it).
-  bool eager_torch_optim = true;
+  double clip = 0;            // > 0: the total gradient norm clipped on the device (skip policy)
+  int inject_inf_at = -1;     // >= 0: the loss times inf at this step (an inf gradient)
+  int leave_out = -1;         // >= 0: the eager oracle of an injection: this step not run at all
+  bool eager_torch_optim = false;  // the eager run's optimizer is torch::optim's (rel. err 1e-5)
   std::string describe() const {
     return style + " " + model + " " + optimizer + (micro_batches > 1 ? " accumulating" : "") +
-           (autocast_bf16 ? " bf16" : "");
+           (autocast_bf16 ? " bf16" : "") + (clip > 0 ? " clipped" : "") +
+           (inject_inf_at >= 0 ? " inf at step " + std::to_string(inject_inf_at) : "");
   }
 };
 
 struct Result {
   std::vector<torch::Tensor> params;  // whole, on the CPU
   graphs::CapturedStep::State state = graphs::CapturedStep::State::kWarmingUp;
+  int64_t steps_taken = -1;    // the optimizer's device count (ours only)
+  int64_t skipped_steps = -1;  // the clipper's device count (with clip)
 };
 
 // kSteps steps of `config` on the GPU, captured (CapturedStep) or eager; the batches are refilled
@@ -134,13 +148,23 @@ Result train(const Config& config, bool captured, comm::ProcessGroupPtr pg) {
         config.style == "ddp" ? DataParallelStyle::kReplicate : DataParallelStyle::kFullyShard,
         std::move(options));
   }
-  std::unique_ptr<optim::CapturableOptimizer> opt;
+  std::unique_ptr<torch::optim::Optimizer> opt;
   std::unique_ptr<torch::optim::Optimizer> torch_opt;
   if (captured || !config.eager_torch_optim) {
     opt = make_optimizer(config.optimizer, w.ptr->parameters());
   } else {
     torch_opt = make_torch_optimizer(config.optimizer, w.ptr->parameters());
   }
+  std::optional<optim::GradClipper> clipper;
+  if (config.clip > 0) {
+    optim::ClipOptions clip;
+    clip.max_norm = config.clip;
+    clip.non_finite = optim::NonFinite::kSkip;
+    clipper.emplace(clip, torch::Device(torch::kCUDA), /*first_step=*/0);
+    dynamic_cast<optim::DeviceStep&>(*opt).skip_when(clipper->skip_flag());
+  }
+  // The loss's factor: 1, or inf at the injected step (written between replays).
+  const auto scale = torch::ones({}, torch::kCUDA);
   const int64_t batch = 8;
   std::vector<std::pair<torch::Tensor, torch::Tensor>> inputs;  // static, one per micro-batch
   for (int m = 0; m < config.micro_batches; ++m) {
@@ -151,13 +175,13 @@ Result train(const Config& config, bool captured, comm::ProcessGroupPtr pg) {
     std::optional<parallel::AutocastGuard> autocast;
     if (config.autocast_bf16) autocast.emplace(torch::kCUDA, torch::kBFloat16);
     const auto& [x, y] = inputs[static_cast<size_t>(m)];
-    return w.loss(wrapped ? (*wrapped)(x) : w.module.forward(x), y) / config.micro_batches;
+    return w.loss(wrapped ? (*wrapped)(x) : w.module.forward(x), y) * scale / config.micro_batches;
   };
   const auto body = [&] {
     // Dropped (the backward makes them in the graph's pool; DDP's reducer copies them into its
     // buckets, a sharded unit's reduced shard becomes them), as the tools' captured steps do.
     if (opt) {
-      opt->zero_grad(/*set_to_none=*/true);
+      optim::zero_grad(*opt, /*set_to_none=*/true);
     } else {
       torch::NoGradGuard no_grad;
       for (auto& p : w.ptr->parameters()) {
@@ -171,6 +195,9 @@ Result train(const Config& config, bool captured, comm::ProcessGroupPtr pg) {
     }
     const auto loss = micro_step(config.micro_batches - 1);
     loss.backward();
+    if (clipper) {
+      clipper->clip(wrapped ? parallel::grad_shards(*wrapped) : optim::grad_shards(*w.ptr));
+    }
     if (opt) {
       opt->step();
     } else {
@@ -190,9 +217,11 @@ Result train(const Config& config, bool captured, comm::ProcessGroupPtr pg) {
       inputs[static_cast<size_t>(m)].first.copy_(x);
       inputs[static_cast<size_t>(m)].second.copy_(y);
     }
-    if (config.optimizer == "adamw") {
+    if (s == config.leave_out) continue;
+    scale.fill_(s == config.inject_inf_at ? INFINITY : 1.0);
+    if (config.optimizer == "adamw" || config.optimizer == "recipe") {
       if (opt) {
-        opt->set_lr(schedule(s));
+        optim::set_lr(*opt, schedule(s));
       } else {
         set_torch_lr(*torch_opt, schedule(s));
       }
@@ -206,6 +235,8 @@ Result train(const Config& config, bool captured, comm::ProcessGroupPtr pg) {
   Result out;
   if (step) out.state = step->state();
   torch::cuda::synchronize();
+  if (opt) out.steps_taken = dynamic_cast<optim::DeviceStep&>(*opt).steps_taken();
+  if (clipper) out.skipped_steps = clipper->skipped_steps();
   if (wrapped && wrapped->sharded()) {
     for (const auto& [name, p] : wrapped->sharded()->full_parameters()) {
       out.params.push_back(p.detach().cpu().clone());
@@ -249,8 +280,15 @@ DDP_TEST_WORKER(captured_step_equals_eager) {
     mlp.model = "mlp";
     mlp.style = style;
     mlp.micro_batches = 3;
-    mlp.eager_torch_optim = false;
     configs.push_back(mlp);
+    Config recipe;  // the whole GPT recipe
+    recipe.model = "gpt";
+    recipe.style = style;
+    recipe.optimizer = "recipe";
+    recipe.autocast_bf16 = true;
+    recipe.micro_batches = 2;
+    recipe.clip = 1.0;
+    configs.push_back(recipe);
   }
   for (const Config& c : configs) {
     const Result eager = train(c, false, pg);
@@ -261,7 +299,7 @@ DDP_TEST_WORKER(captured_step_equals_eager) {
     require(captured.params.size() == eager.params.size(), c.describe() + ": parameter count");
     const double err = max_rel_err(captured.params, eager.params);
     std::cerr << c.describe() << ": captured vs eager max relative error " << err << std::endl;
-    const double bound = c.eager_torch_optim ? 1e-6 : 0;  // the same kernels: bitwise
+    const double bound = 0;  // the same optimizer, the same kernels: bitwise
     require(err <= bound, c.describe() + ": captured differs from eager by " + std::to_string(err));
     // The runs trained: the comparison is not between two untouched models.
     models::WorkloadOptions wo;
@@ -273,6 +311,48 @@ DDP_TEST_WORKER(captured_step_equals_eager) {
       moved = std::max(moved, (eager.params[i] - initial[i]).abs().max().item<double>());
     }
     require(moved > 1e-4, c.describe() + ": the parameters did not move");
+    if (c.clip > 0) {
+      require(captured.steps_taken == kSteps && captured.skipped_steps == 0,
+              c.describe() + ": " + std::to_string(captured.steps_taken) + " steps taken, " +
+                  std::to_string(captured.skipped_steps) + " skipped");
+    }
+  }
+  // An inf gradient at step 5 of the recipe, captured: the step is dropped on the device, so the
+  // run equals (bit for bit) an eager run that never took step 5, and the drop is counted.
+  for (const std::string style : {"ddp", "fsdp"}) {
+    Config recipe;
+    recipe.model = "gpt";
+    recipe.style = style;
+    recipe.optimizer = "recipe";
+    recipe.autocast_bf16 = true;
+    recipe.micro_batches = 2;
+    recipe.clip = 1.0;
+    Config oracle = recipe;
+    oracle.leave_out = 5;
+    recipe.inject_inf_at = 5;
+    const Result without = train(oracle, false, pg);
+    const Result injected = train(recipe, true, pg);
+    const double err = max_rel_err(injected.params, without.params);
+    std::cerr << recipe.describe() << ": vs a run without that step " << err << std::endl;
+    require(injected.state == graphs::CapturedStep::State::kReplaying,
+            recipe.describe() + ": not captured");
+    require(err == 0, recipe.describe() + ": differs from the run without that step by " +
+                          std::to_string(err));
+    require(injected.skipped_steps == 1 && injected.steps_taken == kSteps - 1,
+            recipe.describe() + ": " + std::to_string(injected.steps_taken) + " steps taken, " +
+                std::to_string(injected.skipped_steps) + " skipped");
+  }
+  // Our fused optimizers against torch::optim's per-tensor ones, eagerly on the GPU.
+  for (const std::string optimizer : {"sgd", "adam", "adamw"}) {
+    Config c;
+    c.style = "ddp";
+    c.optimizer = optimizer;
+    Config theirs = c;
+    theirs.eager_torch_optim = true;
+    const double err = max_rel_err(train(c, false, pg).params, train(theirs, false, pg).params);
+    std::cerr << "fused " << optimizer << " vs torch::optim: " << err << std::endl;
+    require(err < 1e-5,
+            "fused " + optimizer + " differs from torch::optim by " + std::to_string(err));
   }
 }
 
@@ -335,7 +415,7 @@ DDP_TEST_WORKER(captured_step_refusals) {
   o.error_on_fallback = true;
   graphs::CapturedStep step(
       [&] {
-        opt->zero_grad();
+        optim::zero_grad(*opt, /*set_to_none=*/false);
         w.loss(wrapped(x), y).backward();
         opt->step();
       },

@@ -79,8 +79,8 @@ TEST(GradClip, TotalNormIsTheClosedFormAndClipsToMaxNorm) {
   optim::ClipOptions options;
   options.max_norm = 6.5;
   const auto result = optim::clip_grad_norm(grads, options);
-  EXPECT_DOUBLE_EQ(result.total_norm, 13.0);
-  EXPECT_FALSE(result.skipped);
+  EXPECT_DOUBLE_EQ(result.norm(), 13.0);
+  EXPECT_FALSE(result.skipped());
   const float coef = static_cast<float>(6.5 / (13.0 + 1e-6));
   EXPECT_FLOAT_EQ(fc->weight.grad()[0][0].item<float>(), 3.0f * coef);
   EXPECT_FLOAT_EQ(fc->bias.grad()[0].item<float>(), 12.0f * coef);
@@ -120,15 +120,51 @@ TEST(GradClip, ANonFiniteNormIsAnErrorNamingTheStepOrASkippedStep) {
             "'skip')");
   optim::ClipOptions skip;
   skip.non_finite = optim::NonFinite::kSkip;
-  optim::GradClipper clipper(skip);
-  const auto result = clipper.clip(grads, 12);
-  EXPECT_TRUE(result.skipped);
-  EXPECT_TRUE(std::isnan(result.total_norm));
-  EXPECT_EQ(clipper.skipped_steps(), 1);
+  const auto result = optim::clip_grad_norm(grads, skip, 12);
+  EXPECT_TRUE(result.skipped());
+  EXPECT_TRUE(std::isnan(result.norm()));
   EXPECT_FLOAT_EQ(fc->bias.grad()[0].item<float>(), 1.0f);  // untouched
-  fc->weight.mutable_grad() = torch::tensor({{1.0f, INFINITY}});
-  EXPECT_TRUE(clipper.clip(optim::grad_shards(*fc), 13).skipped);
+}
+
+// The clipper keeps its results on the device: the flag of the step just clipped, the count of
+// non-finite steps and the first one's step and norm, read only by check() and the accessors.
+TEST(GradClip, TheClipperCountsOnTheDeviceAndNamesTheFirstBadStepWhenChecked) {
+  torch::nn::Linear fc(2, 1);
+  const auto set = [&](float second) {
+    fc->weight.mutable_grad() = torch::tensor({{3.0f, second}});
+    fc->bias.mutable_grad() = torch::tensor({0.0f});
+  };
+  optim::ClipOptions skip;
+  skip.max_norm = 1.0;
+  skip.non_finite = optim::NonFinite::kSkip;
+  optim::GradClipper clipper(skip, torch::kCPU, /*first_step=*/10);
+  set(4.0f);
+  clipper.clip(optim::grad_shards(*fc));  // step 10
+  EXPECT_FLOAT_EQ(clipper.skip_flag().item<float>(), 0.0f);
+  EXPECT_DOUBLE_EQ(clipper.last_norm(), 5.0);
+  set(INFINITY);
+  clipper.clip(optim::grad_shards(*fc));  // step 11
+  EXPECT_FLOAT_EQ(clipper.skip_flag().item<float>(), 1.0f);
+  EXPECT_EQ(fc->weight.grad()[0][0].item<float>(), 3.0f);  // unscaled
+  set(NAN);
+  clipper.clip(optim::grad_shards(*fc));  // step 12
+  set(4.0f);
+  clipper.clip(optim::grad_shards(*fc));  // step 13
+  EXPECT_FLOAT_EQ(clipper.skip_flag().item<float>(), 0.0f);
   EXPECT_EQ(clipper.skipped_steps(), 2);
+  clipper.check();  // kSkip: logs, no throw
+  optim::ClipOptions error = skip;
+  error.non_finite = optim::NonFinite::kError;
+  optim::GradClipper strict(error, torch::kCPU, /*first_step=*/1);
+  set(4.0f);
+  strict.clip(optim::grad_shards(*fc));
+  strict.check();
+  set(INFINITY);
+  strict.clip(optim::grad_shards(*fc));
+  EXPECT_EQ(error_of([&] { strict.check(); }),
+            "ddp: clip_grad_norm: the total gradient norm is inf at step 2: a gradient holds nan "
+            "or inf (lower the learning rate, or skip such steps with the non-finite policy "
+            "'skip'); that step changed nothing");
 }
 
 TEST(GradClip, BadOptionsAreNamed) {
@@ -192,9 +228,9 @@ DDP_TEST_WORKER(clip_styles) {
   require(pg->collectives_issued() - issued == collectives,
           context + ": " + std::to_string(pg->collectives_issued() - issued) +
               " collectives, want " + std::to_string(collectives));
-  require(rel(result.total_norm, want) < 1e-6, context + ": total norm " +
-                                                   std::to_string(result.total_norm) +
-                                                   " != " + std::to_string(want));
+  require(
+      rel(result.norm(), want) < 1e-6,
+      context + ": total norm " + std::to_string(result.norm()) + " != " + std::to_string(want));
   oracle_clip(*oracle, want, options.max_norm);
   const auto layout_of = [&](const std::string& name) {
     if (auto* sharded = model.sharded()) return sharded->layout(name);
@@ -303,9 +339,9 @@ DDP_TEST_WORKER(clip_meshes) {
   require(mesh["dp"]->collectives_issued() - dp_issued == dp_want &&
               mesh["tp"]->collectives_issued() - tp_issued == (tps > 1 ? 1 : 0),
           context + ": another number of collectives than one per splitting mesh dim");
-  require(rel(result.total_norm, want) < 1e-6, context + ": total norm " +
-                                                   std::to_string(result.total_norm) +
-                                                   " != " + std::to_string(want));
+  require(
+      rel(result.norm(), want) < 1e-6,
+      context + ": total norm " + std::to_string(result.norm()) + " != " + std::to_string(want));
   oracle_clip(*oracle, want, options.max_norm);
   const bool sharded = model && model->sharded() != nullptr;
   const auto layout_of = [&](const std::string& name) {

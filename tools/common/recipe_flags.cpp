@@ -1,11 +1,8 @@
 #include "common/recipe_flags.hpp"
 
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
-#include <torch/optim/sgd.h>
-
-#include "ddp/optim/foreach_adamw.hpp"
+#include "ddp/optim/adam.hpp"
 #include "ddp/optim/param_groups.hpp"
+#include "ddp/optim/sgd.hpp"
 
 namespace ddp::tools {
 
@@ -93,24 +90,17 @@ std::string check_recipe_flags(const CLI::App& app, const RecipeFlags& flags, do
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const RecipeFlags& flags,
                                                         const std::vector<at::Tensor>& params,
-                                                        double lr, double sgd_momentum,
-                                                        bool foreach) {
+                                                        double lr, double sgd_momentum) {
   if (flags.optimizer == "adamw") {
     const auto options =
         torch::optim::AdamWOptions(lr).betas({0.9, flags.beta2}).weight_decay(flags.weight_decay);
-    if (foreach) {
-      return std::make_unique<optim::ForeachAdamW>(optim::weight_decay_groups(params, options),
-                                                   options);
-    }
-    return std::make_unique<torch::optim::AdamW>(optim::weight_decay_groups(params, options),
-                                                 options);
+    return std::make_unique<optim::AdamW>(optim::weight_decay_groups(params, options), options);
   }
   if (flags.optimizer == "adam") {
-    return std::make_unique<torch::optim::Adam>(
-        params, torch::optim::AdamOptions(lr).betas({0.9, flags.beta2}));
+    return std::make_unique<optim::Adam>(params,
+                                         torch::optim::AdamOptions(lr).betas({0.9, flags.beta2}));
   }
-  return std::make_unique<torch::optim::SGD>(params,
-                                             torch::optim::SGDOptions(lr).momentum(sgd_momentum));
+  return std::make_unique<optim::Sgd>(params, torch::optim::SGDOptions(lr).momentum(sgd_momentum));
 }
 
 }  // namespace ddp::tools

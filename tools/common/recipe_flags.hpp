@@ -59,12 +59,11 @@ optim::ClipOptions clip_of(const RecipeFlags& flags);
 bool has_schedule(const RecipeFlags& flags);
 
 // flags.optimizer over `params` (distinct) at rate `lr`: SGD with `sgd_momentum`, Adam with
-// betas (0.9, beta2), AdamW the same in weight-decay groups (dim >= 2 decayed, the rest not).
-// `foreach`: AdamW as optim::ForeachAdamW (multi-tensor kernels, PyTorch's default on CUDA; the
-// tools pass the device's is_cuda(), so CPU runs keep the per-tensor update PyTorch's CPU runs).
+// betas (0.9, beta2), AdamW the same in weight-decay groups (dim >= 2 decayed, the rest not). The
+// house's optimizers (optim/sgd.hpp, optim/adam.hpp): one implementation for eager and captured
+// steps, fused kernels on CUDA, torch::optim's arithmetic on the CPU.
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const RecipeFlags& flags,
                                                         const std::vector<at::Tensor>& params,
-                                                        double lr, double sgd_momentum,
-                                                        bool foreach = false);
+                                                        double lr, double sgd_momentum);
 
 }  // namespace ddp::tools

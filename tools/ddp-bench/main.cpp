@@ -22,6 +22,7 @@
 
 #include "common/ddp_flags.hpp"
 #include "common/recipe_flags.hpp"
+#include "common/recipe_step.hpp"
 #include "common/run_flags.hpp"
 #include "common/tensor_parallel_setup.hpp"
 #include "common/tool_error.hpp"
@@ -36,8 +37,9 @@
 #include "ddp/obs/chrome_trace.hpp"
 #include "ddp/obs/device_memory.hpp"
 #include "ddp/obs/kernel_trace.hpp"
-#include "ddp/optim/capturable.hpp"
+#include "ddp/optim/device_step.hpp"
 #include "ddp/optim/param_groups.hpp"
+#include "ddp/optim/sgd.hpp"
 #include "ddp/parallel/autocast.hpp"
 #include "ddp/parallel/data_parallel.hpp"
 #include "ddp/parallel/grad_clip.hpp"
@@ -159,11 +161,6 @@ std::string cuda_graph_refusal(const Args& args) {
   if (args.profile) return "--cuda-graph cannot be combined with --profile (per-phase timers)";
   if (!args.inputs.empty()) return "--cuda-graph cannot be combined with --inputs (parity runs)";
   if (!args.graph_dot.empty()) return "--cuda-graph cannot be combined with --graph-dot";
-  if (args.recipe.optimizer != "sgd" || args.recipe.grad_clip > 0 || args.recipe.grad_accum > 1 ||
-      ddp::tools::has_schedule(args.recipe)) {
-    return "--cuda-graph cannot be combined with --optimizer adam/adamw, --grad-clip, --grad-accum "
-           "or a schedule in ddp-bench (its captured step is plain SGD)";
-  }
   return "";
 }
 
@@ -265,14 +262,21 @@ int run_worker(const Args& args) {
   std::vector<torch::Tensor> params;
   for (auto& [name, p] : named_params(*w.ptr)) params.push_back(p);
   const double lr = args.lr > 0 ? args.lr : w.lr;  // --lr 0: the model's own (run_flags.hpp)
-  const auto opt = ddp::tools::make_optimizer(args.recipe, params, lr, /*sgd_momentum=*/0.0,
-                                              /*foreach=*/device.is_cuda());
+  // One optimizer for eager and captured steps (optim/sgd.hpp, optim/adam.hpp): its rate and step
+  // count on the device, fused kernels on CUDA.
+  const auto opt = ddp::tools::make_optimizer(args.recipe, params, lr, /*sgd_momentum=*/0.0);
   const ddp::optim::LrScheduleOptions schedule = ddp::tools::schedule_of(args.recipe, lr);
   TORCH_CHECK(ddp::optim::schedule_error(schedule).empty(),
               "ddp-bench: ", ddp::optim::schedule_error(schedule));
   const bool scheduled = ddp::tools::has_schedule(args.recipe);
+  // The clip's norm and skip flag stay on the device; the optimizer drops a non-finite step there.
   std::optional<ddp::optim::GradClipper> clipper;
-  if (args.recipe.grad_clip > 0) clipper.emplace(ddp::tools::clip_of(args.recipe));
+  if (args.recipe.grad_clip > 0) {
+    clipper.emplace(ddp::tools::clip_of(args.recipe), device, /*first_step=*/0);
+    if (auto* on_device = dynamic_cast<ddp::optim::DeviceStep*>(opt.get())) {
+      on_device->skip_when(clipper->skip_flag());
+    }
+  }
   // The gradients as this rank holds them, split by the style and --tp (for --grad-clip).
   const auto grad_shards = [&] {
     if (wrapped) return ddp::parallel::grad_shards(*wrapped, tensor_parallel.get());
@@ -283,8 +287,8 @@ int run_worker(const Args& args) {
     // Each parameter's SGD step runs inside backward once its bucket is reduced (a sharded unit:
     // at the end of backward, on its shard); opt.step() is then skipped (see below).
     const auto factory = [lr](const torch::Tensor& p) -> std::unique_ptr<torch::optim::Optimizer> {
-      return std::make_unique<torch::optim::SGD>(std::vector<torch::Tensor>{p},
-                                                 torch::optim::SGDOptions(lr));
+      return std::make_unique<ddp::optim::Sgd>(std::vector<torch::Tensor>{p},
+                                               torch::optim::SGDOptions(lr));
     };
     if (model) model->set_optimizer_in_backward(factory);
     if (sharded_model) sharded_model->set_optimizer_in_backward(factory);
@@ -307,36 +311,45 @@ int run_worker(const Args& args) {
   ddp::obs::ChromeTrace trace(rank);
   std::vector<double> step_ms;
   // --cuda-graph: one step function over a static batch, warmed up on the capture stream, then
-  // captured and replayed; the optimizer is the capturable SGD (the same plain SGD as below, its
-  // learning rate on the device). The capture happens in the untimed steps.
-  std::unique_ptr<ddp::optim::CapturableSgd> graph_opt;
+  // captured and replayed: the whole recipe (micro-batches, autocast, clip, the optimizer) as
+  // ddp-train runs it (tools/common/recipe_step.hpp), the rate written before each replay. The
+  // capture happens in the untimed steps.
   std::unique_ptr<ddp::graphs::CapturedStep> captured;
   torch::Tensor graph_loss;
   if (args.cuda_graph) {
-    ddp::optim::CapturableSgdOptions sgd;
-    sgd.lr = lr;
-    graph_opt = std::make_unique<ddp::optim::CapturableSgd>(params, sgd);
     const auto& [x, y] = batches[0];
+    const int micro = args.recipe.grad_accum;
+    TORCH_CHECK(x.size(0) % micro == 0, "ddp-bench: a batch of ", x.size(0),
+                " samples cannot be split into --grad-accum ", micro, " equal micro-batches");
+    std::vector<ddp::tools::MicroBatch> inputs;
+    for (int k = 0; k < micro; ++k) {
+      const int64_t n = x.size(0) / micro;
+      inputs.push_back({x.narrow(0, k * n, n), y.narrow(0, k * n, n)});
+    }
+    ddp::tools::RecipeStep recipe;
+    recipe.wrapped = wrapped ? &*wrapped : nullptr;
+    recipe.forward = [&](const torch::Tensor& in) {
+      return wrapped ? (*wrapped)(in) : w.module.forward(in);
+    };
+    recipe.loss = [&](const torch::Tensor& out, const torch::Tensor& target) {
+      return w.loss(out, target);
+    };
+    recipe.autocast_bf16 = args.autocast_bf16;
+    recipe.device = device;
+    recipe.clipper = clipper ? &*clipper : nullptr;
+    recipe.grad_shards = grad_shards;
+    recipe.optimizer = args.optimizer_overlap ? nullptr : opt.get();
     graph_loss = torch::zeros({}, torch::TensorOptions().device(device));
     ddp::graphs::CapturedStepOptions graph_options;  // replays bounded as ddp-train's
     graph_options.replay_timeout = std::chrono::seconds(args.timeout_s);
     graph_options.group = pg;
     captured = std::make_unique<ddp::graphs::CapturedStep>(
-        [&, x = x, y = y] {
+        [&, recipe, inputs] {
           // Dropped: the backward makes them in the graph's pool; DDP's reducer copies them into
           // its buckets and a sharded unit's reduced shard becomes them, instead of a zero and an
           // add per parameter (154 more kernels in the gpt-char FULLY_SHARD graph).
-          graph_opt->zero_grad(/*set_to_none=*/true);
-          torch::Tensor loss;
-          {
-            std::optional<ddp::parallel::AutocastGuard> autocast;
-            if (args.autocast_bf16) autocast.emplace(device.type(), torch::kBFloat16);
-            const torch::Tensor out = wrapped ? (*wrapped)(x) : w.module.forward(x);
-            loss = w.loss(out, y);
-          }
-          loss.backward();
-          graph_opt->step();
-          graph_loss.copy_(loss.detach());
+          ddp::optim::zero_grad(*opt, /*set_to_none=*/true);
+          graph_loss.copy_(ddp::tools::run_recipe_step(recipe, inputs));
         },
         device, graph_options);
   }
@@ -347,6 +360,7 @@ int run_worker(const Args& args) {
     sync();
     if (i == untimed + timed) kernel_trace.emplace();
     const int64_t t0 = ddp::obs::trace_now_ns();
+    if (scheduled) ddp::optim::set_lr(*opt, ddp::optim::lr_at(schedule, i));  // outside the graph
     captured->run();
     sync();
     const int64_t t3 = ddp::obs::trace_now_ns();
@@ -405,12 +419,11 @@ int run_worker(const Args& args) {
     }
     (micro > 1 ? loss / micro : loss).backward();
     if (micro > 1) loss = accumulated + loss.detach() / micro;
-    bool skip = false;
-    if (clipper) skip = clipper->clip(grad_shards(), i).skipped;
+    if (clipper) clipper->clip(grad_shards());  // a non-finite step: the optimizer drops it
     phase_sync();
     const int64_t t2 = ddp::obs::trace_now_ns();
     if (scheduled) ddp::optim::set_lr(*opt, ddp::optim::lr_at(schedule, i));
-    if (!args.optimizer_overlap && !skip) opt->step();
+    if (!args.optimizer_overlap) opt->step();
     sync();
     const int64_t t3 = ddp::obs::trace_now_ns();
     TORCH_CHECK(std::isfinite(loss.item<double>()),

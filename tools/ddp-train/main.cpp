@@ -20,6 +20,7 @@
 
 #include "common/ddp_flags.hpp"
 #include "common/recipe_flags.hpp"
+#include "common/recipe_step.hpp"
 #include "common/run_flags.hpp"
 #include "common/tensor_parallel_setup.hpp"
 #include "common/tool_error.hpp"
@@ -33,7 +34,7 @@
 #include "ddp/launch/spawn.hpp"
 #include "ddp/models/registry.hpp"
 #include "ddp/obs/device_memory.hpp"
-#include "ddp/optim/capturable.hpp"
+#include "ddp/optim/device_step.hpp"
 #include "ddp/optim/param_groups.hpp"
 #include "ddp/parallel/autocast.hpp"
 #include "ddp/parallel/data_parallel.hpp"
@@ -106,15 +107,9 @@ std::string cuda_graph_refusal(const Args& args) {
   if (!args.cuda_graph) return "";
   if (std::string common = ddp::tools::cuda_graph_refusal(args, args.ddp.reducer); !common.empty())
     return common;
-  if (!args.checkpoint_dir.empty()) {
-    return "--cuda-graph cannot be combined with --checkpoint-dir (the capturable optimizers' "
-           "state is not in checkpoints yet)";
-  }
-  if (args.tp > 0) return "--cuda-graph cannot be combined with --tp (not captured yet)";
-  if (args.recipe.optimizer == "adamw" || args.recipe.grad_clip > 0 || args.recipe.grad_accum > 1 ||
-      args.autocast_bf16) {
-    return "--cuda-graph cannot be combined with --optimizer adamw, --grad-clip, --grad-accum or "
-           "--autocast-bf16 in ddp-train (not captured yet; ddp-bench captures bf16 steps)";
+  if (args.tp > 0) {
+    return "--cuda-graph cannot be combined with --tp (its collectives inside forward and "
+           "backward are not captured yet)";
   }
   if (args.backend == "gloo") {
     return "--cuda-graph needs the nccl backend, not gloo: Gloo's collectives run on the host, "
@@ -165,6 +160,7 @@ int run_worker(const Args& args) {
   if (args.text.data) {
     text = std::make_unique<ddp::tools::TextTraining>(
         args.text, w, dp_group, data_rank, args.batch_size, args.workload.seed, device, lead);
+    if (args.cuda_graph) text->drop_partial_batches();
   }
   // One entry point for every style (parallel/data_parallel.hpp): DistributedDataParallel for
   // replicate, FullyShardedDataParallel for the sharded styles, around the same AnyModule.
@@ -194,27 +190,14 @@ int run_worker(const Args& args) {
   TORCH_CHECK(ddp::optim::schedule_error(schedule).empty(), ddp::optim::schedule_error(schedule));
   const bool scheduled = ddp::tools::has_schedule(args.recipe);
   auto make_optimizer = [&](const std::vector<torch::Tensor>& params) {
-    return ddp::tools::make_optimizer(args.recipe, params, lr, /*sgd_momentum=*/0.9,
-                                      /*foreach=*/device.is_cuda());
+    return ddp::tools::make_optimizer(args.recipe, params, lr, /*sgd_momentum=*/0.9);
   };
   // With --optimizer-overlap each parameter's optimizer steps inside backward, as soon as its
-  // bucket is reduced; there is then no optimizer step after backward.
+  // bucket is reduced; there is then no optimizer step after backward. Otherwise one optimizer
+  // (optim/sgd.hpp, optim/adam.hpp) serves eager and captured steps: its rate and step count live
+  // on the device.
   std::unique_ptr<torch::optim::Optimizer> opt;
-  // --cuda-graph: the same optimizer, capturable (its step count and learning rate on the device).
-  std::unique_ptr<ddp::optim::CapturableOptimizer> graph_opt;
-  if (args.cuda_graph) {
-    if (kind == "adam") {
-      ddp::optim::CapturableAdamOptions adam;
-      adam.lr = lr;
-      adam.betas = {0.9, args.recipe.beta2};
-      graph_opt = std::make_unique<ddp::optim::CapturableAdam>(params, adam);
-    } else {
-      ddp::optim::CapturableSgdOptions sgd;
-      sgd.lr = lr;
-      sgd.momentum = 0.9;
-      graph_opt = std::make_unique<ddp::optim::CapturableSgd>(params, sgd);
-    }
-  } else if (args.optimizer_overlap) {
+  if (args.optimizer_overlap) {
     const auto factory = [&](const torch::Tensor& p) { return make_optimizer({p}); };
     if (ddp_model) ddp_model->set_optimizer_in_backward(factory);
     if (sharded) sharded->set_optimizer_in_backward(factory);
@@ -293,11 +276,28 @@ int run_worker(const Args& args) {
     progress.set_mfu(w.flops_per_token, peak, pg->world_size());
   }
   // --grad-clip: the norm over every rank's shards (parallel/grad_clip.hpp), each step.
+  // Its norm and skip flag stay on the device; the optimizer drops a non-finite step there, and
+  // the host reads the norm and the count only where a progress line is printed.
   std::optional<ddp::optim::GradClipper> clipper;
-  if (args.recipe.grad_clip > 0) clipper.emplace(ddp::tools::clip_of(args.recipe));
-  // The rate and the gradient norm of the steps whose loss is not printed yet (the loss log reads
-  // losses in batches): a progress line shows all three of its step.
-  std::map<int64_t, double> lrs, grad_norms;
+  if (args.recipe.grad_clip > 0) {
+    clipper.emplace(ddp::tools::clip_of(args.recipe), device, first_step);
+    if (auto* on_device = dynamic_cast<ddp::optim::DeviceStep*>(opt.get())) {
+      on_device->skip_when(clipper->skip_flag());
+    }
+  }
+  // The step itself (tools/common/recipe_step.hpp): the same body eager and captured.
+  ddp::tools::RecipeStep recipe;
+  recipe.wrapped = &model;
+  recipe.forward = forward;
+  recipe.loss = [&](const torch::Tensor& out, const torch::Tensor& y) { return w.loss(out, y); };
+  recipe.autocast_bf16 = args.autocast_bf16;
+  recipe.device = device;
+  recipe.clipper = clipper ? &*clipper : nullptr;
+  recipe.grad_shards = [&] { return ddp::parallel::grad_shards(model, tensor_parallel.get()); };
+  recipe.optimizer = opt.get();
+  // The rate of the steps whose loss is not printed yet (the loss log reads losses in batches): a
+  // progress line shows both, and the gradient norm of the step it is printed at.
+  std::map<int64_t, double> lrs;
   // A batch to the device. On CUDA through pinned memory without waiting: a copy from pageable
   // memory makes the host wait for the stream, so it could not run ahead of the GPU.
   const auto to_device = [&](const torch::Tensor& t) {
@@ -336,32 +336,42 @@ int run_worker(const Args& args) {
     };
     const double lr_now = scheduled ? ddp::optim::lr_at(schedule, step - 1) : lr;
     torch::Tensor loss;
-    if (graph_opt) {
-      auto [x_cpu, y_cpu] = batch_of(0);
-      if (scheduled) graph_opt->set_lr(lr_now);
+    if (scheduled) ddp::optim::set_lr(*opt, lr_now);  // a device write, outside any graph
+    if (args.cuda_graph) {
+      // The step's micro-batches, from pinned host memory into the static inputs without a host
+      // wait (CapturedStep::run(batch)).
+      std::vector<torch::Tensor> batch;
+      for (int k = 0; k < micro; ++k) {
+        auto [x_cpu, y_cpu] = batch_of(k);
+        batch.push_back(x_cpu.pin_memory());
+        batch.push_back(y_cpu.pin_memory());
+      }
       if (!captured) {
-        static_x = torch::empty_like(x_cpu, torch::TensorOptions().device(device));
-        static_y = torch::empty_like(y_cpu, torch::TensorOptions().device(device));
-        static_loss = torch::zeros({}, static_x.options().dtype(torch::kFloat));
+        std::vector<ddp::tools::MicroBatch> inputs;
+        std::vector<torch::Tensor> statics;
+        for (size_t i = 0; i < batch.size(); i += 2) {
+          inputs.push_back(
+              {torch::empty_like(batch[i], torch::TensorOptions().device(device)),
+               torch::empty_like(batch[i + 1], torch::TensorOptions().device(device))});
+          statics.push_back(inputs.back().x);
+          statics.push_back(inputs.back().y);
+        }
+        static_loss = torch::zeros({}, statics.front().options().dtype(torch::kFloat));
         // A replay is bounded by --timeout-s like an eager collective, and under NCCL a stopped
         // or dead rank ends this one naming it, wherever the host waits (the loss read too).
         ddp::graphs::CapturedStepOptions graph_options;
         graph_options.replay_timeout = std::chrono::seconds(args.timeout_s);
         graph_options.group = pg;
         captured = std::make_unique<ddp::graphs::CapturedStep>(
-            [&] {
+            [&, inputs] {
               // Dropped: DDP copies the new gradients into its buckets, a sharded unit's reduced
               // shards become them (cheaper than a zero and an add per parameter).
-              graph_opt->zero_grad(/*set_to_none=*/true);
-              const torch::Tensor l = w.loss(forward(static_x), static_y);
-              l.backward();
-              graph_opt->step();
-              static_loss.copy_(l.detach());
+              ddp::optim::zero_grad(*opt, /*set_to_none=*/true);
+              static_loss.copy_(ddp::tools::run_recipe_step(recipe, inputs));
             },
-            std::vector<torch::Tensor>{static_x, static_y}, device, graph_options);
+            statics, device, graph_options);
       }
-      // Straight from pinned host memory into the static inputs, without a host wait.
-      captured->run({x_cpu.pin_memory(), y_cpu.pin_memory()});
+      captured->run(batch);
       loss = static_loss;
     } else {
       if (ddp_model) {
@@ -371,42 +381,12 @@ int run_worker(const Args& args) {
       } else {
         sharded->zero_grad();
       }
-      // One micro-batch's forward and backward; its loss divided by the micro-batch count, so the
-      // accumulated gradient is the mean over the step's whole batch.
-      const auto forward_backward = [&](int k) {
+      std::vector<ddp::tools::MicroBatch> inputs;
+      for (int k = 0; k < micro; ++k) {
         auto [x_cpu, y_cpu] = batch_of(k);
-        const auto x = to_device(x_cpu);
-        const auto y = to_device(y_cpu);
-        torch::Tensor l;
-        {
-          std::optional<ddp::parallel::AutocastGuard> autocast;
-          if (args.autocast_bf16) autocast.emplace(device.type(), torch::kBFloat16);
-          l = w.loss(forward(x), y);
-        }
-        if (micro == 1) {  // the step's loss as it is, as before accumulation existed
-          l.backward();
-          loss = l;
-          return;
-        }
-        (l / micro).backward();
-        loss = k == 0 ? l.detach() / micro : loss + l.detach() / micro;
-      };
-      for (int k = 0; k + 1 < micro; ++k) {
-        auto quiet = model.no_sync();  // gradients accumulate locally
-        forward_backward(k);
+        inputs.push_back({to_device(x_cpu), to_device(y_cpu)});
       }
-      forward_backward(micro - 1);
-      bool skip = false;
-      if (clipper) {
-        const auto clipped =
-            clipper->clip(ddp::parallel::grad_shards(model, tensor_parallel.get()), step);
-        grad_norms[step] = clipped.total_norm;
-        skip = clipped.skipped;
-      }
-      if (opt && !skip) {
-        if (scheduled) ddp::optim::set_lr(*opt, lr_now);
-        opt->step();
-      }
+      loss = ddp::tools::run_recipe_step(recipe, inputs);
     }
     if (scheduled) {
       lrs[step] = lr_now;
@@ -420,6 +400,9 @@ int run_worker(const Args& args) {
     if (step == first_step || step % kLossEvery == 0 || step == args.steps || checkpoint_due ||
         (text && text->evaluates_at(step, args.steps)) || losses.full()) {
       const double secs = seconds_since(start) - not_training_s;
+      // The clip's device counters, read here only: a non-finite step (already dropped on the
+      // device) ends the run under the error policy, naming it, or is logged under skip.
+      if (clipper) clipper->check();
       for (const auto& [at, value] : losses.flush()) {
         TORCH_CHECK(std::isfinite(value), "the loss became ", value, " at step ", at,
                     " (learning rate ", lr, "); lower --lr");
@@ -431,11 +414,10 @@ int run_worker(const Args& args) {
           report.loss = value;
           report.steps_per_second = (step - first_step + 1) / secs;
           if (lrs.count(at) > 0) report.lr = lrs[at];
-          if (grad_norms.count(at) > 0) report.grad_norm = grad_norms[at];
+          if (clipper && at == step) report.grad_norm = clipper->last_norm();
           progress.update(report);
         }
         lrs.erase(at);
-        grad_norms.erase(at);
         curve.train.push_back({at, value});
       }
       // After the flush, which waited for the step's loss: the first step's device work included.

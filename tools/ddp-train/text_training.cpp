@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <iostream>
 #include <sstream>
 
 #include <c10/util/Exception.h>
@@ -130,6 +131,17 @@ TextTraining::TextTraining(const TextFlags& flags, const models::Workload& w,
 
 std::pair<torch::Tensor, torch::Tensor> TextTraining::next_batch() {
   auto indices = sampler_.next(size_t(batch_size_));
+  if (indices && drop_partial_ && indices->size() < size_t(batch_size_)) {
+    if (lead_ && !said_dropping_) {
+      std::cout << "ddp-train: epoch " << sampler_.epoch() << " ends with a partial batch of "
+                << indices->size() << " windows per rank (of " << batch_size_
+                << "); a captured step replays one batch shape, so each epoch's partial batch is "
+                   "dropped (PyTorch's drop_last)"
+                << std::endl;
+    }
+    said_dropping_ = true;
+    indices.reset();
+  }
   if (!indices) {
     sampler_.set_epoch(sampler_.epoch() + 1);
     indices = sampler_.next(size_t(batch_size_));

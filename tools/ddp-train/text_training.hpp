@@ -78,6 +78,9 @@ class TextTraining {
   // This rank's next batch of training windows (x, y: int64 [n, seq_len], on the CPU); n is the
   // batch size, or less for the last batch of an epoch, after which the next epoch starts.
   std::pair<torch::Tensor, torch::Tensor> next_batch();
+  // From now on an epoch's last, partial batch is dropped (PyTorch's drop_last) and the next epoch
+  // starts instead, said once by the lead rank: a captured step replays one batch shape.
+  void drop_partial_batches() { drop_partial_ = true; }
   // Tokens all data ranks train on in one full step: batch size * seq_len * data ranks.
   int64_t tokens_per_step() const;
 
@@ -122,6 +125,8 @@ class TextTraining {
   torch::Device device_;
   bool lead_;
   data::DistributedSampler sampler_;
+  bool drop_partial_ = false;   // drop_partial_batches() was called
+  bool said_dropping_ = false;  // the lead rank has said that it drops them
 };
 
 }  // namespace ddp::tools

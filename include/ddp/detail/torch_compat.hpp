@@ -65,6 +65,15 @@
 #define DDP_HAVE_FOREACH_TENSOR_SCALE 0
 #endif
 
+// _fused_adam_ / _fused_adamw_ / _fused_sgd_ with a tensor learning rate and a found_inf flag
+// (2.4+ for all three): one multi-tensor kernel per parameter group for the whole update, which
+// skips itself on the device when found_inf is set (PyTorch's fused=True). 1.13 has none of them.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+#define DDP_HAVE_FUSED_OPTIM 1
+#else
+#define DDP_HAVE_FUSED_OPTIM 0
+#endif
+
 // _foreach_copy_ (2.2+): copies many tensors in one multi-tensor kernel (a few launches for a
 // whole bucket instead of one per gradient). 1.13 copies each in turn.
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2)

@@ -87,29 +87,57 @@ GradShards grad_shards(torch::nn::Module& module, const layout::TensorLayouts* l
 // over layouts]).
 at::Tensor total_grad_norm(const GradShards& grads, double norm_type = 2.0);
 
+// What one clip leaves on the device: nothing here is read by the host unless asked.
 struct ClipResult {
-  double total_norm = 0;  // before clipping
-  bool skipped = false;   // non-finite under NonFinite::kSkip: do not step
+  at::Tensor total_norm;  // 0-d float32 on the gradients' device: the norm before clipping
+  at::Tensor nonfinite;   // 0-d float32 there: 1 when total_norm is nan or inf, else 0
+  // The host reads (each a device sync): for logs and tests, not for every step.
+  double norm() const;
+  bool skipped() const;
 };
 
 // Computes the total norm and scales every gradient by min(1, max_norm / (total + 1e-6)) in
-// place. A non-finite total: NonFinite::kError throws "ddp: clip_grad_norm: the total gradient
-// norm is <nan|inf> at step <step> ...", kSkip returns skipped (gradients unchanged). `step`
-// only names the step in errors and logs.
+// place, all on the device; a non-finite total leaves the gradients unscaled (the optimizer's
+// skip flag then drops the step: DeviceStep::skip_when). Under NonFinite::kError this function
+// reads the flag on the host and throws "ddp: clip_grad_norm: the total gradient norm is <nan|inf>
+// at step <step> ..." (PyTorch's error_if_nonfinite, which reads it too); under kSkip it reads
+// nothing. `step` only names the step in errors.
 ClipResult clip_grad_norm(const GradShards& grads, const ClipOptions& options, int64_t step = -1);
 
-// clip_grad_norm with a count of the steps it skipped, each logged as a warning: what a training
-// loop holds across steps.
+// What a training loop holds across steps: clip_grad_norm without any host read per step, its
+// results kept in device tensors that stay put (a captured step writes them on every replay).
+//
+//   GradClipper clipper(options, device, first_step);
+//   opt.skip_when(clipper.skip_flag());     // the optimizer drops a non-finite step on the device
+//   ... backward; clipper.clip(grads); opt.step(); ...
+//   at a log line: clipper.last_norm(), clipper.check()   (host reads)
+//
+// Under either policy a non-finite step changes no parameter (the optimizer skips it); check()
+// then throws under kError, naming the first such step and its norm, and under kSkip logs the
+// count once per new skip.
 class GradClipper {
  public:
-  explicit GradClipper(ClipOptions options);
-  ClipResult clip(const GradShards& grads, int64_t step);
-  int64_t skipped_steps() const { return skipped_; }
+  // `device`: the gradients'; `first_step`: the number of the first step clip() sees (names steps
+  // in check()'s messages).
+  GradClipper(ClipOptions options, c10::Device device = c10::kCPU, int64_t first_step = 1);
+  // Clips this step's gradients (collective as clip_grad_norm), no host read.
+  void clip(const GradShards& grads);
+  // 0-d float32 on the device: 1 while the last clipped step's norm is not finite. Stays put.
+  const at::Tensor& skip_flag() const { return flag_; }
+  // Host reads (device syncs).
+  double last_norm() const;
+  int64_t skipped_steps() const;
+  // kError: throws if a step's norm was not finite, naming the first one; kSkip: logs a warning
+  // when steps were skipped since the last check. A host read.
+  void check();
   const ClipOptions& options() const { return options_; }
 
  private:
   ClipOptions options_;
-  int64_t skipped_ = 0;  // steps clip() returned skipped for, since construction
+  // Device scalars, made once: the last norm, the last step's flag, the count of skipped steps,
+  // the number of the step clip() is at, and the first non-finite step (-1: none) and its norm.
+  at::Tensor norm_, flag_, skipped_, step_, first_bad_step_, first_bad_norm_;
+  int64_t reported_ = 0;  // skipped steps check() has logged
 };
 
 }  // namespace ddp::optim

@@ -7,7 +7,7 @@
 //   const auto clipped = ddp::clip_grad_norm(model, 1.0);            // DDP, FULLY_SHARD, DEFAULT
 //   const auto clipped = ddp::clip_grad_norm(model, *tp, 1.0);       // DP x TP, FULLY_SHARD x TP
 //   const auto clipped = ddp::clip_grad_norm(*net, *tp, 1.0);        // TP alone
-//   if (!clipped.skipped) opt.step();
+//   if (!clipped.skipped()) opt.step();   // a host read; or opt.skip_when(clipped.nonfinite)
 //
 // Collectives: none for DDP; one over the dp group for the sharded styles; one over the tp group
 // when TP splits something; both for FULLY_SHARD x TP. Every rank of the mesh must call it.
