@@ -8,7 +8,7 @@
 #   bash scripts/gpu-check.sh build tests     # only those stages
 #
 # Stages: build, tests, graphs (issue 25: captured steps, ours and PyTorch's recipe), recipe (issue 26:
-# the GPT recipe, ours and PyTorch's in one bench/compare run, and ddp-train --data with MFU), text (ddp-train --data on the GPU), tpref (PyTorch's --tp reference checked on CPU Gloo), onegpu (ours vs PyTorch with one GPU: bare, DDP and FULLY_SHARD at world 1), sharded (FULLY_SHARD vs FSDP2), fsdpbest (issue 36: FULLY_SHARD vs FSDP2 under its reshard, prefetch and bf16 knobs), attribution (issue 13: noop hook, --no-overlap), tp (issue 15: --tp 2), final (the documented table), overlap, levers (ours only: each tuning lever against our default), table (bench/compare,
+# the GPT recipe, ours and PyTorch's in one bench/compare run, and ddp-train --data with MFU), text (ddp-train --data on the GPU), tpref (PyTorch's --tp reference checked on CPU Gloo), onegpu (ours vs PyTorch with one GPU: bare, DDP and FULLY_SHARD at world 1), sharded (FULLY_SHARD vs FSDP2), fsdpbest (issue 36: FULLY_SHARD vs FSDP2 under its reshard, prefetch and bf16 knobs), capture35 (issue 35: the GPT recipe as one captured step, ours and PyTorch's; GPT2=1 adds gpt2-small bare vs recipe, TRAIN=1 ddp-train --data eager vs captured, 3 epochs, a resume), attribution (issue 13: noop hook, --no-overlap), tp (issue 15: --tp 2), final (the documented table), overlap, levers (ours only: each tuning lever against our default), table (bench/compare,
 # ours vs PyTorch in the same run, with the 1-GPU baselines), parity (C++ vs PyTorch parameters).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -52,7 +52,7 @@ fi
 if has tests; then
   # TESTS_FILTER narrows the run (one issue's GPU tests in a short device call).
   build-gpu/tests/ddp_tests \
-    --gtest_filter="${TESTS_FILTER:-BucketPlan.*:Env.*:ReplicaCheck.*:Spawn.*:AutocastGuard.*:Models/GpuEquivalence.*:WorldSizes/FlatCollectivesNccl.*:DeviceMeshNccl.*:PosixFile.*:Checkpoint.*:CheckpointSha256.*:Safetensors.*:AllDtypes/*:Cases/*:ActivationCheckpoint.*:GptModel.*:Layout*:TakeLocal.*:BackwardNode.*:ModuleIntake.*:Options.*:UnitGradientRuntimeGpu.*:CapturedStep*:ForeachAdamW.*:Kinds/CapturableOptimizers.*:Capturable*Refuses.*:CopyIntoLayout.*:-Spawn.DdpTrainNprocWorkersArePrefixed}" \
+    --gtest_filter="${TESTS_FILTER:-BucketPlan.*:Env.*:ReplicaCheck.*:Spawn.*:AutocastGuard.*:Models/GpuEquivalence.*:WorldSizes/FlatCollectivesNccl.*:DeviceMeshNccl.*:PosixFile.*:Checkpoint.*:CheckpointSha256.*:Safetensors.*:AllDtypes/*:Cases/*:ActivationCheckpoint.*:GptModel.*:Layout*:TakeLocal.*:BackwardNode.*:ModuleIntake.*:Options.*:UnitGradientRuntimeGpu.*:CapturedStep*:Kinds/Optimizers.*:OptimizerGroups.*:OptimizerSkip.*:OptimizerCheckpoint.*:OptimizerRefuses.*:OptimizerAdamW.*:CopyIntoLayout.*:-Spawn.DdpTrainNprocWorkersArePrefixed}" \
     >"$OUT/tests.log" 2>&1
   note "tests rc=$?: $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/tests.log" | tr '\n' ' ')"
   grep -E '^\[  FAILED  \]|relative error' "$OUT/tests.log" | head -20 | tee -a "$SUMMARY"
@@ -410,6 +410,73 @@ if has fsdpbest; then
       --reshard-after-forward root-false --fsdp-prefetch 1
     ours "-again"
   done
+fi
+
+if has capture35; then
+  # Issue 35: the whole GPT recipe as one captured step. gpt-char with AdamW in weight-decay groups,
+  # warmup-cosine, clip 1.0, 2 micro-batches, bf16: ours and PyTorch's, eager and captured, DDP at
+  # each world of RECIPE_WORLDS, alternated ROUNDS times (median step ms).
+  R="--optimizer adamw --weight-decay 0.1 --beta2 0.95 --warmup-steps 10 --lr-decay-steps 1000"
+  R="$R --min-lr 0.0001 --grad-clip 1.0 --grad-accum 2"
+  rec() {  # name, then the command
+    local name="$1"; shift
+    timeout 200 "$@" >"$OUT/c35-$name.log" 2>&1
+    printf '  %-34s rc=%s %8s ms %s\n' "$name" "$?" "$(median "$OUT/c35-$name.log")" \
+      "$(grep -o 'cuda graph .*' "$OUT/c35-$name.log" | head -1 | cut -c1-120)" | tee -a "$SUMMARY"
+  }
+  if [[ -z "${SKIP_GPTCHAR:-}" ]]; then
+  for world in ${RECIPE_WORLDS:-1}; do
+    f="${FLAGS[gpt-char]} --device cuda --repeat ${C35_REPEAT:-50} --warmup 12 --ddp --nproc $world $R"
+    note "gpt-char recipe, DDP world $world (median step ms)"
+    for round in $(seq "${ROUNDS:-2}"); do
+      rec "w$world-ours-eager-$round" "$BENCH" $f
+      rec "w$world-ours-graph-$round" "$BENCH" $f --cuda-graph --verbose
+      rec "w$world-torch-eager-$round" $PY bench/reference/torch_ddp.py $f
+      rec "w$world-torch-graph-$round" $PY bench/reference/torch_ddp.py $f --cuda-graph --verbose
+      [[ -n "${TORCH_FOREACH:-}" ]] && rec "w$world-torch-graph-foreach-$round" $PY \
+        bench/reference/torch_ddp.py $f --cuda-graph --optim-impl foreach
+    done
+  done
+  fi
+  if [[ -n "${GPT2:-}" ]]; then
+    # gpt2-small, batch 16 x 1024, world 1, captured: the bare step (forward, backward, plain SGD)
+    # against the whole recipe.
+    f="--model gpt2-small --batch-size 16 --autocast-bf16 --device cuda --repeat 20 --warmup 12"
+    note "gpt2-small b16 captured, world 1 (median step ms)"
+    for round in 1 2; do
+      rec "gpt2s-bare-graph-$round" "$BENCH" $f --cuda-graph --verbose
+      rec "gpt2s-recipe-graph-$round" "$BENCH" $f --cuda-graph $R --verbose
+    done
+  fi
+  if [[ -n "${TRAIN:-}" ]]; then
+    # ddp-train --data gpt-char with the recipe, eager and captured: steps/s after the first step,
+    # the validation loss at step 300.
+    for mode in eager graph; do
+      flag=""; [[ $mode == graph ]] && flag="--cuda-graph"
+      timeout 300 build-gpu/ddp-train --nproc 1 --device cuda --data --model gpt-char \
+        --batch-size 32 --steps 300 --eval-every 100 --sample-bytes 0 --autocast-bf16 $R --lr 0.001 \
+        --timeout-s 120 --verbose $flag >"$OUT/c35-train-$mode.log" 2>&1
+      note "ddp-train --data gpt-char recipe $mode rc=$?: $(grep -oE '[0-9.]+ steps/s after the first step' "$OUT/c35-train-$mode.log" | tail -1); $(grep -i 'validation loss' "$OUT/c35-train-$mode.log" | tail -1); $(grep -o 'cuda graph .*' "$OUT/c35-train-$mode.log" | head -1 | cut -c1-100)"
+    done
+    # Three epochs captured at world $NP (batch 32: the partial batch at each epoch's end dropped),
+    # against the same run eager; then the captured run checkpointed at 700 and resumed.
+    for mode in eager graph; do
+      flag=""; [[ $mode == graph ]] && flag="--cuda-graph"
+      timeout 300 build-gpu/ddp-train --nproc "$NP" --device cuda --data --model gpt-char \
+        --batch-size 32 --steps "${EPOCH_STEPS:-1500}" --eval-every 250 --sample-bytes 0 \
+        --autocast-bf16 $R --lr 0.001 --timeout-s 120 $flag >"$OUT/c35-epochs-$mode.log" 2>&1
+      note "ddp-train --data 3 epochs world $NP $mode rc=$?: $(grep -oE '[0-9.]+ steps/s after the first step' "$OUT/c35-epochs-$mode.log" | tail -1)"
+      grep -iE 'validation loss|drop' "$OUT/c35-epochs-$mode.log" | tail -8 | tee -a "$SUMMARY"
+    done
+    rm -rf /tmp/c35-ckpt
+    common="--nproc $NP --device cuda --data --model gpt-char --batch-size 32 --eval-every 250 --sample-bytes 0 --autocast-bf16 $R --lr 0.001 --timeout-s 120 --cuda-graph --checkpoint-dir /tmp/c35-ckpt"
+    timeout 300 build-gpu/ddp-train $common --steps 700 --checkpoint-every 700 >"$OUT/c35-resume.log" 2>&1
+    rc=$?
+    timeout 300 build-gpu/ddp-train $common --steps "${EPOCH_STEPS:-1500}" --resume >>"$OUT/c35-resume.log" 2>&1
+    note "captured, saved at 700 and resumed rc=$rc,$?: $(grep 'resumed from' "$OUT/c35-resume.log")"
+    grep -iE 'validation loss' "$OUT/c35-resume.log" | tail -3 | tee -a "$SUMMARY"
+    rm -rf /tmp/c35-ckpt
+  fi
 fi
 
 if has parity; then

@@ -460,7 +460,7 @@ DDP_TEST_WORKER(captured_step_replay_timeout) {
   const std::string err = error_of([&] { step.run(); });
   require(step.state() == graphs::CapturedStep::State::kReplaying, "the products were captured");
   require(err ==
-              "ddp: captured step 3: the replay of step 1 did not finish within 100 ms (a "
+              "ddp: captured step 3: the replay of captured step 1 did not finish within 100 ms (a "
               "collective inside it waits on a rank that is dead or stopped?)",
           "the replay timeout, got: '" + err + "'");
 }
