@@ -17,14 +17,27 @@ The models mirror models/src/*.cpp: the same parameter names, shapes and registr
 the same math (checked by bench/compare --parity and tests/bench/test_reference.py). The GPT
 training recipe (nanoGPT's train.py) is in the same flags as ddp-bench's: --optimizer adamw
 --weight-decay --beta2, --warmup-steps --lr-decay-steps --min-lr --lr-decay, --grad-clip,
---grad-accum; their defaults are plain SGD at a constant --lr, one micro-batch, no clip. Flags this
-side has no use for (e.g. --no-graph-planning, --graph-dot) are accepted and reported, never an
-error, so that one command line serves both sides. --fsdp (FSDP2, with its reshard, prefetch and
+--grad-accum; their defaults are plain SGD at a constant --lr, one micro-batch, no clip. One step of
+it is recipe.py's recipe_step. --optim-impl picks torch.optim's implementation (fused, foreach,
+default); Adam/AdamW are fused on CUDA unless told otherwise, PyTorch's fastest there, and
+torch's default (per tensor) on the CPU, which the parity runs match bit for bit. Flags this side
+has no use for (e.g. --no-graph-planning, --graph-dot) are accepted and reported, never an error,
+so that one command line serves both sides. --fsdp (FSDP2, with its reshard, prefetch and
 mixed-precision knobs) is in torch_fsdp.py, --tp in torch_tp.py.
+
+--cuda-graph runs the whole recipe as PyTorch documents whole-network capture (notes/cuda): DDP
+built on a side stream, 11 eager recipe steps there, then one step captured with torch.cuda.graph
+on that stream and replayed for every timed step. The captured step holds every micro-batch (all but the last
+under DDP's no_sync), the clip (clip_grad_norm_ with foreach=True) and a capturable Adam/AdamW
+whose learning rate is a 0-dim device tensor, filled before each replay, so that the schedule runs
+inside the graph; bf16 autocast there runs with cache_enabled=False. SGD keeps a host lr, so with
+a schedule it needs --optim-impl fused (torch 2.x's fused SGD reads a device lr). The replays read
+the first batch only (--inputs' later batches are not copied in).
 """
 
 import argparse
 import contextlib
+import inspect
 import json
 import os
 import re
@@ -41,11 +54,15 @@ import safetensors_io  # noqa: E402  (next to this file, not an installed packag
 from local_launch import die_with_parent, free_port, spawn  # noqa: E402,F401
 from recipe import (  # noqa: E402,F401
     LR_DECAYS,
+    OPTIM_IMPLS,
+    default_optim_impl,
     describe_recipe,
     lr_at,
     make_optimizer,
     recipe_error,
+    recipe_step,
     scheduled,
+    set_lr,
     weight_decay_groups,
 )
 import torch_fsdp  # noqa: E402
@@ -130,6 +147,10 @@ def parse_args(argv):
                    help="clip the gradients' total 2-norm to C after the all-reduce (0: off)")
     p.add_argument("--grad-accum", type=int, default=1,
                    help="split each per-rank batch into N micro-batches; all-reduce after the last")
+    p.add_argument("--optim-impl", choices=OPTIM_IMPLS, default=None,
+                   help="torch.optim's implementation: fused (one kernel), foreach (multi-tensor) "
+                        "or default (none passed: torch's choice). Default: fused for adam/adamw "
+                        "on cuda, default elsewhere")
     # Reference-only extras: PyTorch DDP's own knobs, for "best PyTorch option" runs.
     p.add_argument("--bucket-view", action="store_true", help="gradient_as_bucket_view=True")
     p.add_argument("--static-graph", action="store_true", help="static_graph=True")
@@ -140,8 +161,9 @@ def parse_args(argv):
     p.add_argument("--timeout-s", type=int, default=300, help="collective timeout")
     p.add_argument("--cuda-graph", action="store_true",
                    help="PyTorch's recipe (notes/cuda, DDP): DDP built on a side stream, 11 eager "
-                        "steps there, then forward + backward + SGD captured in torch.cuda.graph "
-                        "and replayed")
+                        "steps there, then the whole recipe step (micro-batches, clip, capturable "
+                        "optimizer, lr from a device tensor) captured in torch.cuda.graph and "
+                        "replayed")
     args, unknown = p.parse_known_args(argv)
     if args.toy_model:
         args.model = "toy"
@@ -179,6 +201,8 @@ def parse_args(argv):
         args.lr_decay = "cosine" if args.lr_decay_steps > 0 else "constant"
     if args.min_lr is None:
         args.min_lr = args.lr / 10
+    if args.optim_impl is None:
+        args.optim_impl = default_optim_impl(args)
     why = recipe_error(args)
     if why is not None:
         p.error(why)
@@ -425,7 +449,7 @@ def worker(args, unknown):
         model = torch_fsdp.make_fsdp(model, args)
     model.train()
     lossf = loss_fn(args.model)
-    opt = make_optimizer(model, args)
+    opt = make_optimizer(model, args, device)
 
     if args.inputs:
         batches = load_inputs(args.inputs, data_rank, device)
@@ -458,7 +482,6 @@ def worker(args, unknown):
         if args.autocast_bf16
         else contextlib.nullcontext
     )
-    rf = torch.autograd.profiler.record_function
 
     def grad_sync(last):
         """Micro-batches before the last only accumulate: no all-reduce until the last one's
@@ -469,62 +492,69 @@ def worker(args, unknown):
             return model.no_sync()
         return contextlib.nullcontext()
 
-    taken = [0]  # optimizer steps so far: the schedule's step (warm-up steps count too)
+    # clip_grad_norm_'s multi-tensor kernels on CUDA (the keyword is torch >= 2.0's).
+    clip_foreach = (device.type == "cuda"
+                    and "foreach" in inspect.signature(torch.nn.utils.clip_grad_norm_).parameters)
+
+    def recipe(x, y, autocast):
+        return recipe_step(model, opt, lossf, x, y, accum=accum, grad_clip=args.grad_clip,
+                           grad_sync=grad_sync, autocast=autocast, clip_foreach=clip_foreach)
+
+    taken = [0]  # optimizer steps so far: the schedule's step (every warm-up step counts too)
+
+    def schedule():
+        """Sets the learning rate of step taken[0] (a device write under --cuda-graph)."""
+        set_lr(opt, lr_at(taken[0], args.lr, args.min_lr, args.warmup_steps, args.lr_decay_steps,
+                          args.lr_decay))
 
     def step(i):
         x, y = batches[i % len(batches)]
         opt.zero_grad()
-        if accum == 1:
-            with rf("forward"), autocast():
-                loss = lossf(model(x), y)
-            with rf("backward"):
-                loss.backward()
-        else:
-            losses = []
-            for k, (xm, ym) in enumerate(zip(x.chunk(accum), y.chunk(accum))):
-                with grad_sync(k == accum - 1):
-                    with rf("forward"), autocast():
-                        micro = lossf(model(xm), ym)
-                    with rf("backward"):
-                        # Each micro loss is a mean over 1/accum of the batch: the accumulated
-                        # gradient is then the whole batch's mean, as without accumulation.
-                        (micro / accum).backward()
-                losses.append(micro.detach())
-            loss = torch.stack(losses).mean()
-        if args.grad_clip > 0:
-            with rf("clip"):
-                torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
-        rate = lr_at(taken[0], args.lr, args.min_lr, args.warmup_steps, args.lr_decay_steps,
-                     args.lr_decay)
-        for group in opt.param_groups:
-            group["lr"] = rate
-        with rf("optimizer"):
-            opt.step()
+        schedule()
+        loss = recipe(x, y, autocast)
         taken[0] += 1
         return loss
 
+    graph = None  # --cuda-graph: the captured step, replayed by step()
     if args.cuda_graph:
-        # The recipe: 11 eager steps on the side stream (DDP's bucket rebuild and first-iteration
-        # work), then one capture of the whole step; the timed steps replay it.
+        # PyTorch's whole-network recipe (notes/cuda, "Whole-network capture" and DDP):
+        #
+        #   graph_stream: DDP built | 11 eager recipe steps (new buffers, optimizer state, DDP's
+        #                 bucket rebuild, NCCL's lazy connect) | grads set to None, one recipe
+        #                 step captured (its gradients allocated in the graph's pool)
+        #   timed steps:  lr tensor filled (outside the graph) | graph.replay()
+        #
+        # Autocast caching must be off in a captured region (PyTorch's documented constraint): a
+        # cached cast made at capture would be replayed as a stale tensor.
+        captured_autocast = (
+            (lambda: torch.autocast(device_type="cuda", dtype=torch.bfloat16, cache_enabled=False))
+            if args.autocast_bf16
+            else contextlib.nullcontext
+        )
         x0, y0 = batches[0]
+        # The batch, the optimizer's lr tensor and the parameters were made on the current stream.
+        graph_stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(graph_stream):
-            for i in range(11):
+            for _ in range(11):
                 opt.zero_grad(set_to_none=True)
-                with autocast():
-                    loss = lossf(model(x0), y0)
-                loss.backward()
-                opt.step()
+                schedule()
+                recipe(x0, y0, captured_autocast)
+                taken[0] += 1
         torch.cuda.current_stream(device).wait_stream(graph_stream)
         graph = torch.cuda.CUDAGraph()
+        # None before the capture: the captured backward allocates the gradients in the graph's
+        # pool, and every replay writes them afresh (the step's first micro-batch overwrites).
         opt.zero_grad(set_to_none=True)
-        with torch.cuda.graph(graph):
-            with autocast():
-                static_loss = lossf(model(x0), y0)
-            static_loss.backward()
-            opt.step()
+        # Captured on graph_stream, where DDP was built and the warm-up ran: each AccumulateGrad
+        # node keeps the stream of its first use (DDP holds the nodes), and on graph's own side
+        # stream torch 2.11 warns of the mismatch and forks every gradient's accumulation to it.
+        with torch.cuda.graph(graph, stream=graph_stream):
+            static_loss = recipe(x0, y0, captured_autocast)
 
         def step(i):  # noqa: F811 (the captured step replaces the eager one)
+            schedule()  # read by the replay: the lr tensor is in the graph, its value is not
             graph.replay()
+            taken[0] += 1
             return static_loss
 
     for i in range(warmup):
@@ -601,6 +631,11 @@ def worker(args, unknown):
             print(f"torch_ddp.py: {torch_fsdp.fsdp_as_run(model) or 'FSDP2 as run: not readable'}")
         print(f"mean latency {mean:.3f} ms across {repeat} runs", flush=True)
 
+    if graph is not None:
+        # A graph holding NCCL work must go before its process group (pytorch/pytorch#115388):
+        # with it alive, world-2 runs hung at their end here (torch 2.11, H200), after the result.
+        sync(device)
+        graph.reset()
     if distributed:
         dist.barrier()
         dist.destroy_process_group()

@@ -28,6 +28,7 @@ SCRIPT = os.path.join(REF_DIR, "torch_ddp.py")
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, REF_DIR)
 
+import recipe  # noqa: E402
 import safetensors_io  # noqa: E402
 import torch_ddp  # noqa: E402
 import torch_fsdp  # noqa: E402
@@ -345,9 +346,10 @@ class RecipeTest(unittest.TestCase):
                 (["--lr-decay", "linear"], "a linear decay needs --lr-decay-steps"),
                 (["--warmup-steps", "5", "--lr-decay-steps", "3"],
                  "--warmup-steps (5) must not exceed --lr-decay-steps (3)"),
-                (["--device", "cuda", "--cuda-graph", "--optimizer", "adamw", "--grad-accum", "2"],
-                 "--cuda-graph captures plain SGD at a constant --lr only; not with --grad-accum, "
-                 "--optimizer")]:
+                (["--device", "cuda", "--cuda-graph", "--warmup-steps", "2"],
+                 "--cuda-graph with an lr schedule and --optimizer sgd needs --optim-impl fused: "
+                 "torch's default SGD reads the learning rate on the host, so a captured step "
+                 "would replay one rate (use adam/adamw, or a constant --lr)")]:
             with self.assertRaises(SystemExit), contextlib.redirect_stderr(io.StringIO()) as err:
                 torch_ddp.parse_args(flags)
             self.assertIn(want, err.getvalue())
@@ -359,6 +361,142 @@ class RecipeTest(unittest.TestCase):
         self.assertFalse(torch_ddp.scheduled(args))
         args, _ = torch_ddp.parse_args(["--lr", "0.5", "--lr-decay-steps", "10"])
         self.assertEqual((args.lr_decay, args.min_lr), ("cosine", 0.05))
+
+
+class CapturedRecipeTest(unittest.TestCase):
+    """--cuda-graph runs the whole recipe (recipe.recipe_step inside torch.cuda.graph) and
+    --optim-impl picks torch.optim's implementation. The capture itself needs CUDA (checked on the
+    GPU machine: captured and eager parameters equal); here, on any torch, what can run without it."""
+
+    RECIPE = ["--optimizer", "adamw", "--grad-clip", "1", "--grad-accum", "2", "--warmup-steps",
+              "2", "--lr-decay-steps", "10"]
+
+    def test_cuda_graph_takes_the_whole_recipe(self):
+        for flags in (["--cuda-graph", *self.RECIPE],
+                      ["--device", "cuda", "--cuda-graph", *self.RECIPE],
+                      ["--device", "cuda", "--cuda-graph", "--optimizer", "adam", "--lr-decay",
+                       "linear", "--lr-decay-steps", "5"],
+                      ["--device", "cuda", "--cuda-graph", "--grad-accum", "4", "--grad-clip", "1"]):
+            args, _ = torch_ddp.parse_args(flags)
+            self.assertIsNone(torch_ddp.recipe_error(args), flags)
+
+    def test_fused_on_the_cpu_is_refused_by_exact_text(self):
+        if recipe._torch_at_least(2, 4):
+            self.skipTest(f"torch {torch.__version__} has fused CPU optimizers")
+        r = subprocess.run([sys.executable, SCRIPT, "--optim-impl", "fused", "--device", "cpu",
+                            "--optimizer", "adamw"], capture_output=True, text=True, timeout=120,
+                           cwd=ROOT)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn(f"torch_ddp.py: error: --optim-impl fused needs --device cuda with torch "
+                      f"{torch.__version__}: its fused optimizers are CUDA kernels (the CPU ones "
+                      f"came in torch 2.4); use --optim-impl foreach or default", r.stderr)
+
+    def test_implementation_defaults_and_what_reaches_the_optimizer(self):
+        def impl(*flags):
+            return torch_ddp.parse_args(list(flags))[0].optim_impl
+
+        self.assertEqual(impl("--optimizer", "adamw"), "default")  # the CPU parity's update
+        self.assertEqual(impl("--device", "cuda"), "default")  # SGD as always
+        fused = "fused" if recipe._takes(torch.optim.AdamW, "fused") else "default"
+        self.assertEqual(impl("--device", "cuda", "--optimizer", "adamw"), fused)
+        self.assertEqual(impl("--device", "cuda", "--optimizer", "adamw", "--optim-impl", "foreach"),
+                         "foreach")
+        model = zoo.build_model("toy")
+        for flags, foreach in ((["--optimizer", "adamw", "--optim-impl", "foreach"], True),
+                               (["--optimizer", "adam"], None),
+                               (["--optim-impl", "foreach"], True)):
+            opt = torch_ddp.make_optimizer(model, torch_ddp.parse_args(flags)[0])
+            self.assertEqual(opt.defaults["foreach"], foreach, flags)
+            self.assertFalse(opt.defaults.get("fused") or opt.defaults.get("capturable"), flags)
+
+    def test_verbose_names_the_implementation(self):
+        args, _ = torch_ddp.parse_args(["--device", "cuda", "--cuda-graph", "--optimizer", "adamw",
+                                        "--beta2", "0.95", "--grad-clip", "1"])
+        self.assertEqual(torch_ddp.describe_recipe(args),
+                         f"optimizer adamw ({args.optim_impl}, capturable, betas 0.9/0.95, eps 1e-8, "
+                         f"weight decay 0.1 on dim >= 2), lr 0.01 (a device tensor, set before each "
+                         f"replay), grad clip 1, grad accum 1")
+        args, _ = torch_ddp.parse_args(["--optimizer", "adam", "--optim-impl", "foreach"])
+        self.assertEqual(torch_ddp.describe_recipe(args),
+                         "optimizer adam (foreach, betas 0.9/0.999, eps 1e-8), lr 0.01, no grad clip, "
+                         "grad accum 1")
+        args, _ = torch_ddp.parse_args(["--device", "cuda", "--cuda-graph"])
+        self.assertEqual(torch_ddp.describe_recipe(args),
+                         "optimizer sgd (default, momentum 0), lr 0.01, no grad clip, grad accum 1")
+
+    def test_set_lr_fills_the_shared_tensor_in_place(self):
+        model = zoo.build_model("toy")
+        args, _ = torch_ddp.parse_args(["--optimizer", "adamw"])
+        opt = torch_ddp.make_optimizer(model, args)
+        lr = torch.tensor(0.5)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        torch_ddp.set_lr(opt, 0.125)
+        # The same tensor (a captured step holds its address), now holding the new rate.
+        self.assertTrue(all(g["lr"] is lr for g in opt.param_groups))
+        self.assertEqual(lr.item(), 0.125)
+        plain = torch_ddp.make_optimizer(model, torch_ddp.parse_args([])[0])
+        torch_ddp.set_lr(plain, 0.25)
+        self.assertEqual([g["lr"] for g in plain.param_groups], [0.25])
+
+    def test_only_the_last_micro_batch_synchronizes(self):
+        torch.manual_seed(0)
+        model = zoo.build_model("toy")
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        x, y = zoo.random_batch("toy", 6)
+        for accum, want in ((3, [False, False, True]), (2, [False, True]), (1, [])):
+            calls = []
+
+            def grad_sync(last):
+                calls.append(last)
+                return contextlib.nullcontext()
+
+            opt.zero_grad(set_to_none=True)
+            recipe.recipe_step(model, opt, zoo.loss_fn("toy"), x, y, accum=accum,
+                               grad_sync=grad_sync)
+            self.assertEqual(calls, want, f"accum {accum}")
+
+    def test_recipe_step_equals_the_eager_path(self):
+        # The captured step's body, run eagerly on the CPU the way the capture drives it (gradients
+        # set to None, the rate written into one lr tensor before each step), ends where the
+        # script's eager path does: AdamW in two groups, 2 micro-batches, a clip, a schedule.
+        torch.manual_seed(0)
+        model = "mlp-deep"
+        init = {n: p.detach() for n, p in torch_ddp.build_model(model).named_parameters()}
+        gen = torch.Generator().manual_seed(2)
+        inputs = {}
+        for step in range(3):
+            x, y = torch_ddp.random_batch(model, 8, gen)
+            inputs[f"x.{step}.0"], inputs[f"y.{step}.0"] = x, y / 512 ** 0.5
+        with tempfile.TemporaryDirectory() as tmp:
+            f = {k: os.path.join(tmp, k + ".safetensors") for k in ("init", "inputs", "eager")}
+            safetensors_io.save_file(init, f["init"])
+            safetensors_io.save_file(inputs, f["inputs"])
+            flags = ["--model", model, "--lr", "1e-3", "--optimizer", "adamw", "--grad-clip", "0.5",
+                     "--grad-accum", "2", "--warmup-steps", "1", "--lr-decay-steps", "2"]
+            run_reference(*flags, "--init-params", f["init"], "--inputs", f["inputs"],
+                          "--save-params", f["eager"])
+            eager = safetensors_io.load_file(f["eager"])
+
+            args, _ = torch_ddp.parse_args(flags)
+            net = zoo.build_model(model)
+            torch_ddp.load_params(net, f["init"])
+            opt = torch_ddp.make_optimizer(net, args)
+            lr = torch.tensor(args.lr)  # what --cuda-graph puts on the device
+            for group in opt.param_groups:
+                group["lr"] = lr
+            lossf = zoo.loss_fn(model)
+            batches = torch_ddp.load_inputs(f["inputs"], 0, torch.device("cpu"))
+        self.assertEqual(len(batches), 3)
+        for step, (x, y) in enumerate(batches):
+            opt.zero_grad(set_to_none=True)
+            torch_ddp.set_lr(opt, torch_ddp.lr_at(step, args.lr, args.min_lr, args.warmup_steps,
+                                                  args.lr_decay_steps, args.lr_decay))
+            recipe.recipe_step(net, opt, lossf, x, y, accum=2, grad_clip=0.5)
+        self.assertAlmostEqual(lr.item(), args.min_lr, delta=1e-10)  # step 2 is the decay's end
+        for name, p in net.named_parameters():
+            self.assertGreater(rel_diff(eager[name], init[name]), 0, f"{name} did not move")
+            self.assertLess(rel_diff(p.detach(), eager[name]), 1e-6, name)
 
 
 class FullyShardFlagsTest(unittest.TestCase):
