@@ -295,9 +295,10 @@ int run_worker(const Args& args) {
   recipe.clipper = clipper ? &*clipper : nullptr;
   recipe.grad_shards = [&] { return ddp::parallel::grad_shards(model, tensor_parallel.get()); };
   recipe.optimizer = opt.get();
-  // The rate of the steps whose loss is not printed yet (the loss log reads losses in batches): a
-  // progress line shows both, and the gradient norm of the step it is printed at.
+  // The rate and the gradient norm of the steps whose loss is not printed yet (the loss log reads
+  // losses in batches): a progress line shows all three of its step.
   std::map<int64_t, double> lrs;
+  std::map<int64_t, torch::Tensor> grad_norms;  // device copies, read where a line is printed
   // A batch to the device. On CUDA through pinned memory without waiting: a copy from pageable
   // memory makes the host wait for the stream, so it could not run ahead of the GPU.
   const auto to_device = [&](const torch::Tensor& t) {
@@ -388,6 +389,7 @@ int run_worker(const Args& args) {
       }
       loss = ddp::tools::run_recipe_step(recipe, inputs);
     }
+    if (clipper) grad_norms[step] = clipper->norm().clone();  // a device copy, no host read
     if (scheduled) {
       lrs[step] = lr_now;
       curve.lr.push_back({step, lr_now});
@@ -414,10 +416,11 @@ int run_worker(const Args& args) {
           report.loss = value;
           report.steps_per_second = (step - first_step + 1) / secs;
           if (lrs.count(at) > 0) report.lr = lrs[at];
-          if (clipper && at == step) report.grad_norm = clipper->last_norm();
+          if (grad_norms.count(at) > 0) report.grad_norm = grad_norms[at].item<double>();
           progress.update(report);
         }
         lrs.erase(at);
+        grad_norms.erase(at);
         curve.train.push_back({at, value});
       }
       // After the flush, which waited for the step's loss: the first step's device work included.

@@ -124,6 +124,9 @@ class GradClipper {
   void clip(const GradShards& grads);
   // 0-d float32 on the device: 1 while the last clipped step's norm is not finite. Stays put.
   const at::Tensor& skip_flag() const { return flag_; }
+  // 0-d float32 on the device: the last clipped step's total norm. Stays put (clone it to keep a
+  // step's value without a host read).
+  const at::Tensor& norm() const { return norm_; }
   // Host reads (device syncs).
   double last_norm() const;
   int64_t skipped_steps() const;
