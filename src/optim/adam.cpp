@@ -2,7 +2,6 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
-#include <torch/autograd.h>
 
 #include <cmath>
 #include <optional>
@@ -28,16 +27,7 @@ BasicAdam<Torch, Options, State>::BasicAdam(std::vector<at::Tensor> params, Opti
 
 template <typename Torch, typename Options, typename State>
 torch::Tensor BasicAdam<Torch, Options, State>::step(typename Torch::LossClosure closure) {
-  torch::Tensor loss;
-  if (closure != nullptr) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
-  at::NoGradGuard no_grad;
-  sync_groups();
-  count_step();
-  for (size_t g = 0; g < this->param_groups().size(); ++g) step_group(g);
-  return loss;
+  return step_groups(closure, [this](size_t g) { step_group(g); });
 }
 
 template <typename Torch, typename Options, typename State>

@@ -72,6 +72,20 @@ void DeviceStep::skip_when(at::Tensor flag) {
 
 at::Tensor DeviceStep::skipping() const { return skip_ > 0; }
 
+at::Tensor DeviceStep::step_groups(const torch::optim::Optimizer::LossClosure& closure,
+                                   const std::function<void(size_t)>& step_group) {
+  at::Tensor loss;
+  if (closure != nullptr) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  at::NoGradGuard no_grad;
+  sync_groups();
+  count_step();
+  for (size_t g = 0; g < self_.param_groups().size(); ++g) step_group(g);
+  return loss;
+}
+
 void DeviceStep::count_step() {
   if (skip_.defined()) {
     step_.add_(1).sub_(skip_);

@@ -2,7 +2,6 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
-#include <torch/autograd.h>
 
 #include <utility>
 
@@ -22,16 +21,7 @@ Sgd::Sgd(std::vector<at::Tensor> params, torch::optim::SGDOptions defaults)
           defaults) {}
 
 torch::Tensor Sgd::step(LossClosure closure) {
-  torch::Tensor loss;
-  if (closure != nullptr) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
-  at::NoGradGuard no_grad;
-  sync_groups();
-  count_step();
-  for (size_t g = 0; g < param_groups().size(); ++g) step_group(g);
-  return loss;
+  return step_groups(closure, [this](size_t g) { step_group(g); });
 }
 
 void Sgd::step_group(size_t group) {

@@ -106,6 +106,19 @@ struct Config {
   }
 };
 
+// The whole GPT recipe on the zoo's small GPT: AdamW in weight-decay groups under the schedule,
+// clip 1.0 on the device, 2 micro-batches, bf16 autocast.
+Config gpt_recipe(const std::string& style) {
+  Config c;
+  c.model = "gpt";
+  c.style = style;
+  c.optimizer = "recipe";
+  c.autocast_bf16 = true;
+  c.micro_batches = 2;
+  c.clip = 1.0;
+  return c;
+}
+
 struct Result {
   std::vector<torch::Tensor> params;  // whole, on the CPU
   graphs::CapturedStep::State state = graphs::CapturedStep::State::kWarmingUp;
@@ -274,21 +287,13 @@ DDP_TEST_WORKER(captured_step_equals_eager) {
     gpt.style = style;
     gpt.optimizer = "adamw";
     gpt.autocast_bf16 = true;
-    gpt.eager_torch_optim = false;
     configs.push_back(gpt);
     Config mlp;  // accumulation over 3 micro-batches, one graph
     mlp.model = "mlp";
     mlp.style = style;
     mlp.micro_batches = 3;
     configs.push_back(mlp);
-    Config recipe;  // the whole GPT recipe
-    recipe.model = "gpt";
-    recipe.style = style;
-    recipe.optimizer = "recipe";
-    recipe.autocast_bf16 = true;
-    recipe.micro_batches = 2;
-    recipe.clip = 1.0;
-    configs.push_back(recipe);
+    configs.push_back(gpt_recipe(style));
   }
   for (const Config& c : configs) {
     const Result eager = train(c, false, pg);
@@ -320,13 +325,7 @@ DDP_TEST_WORKER(captured_step_equals_eager) {
   // An inf gradient at step 5 of the recipe, captured: the step is dropped on the device, so the
   // run equals (bit for bit) an eager run that never took step 5, and the drop is counted.
   for (const std::string style : {"ddp", "fsdp"}) {
-    Config recipe;
-    recipe.model = "gpt";
-    recipe.style = style;
-    recipe.optimizer = "recipe";
-    recipe.autocast_bf16 = true;
-    recipe.micro_batches = 2;
-    recipe.clip = 1.0;
+    Config recipe = gpt_recipe(style);
     Config oracle = recipe;
     oracle.leave_out = 5;
     recipe.inject_inf_at = 5;

@@ -1,6 +1,7 @@
 #include "common/recipe_flags.hpp"
 
 #include "ddp/optim/adam.hpp"
+#include "ddp/optim/device_step.hpp"
 #include "ddp/optim/param_groups.hpp"
 #include "ddp/optim/sgd.hpp"
 
@@ -86,6 +87,18 @@ std::string check_recipe_flags(const CLI::App& app, const RecipeFlags& flags, do
            "after every micro-batch";
   }
   return optim::schedule_error(schedule_of(flags, lr));
+}
+
+std::optional<optim::GradClipper> make_clipper(const RecipeFlags& flags, c10::Device device,
+                                               int64_t first_step,
+                                               torch::optim::Optimizer* optimizer) {
+  std::optional<optim::GradClipper> clipper;
+  if (flags.grad_clip <= 0) return clipper;
+  clipper.emplace(clip_of(flags), device, first_step);
+  if (auto* on_device = dynamic_cast<optim::DeviceStep*>(optimizer)) {
+    on_device->skip_when(clipper->skip_flag());
+  }
+  return clipper;
 }
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const RecipeFlags& flags,

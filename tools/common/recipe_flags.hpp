@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -57,6 +58,13 @@ optim::LrScheduleOptions schedule_of(const RecipeFlags& flags, double lr);
 optim::ClipOptions clip_of(const RecipeFlags& flags);
 // Whether the rate changes over the run (a warmup or a decay): then set every step.
 bool has_schedule(const RecipeFlags& flags);
+
+// --grad-clip's clipper (none without it) on `device`, its first step numbered `first_step`, and
+// `optimizer` (one of the house's, or null) told to drop a step whose norm is not finite, on the
+// device.
+std::optional<optim::GradClipper> make_clipper(const RecipeFlags& flags, c10::Device device,
+                                               int64_t first_step,
+                                               torch::optim::Optimizer* optimizer);
 
 // flags.optimizer over `params` (distinct) at rate `lr`: SGD with `sgd_momentum`, Adam with
 // betas (0.9, beta2), AdamW the same in weight-decay groups (dim >= 2 decayed, the rest not). The

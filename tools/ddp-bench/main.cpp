@@ -270,13 +270,8 @@ int run_worker(const Args& args) {
               "ddp-bench: ", ddp::optim::schedule_error(schedule));
   const bool scheduled = ddp::tools::has_schedule(args.recipe);
   // The clip's norm and skip flag stay on the device; the optimizer drops a non-finite step there.
-  std::optional<ddp::optim::GradClipper> clipper;
-  if (args.recipe.grad_clip > 0) {
-    clipper.emplace(ddp::tools::clip_of(args.recipe), device, /*first_step=*/0);
-    if (auto* on_device = dynamic_cast<ddp::optim::DeviceStep*>(opt.get())) {
-      on_device->skip_when(clipper->skip_flag());
-    }
-  }
+  std::optional<ddp::optim::GradClipper> clipper =
+      ddp::tools::make_clipper(args.recipe, device, /*first_step=*/0, opt.get());
   // The gradients as this rank holds them, split by the style and --tp (for --grad-clip).
   const auto grad_shards = [&] {
     if (wrapped) return ddp::parallel::grad_shards(*wrapped, tensor_parallel.get());

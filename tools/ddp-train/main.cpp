@@ -278,13 +278,8 @@ int run_worker(const Args& args) {
   // --grad-clip: the norm over every rank's shards (parallel/grad_clip.hpp), each step.
   // Its norm and skip flag stay on the device; the optimizer drops a non-finite step there, and
   // the host reads the norm and the count only where a progress line is printed.
-  std::optional<ddp::optim::GradClipper> clipper;
-  if (args.recipe.grad_clip > 0) {
-    clipper.emplace(ddp::tools::clip_of(args.recipe), device, first_step);
-    if (auto* on_device = dynamic_cast<ddp::optim::DeviceStep*>(opt.get())) {
-      on_device->skip_when(clipper->skip_flag());
-    }
-  }
+  std::optional<ddp::optim::GradClipper> clipper =
+      ddp::tools::make_clipper(args.recipe, device, first_step, opt.get());
   // The step itself (tools/common/recipe_step.hpp): the same body eager and captured.
   ddp::tools::RecipeStep recipe;
   recipe.wrapped = &model;

@@ -28,6 +28,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace ddp::optim {
@@ -73,6 +74,10 @@ class DeviceStep {
   // rate changed through the host options (torch's API, an eager step) written to the device.
   // Under capture nothing changes here: replays read the scalars set_lr writes between them.
   void sync_groups();
+  // The step every algorithm shares, torch::optim's way: the closure (if any) under grad mode,
+  // then without grad the groups synced, the step counted and `step_group` run on each group.
+  at::Tensor step_groups(const torch::optim::Optimizer::LossClosure& closure,
+                         const std::function<void(size_t)>& step_group);
   // Counts this step on the device: +1, or +(1 - flag) with a skip flag.
   void count_step();
   // Sets the count (a loaded checkpoint's).
