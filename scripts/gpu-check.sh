@@ -196,8 +196,9 @@ if has levers; then
 fi
 
 if has recipe; then
-  # Issue 26: AdamW in weight-decay groups, warmup-cosine, clip 1.0, 2 micro-batches, bf16 autocast
-  # on gpt-char (fused attention), ours and PyTorch's alternately; then ddp-train --data with MFU.
+  # Issue 26: AdamW in weight-decay groups, warmup-cosine, clip 1.0, 2 micro-batches of 16 on both
+  # sides, bf16 autocast on gpt-char (fused attention), ours and PyTorch's alternately; then
+  # ddp-train --data with MFU.
   R="--optimizer adamw --weight-decay 0.1 --beta2 0.95 --warmup-steps 10 --lr-decay-steps 100"
   R="$R --min-lr 0.0001 --grad-clip 1.0 --grad-accum 2"
   $PY bench/compare --device cuda --models gpt-char --nproc "$NP" --batch-size 16 --autocast-bf16 \
@@ -414,8 +415,9 @@ fi
 
 if has capture35; then
   # Issue 35: the whole GPT recipe as one captured step. gpt-char with AdamW in weight-decay groups,
-  # warmup-cosine, clip 1.0, 2 micro-batches, bf16: ours and PyTorch's, eager and captured, DDP at
-  # each world of RECIPE_WORLDS, alternated ROUNDS times (median step ms).
+  # warmup-cosine, clip 1.0, 2 micro-batches of 8 (16 sequences a step per rank on both sides:
+  # --batch-size is the micro-batch), bf16: ours and PyTorch's, eager and captured, DDP at each
+  # world of RECIPE_WORLDS, alternated ROUNDS times (median step ms).
   R="--optimizer adamw --weight-decay 0.1 --beta2 0.95 --warmup-steps 10 --lr-decay-steps 1000"
   R="$R --min-lr 0.0001 --grad-clip 1.0 --grad-accum 2"
   rec() {  # name, then the command
@@ -426,7 +428,8 @@ if has capture35; then
   }
   if [[ -z "${SKIP_GPTCHAR:-}" ]]; then
   for world in ${RECIPE_WORLDS:-1}; do
-    f="${FLAGS[gpt-char]} --device cuda --repeat ${C35_REPEAT:-50} --warmup 12 --ddp --nproc $world $R"
+    f="--model gpt-char --batch-size 8 --autocast-bf16 --device cuda --repeat ${C35_REPEAT:-50}"
+    f="$f --warmup 12 --ddp --nproc $world $R"
     note "gpt-char recipe, DDP world $world (median step ms)"
     for round in $(seq "${ROUNDS:-2}"); do
       rec "w$world-ours-eager-$round" "$BENCH" $f

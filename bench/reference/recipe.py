@@ -172,11 +172,12 @@ def set_lr(opt, rate):
 
 def recipe_step(model, opt, lossf, x, y, accum=1, grad_clip=0.0, grad_sync=None,
                 autocast=contextlib.nullcontext, clip_foreach=False):
-    """One optimizer step of the recipe on the batch (x, y), as the eager step and the captured one
-    run it: `accum` micro-batches (x and y chunked along dim 0), each loss divided by accum, all
-    but the last under grad_sync(False) (DDP's no_sync), the last under grad_sync(True); the
-    gradients' total 2-norm clipped to grad_clip (0: off); opt.step(). Returns the batch's loss
-    (a tensor: nothing here reads the device from the host, so the step can be captured).
+    """One optimizer step of the recipe on the step's batch (x, y) of accum x --batch-size samples,
+    as the eager step and the captured one run it: `accum` micro-batches (x and y chunked along dim
+    0), each loss divided by accum, all but the last under grad_sync(False) (DDP's no_sync), the
+    last under grad_sync(True); the gradients' total 2-norm clipped to grad_clip (0: off);
+    opt.step(). Returns the batch's loss (a tensor: nothing here reads the device from the host,
+    so the step can be captured).
 
     The caller zeroes (or frees) the gradients first and sets the learning rate (set_lr); the
     micro-batches' gradients add up from there. Inside a capture (torch.cuda.graph) the gradients

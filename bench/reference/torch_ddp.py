@@ -114,7 +114,9 @@ def parse_args(argv):
     p.add_argument("--tp", type=int, default=0,
                    help="tensor parallel over N ranks of a (world / N, N) mesh, DDP over the rest "
                         "(torch >= 2.2: parallelize_module; torch_tp.py)")
-    p.add_argument("--batch-size", type=int, default=32, help="per rank")
+    p.add_argument("--batch-size", type=int, default=32,
+                   help="per rank, per micro-batch (a step reads --batch-size x --grad-accum "
+                        "samples, as ddp-bench and ddp-train)")
     p.add_argument("--repeat", type=int, default=10, help="timed steps")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     p.add_argument("--nproc", type=int, default=0, help="spawn N local workers")
@@ -146,7 +148,8 @@ def parse_args(argv):
     p.add_argument("--grad-clip", type=float, default=0.0,
                    help="clip the gradients' total 2-norm to C after the all-reduce (0: off)")
     p.add_argument("--grad-accum", type=int, default=1,
-                   help="split each per-rank batch into N micro-batches; all-reduce after the last")
+                   help="N micro-batches of --batch-size per rank per step (an --inputs batch "
+                        "is split into N); all-reduce after the last")
     p.add_argument("--optim-impl", choices=OPTIM_IMPLS, default=None,
                    help="torch.optim's implementation: fused (one kernel), foreach (multi-tensor) "
                         "or default (none passed: torch's choice). Default: fused for adam/adamw "
@@ -258,6 +261,25 @@ def load_inputs(path, rank, device):
             raise SystemExit(f"torch_ddp.py: --inputs {path}: no {xn} / {yn} for rank {rank}")
         batches.append((tensors[xn].to(device), tensors[yn].to(device)))
     return batches
+
+
+def step_batches(args, data_rank, device="cpu"):
+    """This rank's step batches [(x, y), ...] and the untimed and timed step counts.
+
+    Without --inputs: one random batch of --batch-size x --grad-accum samples, read by every step
+    (--batch-size is the micro-batch, as ddp-bench's and ddp-train's). With --inputs: the file's
+    batches as they are, one a step, each split into --grad-accum equal micro-batches."""
+    if args.inputs:
+        batches = load_inputs(args.inputs, data_rank, device)
+        for x, _ in batches:
+            if x.shape[0] % args.grad_accum:
+                raise SystemExit(f"torch_ddp.py: --grad-accum {args.grad_accum} does not divide "
+                                 f"the per-rank batch of {x.shape[0]} in --inputs {args.inputs} "
+                                 f"into equal micro-batches")
+        return batches, 0, len(batches)
+    gen = torch.Generator().manual_seed(1000 + data_rank)
+    batch = random_batch(args.model, args.batch_size * args.grad_accum, gen, device)
+    return [batch], args.warmup, args.repeat
 
 
 def memory_per_rank(net, opt, device):
@@ -451,18 +473,8 @@ def worker(args, unknown):
     lossf = loss_fn(args.model)
     opt = make_optimizer(model, args, device)
 
-    if args.inputs:
-        batches = load_inputs(args.inputs, data_rank, device)
-        warmup, repeat = 0, len(batches)
-    else:
-        gen = torch.Generator().manual_seed(1000 + data_rank)
-        batches = [random_batch(args.model, args.batch_size, gen, device)]
-        warmup, repeat = args.warmup, args.repeat
+    batches, warmup, repeat = step_batches(args, data_rank, device)
     accum = args.grad_accum
-    for x, _ in batches:
-        if x.shape[0] % accum:
-            raise SystemExit(f"torch_ddp.py: --grad-accum {accum} does not divide the per-rank "
-                             f"batch of {x.shape[0]} into equal micro-batches")
 
     if lead and args.verbose:
         n = sum(p.numel() for p in net.parameters())
@@ -604,7 +616,9 @@ def worker(args, unknown):
         fields = {
             "model": args.model,
             "world": world,
-            "batch": args.batch_size if not args.inputs else int(batches[0][0].shape[0]),
+            # The micro-batch per rank, as ddp-bench's "batch" (a step reads grad_accum of them).
+            "batch": (args.batch_size if not args.inputs
+                      else int(batches[0][0].shape[0]) // args.grad_accum),
             "device": args.device,
             "side": "pytorch",
             "median_ms": round(median, 3),

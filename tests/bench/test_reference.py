@@ -249,6 +249,17 @@ class CompareTest(unittest.TestCase):
         cmd = compare.side_command(args, "pytorch", "toy", 2)
         self.assertLess(cmd.index("--grad-accum"), cmd.index("--static-graph"))
 
+    def test_both_sides_get_one_micro_batch_size(self):
+        # --batch-size is the micro-batch on both sides (ddp-bench's meaning, torch_ddp.py's too),
+        # so the same flag measures the same work; --parity writes micro-batch x accum a step.
+        compare = self.load_compare()
+        for recipe_args, accum in [("", 1), ("--optimizer adamw --grad-accum 3", 3),
+                                   ("--grad-accum=2", 2)]:
+            args = compare.parse_args(["--batch-size", "4", f"--recipe-args={recipe_args}"])
+            self.assertEqual(compare.recipe_grad_accum(args), accum, recipe_args)
+            cmds = [compare.side_command(args, side, "toy", 2) for side in ("ours", "pytorch")]
+            self.assertEqual([c[c.index("--batch-size") + 1] for c in cmds], ["4", "4"])
+
     def test_cuda_graph_refusals(self):
         for flags, want in [
                 ([], "--cuda-graph needs --device cuda, not --device cpu: CUDA graphs capture GPU "
@@ -332,12 +343,45 @@ class RecipeTest(unittest.TestCase):
             self.assertGreater(rel_diff(one[name], init[name]), 0, f"{name} did not move")
             self.assertLess(rel_diff(four[name], one[name]), 1e-6, name)
 
-    def test_grad_accum_that_does_not_divide_the_batch_is_refused(self):
-        r = subprocess.run([sys.executable, SCRIPT, "--model", "toy", "--batch-size", "8",
-                            "--grad-accum", "3", "--repeat", "1", "--warmup", "0"],
-                           capture_output=True, text=True, timeout=120, cwd=ROOT)
+    def test_batch_size_is_the_micro_batch_as_ddp_bench_s(self):
+        # A step reads --batch-size x --grad-accum samples per rank (ddp-bench's and ddp-train's
+        # meaning); the result line's batch is the micro-batch. An --inputs batch is the step's.
+        for model, batch, accum in [("toy", 3, 1), ("mlp-deep", 3, 2), ("gpt-tiny", 2, 4)]:
+            args, _ = torch_ddp.parse_args(["--model", model, "--batch-size", str(batch),
+                                            "--grad-accum", str(accum)])
+            batches, warmup, repeat = torch_ddp.step_batches(args, data_rank=1)
+            self.assertEqual(len(batches), 1, model)
+            x, y = batches[0]
+            self.assertEqual((x.shape[0], y.shape[0]), (batch * accum, batch * accum), model)
+            self.assertEqual((warmup, repeat), (args.warmup, args.repeat))
+            # Micro-batches of --batch-size, as recipe_step chunks the step's batch.
+            self.assertEqual([m.shape[0] for m in x.chunk(accum)], [batch] * accum, model)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "inputs.safetensors")
+            safetensors_io.save_file({f"{t}.{s}.0": torch.zeros(8, 2000) for t in "xy"
+                                      for s in range(3)}, path)
+            args, _ = torch_ddp.parse_args(["--batch-size", "5", "--grad-accum", "4",
+                                            "--inputs", path])
+            batches, warmup, repeat = torch_ddp.step_batches(args, data_rank=0)
+            self.assertEqual([x.shape[0] for x, _ in batches], [8, 8, 8])
+            self.assertEqual((warmup, repeat), (0, 3))
+        # 3 micro-batches of 5: the split that the per-step meaning refused (5 % 3) runs.
+        proc = run_reference("--model", "mlp-deep", "--batch-size", "5", "--grad-accum", "3",
+                             "--repeat", "1", "--warmup", "0", "--json")
+        fields = json.loads(proc.stdout.strip().splitlines()[-2])
+        self.assertEqual(fields["batch"], 5)
+
+    def test_grad_accum_that_does_not_divide_an_inputs_batch_is_refused(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "inputs.safetensors")
+            safetensors_io.save_file({"x.0.0": torch.zeros(8, 2000), "y.0.0": torch.zeros(8, 2000)},
+                                     path)
+            r = subprocess.run([sys.executable, SCRIPT, "--model", "toy", "--inputs", path,
+                                "--grad-accum", "3"],
+                               capture_output=True, text=True, timeout=120, cwd=ROOT)
         self.assertNotEqual(r.returncode, 0)
-        self.assertIn("--grad-accum 3 does not divide the per-rank batch of 8", r.stderr)
+        self.assertIn(f"--grad-accum 3 does not divide the per-rank batch of 8 in --inputs {path} "
+                      "into equal micro-batches", r.stderr)
 
     def test_bad_recipe_flags_are_parser_errors(self):
         for flags, want in [
