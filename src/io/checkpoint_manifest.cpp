@@ -151,8 +151,9 @@ std::string manifest_to_json(const Manifest& m) {
             {"data_position", m.data_position},
             {"world_size", m.world_size},
             {"optimizer", m.optimizer},
-            // CUDA generators are not captured: the CPU build has none, and the CUDA build
-            // draws no random numbers in the training paths we checkpoint.
+            // CUDA generators are not saved: their draws in a training step are a function of
+            // (seed, step) through graphs::StepRng, which a resumed run sets as the saved one did
+            // (a captured step's replays move the generator, so a saved offset would not do).
             {"rng", {{"cpu", "rng.safetensors"}, {"cuda", "not saved"}}},
             {"files", files}};
   if (!m.sharded.empty()) {

@@ -135,6 +135,9 @@ TEST(DdpTrainText, FlagsThatNeedDataOrAGptAreRefused) {
   auto [out, code] = run("--model mlp --eval-every 5");
   EXPECT_EQ(code, 2) << out;
   EXPECT_NE(out.find("ddp-train: --eval-every needs --data"), std::string::npos) << out;
+  std::tie(out, code) = run("--model mlp --drop-last");
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_NE(out.find("ddp-train: --drop-last needs --data"), std::string::npos) << out;
   std::tie(out, code) = run("--data --model mlp");
   EXPECT_EQ(code, 2) << out;
   EXPECT_NE(out.find("ddp-train: --data trains a GPT on bytes, but --model mlp is not one; use "
@@ -251,6 +254,79 @@ TEST(DdpTrainText, ShardedCheckpointResumesAtAnotherWorldSizeAfterAnEpoch) {
       run(train + "--nproc 2 --batch-size 6 --steps 36 --save-weights " + dir + "/ddp.safetensors");
   ASSERT_EQ(c_code, 0) << c_out;
   ddp::testing::expect_same_weights(dir + "/ddp.safetensors", dir + "/resumed.safetensors");
+}
+
+// --drop-last at world 2: the fox file's 328 training windows give each rank 164, 16 batches of 10
+// and a partial one of 4. With the flag, step 17 trains on epoch 1's first batch instead of the 4
+// (said once), so its weights differ from the run without it; checkpointed at step 16, before the
+// drop, and resumed (the resumed run drops too), it ends where the uninterrupted run ends, under
+// --dropout (each step's masks a function of the seed and the step, graphs/step_rng.hpp).
+TEST(DdpTrainText, DropLastSkipsTheEpochsPartialBatchAndResumes) {
+  const TempDir tmp("train_text_drop_last");
+  const std::string dir = tmp.str();
+  std::string bytes;
+  while (bytes.size() < 400) bytes += "The quick brown fox jumps over the lazy dog. ";
+  const std::string text = write(tmp, "fox.txt", bytes.substr(0, 400));  // 328 training windows
+  const std::string train =
+      "--data " + text +
+      " --nproc 2 --optimizer adamw --dropout 0.1 --batch-size 10 --eval-every 100 "
+      "--sample-bytes 0 --timeout-s 60 ";
+  const std::string said =
+      "ddp-train: epoch 0 ends with a partial batch of 4 windows per rank (of 10); each epoch's "
+      "partial batch is dropped (--drop-last, PyTorch's drop_last)";
+  const auto [a_out, a_code] =
+      run(train + "--drop-last --steps 18 --save-weights " + dir + "/a.safetensors");
+  ASSERT_EQ(a_code, 0) << a_out;
+  EXPECT_NE(a_out.find(said), std::string::npos) << a_out;
+  EXPECT_EQ(a_out.find(said), a_out.rfind(said)) << "said more than once: " << a_out;
+  const auto [b_out, b_code] = run(train + "--steps 18 --save-weights " + dir + "/b.safetensors");
+  ASSERT_EQ(b_code, 0) << b_out;
+  EXPECT_EQ(b_out.find("partial batch"), std::string::npos) << b_out;
+  const auto a = ddp::io::load_safetensors(dir + "/a.safetensors");
+  const auto b = ddp::io::load_safetensors(dir + "/b.safetensors");
+  EXPECT_FALSE(torch::equal(a.begin()->second, b.at(a.begin()->first)))
+      << "the partial batch was trained on with --drop-last";
+  const std::string ckpt = "--drop-last --checkpoint-dir " + dir + "/ckpt ";
+  const auto [c_out, c_code] = run(train + ckpt + "--steps 16 --checkpoint-every 16");
+  ASSERT_EQ(c_code, 0) << c_out;
+  const auto [d_out, d_code] =
+      run(train + ckpt + "--steps 18 --resume --save-weights " + dir + "/resumed.safetensors");
+  ASSERT_EQ(d_code, 0) << d_out;
+  EXPECT_NE(d_out.find("at step 16"), std::string::npos) << d_out;
+  EXPECT_NE(d_out.find(said), std::string::npos) << d_out;
+  ddp::testing::expect_same_weights(dir + "/a.safetensors", dir + "/resumed.safetensors");
+}
+
+// The captured recipe on one GPU (skipped without CUDA): with --dropout, a --cuda-graph run draws
+// the masks the eager run draws (graphs/step_rng.hpp), so both end at the same weights; and a
+// captured run checkpointed at step 20 and resumed (warm-up and capture again from step 21) ends
+// where the uninterrupted captured run ends.
+TEST(DdpTrainTextGpu, CapturedRecipeEqualsEagerAndResumesWhereItEnds) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const TempDir tmp("train_text_captured");
+  const std::string dir = tmp.str();
+  const std::string train =
+      "--device cuda --data --model gpt-char --dropout 0.1 --optimizer adamw --weight-decay 0.1 "
+      "--beta2 0.95 --warmup-steps 5 --lr-decay cosine --lr-decay-steps 40 --grad-clip 1.0 "
+      "--grad-skip-nonfinite --grad-accum 2 --autocast-bf16 --batch-size 8 --eval-every 100 "
+      "--sample-bytes 0 --timeout-s 60 ";
+  const auto [e_out, e_code] =
+      run(train + "--steps 40 --save-weights " + dir + "/eager.safetensors");
+  ASSERT_EQ(e_code, 0) << e_out;
+  const auto [g_out, g_code] =
+      run(train + "--cuda-graph --steps 40 --save-weights " + dir + "/captured.safetensors");
+  ASSERT_EQ(g_code, 0) << g_out;
+  ddp::testing::expect_same_weights(dir + "/eager.safetensors", dir + "/captured.safetensors",
+                                    "captured vs eager: ");
+  const std::string ckpt = "--cuda-graph --checkpoint-dir " + dir + "/ckpt ";
+  const auto [c_out, c_code] = run(train + ckpt + "--steps 20 --checkpoint-every 20");
+  ASSERT_EQ(c_code, 0) << c_out;
+  const auto [r_out, r_code] =
+      run(train + ckpt + "--steps 40 --resume --save-weights " + dir + "/resumed.safetensors");
+  ASSERT_EQ(r_code, 0) << r_out;
+  EXPECT_NE(r_out.find("at step 20"), std::string::npos) << r_out;
+  ddp::testing::expect_same_weights(dir + "/captured.safetensors", dir + "/resumed.safetensors",
+                                    "resumed vs uninterrupted: ");
 }
 
 }  // namespace

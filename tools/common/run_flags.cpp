@@ -11,7 +11,8 @@ void add_run_flags(CLI::App& app, RunFlags& flags, bool& verbose) {
   app.add_option("--device", flags.device, "cpu or cuda")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
-  app.add_option("--batch-size", flags.batch_size, "samples per rank per step")
+  app.add_option("--batch-size", flags.batch_size,
+                 "samples per rank per micro-batch (a step reads --batch-size x --grad-accum)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
       ->capture_default_str();
   app.add_option("--nproc", flags.nproc, "spawn N local workers")->check(CLI::Range(1, 64));

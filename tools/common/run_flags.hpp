@@ -17,7 +17,7 @@ namespace ddp::tools {
 struct RunFlags {
   std::string model = "net";       // --model: a zoo workload (models/registry.hpp)
   std::string device = "cpu";      // --device cpu|cuda (cuda: GPU LOCAL_RANK per worker)
-  int64_t batch_size = 32;         // --batch-size: samples per rank per step
+  int64_t batch_size = 32;         // --batch-size: samples per rank per micro-batch
   int nproc = 0;                   // --nproc N: spawn N local workers; 0: the tool's default
   int threads = 1;                 // --threads: intra-op threads per worker (2 cores: 1 each)
   double lr = 0;                   // --lr: learning rate; 0: the model's own (Workload::lr)

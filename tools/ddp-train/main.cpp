@@ -26,6 +26,7 @@
 #include "common/tool_error.hpp"
 #include "ddp/comm/init.hpp"
 #include "ddp/graphs/captured_step.hpp"
+#include "ddp/graphs/step_rng.hpp"
 #include "ddp/io/checkpoint_coordinator.hpp"
 #include "ddp/io/checkpoint_state.hpp"
 #include "ddp/io/full_state_dict.hpp"
@@ -160,7 +161,11 @@ int run_worker(const Args& args) {
   if (args.text.data) {
     text = std::make_unique<ddp::tools::TextTraining>(
         args.text, w, dp_group, data_rank, args.batch_size, args.workload.seed, device, lead);
-    if (args.cuda_graph) text->drop_partial_batches();
+    if (args.cuda_graph) {
+      text->drop_partial_batches("a captured step replays one batch shape; PyTorch's drop_last");
+    } else if (args.text.drop_last) {
+      text->drop_partial_batches("--drop-last, PyTorch's drop_last");
+    }
   }
   // One entry point for every style (parallel/data_parallel.hpp): DistributedDataParallel for
   // replicate, FullyShardedDataParallel for the sharded styles, around the same AnyModule.
@@ -314,6 +319,9 @@ int run_worker(const Args& args) {
   // one-time CUDA and library initialization (0.8 s on an H100, most of a short captured run).
   double first_step_s = -1;
   double first_loss = 0, last_loss = 0;
+  // --dropout's masks as a function of (seed, step) (graphs/step_rng.hpp): eager and captured
+  // steps draw alike, and a resumed run draws what the uninterrupted one drew.
+  ddp::graphs::StepRng step_rng(device, args.workload.seed);
   for (int step = first_step; step <= args.steps; ++step) {
     if (step == args.fail_at_step && pg->rank() == args.fail_rank && restart_count() == 0) {
       // A crash, not a shutdown: no destructors, no barrier; the other ranks fail on their
@@ -330,6 +338,7 @@ int run_worker(const Args& args) {
     const auto batch_of = [&](int k) {
       return text ? text->next_batch() : w.batch(offset + k * args.batch_size, args.batch_size);
     };
+    step_rng.begin_step(step);
     const double lr_now = scheduled ? ddp::optim::lr_at(schedule, step - 1) : lr;
     torch::Tensor loss;
     if (scheduled) ddp::optim::set_lr(*opt, lr_now);  // a device write, outside any graph

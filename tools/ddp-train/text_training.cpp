@@ -62,13 +62,16 @@ void add_text_flags(CLI::App& app, TextFlags& flags) {
                  "with --data: bytes of text the trained model writes at the end (0: none)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
       ->capture_default_str();
+  app.add_flag("--drop-last", flags.drop_last,
+               "with --data: skip each epoch's partial last batch (PyTorch's drop_last); on with "
+               "--cuda-graph");
 }
 
 std::string check_text_flags(const CLI::App& app, TextFlags& flags, std::string& model,
                              std::string& optimizer) {
   flags.data = app.count("--data") > 0;
   if (!flags.data) {
-    for (const char* flag : {"--eval-every", "--sample-bytes"}) {
+    for (const char* flag : {"--eval-every", "--sample-bytes", "--drop-last"}) {
       if (app.count(flag) > 0) return std::string(flag) + " needs --data";
     }
     return "";
@@ -135,9 +138,7 @@ std::pair<torch::Tensor, torch::Tensor> TextTraining::next_batch() {
     if (lead_ && !said_dropping_) {
       std::cout << "ddp-train: epoch " << sampler_.epoch() << " ends with a partial batch of "
                 << indices->size() << " windows per rank (of " << batch_size_
-                << "); a captured step replays one batch shape, so each epoch's partial batch is "
-                   "dropped (PyTorch's drop_last)"
-                << std::endl;
+                << "); each epoch's partial batch is dropped (" << drop_reason_ << ")" << std::endl;
     }
     said_dropping_ = true;
     indices.reset();

@@ -42,10 +42,13 @@ struct TextFlags {
   int eval_every = 25;
   // --sample-bytes N, default SampleOptions::bytes; 0 prints no sample.
   int64_t sample_bytes = SampleOptions{}.bytes;
+  // --drop-last, default off (PyTorch's DataLoader default): each epoch's partial last batch is
+  // skipped. --cuda-graph turns it on, since a graph replays one batch shape.
+  bool drop_last = false;
   std::string path() const { return data_file.empty() ? kDefaultText : data_file; }
 };
 
-// --data [FILE], --eval-every N, --sample-bytes N.
+// --data [FILE], --eval-every N, --sample-bytes N, --drop-last.
 void add_text_flags(CLI::App& app, TextFlags& flags);
 
 // After parsing, before the other flag checks. With --data: --model defaults to "gpt" and
@@ -79,8 +82,12 @@ class TextTraining {
   // batch size, or less for the last batch of an epoch, after which the next epoch starts.
   std::pair<torch::Tensor, torch::Tensor> next_batch();
   // From now on an epoch's last, partial batch is dropped (PyTorch's drop_last) and the next epoch
-  // starts instead, said once by the lead rank: a captured step replays one batch shape.
-  void drop_partial_batches() { drop_partial_ = true; }
+  // starts instead, said once by the lead rank with `why` (--drop-last, or a captured step, which
+  // replays one batch shape).
+  void drop_partial_batches(std::string why) {
+    drop_partial_ = true;
+    drop_reason_ = std::move(why);
+  }
   // Tokens all data ranks train on in one full step: batch size * seq_len * data ranks.
   int64_t tokens_per_step() const;
 
@@ -126,6 +133,7 @@ class TextTraining {
   bool lead_;
   data::DistributedSampler sampler_;
   bool drop_partial_ = false;   // drop_partial_batches() was called
+  std::string drop_reason_;     // its `why`, for the one line that says so
   bool said_dropping_ = false;  // the lead rank has said that it drops them
 };
 

@@ -19,10 +19,12 @@
 // caller refills before each run(), the parameters, gradients, optimizer state); no host sync
 // (.item(), .cpu(), a tensor built from host data), no host branch that changes between steps. A
 // capture that breaks one of these fails: by default a warning naming the reason and eager steps
-// from then on, or an error (CapturedStepOptions::error_on_fallback). Use the capturable
-// optimizers (optim/capturable.hpp): torch::optim bakes its step count and learning rate into
-// the graph. Zero gradients in place (CapturableOptimizer::zero_grad), inside the step or
-// between runs: a graph's replays write the same gradient buffers.
+// from then on, or an error (CapturedStepOptions::error_on_fallback). Use the house's optimizers
+// (optim/sgd.hpp, optim/adam.hpp: step count and learning rate on the device, set_lr between
+// replays): torch::optim bakes its step count and learning rate into the graph. Drop or zero the
+// gradients inside the step (optim::zero_grad): a graph's replays write the same buffers. Random
+// draws (dropout) move on at every replay; graphs::StepRng makes them a function of the step, the
+// same as an eager step's and a recaptured run's.
 //
 // Streams: run() makes the capture stream wait for the caller's current stream (the inputs were
 // written there) and the current stream wait for the step, so the caller reads results in order.

@@ -4,8 +4,9 @@
 //
 //   <root>/step-<N>/model.safetensors   parameters and buffers by name
 //                  /optim.safetensors   SGD momentum buffers or Adam exp_avg/exp_avg_sq/step
-//                  /rng.safetensors     the CPU generator's state (CUDA's is not saved)
-//                  /manifest.json       step, data position, world size, and each file's size
+//                  /rng.safetensors     the CPU generator's state (CUDA's is not saved:
+//                  graphs::StepRng) /manifest.json       step, data position, world size, and each
+//                  file's size
 //                                       and SHA-256; written last (checkpoint_manifest.hpp)
 //
 // Writing is atomic: the files go to <root>/.tmp-step-<N>-<pid>/, each fsynced, the manifest last;
