@@ -453,8 +453,8 @@ if has capture35; then
   fi
   if [[ -n "${TRAIN:-}" ]]; then
     # ddp-train --data gpt-char with the recipe, eager and captured: steps/s after the first step,
-    # the validation loss at step 300.
-    for mode in eager graph; do
+    # the validation loss at step 300; eager twice, to see how far two eager runs agree.
+    for mode in eager graph eager-again; do
       flag=""; [[ $mode == graph ]] && flag="--cuda-graph"
       timeout 300 build-gpu/ddp-train --nproc 1 --device cuda --data --model gpt-char \
         --batch-size 32 --steps 300 --eval-every 100 --sample-bytes 0 --autocast-bf16 $R --lr 0.001 \

@@ -98,8 +98,8 @@ DDP_TEST_WORKER(step_rng_captured_equals_eager) {
   // A step drawing past its offsets: set the generator beyond them by hand, then begin the next.
   graphs::StepRng rng(cuda, 42);
   rng.begin_step(3);
-  at::globalContext().defaultGenerator(cuda).set_offset(3 * graphs::StepRng::kOffsetsPerStep +
-                                                        graphs::StepRng::kOffsetsPerStep + 4);
+  at::Generator gen = at::globalContext().defaultGenerator(cuda);
+  gen.set_offset(4 * graphs::StepRng::kOffsetsPerStep + 4);
   const std::string err = error_of([&] { rng.begin_step(4); });
   require(err ==
               "StepRng: step 3 drew 4294967300 random offsets on cuda:0, more than the "

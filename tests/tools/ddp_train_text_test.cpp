@@ -300,13 +300,14 @@ TEST(DdpTrainText, DropLastSkipsTheEpochsPartialBatchAndResumes) {
 // The captured recipe on one GPU (skipped without CUDA): with --dropout, a --cuda-graph run draws
 // the masks the eager run draws (graphs/step_rng.hpp), so both end at the same weights; and a
 // captured run checkpointed at step 20 and resumed (warm-up and capture again from step 21) ends
-// where the uninterrupted captured run ends.
+// where the uninterrupted captured run ends. The zoo's small gpt (32 tokens): at gpt-char's 256,
+// the fused attention's backward adds in a varying order, and two eager runs differ already.
 TEST(DdpTrainTextGpu, CapturedRecipeEqualsEagerAndResumesWhereItEnds) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const TempDir tmp("train_text_captured");
   const std::string dir = tmp.str();
   const std::string train =
-      "--device cuda --data --model gpt-char --dropout 0.1 --optimizer adamw --weight-decay 0.1 "
+      "--nproc 1 --device cuda --data --dropout 0.1 --optimizer adamw --weight-decay 0.1 "
       "--beta2 0.95 --warmup-steps 5 --lr-decay cosine --lr-decay-steps 40 --grad-clip 1.0 "
       "--grad-skip-nonfinite --grad-accum 2 --autocast-bf16 --batch-size 8 --eval-every 100 "
       "--sample-bytes 0 --timeout-s 60 ";
