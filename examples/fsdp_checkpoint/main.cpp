@@ -115,7 +115,7 @@ int main(int argc, char** argv) {
   ddp::io::TrainingState state;
   state.model = model.module().ptr().get();
   state.optimizer = &optimizer;
-  state.layouts = &layouts;
+  state.layouts = layouts;
   ddp::io::CoordinatorOptions checkpoints;
   checkpoints.root = dir;
   int64_t first_step = 1;

@@ -12,9 +12,12 @@
 //   in a model  ddp::run_unit (a unit's or a planned module's forward), ddp::activation_checkpoint
 //   data        ddp::DistributedSampler, ddp::LoaderSampler
 //   checkpoints ddp::save_and_barrier, ddp::resume_latest over an io::TrainingState
-//   recipe      ddp::clip_grad_norm(model, max_norm) over any style and mesh, ddp::lr_at (warmup,
-//               cosine), ddp::weight_decay_groups (AdamW's groups), ddp::set_lr,
-//               ddp::ForeachAdamW (multi-tensor AdamW)
+//   recipe      ddp::Sgd, ddp::Adam, ddp::AdamW (one per algorithm, eager and captured: rate and
+//               step count on the device), ddp::weight_decay_groups (AdamW's groups), ddp::lr_at
+//               and ddp::LrDecay (warmup, cosine), ddp::set_lr, ddp::clip_grad_norm(model[, tp],
+//               max_norm) over any style and mesh, ddp::GradClipper (the norm and skip on the
+//               device), ddp::StepRng (dropout per step)
+//   captured    ddp::CapturedStep (a whole step as one CUDA graph)
 //
 // The public headers are the ones included here and what they name in their own comments as
 // user-facing (options structs, the layout and its gather). The rest (reducer/, buckets/,
@@ -29,6 +32,7 @@
 #include "ddp/data/distributed_sampler.hpp"
 #include "ddp/data/loader_sampler.hpp"
 #include "ddp/graphs/captured_step.hpp"
+#include "ddp/graphs/step_rng.hpp"
 #include "ddp/io/checkpoint_coordinator.hpp"
 #include "ddp/optim/adam.hpp"
 #include "ddp/optim/grad_clip.hpp"
@@ -55,6 +59,7 @@ using data::LoaderSampler;
 using data::SamplerOptions;
 using graphs::CapturedStep;
 using graphs::CapturedStepOptions;
+using graphs::StepRng;
 using io::CoordinatorOptions;
 using io::resume_latest;
 using io::save_and_barrier;
@@ -64,6 +69,7 @@ using optim::AdamW;
 using optim::ClipOptions;
 using optim::GradClipper;
 using optim::lr_at;
+using optim::LrDecay;
 using optim::LrScheduleOptions;
 using optim::set_lr;
 using optim::Sgd;

@@ -117,8 +117,8 @@ std::string save_checkpoint_files(const CheckpointOptions& options, const Traini
   TORCH_CHECK(options.keep >= 0, "ddp: save_checkpoint: keep ", options.keep,
               " is negative (0 keeps every checkpoint)");
   int64_t layout_ranks = 1;
-  if (state.layouts != nullptr) {
-    for (const int64_t size : state.layouts->mesh) layout_ranks *= size;
+  if (state.split_layouts() != nullptr) {
+    for (const int64_t size : state.split_layouts()->mesh) layout_ranks *= size;
   }
   TORCH_CHECK(layout_ranks == 1, "ddp: save_checkpoint: the state is split over ", layout_ranks,
               " ranks; every rank writes its pieces, so save with save_and_barrier "
@@ -133,7 +133,7 @@ std::string save_checkpoint_files(const CheckpointOptions& options, const Traini
   manifest.step = state.step;
   manifest.data_position = state.data_position;
   manifest.world_size = options.world_size;
-  if (state.layouts != nullptr) {
+  if (state.split_layouts() != nullptr) {
     // Split state on one process: its one piece is everything, in the split format all the same,
     // so that the checkpoint records the layouts like one written by more ranks.
     ShardFiles files = write_shard_files(tmp, state, 0);
@@ -221,9 +221,9 @@ Manifest load_checkpoint(const std::string& dir, int world_size, TrainingState& 
   const Manifest head = read_manifest(dir);
   const bool rank_files = std::any_of(head.files.begin(), head.files.end(),
                                       [](const ManifestFile& f) { return f.rank != kReplicated; });
-  if (state.layouts != nullptr)
-    check_layouts_group("load_checkpoint", *state.layouts, world_size, rank);
-  if (state.layouts != nullptr || rank_files || !head.sharded.empty()) {
+  if (state.split_layouts() != nullptr)
+    check_layouts_group("load_checkpoint", *state.split_layouts(), world_size, rank);
+  if (state.split_layouts() != nullptr || rank_files || !head.sharded.empty()) {
     // Split state in the run or in the checkpoint: each rank reads (and verifies) only the files
     // holding pieces it needs, onto any mesh.
     return load_resharded_checkpoint(dir, head, state);

@@ -49,7 +49,7 @@ std::vector<ManifestFile> decode_files(const std::string& text) {
 // the temporary directory: the checkpoints saved before are untouched.
 std::string save_sharded(comm::ProcessGroup& group, const CoordinatorOptions& options,
                          const TrainingState& state) {
-  check_layouts_group("save_and_barrier", *state.layouts, group.world_size(), group.rank());
+  check_layouts_group("save_and_barrier", *state.split_layouts(), group.world_size(), group.rank());
   const bool root = group.rank() == 0;
   at::Tensor pid = comm::control_tensor(group, {root ? int64_t(::getpid()) : 0});
   group.broadcast(pid, 0, "checkpoint directory broadcast");
@@ -130,7 +130,7 @@ std::optional<CheckpointEntry> resume_latest(comm::ProcessGroup& group,
 std::string save_and_barrier(comm::ProcessGroup& group, const CoordinatorOptions& options,
                              const TrainingState& state) {
   TORCH_CHECK(!options.root.empty(), "ddp: save_and_barrier: CoordinatorOptions::root is empty");
-  if (state.layouts != nullptr) return save_sharded(group, options, state);
+  if (state.split_layouts() != nullptr) return save_sharded(group, options, state);
   CheckpointOptions checkpoint;
   checkpoint.root = options.root;
   checkpoint.keep = options.keep;

@@ -68,7 +68,7 @@ struct LiveParam {
 // The run's layouts: the registered ones, or every parameter whole on one coordinate.
 const layout::TensorLayouts& layouts_of(const TrainingState& state) {
   static const layout::TensorLayouts kWhole;
-  return state.layouts != nullptr ? *state.layouts : kWhole;
+  return state.split_layouts() != nullptr ? *state.split_layouts() : kWhole;
 }
 
 // The run's parameters as its layouts place them. Each must be its local storage
@@ -193,9 +193,9 @@ std::string optim_shard_file(int rank) {
 
 ShardFiles write_shard_files(const std::string& dir, const TrainingState& state, int rank) {
   TORCH_CHECK(state.model != nullptr, "ddp: checkpoint: TrainingState::model is null");
-  TORCH_CHECK(state.layouts != nullptr,
+  TORCH_CHECK(state.split_layouts() != nullptr,
               "ddp: checkpoint: write_shard_files needs TrainingState::layouts");
-  const layout::TensorLayouts& layouts = *state.layouts;
+  const layout::TensorLayouts& layouts = *state.split_layouts();
   const std::vector<LiveParam> live = live_params(state);
   const std::vector<int64_t>& coordinate = layouts.coordinate;
   TORCH_CHECK(layout::rank_of(coordinate, layouts.mesh) == rank, "ddp: checkpoint: rank ", rank,

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "ddp/tp/parallelize.hpp"
+
 namespace ddp::parallel {
 
 comm::ProcessGroupPtr data_parallel_group(const comm::DeviceMesh& mesh) {
@@ -14,6 +16,20 @@ comm::ProcessGroupPtr data_parallel_group(const comm::DeviceMesh& mesh) {
   for (const auto& n : names) dims += (dims.empty() ? "" : ", ") + n;
   TORCH_CHECK(false, "ddp: data_parallel over a ", mesh.ndim(),
               "-D mesh needs a mesh dim named 'dp'; this mesh's dims are ", dims);
+}
+
+layout::TensorLayouts over_tensor_parallel(const layout::TensorLayouts& dp,
+                                           const tp::TensorParallel& tp) {
+  return layout::nest(tp.layouts(), dp);
+}
+
+std::string style_conflict(DataParallelStyle style, DataParallelStyle in_options) {
+  // shard.style's default is kFullyShard, indistinguishable from a deliberate kFullyShard: only
+  // another value can be told apart, and is.
+  if (in_options == DataParallelStyle::kFullyShard || in_options == style) return "";
+  return std::string("ddp::data_parallel: DataParallelOptions::shard.style is ") +
+         shard::style_name(in_options) + " but the style argument is " + shard::style_name(style) +
+         ": the argument decides; leave shard.style at its default";
 }
 
 }  // namespace ddp::parallel

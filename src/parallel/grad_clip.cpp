@@ -9,18 +9,15 @@ optim::GradShards split_grad_shards(torch::nn::Module& module, const shard::Shar
                                     const comm::ProcessGroupPtr& dp_group) {
   if (tp == nullptr) {
     if (sharded == nullptr) return optim::grad_shards(module);  // DDP: whole everywhere
-    const layout::TensorLayouts layouts = sharded->layouts();
-    return optim::grad_shards(module, &layouts, {sharded->group()});
+    return optim::grad_shards(module, &sharded->layouts(), {sharded->group()});
   }
   if (sharded == nullptr && !dp_group)
     return optim::grad_shards(module, &tp->layouts(), {tp->group()});
-  // The mesh {dp, tp}: the data-parallel runtime's layouts outside, TP's inside (io/checkpoint.hpp
-  // describes the same nesting for checkpoints).
   const comm::ProcessGroupPtr& outer = sharded != nullptr ? sharded->group() : dp_group;
-  const layout::TensorLayouts dp_layouts =
+  const layout::TensorLayouts layouts = over_tensor_parallel(
       sharded != nullptr ? sharded->layouts()
-                         : layout::replicated_over({outer->world_size()}, {outer->rank()});
-  const layout::TensorLayouts layouts = layout::nest(tp->layouts(), dp_layouts);
+                         : layout::replicated_over({outer->world_size()}, {outer->rank()}),
+      *tp);
   return optim::grad_shards(module, &layouts, {outer, tp->group()});
 }
 

@@ -55,19 +55,20 @@ void wait_future(const c10::intrusive_ptr<c10::ivalue::Future>& future,
 }
 
 BucketRuntime::BucketRuntime(const std::vector<at::Tensor>& params, const buckets::BucketPlan& plan,
-                             buckets::BucketBuffers& layout, comm::ProcessGroupPtr pg,
+                             buckets::BucketBuffers& buffers, comm::ProcessGroupPtr pg,
                              Reduction reduction, hooks::CommHookPtr hook, int64_t plan_epoch)
     : params_(params),
       plan_(plan),
-      layout_(layout),
+      buffers_(buffers),
       pg_(std::move(pg)),
       reduction_(reduction),
       hook_(std::move(hook)),
       plan_epoch_(plan_epoch),
       buckets_(plan.buckets.size()) {
   TORCH_CHECK(pg_, "ddp: BucketRuntime needs a process group");
-  TORCH_CHECK(layout_.num_buckets() == plan_.buckets.size(), "ddp: BucketRuntime: the layout has ",
-              layout_.num_buckets(), " buckets, the plan ", plan_.buckets.size());
+  TORCH_CHECK(buffers_.num_buckets() == plan_.buckets.size(),
+              "ddp: BucketRuntime: the bucket buffers have ", buffers_.num_buckets(),
+              " buckets, the plan ", plan_.buckets.size());
   on_device_ = !plan_.buckets.empty() && plan_.buckets[0].device.is_cuda();
   if (reduction_ == Reduction::kReduceScatter) {
     for (size_t b = 0; b < plan_.buckets.size(); ++b) {
@@ -118,7 +119,7 @@ hooks::GradBucket BucketRuntime::grad_bucket(size_t b) const {
   const buckets::Bucket& spec = plan_.buckets[b];
   hooks::GradBucket gb;
   gb.index = b;
-  gb.buffer = layout_.data(b);
+  gb.buffer = buffers_.data(b);
   gb.offsets = spec.offsets;
   for (size_t p : spec.params) {
     gb.params.push_back(params_[p]);
@@ -143,7 +144,7 @@ hooks::GradBucket BucketRuntime::grad_bucket(size_t b) const {
 
 void BucketRuntime::launch(size_t b) {
   BucketState& bucket = buckets_[b];
-  if (!plan_.buckets[b].sparse) layout_.fill(b);  // staged gradients into the storage first
+  if (!plan_.buckets[b].sparse) buffers_.fill(b);  // staged gradients into the storage first
   const int64_t divisor = divisor_ > 0 ? divisor_ : pg_->world_size();
   switch (reduction_) {
     case Reduction::kAllReduce:
@@ -161,11 +162,11 @@ void BucketRuntime::launch(size_t b) {
       } else if (divisor == pg_->world_size()) {
         // NCCL averages inside the reduction; elsewhere this divides first (the sum of averages
         // stays in range for low-precision dtypes).
-        at::Tensor storage = layout_.storage(b);
+        at::Tensor storage = buffers_.storage(b);
         bucket.work = pg_->allreduce_avg_async(storage);
         watch_completion(b, bucket.work->getFuture());
       } else {
-        at::Tensor storage = layout_.storage(b);
+        at::Tensor storage = buffers_.storage(b);
         storage.div_(divisor);  // join: only the ranks still training count
         bucket.work = pg_->allreduce_sum_async(storage);
         watch_completion(b, bucket.work->getFuture());
@@ -179,7 +180,7 @@ void BucketRuntime::launch(size_t b) {
         watch_completion(b, bucket.future);
         break;
       }
-      at::Tensor storage = layout_.storage(b);
+      at::Tensor storage = buffers_.storage(b);
       if (divisor == pg_->world_size()) {
         bucket.scatter = pg_->reduce_scatter_async(storage, comm::ReduceOp::kAvg);
       } else {
@@ -224,7 +225,7 @@ BucketRuntime::Finished BucketRuntime::finish_next() {
     bucket.future.reset();
     wait_future(future, pg_->timeout(), what(b), pg_.get());
     const at::Tensor result = future_tensor(future);
-    const at::Tensor& data = layout_.data(b);
+    const at::Tensor& data = buffers_.data(b);
     if (reduction_ == Reduction::kReduceScatter) {
       const int64_t shard = data.numel() / pg_->world_size();
       TORCH_CHECK(result.numel() == shard, "ddp: comm hook '", hook_->name(), "' returned ",
@@ -275,7 +276,7 @@ void BucketRuntime::shadow_sync(int64_t iteration) {
   for (size_t b = 0; b < buckets_.size(); ++b) {
     TORCH_CHECK(!plan_.buckets[b].sparse, "ddp: join does not support sparse gradients (bucket ", b,
                 ")");
-    at::Tensor storage = layout_.storage(b);
+    at::Tensor storage = buffers_.storage(b);
     storage.zero_();
     launch(b);
     in_flight_.pop_back();

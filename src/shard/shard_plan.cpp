@@ -49,27 +49,6 @@ std::string shape_text(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
-const char* style_name(DataParallelStyle style) {
-  switch (style) {
-    case DataParallelStyle::kReplicate:
-      return "replicate";
-    case DataParallelStyle::kFullyShard:
-      return "fully_shard";
-    case DataParallelStyle::kDefault:
-      return "default";
-  }
-  return "?";
-}
-
-DataParallelStyle parse_style(const std::string& text) {
-  for (auto style : {DataParallelStyle::kReplicate, DataParallelStyle::kFullyShard,
-                     DataParallelStyle::kDefault}) {
-    if (text == style_name(style)) return style;
-  }
-  TORCH_CHECK(false, "ddp: unknown data-parallel style '", text,
-              "'; the styles are replicate, fully_shard, default");
-}
-
 int64_t ParamShard::rows_on(int rank, int world) const {
   if (placement == Placement::kReplicate) return rows;
   return comm::FlatShards{rows, world}.length(rank);

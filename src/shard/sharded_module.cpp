@@ -10,8 +10,8 @@
 
 #include "ddp/obs/log.hpp"
 #include "ddp/reducer/autograd_hooks.hpp"
-#include "ddp/reducer/reducer_runtime.hpp"
-#include "ddp/reducer/unit_runtime.hpp"
+#include "ddp/reducer/reducer.hpp"
+#include "ddp/reducer/unit_reducer.hpp"
 #include "ddp/unit/module_intake.hpp"
 
 namespace ddp::shard {
@@ -41,6 +41,13 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module, comm::Pr
     shapes.back().trainable = params_[i].requires_grad();
   }
   plan_ = plan_shards(shapes, options_.units, pg_->world_size(), options_.style);
+  layouts_.mesh = {pg_->world_size()};
+  layouts_.coordinate = {pg_->rank()};
+  for (const ParamShape& shape : plan_.shapes) {
+    const layout::Layout one = layout(shape.name);
+    layouts_.by_name[shape.name] = one;
+    for (const auto& alias : shape.aliases) layouts_.by_name[alias] = one;
+  }
   group_of_unit_.assign(plan_.units.size(), -1);
   for (size_t u = 0; u < plan_.units.size(); ++u) {
     bool any_sharded = false;
@@ -187,7 +194,7 @@ ShardMemory ShardedModule::memory() const {
 
 void ShardedModule::gather(size_t g) {
   // The parameters' tensor hooks stay through unshard's set_() ([Note: hooks that survive set_]
-  // in reducer/unit_runtime.hpp): nothing to install per step.
+  // in reducer/unit_reducer.hpp): nothing to install per step.
   groups_[g]->unshard();
   note_memory();
 }
@@ -408,18 +415,6 @@ layout::Layout ShardedModule::layout(const std::string& name) const {
     return out;
   }
   TORCH_CHECK(false, "ddp: ShardedModule::layout: the module has no parameter '", name, "'");
-}
-
-layout::TensorLayouts ShardedModule::layouts() const {
-  layout::TensorLayouts out;
-  out.mesh = {pg_->world_size()};
-  out.coordinate = {pg_->rank()};
-  for (const ParamShape& shape : plan_.shapes) {
-    const layout::Layout one = layout(shape.name);
-    out.by_name[shape.name] = one;
-    for (const auto& alias : shape.aliases) out.by_name[alias] = one;
-  }
-  return out;
 }
 
 std::vector<std::pair<std::string, at::Tensor>> ShardedModule::full_parameters() const {

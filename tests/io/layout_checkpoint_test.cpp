@@ -100,7 +100,7 @@ DDP_TEST_WORKER(layout_checkpoint_save) {
   state.optimizer = opt.get();
   state.step = kSaved;
   state.data_position = kSaved * kGlobal;
-  state.layouts = &layouts;
+  state.layouts = layouts;
   io::CoordinatorOptions where;
   where.root = checkpoint_root();
   io::save_and_barrier(*pg, where, state);
@@ -155,11 +155,11 @@ DDP_TEST_WORKER(layout_checkpoint_resume) {
     tensor_parallel = tp::parallelize_module(net.ptr(), (*mesh)["tp"], seed_plan());
     // The mesh {1, 2}: dp is one rank, so tp's layouts are over the whole group.
     layouts = tensor_parallel->layouts();
-    state.layouts = &*layouts;
+    state.layouts = *layouts;
   } else if (as == "fully_shard") {
     sharded = std::make_unique<shard::FullyShardedDataParallel<models::Net>>(net, pg, per_layer());
     layouts = sharded->layouts();
-    state.layouts = &*layouts;
+    state.layouts = *layouts;
     dp = pg->world_size();
     dp_rank = pg->rank();
   } else if (as == "ddp") {

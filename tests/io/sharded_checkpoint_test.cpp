@@ -119,7 +119,7 @@ DDP_TEST_WORKER(sharded_checkpoint_train) {
   io::TrainingState state;
   state.model = net.ptr().get();
   state.optimizer = opt.get();
-  state.layouts = &layouts;
+  state.layouts = layouts;
   io::CoordinatorOptions options;
   options.root = worker_env("CKPT_ROOT");
 
@@ -335,7 +335,7 @@ DDP_TEST_WORKER(sharded_checkpoint_refusals) {
     io::TrainingState state;
     state.model = net.ptr().get();
     state.optimizer = opt.get();
-    state.layouts = &layouts;
+    state.layouts = layouts;
     const std::string error = error_of([&] { io::load_checkpoint(from, w, state, r); });
     if (!error.empty()) require_unchanged(before, *net, *opt, error);
     return error;

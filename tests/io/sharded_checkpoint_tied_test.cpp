@@ -59,7 +59,7 @@ DDP_TEST_WORKER(sharded_checkpoint_tied) {
   io::TrainingState state;
   state.model = gpt.ptr().get();
   state.optimizer = &opt;
-  state.layouts = &layouts;
+  state.layouts = layouts;
   io::CoordinatorOptions coordinator;
   coordinator.root = worker_env("CKPT_ROOT");
   int64_t first = 0;

@@ -40,6 +40,24 @@ DDP_TEST_WORKER(data_parallel_styles) {
   require(model.style() == style &&
               (model.replicated() != nullptr) == (style == DataParallelStyle::kReplicate),
           "the style picks the runtime");
+  // The layouts every style answers, over mesh {w} at {r}: DDP names nothing (whole everywhere);
+  // FULLY_SHARD shards every parameter on dim 0; DEFAULT the ones whose dim 0 divides by w (the
+  // hidden layers' 6 rows at worlds 1-3, the last layer's 5 rows at world 1 only).
+  const layout::TensorLayouts& layouts = model.layouts();
+  require(layouts.mesh == std::vector<int64_t>{w} && layouts.coordinate == std::vector<int64_t>{r},
+          "the layouts' mesh and coordinate");
+  if (style == DataParallelStyle::kReplicate) {
+    require(layouts.by_name.empty(), "DDP's layouts name no parameter");
+  } else {
+    for (const auto& item : net->named_parameters()) {
+      const auto it = layouts.by_name.find(item.key());
+      require(it != layouts.by_name.end(), "no layout for " + item.key());
+      const bool divides = it->second.shape.at(0) % w == 0;  // the whole shape
+      const bool sharded = style == DataParallelStyle::kFullyShard || divides;
+      require(it->second.placements.size() == (sharded ? 1u : 0u),
+              item.key() + ": " + std::to_string(it->second.placements.size()) + " placements");
+    }
+  }
   regression_steps([&](const torch::Tensor& x) { return model(x); }, net->parameters(), oracle, w,
                    r, shape.in, shape.out, 3);
   std::vector<std::pair<std::string, torch::Tensor>> ours;
@@ -50,6 +68,11 @@ DDP_TEST_WORKER(data_parallel_styles) {
   }
   require_close_by_name(ours, *oracle, 1e-5,
                         std::string("data_parallel ") + shard::style_name(style));
+  // zero_grad, every style: each gradient this rank holds is zero.
+  model.zero_grad();
+  for (const auto& p : net->parameters()) {
+    require(!p.grad().defined() || p.grad().abs().sum().item<double>() == 0, "zero_grad");
+  }
   if (w == 2) {
     const comm::DeviceMesh flat(pg, {1, 2}, {"a", "b"});
     const std::string wrong = error_of([&] { (void)parallel::data_parallel_group(flat); });

@@ -335,7 +335,7 @@ DDP_TEST_WORKER(tp_sharded_checkpoint_group) {
   io::TrainingState state;
   state.model = net.ptr().get();
   state.step = 1;
-  state.layouts = &layouts;
+  state.layouts = layouts;
   io::CoordinatorOptions where;
   where.root = worker_env("DDP_TEST_DIR");
   const std::string error = error_of([&] { io::save_and_barrier(*pg, where, state); });

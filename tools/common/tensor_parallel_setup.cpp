@@ -4,6 +4,8 @@
 
 #include <vector>
 
+#include "ddp/parallel/data_parallel.hpp"
+
 namespace ddp::tools {
 
 void add_tp_flag(CLI::App& app, int64_t& tp) {
@@ -37,7 +39,8 @@ io::TensorMap whole_weights(const torch::nn::Module& model, const shard::Sharded
                             const TensorParallelSetup& split) {
   const tp::TensorParallel* tensor_parallel = split.tensor_parallel.get();
   if (sharded && tensor_parallel) {
-    return io::whole_state(model, layout::nest(tensor_parallel->layouts(), sharded->layouts()),
+    return io::whole_state(model,
+                           parallel::over_tensor_parallel(sharded->layouts(), *tensor_parallel),
                            split.mesh->parent().get());
   }
   if (sharded) return io::whole_state(model, sharded->layouts(), split.dp_group.get());

@@ -256,8 +256,7 @@ int run_worker(const Args& args) {
   // Every style's gradients go through one runtime: the hook reduces DDP's buckets and the
   // sharded units alike (reduce-scatter).
   if (auto hook = ddp::tools::make_comm_hook(args.comm_hook, dp_group)) {
-    if (model) model->register_comm_hook(hook);
-    if (sharded_model) sharded_model->register_comm_hook(hook);
+    if (wrapped) wrapped->register_comm_hook(hook);
   }
   std::vector<torch::Tensor> params;
   for (auto& [name, p] : named_params(*w.ptr)) params.push_back(p);
@@ -278,15 +277,14 @@ int run_worker(const Args& args) {
     return ddp::parallel::split_grad_shards(*w.ptr, nullptr, tensor_parallel.get(), nullptr);
   };
   if (args.optimizer_overlap) {
-    TORCH_CHECK(model || sharded_model, "ddp-bench: --optimizer-overlap needs --ddp or --fsdp");
+    TORCH_CHECK(wrapped, "ddp-bench: --optimizer-overlap needs --ddp or --fsdp");
     // Each parameter's SGD step runs inside backward once its bucket is reduced (a sharded unit:
     // at the end of backward, on its shard); opt.step() is then skipped (see below).
     const auto factory = [lr](const torch::Tensor& p) -> std::unique_ptr<torch::optim::Optimizer> {
       return std::make_unique<ddp::optim::Sgd>(std::vector<torch::Tensor>{p},
                                                torch::optim::SGDOptions(lr));
     };
-    if (model) model->set_optimizer_in_backward(factory);
-    if (sharded_model) sharded_model->set_optimizer_in_backward(factory);
+    wrapped->set_optimizer_in_backward(factory);
   }
   if (lead && args.options.verbose) {
     int64_t numel = 0;
@@ -497,9 +495,8 @@ int run_worker(const Args& args) {
       line = text;
     }
     std::cout << line << "\n";
-    if (args.options.verbose && model) std::cout << ddp::obs::format_summary(model->logging_data());
-    if (args.options.verbose && sharded_model) {
-      std::cout << ddp::obs::format_summary(sharded_model->logging_data());
+    if (args.options.verbose && wrapped) {
+      std::cout << ddp::obs::format_summary(wrapped->logging_data());
     }
     if (args.options.verbose) {
       std::printf(

@@ -179,8 +179,7 @@ int run_worker(const Args& args) {
   auto* const sharded = model.sharded();
   // One gradient runtime for every style: the hook reduces DDP's buckets and the sharded units.
   if (auto hook = ddp::tools::make_comm_hook(args.comm_hook, dp_group)) {
-    if (ddp_model) ddp_model->register_comm_hook(hook);
-    if (sharded) sharded->register_comm_hook(hook);
+    model.register_comm_hook(hook);
   }
   const auto forward = [&](const torch::Tensor& x) { return model(x); };
   // The parameters once each (a tied weight has two names): what the optimizer steps.
@@ -203,9 +202,7 @@ int run_worker(const Args& args) {
   // on the device.
   std::unique_ptr<torch::optim::Optimizer> opt;
   if (args.optimizer_overlap) {
-    const auto factory = [&](const torch::Tensor& p) { return make_optimizer({p}); };
-    if (ddp_model) ddp_model->set_optimizer_in_backward(factory);
-    if (sharded) sharded->set_optimizer_in_backward(factory);
+    model.set_optimizer_in_backward([&](const torch::Tensor& p) { return make_optimizer({p}); });
   } else {
     opt = make_optimizer(params);
   }
@@ -235,16 +232,7 @@ int run_worker(const Args& args) {
   // The styles register how they split the parameters (io/checkpoint.hpp): every rank writes its
   // pieces, and a resume onto another mesh or style reshards by layout (the global batch kept).
   // --tp nests under the data-parallel style's layouts over the mesh {dp, tp} of the world.
-  std::optional<ddp::layout::TensorLayouts> layouts;
-  if (tensor_parallel) {
-    const ddp::layout::TensorLayouts outer =
-        sharded ? sharded->layouts()
-                : ddp::layout::replicated_over({dp_group->world_size()}, {dp_group->rank()});
-    layouts = ddp::layout::nest(tensor_parallel->layouts(), outer);
-  } else if (sharded) {
-    layouts = sharded->layouts();
-  }
-  if (layouts) state.layouts = &*layouts;
+  state.layouts = tensor_parallel ? model.layouts(*tensor_parallel) : model.layouts();
   ddp::io::CoordinatorOptions ckpt;
   ckpt.root = args.checkpoint_dir;
   ckpt.keep = args.keep_checkpoints;
@@ -379,13 +367,7 @@ int run_worker(const Args& args) {
       captured->run(batch);
       loss = static_loss;
     } else {
-      if (ddp_model) {
-        ddp_model->zero_grad();
-      } else if (opt) {
-        opt->zero_grad();
-      } else {
-        sharded->zero_grad();
-      }
+      model.zero_grad();  // in place, every style (DDP keeps its bucket views)
       std::vector<ddp::tools::MicroBatch> inputs;
       for (int k = 0; k < micro; ++k) {
         auto [x_cpu, y_cpu] = batch_of(k);
@@ -454,10 +436,7 @@ int run_worker(const Args& args) {
   not_training_s += seconds_since(sampling);
   if (lead) {
     progress.finish();
-    if (args.ddp.verbose && ddp_model) {
-      std::cout << ddp::obs::format_summary(ddp_model->logging_data());
-    }
-    if (args.ddp.verbose && sharded) std::cout << ddp::obs::format_summary(sharded->logging_data());
+    if (args.ddp.verbose) std::cout << ddp::obs::format_summary(model.logging_data());
     if (captured) {
       std::cout << "ddp-train: cuda graph " << ddp::graphs::describe(*captured) << std::endl;
     }

@@ -64,15 +64,20 @@ struct TrainingState {
   // of the global stream consumed, the unit of DistributedSampler::data_position
   // (data/distributed_sampler.hpp), which every world size reads alike.
   int64_t data_position = 0;
-  // How the wrappers split the model's parameters, as they register it (layout/tensor_layouts.hpp):
-  // sharded.layouts() for FULLY_SHARD or DEFAULT over their group, tp.layouts() for tensor
-  // parallelism, layout::nest(tp.layouts(), sharded.layouts()) for FULLY_SHARD over TP, and a
-  // replicated outer mesh dim for DDP over TP (layout::replicated_over). The mesh's product is the
-  // number of ranks the save and load run on (the group passed to save_and_barrier and
-  // resume_latest), and this rank sits at layouts->coordinate there. Default null: every
-  // parameter is whole on every rank (DDP). Between steps only: a split parameter must be its
-  // local storage (layout::padded_local_shape).
-  const layout::TensorLayouts* layouts = nullptr;
+  // How the wrappers split the model's parameters, as the wrapped model answers it
+  // (DataParallel::layouts(), or DataParallel::layouts(tp) over tensor parallelism; also
+  // ShardedModule::layouts(), TensorParallel::layouts() and layout::nest of the two). The mesh's
+  // product is the number of ranks the save and load run on (the group passed to save_and_barrier
+  // and resume_latest), and this rank sits at layouts->coordinate there. Empty, or layouts that
+  // name no parameter (DDP's: layout::replicated_over): every parameter is whole on every rank,
+  // saved once by rank 0. Between steps only: a split parameter must be its local storage
+  // (layout::padded_local_shape).
+  std::optional<layout::TensorLayouts> layouts;
+
+  // `layouts` when they split a parameter (name one), else null: what the save and load read.
+  const layout::TensorLayouts* split_layouts() const {
+    return layouts && !layouts->by_name.empty() ? &*layouts : nullptr;
+  }
 };
 
 // "<root>/step-<step>".

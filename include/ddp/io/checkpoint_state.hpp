@@ -27,13 +27,16 @@ void check_model_tensors(const torch::nn::Module& model, const TensorMap& tensor
 void load_model_tensors(torch::nn::Module& model, const TensorMap& tensors,
                         const std::string& source);
 
-// "sgd" (torch::optim::SGD) or "adam" (torch::optim::Adam); refuses other optimizers, whose state
-// we do not know how to capture.
+// "sgd", "adam", "adamw", "rmsprop" or "adagrad": torch::optim's SGD, Adam, AdamW, RMSprop and
+// Adagrad, and the house's optimizers derived from them (optim/sgd.hpp, optim/adam.hpp); refuses
+// other optimizers, whose state we do not know how to capture.
 std::string optimizer_kind(const torch::optim::Optimizer& optimizer);
 
 // The optimizer's per-parameter state keyed "<parameter name>.<field>", the parameter named as in
-// `model`: SGD "momentum_buffer"; Adam "exp_avg", "exp_avg_sq", "max_exp_avg_sq" (amsgrad only)
-// and "step" (an int64 scalar). Parameters the optimizer has not stepped yet have no entries.
+// `model`, under PyTorch's state_dict names: SGD "momentum_buffer"; Adam and AdamW "exp_avg",
+// "exp_avg_sq", "max_exp_avg_sq" (amsgrad only) and "step" (an int64 scalar; the house's device
+// count written into it); RMSprop "square_avg", "momentum_buffer", "grad_avg"; Adagrad "sum" and
+// "step". Parameters the optimizer has not stepped yet have no entries.
 // Every optimizer parameter must be a parameter of `model` (that is how it is named).
 TensorMap optimizer_tensors(torch::optim::Optimizer& optimizer, const torch::nn::Module& model);
 

@@ -13,25 +13,46 @@
 //                else replicated through the reducer)
 // With a DeviceMesh the data-parallel group is the mesh dim named "dp", or the only dim of a 1-D
 // mesh.
+//
+// One interface for every style: the calls below (layouts, comm hook, optimizer in backward,
+// zero_grad, no_sync, stats) answer alike whichever runtime is behind, so a training loop or a
+// tool never asks which style it runs.
 
 #include <memory>
 #include <string>
 #include <utility>
 
 #include "ddp/comm/device_mesh.hpp"
+#include "ddp/layout/tensor_layouts.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
+#include "ddp/shard/data_parallel_style.hpp"
 #include "ddp/shard/sharded_module.hpp"
+
+namespace ddp::tp {
+class TensorParallel;
+}
 
 namespace ddp::parallel {
 
 using shard::DataParallelStyle;
+
+// A data-parallel runtime's layouts `dp` (over mesh {dp}) under tensor parallelism: tp's split
+// inside, `dp`'s outside, over the mesh {dp, tp}. The one place the DP x TP nesting is written
+// (checkpoints, the whole-weights export and the gradient clip read it).
+layout::TensorLayouts over_tensor_parallel(const layout::TensorLayouts& dp,
+                                           const tp::TensorParallel& tp);
+
+// The refusal of DataParallelOptions::shard.style set to another style than the call's; "" when
+// they agree (or shard.style is left at its default).
+std::string style_conflict(DataParallelStyle style, DataParallelStyle in_options);
 
 // The options of every style, composed: the call's style says which part is used.
 struct DataParallelOptions {
   // kReplicate's (buckets, hooks, unused parameters, ...; defaults as DistributedDataParallel).
   DDPOptions ddp;
   // kFullyShard's and kDefault's (units, reshard_after_forward, prefetch, the replicated
-  // parameters' reducer); its `style` field is set from the call's style.
+  // parameters' reducer); its `style` field is set from the call's style (another style set here
+  // is refused by name: the call's argument decides).
   shard::ShardOptions shard;
 };
 
@@ -44,13 +65,18 @@ class DataParallel {
   DataParallel(ModuleType module, comm::ProcessGroupPtr group, DataParallelStyle style,
                DataParallelOptions options = {})
       : style_(style) {
+    const std::string conflict = style_conflict(style, options.shard.style);
+    TORCH_CHECK(conflict.empty(), conflict);
+    TORCH_CHECK(group, "ddp::data_parallel needs a process group");
     if (style == DataParallelStyle::kReplicate) {
+      layouts_ = layout::replicated_over({group->world_size()}, {group->rank()});
       replicated_ = std::make_unique<DistributedDataParallel<ModuleType>>(
           std::move(module), std::move(group), std::move(options.ddp));
     } else {
       options.shard.style = style;
       sharded_ = std::make_unique<shard::FullyShardedDataParallel<ModuleType>>(
           std::move(module), std::move(group), std::move(options.shard));
+      layouts_ = sharded_->layouts();
     }
   }
 
@@ -70,6 +96,54 @@ class DataParallel {
   }
 
   DataParallelStyle style() const { return style_; }
+  // The data-parallel group and the wrapped module.
+  const comm::ProcessGroupPtr& group() const {
+    return replicated_ ? replicated_->group() : sharded_->group();
+  }
+  std::shared_ptr<torch::nn::Module> module_ptr() const {
+    return replicated_ ? replicated_->module_ptr() : sharded_->module_ptr();
+  }
+  // What this rank holds of each parameter, over the data-parallel group (mesh {world}): under
+  // kReplicate no parameter is named (whole on every rank), under the sharded styles the shard
+  // plan's. What io::TrainingState::layouts, io::whole_state and the gradient clip read.
+  const layout::TensorLayouts& layouts() const { return layouts_; }
+  // The same over tensor parallelism (mesh {dp, tp}): over_tensor_parallel(layouts(), tp).
+  layout::TensorLayouts layouts(const tp::TensorParallel& tp) const {
+    return over_tensor_parallel(layouts_, tp);
+  }
+  // The gradient reduction's comm hook: DDP's buckets and the sharded units' reduce-scatters
+  // (DistributedDataParallel::register_comm_hook, ShardedModule::register_comm_hook).
+  void register_comm_hook(hooks::CommHookPtr hook) {
+    if (replicated_) {
+      replicated_->register_comm_hook(std::move(hook));
+    } else {
+      sharded_->register_comm_hook(hook);
+    }
+  }
+  // Each parameter's optimizer step inside backward, once its gradient is reduced.
+  void set_optimizer_in_backward(const optim::ParamOptimizerFactory& factory) {
+    if (replicated_) {
+      replicated_->set_optimizer_in_backward(factory);
+    } else {
+      sharded_->set_optimizer_in_backward(factory);
+    }
+  }
+  // Zeroes the gradients the runtime owns (DDP's bucket views, the sharded styles' shards).
+  void zero_grad() {
+    if (replicated_) {
+      replicated_->zero_grad();
+    } else {
+      sharded_->zero_grad();
+    }
+  }
+  // Runtime stats and configuration (PyTorch's _get_ddp_logging_data), and the timeline of the
+  // last synchronized backward.
+  obs::LoggingData logging_data() {
+    return replicated_ ? replicated_->logging_data() : sharded_->logging_data();
+  }
+  obs::IterationTimeline last_timeline() const {
+    return replicated_ ? replicated_->last_timeline() : sharded_->last_timeline();
+  }
   // The runtime behind the style (the other is null): for what only one style has (the bucket
   // table, the unit table, memory, full_parameters).
   DistributedDataParallel<ModuleType>* replicated() { return replicated_.get(); }
@@ -77,6 +151,7 @@ class DataParallel {
 
  private:
   DataParallelStyle style_;
+  layout::TensorLayouts layouts_;  // made with the runtime; neither changes afterwards
   std::unique_ptr<DistributedDataParallel<ModuleType>> replicated_;
   std::unique_ptr<shard::FullyShardedDataParallel<ModuleType>> sharded_;
 };

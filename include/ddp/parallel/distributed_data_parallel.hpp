@@ -2,7 +2,7 @@
 // DistributedDataParallel: wraps any torch::nn::Module; forward keeps the module's own signature.
 // Construction verifies that every rank holds the same model and broadcasts rank 0's parameters
 // and buffers; every synchronized backward then averages gradients over the ranks, overlapped with
-// backward compute (see reducer/reducer_runtime.hpp).
+// backward compute (see reducer/reducer.hpp).
 //
 //   auto pg = ddp::comm::init_process_group();          // RANK, WORLD_SIZE, ... from the env
 //   ddp::DistributedDataParallel<Net> model(Net(), pg);
@@ -28,7 +28,7 @@
 #include "ddp/parallel/ddp_options.hpp"
 #include "ddp/obs/gradient_stats.hpp"
 #include "ddp/reducer/no_sync_guard.hpp"
-#include "ddp/reducer/reducer_runtime.hpp"
+#include "ddp/reducer/reducer.hpp"
 #include "ddp/unit/module_call.hpp"
 
 namespace ddp::parallel {

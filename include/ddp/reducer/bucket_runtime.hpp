@@ -118,7 +118,7 @@ class BucketRuntime {
 
   const std::vector<at::Tensor>& params_;
   const buckets::BucketPlan& plan_;
-  buckets::BucketBuffers& layout_;  // filled (BucketBuffers::fill) at each bucket's launch
+  buckets::BucketBuffers& buffers_;  // filled (BucketBuffers::fill) at each bucket's launch
   comm::ProcessGroupPtr pg_;
   Reduction reduction_;
   hooks::CommHookPtr hook_;

@@ -104,7 +104,7 @@ class FlatParamGroup {
   // layout of [Note: flat shard layout] (padding rows zeros, a member without a gradient zeros),
   // drops the full gradients and the full buffer's memory. `member` (or -1): the member whose
   // gradient of this backward is `incoming`, not yet accumulated into its .grad (a tensor hook's
-  // view: reducer/unit_runtime.hpp); its .grad, if any, is added. From kSharded (not gathered in
+  // view: reducer/unit_reducer.hpp); its .grad, if any, is added. From kSharded (not gathered in
   // this step) the sharded .grad is set aside first, as unshard() does. The reduction itself is
   // the caller's (the UnitReducer's bucket runtime).
   void fill_reduce_input(const at::Tensor& input, int64_t member, const at::Tensor& incoming);

@@ -29,14 +29,11 @@
 #include <utility>
 #include <vector>
 
+#include "ddp/shard/data_parallel_style.hpp"
+
 namespace ddp::shard {
 
-enum class DataParallelStyle { kReplicate, kFullyShard, kDefault };
 enum class Placement { kReplicate, kShard };
-
-const char* style_name(DataParallelStyle style);  // "replicate", "fully_shard", "default"
-// The inverse, for flags; throws c10::Error naming the text and the choices.
-DataParallelStyle parse_style(const std::string& text);
 
 // One distinct parameter (tied weights once), in registration order.
 struct ParamShape {

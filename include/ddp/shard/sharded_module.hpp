@@ -10,7 +10,7 @@
 //   unit forward   run_unit: gather the unit (prefetch the next one in the last forward's order);
 //                  after it, release it (reshard_after_forward) and put a node on its output
 //   backward       the output's node gathers the unit again (prefetch the one before); when the
-//                  unit's last gradient arrives, the gradient runtime (reducer/unit_runtime.hpp:
+//                  unit's last gradient arrives, the gradient runtime (reducer/unit_reducer.hpp:
 //                  one bucket per unit, DDP's BucketRuntime, comm hooks and listeners) fills its
 //                  reduce input and issues its reduce-scatter; the unit's full parameters are
 //                  released
@@ -41,9 +41,9 @@
 #include "ddp/hooks/comm_hook.hpp"
 #include "ddp/layout/layout.hpp"
 #include "ddp/layout/tensor_layouts.hpp"
+#include "ddp/obs/gradient_stats.hpp"
 #include "ddp/obs/runtime_stats.hpp"
 #include "ddp/optim/optimizer_in_backward.hpp"
-#include "ddp/obs/gradient_stats.hpp"
 #include "ddp/reducer/no_sync_guard.hpp"
 #include "ddp/reducer/reducer_options.hpp"
 #include "ddp/shard/flat_param_group.hpp"
@@ -110,7 +110,7 @@ class ShardedModule : private unit::UnitListener {
   // (layout::nest): FULLY_SHARD appends its placement. Throws naming `name` when unknown.
   layout::Layout layout(const std::string& name) const;
   // Every parameter's layout under each of its names, over mesh {world} at coordinate {rank}.
-  layout::TensorLayouts layouts() const;
+  const layout::TensorLayouts& layouts() const { return layouts_; }
   const ShardOptions& options() const { return options_; }
   std::string unit_table() const { return format_unit_table(plan_); }
   // Bytes of parameters this rank holds between steps (ShardPlan::local_param_bytes).
@@ -123,7 +123,7 @@ class ShardedModule : private unit::UnitListener {
   // Unit indices (into plan().units) in the order the last forward ran them through run_unit.
   const std::vector<size_t>& unit_order() const { return last_order_; }
 
-  // The gradient runtime's features, as DistributedDataParallel's (reducer/unit_runtime.hpp):
+  // The gradient runtime's features, as DistributedDataParallel's (reducer/unit_reducer.hpp):
   // Replaces the units' built-in averaged reduce-scatter (and, under DEFAULT, the replicated
   // parameters' all-reduce) by `hook` (allreduce, fp16_compress, bf16_compress, noop, or your
   // own that handles GradBucket::reduce_scatter). Once, before the first backward.
@@ -170,6 +170,7 @@ class ShardedModule : private unit::UnitListener {
   std::vector<at::Tensor> params_;  // distinct, registration order; parallel to plan_.shapes
   std::vector<std::string> names_;  // their qualified names
   ShardPlan plan_;
+  layout::TensorLayouts layouts_;  // plan_ as layouts, made with it (neither changes afterwards)
   std::vector<std::unique_ptr<FlatParamGroup>> groups_;  // units with sharded parameters
   std::vector<int> group_of_unit_;                       // plan unit -> groups_ index, or -1
   std::vector<size_t> unit_of_group_;

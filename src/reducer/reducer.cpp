@@ -1,4 +1,4 @@
-#include "ddp/reducer/reducer_runtime.hpp"
+#include "ddp/reducer/reducer.hpp"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>

@@ -1,4 +1,4 @@
-#include "ddp/reducer/unit_runtime.hpp"
+#include "ddp/reducer/unit_reducer.hpp"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
