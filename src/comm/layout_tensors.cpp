@@ -25,12 +25,11 @@ at::Tensor box(at::Tensor t, const std::vector<int64_t>& offset,
   return t;
 }
 
-// Copies one piece from its holder's local tensor into the wanted local tensor.
+}  // namespace
+
 void copy_piece(const Piece& piece, const at::Tensor& source, const at::Tensor& dest) {
   box(dest, piece.dest_offset, piece.length).copy_(box(source, piece.source_offset, piece.length));
 }
-
-}  // namespace
 
 at::Tensor take_local(const Layout& layout, const at::Tensor& whole,
                       const std::vector<int64_t>& coordinate) {

@@ -96,17 +96,6 @@ std::vector<LiveParam> live_params(const TrainingState& state) {
   return out;
 }
 
-// Copies box `piece` of `source` (a saved holder's local tensor) into `dest` (the wanted local
-// storage).
-void copy_piece(const layout::Piece& piece, const at::Tensor& source, at::Tensor& dest) {
-  at::Tensor from = source, to = dest;
-  for (size_t d = 0; d < piece.length.size(); ++d) {
-    from = from.narrow(int64_t(d), piece.source_offset[d], piece.length[d]);
-    to = to.narrow(int64_t(d), piece.dest_offset[d], piece.length[d]);
-  }
-  to.copy_(from);
-}
-
 // `whole` (a tensor of `wanted.shape`) cut to what `coordinate` stores under `wanted`: its local
 // piece at the top of zero padding (layout::padded_local_shape), or `whole` itself when it is
 // not split.
@@ -116,7 +105,7 @@ at::Tensor local_of_whole(const at::Tensor& whole, const layout::Layout& wanted,
   at::Tensor out = at::zeros(layout::padded_local_shape(wanted), whole.options());
   const layout::Layout saved = layout::Layout::replicated(wanted.shape);
   for (const layout::Piece& piece : layout::pieces(saved, wanted, coordinate))
-    copy_piece(piece, whole, out);
+    comm::copy_piece(piece, whole, out);
   return out;
 }
 
@@ -177,7 +166,7 @@ at::Tensor local_from_rank_files(CheckpointFiles& files, const std::string& dir,
     TORCH_CHECK(optimizer_state || it->second.scalar_type() == dtype, "ddp: checkpoint ", path,
                 ": tensor '", key, "' has dtype ", it->second.scalar_type(),
                 " but the model's has dtype ", dtype);
-    copy_piece(piece, it->second, out);
+    comm::copy_piece(piece, it->second, out);
   }
   return out;
 }

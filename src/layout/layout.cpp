@@ -1,5 +1,7 @@
 #include "ddp/layout/layout.hpp"
 
+#include "ddp/layout/even_split.hpp"
+
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -126,12 +128,11 @@ Held hold(const Layout& layout, const std::vector<int64_t>& coordinate) {
                 describe(p), ") splits tensor dim ", p.dim, " into ", p.packed,
                 " equal blocks, but coordinate [", join(coordinate), "] holds ", extent,
                 " elements there, not a multiple of ", p.packed);
-    // [Note: the even split rule] of comm/flat_shards.hpp, applied to each packed block.
+    // [Note: the even split rule] (even_split.hpp), applied to each packed block.
     const int64_t block = extent / p.packed;
-    const int64_t ranks = layout.mesh[p.mesh_dim];
-    const int64_t chunk = (block + ranks - 1) / ranks;
-    const int64_t begin = std::min(block, coordinate[p.mesh_dim] * chunk);
-    const int64_t end = std::min(block, (coordinate[p.mesh_dim] + 1) * chunk);
+    const EvenSplit split_of_block{block, layout.mesh[p.mesh_dim]};
+    const int64_t begin = split_of_block.offset(coordinate[p.mesh_dim]);
+    const int64_t end = begin + split_of_block.length(coordinate[p.mesh_dim]);
     std::vector<Interval> split;
     for (int64_t b = 0; b < p.packed; ++b) {
       append_local_range(list, b * block + begin, b * block + end, split);

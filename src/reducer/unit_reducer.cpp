@@ -7,8 +7,9 @@
 
 namespace ddp::reducer {
 
-UnitReducer::UnitReducer(std::vector<ReduceUnit> units, comm::ProcessGroupPtr pg, UnitEvents events)
-    : units_(std::move(units)), pg_(std::move(pg)), events_(std::move(events)) {
+UnitReducer::UnitReducer(std::vector<ReduceUnit> units, comm::ProcessGroupPtr pg,
+                         UnitObserver& observer)
+    : units_(std::move(units)), pg_(std::move(pg)), observer_(observer) {
   TORCH_CHECK(pg_, "ddp: UnitReducer needs a process group");
   for (size_t u = 0; u < units_.size(); ++u) {
     const ReduceUnit& unit = units_[u];
@@ -16,7 +17,7 @@ UnitReducer::UnitReducer(std::vector<ReduceUnit> units, comm::ProcessGroupPtr pg
                     unit.params.size() == unit.offsets.size() && !unit.params.empty(),
                 "ddp: UnitReducer: unit '", unit.name, "' has ", unit.params.size(),
                 " parameters, ", unit.names.size(), " names and ", unit.offsets.size(), " offsets");
-    TORCH_CHECK(unit.fill, "ddp: UnitReducer: unit '", unit.name, "' has no fill function");
+    TORCH_CHECK(unit.storage != nullptr, "ddp: UnitReducer: unit '", unit.name, "' has no storage");
     first_param_.push_back(params_.size());
     for (size_t i = 0; i < unit.params.size(); ++i) {
       unit_of_param_.push_back(u);
@@ -170,8 +171,8 @@ void UnitReducer::on_grad(size_t p, const at::Tensor& incoming) {
   // The sharded runtime's reactions (queueing its end-of-backward work, releasing the unit's
   // full parameters) do not call back into this object.
   lock.unlock();
-  if (first && events_.backward_began) events_.backward_began();
-  if (done && events_.unit_done) events_.unit_done(u);
+  if (first) observer_.backward_began();
+  if (done) observer_.unit_done(u);
 }
 
 void UnitReducer::begin_sync_backward() {
@@ -205,7 +206,7 @@ void UnitReducer::fill_and_register(size_t u, int64_t member, const at::Tensor& 
   at::Tensor input = at::empty({pg_->world_size() * unit.row_numel}, unit.options);
   {
     at::NoGradGuard no_grad;
-    unit.fill(input, member, incoming);
+    unit.storage->fill_reduce_input(input, member, incoming);
   }
   inputs_.tensors[b] = input;
   filled_[u] = true;
@@ -218,8 +219,7 @@ void UnitReducer::fill_and_register(size_t u, int64_t member, const at::Tensor& 
   }
 }
 
-bool UnitReducer::finish_backward(
-    const std::function<void(size_t unit, const at::Tensor& shard)>& write_back) {
+bool UnitReducer::finish_backward() {
   std::lock_guard<std::mutex> lock(mutex_);
   drop_stale_grad();
   // Prepared but no gradient reached a unit: still a synchronized backward, whose units the
@@ -253,7 +253,7 @@ bool UnitReducer::finish_backward(
     std::rethrow_exception(failure);
   }
   for (size_t b = 0; b < plan_.buckets.size(); ++b) {
-    write_back(unit_at_[b], shards_[b]);
+    units_[unit_at_[b]].storage->finish_reduce_scatter(shards_[b]);
     shards_[b] = at::Tensor();
     const BucketFinished event{b, &plan_.buckets[b].params, comm_done_ns_[b]};
     for (auto* l : listeners_) l->bucket_finished(event);

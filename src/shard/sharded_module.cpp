@@ -94,16 +94,11 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module, comm::Pr
       unit.offsets = group->member_offsets();
       unit.row_numel = group->shard_numel();
       unit.options = group->flat_shard().options().dtype(group->reduce_dtype());
-      FlatParamGroup* flat = group.get();
-      unit.fill = [flat](const at::Tensor& input, int64_t member, const at::Tensor& incoming) {
-        flat->fill_reduce_input(input, member, incoming);
-      };
+      unit.storage = group.get();
       units.push_back(std::move(unit));
     }
-    reducer::UnitEvents events;
-    events.backward_began = [this] { begin_backward(); };
-    events.unit_done = [this](size_t g) { on_unit_done(g); };
-    unit_reducer_ = std::make_unique<reducer::UnitReducer>(std::move(units), pg_, events);
+    unit_reducer_ = std::make_unique<reducer::UnitReducer>(
+        std::move(units), pg_, static_cast<reducer::UnitObserver&>(*this));
     unit_reducer_->add_listener(stats_.listener(), "the stats timeline");
   }
   run_by_model_.assign(plan_.units.size(), false);
@@ -327,7 +322,7 @@ void ShardedModule::begin_backward() {
   reducer::AutogradHooks::at_end_of_backward([this] { finish_backward(); });
 }
 
-void ShardedModule::on_unit_done(size_t g) {
+void ShardedModule::unit_done(size_t g) {
   begin_backward();
   if (require_sync_) {
     note_memory();  // the unit's reduce input was filled and its full buffer released
@@ -341,8 +336,7 @@ void ShardedModule::finish_backward() {
   phase_ = Phase::kIdle;
   if (!unit_reducer_) return;
   // No_sync: nothing is reduced, the full gradients stay for the next synchronized backward.
-  unit_reducer_->finish_backward(
-      [this](size_t g, const at::Tensor& shard) { groups_[g]->finish_reduce_scatter(shard); });
+  unit_reducer_->finish_backward();
   note_memory();
 }
 

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "ddp/buckets/bucket_table.hpp"
+#include "ddp/comm/layout_tensors.hpp"
 #include "ddp/reducer/autograd_hooks.hpp"
 #include "ddp/tp/region_ops.hpp"
 #include "ddp/unit/module_intake.hpp"
@@ -22,12 +23,11 @@ void replace_with(at::Tensor& param, const at::Tensor& value) {
   param.set_(value.contiguous().clone());
 }
 
-// Rank r's rows of `full` (dim 0 of `packed` equal chunks, each split in n).
+// Rank r's rows of `full` (dim 0 of `packed` equal blocks, each split in n): its local tensor
+// under Shard(dim 0, packed) over n ranks, by the layouts' one split rule (comm::take_local).
 at::Tensor packed_rows(const at::Tensor& full, int64_t packed, int64_t n, int64_t r) {
-  const int64_t chunk = full.size(0) / packed, mine = chunk / n;
-  std::vector<at::Tensor> pieces;
-  for (int64_t c = 0; c < packed; ++c) pieces.push_back(full.narrow(0, c * chunk + r * mine, mine));
-  return at::cat(pieces, 0);
+  const layout::Layout rows{full.sizes().vec(), {n}, {layout::Placement::shard(0, 0, packed)}};
+  return comm::take_local(rows, full, {r});
 }
 
 }  // namespace

@@ -35,6 +35,11 @@ namespace ddp::comm {
 at::Tensor take_local(const layout::Layout& layout, const at::Tensor& whole,
                       const std::vector<int64_t>& coordinate);
 
+// Copies box `piece` (layout::pieces) of `source`, a holder's local tensor, into `dest`, the
+// wanted local tensor (its storage, padded or not): the one piece copy of take_local, gather_whole
+// and the checkpoint loads.
+void copy_piece(const layout::Piece& piece, const at::Tensor& source, const at::Tensor& dest);
+
 // The real part of what `coordinate` stores under `layout`: `stored` (the padded storage every
 // coordinate has, layout::padded_local_shape, or already the real local tensor) narrowed to
 // layout::local_shape from the start of each dim, a view. Throws naming `what`, the shapes and

@@ -8,10 +8,11 @@
 // unit's reduce input when the unit's last gradient arrives, launches in plan order, finishes at
 // the end of backward and tells the listeners (stats timeline, optimizer in backward).
 //
-//   unit u's last gradient -> fill(u's (world, S) input from the members' .grad) -> launch in
-//   plan order (built-in reduce-scatter, or the comm hook with GradBucket::reduce_scatter)
+//   unit u's last gradient -> fill_reduce_input(u's (world, S) input from the members' .grad) ->
+//   launch in plan order (built-in reduce-scatter, or the comm hook with
+//   GradBucket::reduce_scatter)
 //   ... end of backward: the rest launched (a missing gradient counts as zeros), every reduction
-//   finished in order -> write_back(u, shard) -> bucket_finished(u) -> iteration_finished
+//   finished in order -> finish_reduce_scatter(shard) -> bucket_finished(u) -> iteration_finished
 //
 // [Note: hooks that survive set_] One tensor hook per parameter, registered once. A tensor hook of
 // a leaf lives on the tensor, not on its gradient accumulator, so it survives the set_() and
@@ -32,7 +33,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -45,6 +45,7 @@
 #include "ddp/reducer/bucket_runtime.hpp"
 #include "ddp/reducer/iteration_state.hpp"
 #include "ddp/reducer/reducer_events.hpp"
+#include "ddp/reducer/unit_storage.hpp"
 
 namespace ddp::reducer {
 
@@ -57,23 +58,15 @@ struct ReduceUnit {
   std::vector<int64_t> offsets;
   int64_t row_numel = 0;
   at::TensorOptions options;  // the reduce input's dtype (reduce_dtype) and device
-  // Writes every member's gradient into `input` ((world, S) elements) and drops the members' full
-  // .grad. `member` (or -1) is the member whose gradient is `incoming`, still in its hook (not yet
-  // in its .grad); a member without a gradient counts as zeros.
-  std::function<void(const at::Tensor& input, int64_t member, const at::Tensor& incoming)> fill;
-};
-
-// What the sharded runtime hears from the gradient path.
-struct UnitEvents {
-  // The first gradient of a backward (synchronized or not).
-  std::function<void()> backward_began;
-  // Unit u's last gradient arrived: nothing later in this backward reads its parameters.
-  std::function<void(size_t unit)> unit_done;
+  // Fills the reduce input and takes back the reduced shard (the unit's flat parameter group);
+  // outlives the reducer.
+  UnitStorage* storage = nullptr;
 };
 
 class UnitReducer {
  public:
-  UnitReducer(std::vector<ReduceUnit> units, comm::ProcessGroupPtr pg, UnitEvents events);
+  // `observer` (the sharded runtime) outlives the reducer.
+  UnitReducer(std::vector<ReduceUnit> units, comm::ProcessGroupPtr pg, UnitObserver& observer);
   ~UnitReducer();  // removes the tensor hooks
   UnitReducer(const UnitReducer&) = delete;
   UnitReducer& operator=(const UnitReducer&) = delete;
@@ -96,9 +89,10 @@ class UnitReducer {
   // the members' .grad; do not gather it again).
   bool filled(size_t unit) const;
   // From the sharded runtime's end-of-backward callback. Synchronized: launches what is left,
-  // finishes every reduction in plan order, then for each unit calls `write_back(u, shard)` (this
-  // rank's S elements) and tells the listeners. No_sync: only resets. Returns whether it reduced.
-  bool finish_backward(const std::function<void(size_t unit, const at::Tensor& shard)>& write_back);
+  // finishes every reduction in plan order, then for each unit hands its storage this rank's S
+  // elements (UnitStorage::finish_reduce_scatter) and tells the listeners. No_sync: only resets.
+  // Returns whether it reduced.
+  bool finish_backward();
   // Drops the iteration (an evaluation forward, or after an error): nothing in flight is waited.
   void reset();
 
@@ -132,7 +126,7 @@ class UnitReducer {
 
   std::vector<ReduceUnit> units_;
   comm::ProcessGroupPtr pg_;
-  UnitEvents events_;
+  UnitObserver& observer_;
   hooks::CommHookPtr hook_;
   std::vector<ReducerListener*> listeners_;
   std::vector<at::Tensor> params_;  // every unit's members, unit after unit

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "ddp/comm/process_group.hpp"
+#include "ddp/reducer/unit_storage.hpp"
 #include "ddp/shard/shard_plan.hpp"
 
 namespace ddp::shard {
@@ -74,7 +75,7 @@ struct LayoutBlock {
 void copy_into_layout(at::Tensor out, const std::vector<at::Tensor>& grads,
                       const std::vector<LayoutBlock>& blocks, int world, bool fused = true);
 
-class FlatParamGroup {
+class FlatParamGroup : public reducer::UnitStorage {
  public:
   // `params`: every distinct parameter of the model, parallel to plan.shapes, holding the same
   // full values on every rank (after the initial broadcast). The group takes the sharded
@@ -107,11 +108,12 @@ class FlatParamGroup {
   // view: reducer/unit_reducer.hpp); its .grad, if any, is added. From kSharded (not gathered in
   // this step) the sharded .grad is set aside first, as unshard() does. The reduction itself is
   // the caller's (the UnitReducer's bucket runtime).
-  void fill_reduce_input(const at::Tensor& input, int64_t member, const at::Tensor& incoming);
+  void fill_reduce_input(const at::Tensor& input, int64_t member,
+                         const at::Tensor& incoming) override;
   // After fill_reduce_input: reshards and adds `shard` (this rank's S elements of the average) to
   // the sharded .grad set aside by unshard(), as FSDP2 accumulates (or makes it the .grad when
   // there was none): [chunk_p, ...], padding rows 0.
-  void finish_reduce_scatter(const at::Tensor& shard);
+  void finish_reduce_scatter(const at::Tensor& shard) override;
   // Both around a blocking averaged reduce-scatter on the group: for callers that reduce a unit
   // by hand (tests, tools); the training runtime goes through the UnitReducer.
   void reduce_scatter_grads();

@@ -46,6 +46,7 @@
 #include "ddp/optim/optimizer_in_backward.hpp"
 #include "ddp/reducer/no_sync_guard.hpp"
 #include "ddp/reducer/reducer_options.hpp"
+#include "ddp/reducer/unit_storage.hpp"
 #include "ddp/shard/flat_param_group.hpp"
 #include "ddp/shard/shard_options.hpp"
 #include "ddp/shard/shard_plan.hpp"
@@ -67,7 +68,7 @@ struct ShardMemory {
                                     // during the steps since the last reset
 };
 
-class ShardedModule : private unit::UnitListener {
+class ShardedModule : private unit::UnitListener, private reducer::UnitObserver {
  public:
   ShardedModule(std::shared_ptr<torch::nn::Module> module, comm::ProcessGroupPtr group,
                 ShardOptions options = {});
@@ -157,7 +158,9 @@ class ShardedModule : private unit::UnitListener {
   void begin_backward();
   void gather(size_t group);
   void prefetch_after(size_t unit, bool backward);
-  void on_unit_done(size_t group);
+  // reducer::UnitObserver: the units' gradient path tells the schedule.
+  void backward_began() override { begin_backward(); }
+  void unit_done(size_t group) override;
   bool reduced(size_t group) const;
   void finish_backward();
   void note_memory();
