@@ -22,10 +22,15 @@ optim::GradShards split_grad_shards(torch::nn::Module& module, const shard::Shar
 }
 
 optim::ClipResult clip_grad_norm(torch::nn::Module& module, const tp::TensorParallel& tp,
+                                 const optim::ClipOptions& options, int64_t step) {
+  return optim::clip_grad_norm(split_grad_shards(module, nullptr, &tp, nullptr), options, step);
+}
+
+optim::ClipResult clip_grad_norm(torch::nn::Module& module, const tp::TensorParallel& tp,
                                  double max_norm) {
   optim::ClipOptions options;
   options.max_norm = max_norm;
-  return optim::clip_grad_norm(split_grad_shards(module, nullptr, &tp, nullptr), options);
+  return clip_grad_norm(module, tp, options);
 }
 
 }  // namespace ddp::parallel

@@ -326,12 +326,12 @@ DDP_TEST_WORKER(clip_meshes) {
   optim::ClipOptions options;
   options.norm_type = norm_type;
   options.max_norm = 0.5 * want;
-  const optim::GradShards grads =
-      model ? parallel::grad_shards(*model, tensor_parallel.get())
-            : parallel::split_grad_shards(*net, nullptr, tensor_parallel.get(), nullptr);
   const int64_t dp_issued = mesh["dp"]->collectives_issued();
   const int64_t tp_issued = mesh["tp"]->collectives_issued();
-  const auto result = optim::clip_grad_norm(grads, options);
+  // The public overloads with ClipOptions (the infinity norm too) over the mesh.
+  const optim::ClipResult result = model
+                                       ? parallel::clip_grad_norm(*model, *tensor_parallel, options)
+                                       : parallel::clip_grad_norm(*net, *tensor_parallel, options);
   const std::string context = "mesh " + std::to_string(dp) + "x" + std::to_string(tps) + " " +
                               dp_style + " over dp, norm " + worker_env("DDP_TEST_NORM");
   // One collective per mesh dim that splits something over more than one rank.
@@ -350,6 +350,9 @@ DDP_TEST_WORKER(clip_meshes) {
   };
   const std::vector<int64_t> coordinate =
       sharded ? mesh.coordinate() : std::vector<int64_t>{mesh.coordinate()[1]};
+  const optim::GradShards grads =
+      model ? parallel::grad_shards(*model, tensor_parallel.get())
+            : parallel::split_grad_shards(*net, nullptr, tensor_parallel.get(), nullptr);
   require_same_grads(grads, *oracle, layout_of, coordinate, context);
 }
 

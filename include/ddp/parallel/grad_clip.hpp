@@ -47,15 +47,22 @@ optim::ClipResult clip_grad_norm(DataParallel<ModuleType>& model, double max_nor
   options.max_norm = max_norm;
   return clip_grad_norm(model, options);
 }
-// Over tensor parallelism: the mesh {dp, tp}.
+// Over tensor parallelism: the mesh {dp, tp}; any ClipOptions (the infinity norm, the skip).
+template <typename ModuleType>
+optim::ClipResult clip_grad_norm(DataParallel<ModuleType>& model, const tp::TensorParallel& tp,
+                                 const optim::ClipOptions& options, int64_t step = -1) {
+  return optim::clip_grad_norm(grad_shards(model, &tp), options, step);
+}
 template <typename ModuleType>
 optim::ClipResult clip_grad_norm(DataParallel<ModuleType>& model, const tp::TensorParallel& tp,
                                  double max_norm) {
   optim::ClipOptions options;
   options.max_norm = max_norm;
-  return optim::clip_grad_norm(grad_shards(model, &tp), options);
+  return clip_grad_norm(model, tp, options);
 }
-// Tensor parallelism alone (no data-parallel wrapper).
+// Tensor parallelism alone (no data-parallel wrapper): the norm over the tp group.
+optim::ClipResult clip_grad_norm(torch::nn::Module& module, const tp::TensorParallel& tp,
+                                 const optim::ClipOptions& options, int64_t step = -1);
 optim::ClipResult clip_grad_norm(torch::nn::Module& module, const tp::TensorParallel& tp,
                                  double max_norm);
 
