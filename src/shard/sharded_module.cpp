@@ -48,17 +48,8 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module, comm::Pr
     layouts_.by_name[shape.name] = one;
     for (const auto& alias : shape.aliases) layouts_.by_name[alias] = one;
   }
-  group_of_unit_.assign(plan_.units.size(), -1);
-  for (size_t u = 0; u < plan_.units.size(); ++u) {
-    bool any_sharded = false;
-    for (size_t i : plan_.units[u].params) {
-      any_sharded |= plan_.params[i].placement == Placement::kShard;
-    }
-    if (!any_sharded) continue;
-    group_of_unit_[u] = static_cast<int>(groups_.size());
-    unit_of_group_.push_back(u);
-    groups_.push_back(std::make_unique<FlatParamGroup>(plan_, u, params_, pg_));
-  }
+  schedule_ = std::make_unique<UnitSchedule>(plan_, params_, pg_, options_);
+  const auto& groups = schedule_->groups();
   if (options_.param_dtype) {
     TORCH_CHECK(at::isFloatingType(*options_.param_dtype), "ddp: param_dtype ",
                 *options_.param_dtype, " is not a floating-point type");
@@ -80,13 +71,13 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module, comm::Pr
   const std::optional<c10::ScalarType> reduce_dtype =
       options_.reduce_dtype ? options_.reduce_dtype : options_.param_dtype;
   if (reduce_dtype) check_reduce_dtype(*reduce_dtype, !options_.reduce_dtype);
-  for (auto& group : groups_) {
+  for (auto& group : groups) {
     if (reduce_dtype) group->set_reduce_dtype(*reduce_dtype);
     if (options_.param_dtype) group->set_param_dtype(*options_.param_dtype);
   }
-  if (!groups_.empty()) {
+  if (!groups.empty()) {
     std::vector<reducer::ReduceUnit> units;
-    for (auto& group : groups_) {
+    for (auto& group : groups) {
       reducer::ReduceUnit unit;
       unit.name = group->unit_name();
       unit.params = group->params();
@@ -100,8 +91,8 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module, comm::Pr
     unit_reducer_ = std::make_unique<reducer::UnitReducer>(
         std::move(units), pg_, static_cast<reducer::UnitObserver&>(*this));
     unit_reducer_->add_listener(stats_.listener(), "the stats timeline");
+    schedule_->attach(unit_reducer_.get());
   }
-  run_by_model_.assign(plan_.units.size(), false);
   std::vector<at::Tensor> replicated_params;
   std::vector<std::string> replicated_names;
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -134,14 +125,14 @@ void ShardedModule::warn_units_not_run() const {
   // A named unit the model never ran through run_unit is gathered with the root by pre_forward
   // and stays gathered until the end of backward: correct, but it saves no memory, and nothing
   // else would tell the user that the policy and the model's code disagree.
-  for (size_t g = 0; g < groups_.size(); ++g) {
-    const size_t u = unit_of_group_[g];
-    if (plan_.units[u].name.empty() || run_by_model_[u]) continue;
+  for (size_t g = 0; g < schedule_->num_groups(); ++g) {
+    const size_t u = schedule_->unit_of_group(g);
+    if (plan_.units[u].name.empty() || schedule_->run_by_model(u)) continue;
     obs::log(obs::LogLevel::kWarn, pg_->rank(),
              "ddp: warning: unit '" + plan_.units[u].name +
                  "' did not run through ddp::unit::run_unit in the first forward, so it is "
                  "gathered for the whole step (" +
-                 std::to_string(groups_[g]->full_bytes()) +
+                 std::to_string(schedule_->group(g).full_bytes()) +
                  " bytes per rank) instead of around its own forward and backward; run it as "
                  "ddp::unit::run_unit(*module, fn, input) in the model's forward, or leave it "
                  "out of ShardOptions::units");
@@ -169,12 +160,6 @@ void ShardedModule::check_reduce_dtype(c10::ScalarType dtype, bool from_param_dt
   }
 }
 
-void ShardedModule::note_memory() {
-  int64_t bytes = unit_reducer_ ? unit_reducer_->input_bytes() : 0;
-  for (const auto& group : groups_) bytes += group->transient_bytes();
-  peak_gathered_bytes_ = std::max(peak_gathered_bytes_, bytes);
-}
-
 ShardMemory ShardedModule::memory() const {
   ShardMemory m;
   for (const at::Tensor& p : params_) {
@@ -183,40 +168,24 @@ ShardMemory ShardedModule::memory() const {
       m.grad_bytes += static_cast<int64_t>(p.grad().numel() * p.grad().element_size());
     }
   }
-  m.peak_gathered_bytes = peak_gathered_bytes_;
+  m.peak_gathered_bytes = schedule_->peak_gathered_bytes();
   return m;
 }
-
-void ShardedModule::gather(size_t g) {
-  // The parameters' tensor hooks stay through unshard's set_() ([Note: hooks that survive set_]
-  // in reducer/unit_reducer.hpp): nothing to install per step.
-  groups_[g]->unshard();
-  note_memory();
-}
-
-bool ShardedModule::reduced(size_t g) const { return unit_reducer_ && unit_reducer_->filled(g); }
 
 void ShardedModule::pre_forward() {
   TORCH_CHECK(phase_ != Phase::kBackward,
               "ddp: forward of a sharded module while its backward is running");
   phase_ = Phase::kForward;
-  order_.clear();
   stats_.collect(unit_reducer_ ? unit_reducer_->num_synchronized_backwards() : 0);
   stats_.forward_started();
-  for (size_t g = 0; g < groups_.size(); ++g) {
-    if (!run_by_model_[unit_of_group_[g]]) gather(g);
-  }
+  schedule_->begin_forward();
   // The gradient runtime is ready from here, so a backward of the module's own forward (a caller
   // driving the protocol by hand) is reduced as the wrapper's is.
   if (unit_reducer_ && at::GradMode::is_enabled()) {
     if (require_sync_) {
       // Gradients complete in the reverse of the forward's unit order (the last forward's; the
       // units not run through run_unit, the root among them, go last).
-      std::vector<size_t> expected;
-      for (auto it = last_order_.rbegin(); it != last_order_.rend(); ++it) {
-        if (group_of_unit_[*it] >= 0) expected.push_back(static_cast<size_t>(group_of_unit_[*it]));
-      }
-      unit_reducer_->prepare_for_backward(expected);
+      unit_reducer_->prepare_for_backward(schedule_->expected_backward_order());
     } else {
       unit_reducer_->prepare_for_local_backward();
     }
@@ -224,11 +193,7 @@ void ShardedModule::pre_forward() {
 }
 
 void ShardedModule::end_forward() {
-  if (phase_ == Phase::kForward) {
-    last_order_ = order_;
-    if (!first_forward_done_) warn_units_not_run();
-    first_forward_done_ = true;
-  }
+  if (phase_ == Phase::kForward && schedule_->end_forward()) warn_units_not_run();
   if (!at::GradMode::is_enabled()) {
     reshard();  // an evaluation forward: no backward will come to put the shards back
     return;
@@ -251,11 +216,7 @@ at::Tensor ShardedModule::backward_start(const at::Tensor& output) {
   return unit::on_backward(output, [this] {
     begin_backward();
     // The last unit of the forward runs its backward first (a no-op when already gathering).
-    if (options_.prefetch && !last_order_.empty()) {
-      const int g = group_of_unit_[last_order_.back()];
-      if (g >= 0) groups_[static_cast<size_t>(g)]->start_unshard();
-      note_memory();
-    }
+    schedule_->backward_begins();
   });
 }
 
@@ -268,51 +229,21 @@ at::Tensor ShardedModule::cast_input(const at::Tensor& input) const {
 }
 
 at::Tensor ShardedModule::before_unit_forward(size_t unit, const at::Tensor& input) {
-  const bool in_forward = phase_ == Phase::kForward;
-  if (in_forward && std::find(order_.begin(), order_.end(), unit) == order_.end()) {
-    order_.push_back(unit);
-    run_by_model_[unit] = true;
-  }
-  const int g = group_of_unit_[unit];
-  if (g >= 0) gather(static_cast<size_t>(g));
-  if (in_forward) prefetch_after(unit, /*backward=*/false);
+  schedule_->before_unit_forward(unit, phase_ == Phase::kForward);
   return cast_input(input);
 }
 
 at::Tensor ShardedModule::after_unit_forward(size_t unit, const at::Tensor& output) {
   // A recompute inside backward (activation checkpointing) keeps the unit: its backward is next.
   if (phase_ != Phase::kForward) return output;
-  const int g = group_of_unit_[unit];
   at::Tensor out = unit::on_backward(output, [this, unit] { before_unit_backward(unit); });
-  if (g >= 0 && (options_.reshard_after_forward || !at::GradMode::is_enabled())) {
-    groups_[static_cast<size_t>(g)]->free_full();
-  }
+  schedule_->after_unit_forward(unit, at::GradMode::is_enabled());
   return out;
 }
 
 void ShardedModule::before_unit_backward(size_t unit) {
   begin_backward();
-  const int g = group_of_unit_[unit];
-  if (g >= 0 && !reduced(static_cast<size_t>(g))) gather(static_cast<size_t>(g));
-  prefetch_after(unit, /*backward=*/true);
-}
-
-void ShardedModule::prefetch_after(size_t unit, bool backward) {
-  if (!options_.prefetch) return;
-  const auto it = std::find(last_order_.begin(), last_order_.end(), unit);
-  if (it == last_order_.end()) return;
-  size_t next;
-  if (backward) {
-    if (it == last_order_.begin()) return;
-    next = *(it - 1);
-  } else {
-    if (it + 1 == last_order_.end()) return;
-    next = *(it + 1);
-  }
-  const int g = group_of_unit_[next];
-  if (g < 0 || reduced(static_cast<size_t>(g))) return;
-  groups_[static_cast<size_t>(g)]->start_unshard();
-  note_memory();
+  schedule_->before_unit_backward(unit);
 }
 
 void ShardedModule::begin_backward() {
@@ -324,11 +255,7 @@ void ShardedModule::begin_backward() {
 
 void ShardedModule::unit_done(size_t g) {
   begin_backward();
-  if (require_sync_) {
-    note_memory();  // the unit's reduce input was filled and its full buffer released
-  } else if (run_by_model_[unit_of_group_[g]]) {
-    groups_[g]->free_full();  // no_sync: the full gradients stay, the parameters can go
-  }
+  schedule_->unit_reduced(g, require_sync_);
 }
 
 void ShardedModule::finish_backward() {
@@ -337,7 +264,7 @@ void ShardedModule::finish_backward() {
   if (!unit_reducer_) return;
   // No_sync: nothing is reduced, the full gradients stay for the next synchronized backward.
   unit_reducer_->finish_backward();
-  note_memory();
+  schedule_->note_memory();
 }
 
 void ShardedModule::register_comm_hook(const hooks::CommHookPtr& hook) {
@@ -414,7 +341,7 @@ layout::Layout ShardedModule::layout(const std::string& name) const {
 std::vector<std::pair<std::string, at::Tensor>> ShardedModule::full_parameters() const {
   TORCH_CHECK(phase_ != Phase::kBackward, "ddp: full_parameters() while a backward is running");
   std::vector<at::Tensor> full(params_.size());
-  for (const auto& group : groups_) {
+  for (const auto& group : schedule_->groups()) {
     TORCH_CHECK(group->state() == ShardedState::kSharded, "ddp: full_parameters() needs unit '",
                 group->unit_name(), "' between steps, it is ", state_name(group->state()));
     const std::vector<at::Tensor> whole = group->gather_full();
@@ -428,7 +355,7 @@ std::vector<std::pair<std::string, at::Tensor>> ShardedModule::full_parameters()
 }
 
 void ShardedModule::reshard() {
-  for (auto& group : groups_) group->reshard();
+  schedule_->reshard_all();
   if (unit_reducer_) unit_reducer_->reset();
   phase_ = Phase::kIdle;
 }

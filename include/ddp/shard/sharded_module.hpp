@@ -50,6 +50,7 @@
 #include "ddp/shard/flat_param_group.hpp"
 #include "ddp/shard/shard_options.hpp"
 #include "ddp/shard/shard_plan.hpp"
+#include "ddp/shard/unit_schedule.hpp"
 #include "ddp/unit/module_call.hpp"
 #include "ddp/unit/unit_scope.hpp"
 
@@ -120,9 +121,9 @@ class ShardedModule : private unit::UnitListener, private reducer::UnitObserver 
   // Every distinct parameter, whole (registration order, the first of a tied parameter's names
   // with it), gathered into new tensors: for comparisons and export. Between steps; collective.
   std::vector<std::pair<std::string, at::Tensor>> full_parameters() const;
-  void reset_peak_memory() { peak_gathered_bytes_ = 0; }
+  void reset_peak_memory() { schedule_->reset_peak(); }
   // Unit indices (into plan().units) in the order the last forward ran them through run_unit.
-  const std::vector<size_t>& unit_order() const { return last_order_; }
+  const std::vector<size_t>& unit_order() const { return schedule_->last_order(); }
 
   // The gradient runtime's features, as DistributedDataParallel's (reducer/unit_reducer.hpp):
   // Replaces the units' built-in averaged reduce-scatter (and, under DEFAULT, the replicated
@@ -156,14 +157,10 @@ class ShardedModule : private unit::UnitListener, private reducer::UnitObserver 
   at::Tensor after_unit_forward(size_t unit, const at::Tensor& output) override;
   void before_unit_backward(size_t unit);
   void begin_backward();
-  void gather(size_t group);
-  void prefetch_after(size_t unit, bool backward);
   // reducer::UnitObserver: the units' gradient path tells the schedule.
   void backward_began() override { begin_backward(); }
   void unit_done(size_t group) override;
-  bool reduced(size_t group) const;
   void finish_backward();
-  void note_memory();
   void warn_units_not_run() const;
   void check_reduce_dtype(c10::ScalarType dtype, bool from_param_dtype);
 
@@ -174,21 +171,14 @@ class ShardedModule : private unit::UnitListener, private reducer::UnitObserver 
   std::vector<std::string> names_;  // their qualified names
   ShardPlan plan_;
   layout::TensorLayouts layouts_;  // plan_ as layouts, made with it (neither changes afterwards)
-  std::vector<std::unique_ptr<FlatParamGroup>> groups_;  // units with sharded parameters
-  std::vector<int> group_of_unit_;                       // plan unit -> groups_ index, or -1
-  std::vector<size_t> unit_of_group_;
+  // Gathers, prefetches and releases of the units' parameters (owns their flat groups).
+  std::unique_ptr<UnitSchedule> schedule_;
   std::vector<size_t> replicated_;  // plan indices, all-reduced
   std::vector<std::unique_ptr<unit::UnitRegistration>> registrations_;
 
   Phase phase_ = Phase::kIdle;
-  // Units seen by run_unit in a forward; only they are gathered per unit (the rest at pre_forward).
-  std::vector<bool> run_by_model_;
-  std::vector<size_t> order_;        // this forward's run_unit order (first visit of each unit)
-  std::vector<size_t> last_order_;   // the last complete forward's: prefetch follows it
-  bool first_forward_done_ = false;  // the first forward's units were checked (warn_units_not_run)
-  bool finish_queued_ = false;       // the end-of-backward callback of this backward is queued
-  bool require_sync_ = true;         // false inside no_sync(): backward reduces nothing
-  int64_t peak_gathered_bytes_ = 0;
+  bool finish_queued_ = false;  // the end-of-backward callback of this backward is queued
+  bool require_sync_ = true;    // false inside no_sync(): backward reduces nothing
   // Listeners on the gradient runtimes; declared before them so they outlive them.
   obs::GradientStats stats_;
   std::vector<std::unique_ptr<optim::OptimizerInBackward>> optimizers_in_backward_;
