@@ -132,6 +132,7 @@ std::string save_checkpoint_files(const CheckpointOptions& options, const Traini
   Manifest manifest;
   manifest.step = state.step;
   manifest.data_position = state.data_position;
+  manifest.global_batch = state.global_batch;
   manifest.world_size = options.world_size;
   if (state.split_layouts() != nullptr) {
     // Split state on one process: its one piece is everything, in the split format all the same,
@@ -261,6 +262,7 @@ Manifest load_checkpoint(const std::string& dir, int world_size, TrainingState& 
   load_rng_tensors(rng, rng_path);
   state.step = manifest.step;
   state.data_position = manifest.data_position;
+  state.global_batch = manifest.global_batch;
   return manifest;
 }
 

@@ -76,6 +76,7 @@ std::string save_sharded(comm::ProcessGroup& group, const CoordinatorOptions& op
     Manifest manifest;
     manifest.step = state.step;
     manifest.data_position = state.data_position;
+    manifest.global_batch = state.global_batch;
     manifest.world_size = group.world_size();
     manifest.optimizer = mine.optimizer;
     manifest.sharded = mine.sharded;

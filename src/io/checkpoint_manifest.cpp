@@ -156,6 +156,7 @@ std::string manifest_to_json(const Manifest& m) {
             // (a captured step's replays move the generator, so a saved offset would not do).
             {"rng", {{"cpu", "rng.safetensors"}, {"cuda", "not saved"}}},
             {"files", files}};
+  if (m.global_batch > 0) j["global_batch"] = m.global_batch;
   if (!m.sharded.empty()) {
     json sharded = json::array();
     for (const ShardedTensor& t : m.sharded) {
@@ -200,6 +201,7 @@ Manifest read_manifest(const std::string& dir) {
               kCheckpointFormatVersion);
   m.step = field<int64_t>(j, "step", path);
   m.data_position = field<int64_t>(j, "data_position", path);
+  if (j.contains("global_batch")) m.global_batch = field<int64_t>(j, "global_batch", path);
   m.world_size = field<int>(j, "world_size", path);
   m.optimizer = field<std::string>(j, "optimizer", path);
   const json files = field<json>(j, "files", path);

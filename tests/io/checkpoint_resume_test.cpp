@@ -152,14 +152,15 @@ TEST(CheckpointRestart, CorruptLatestFallsBackAndAnotherWorldSizeResumes) {
       << out;
   expect_bitwise_equal(dir.file("resumed.safetensors"), dir.file("straight.safetensors"));
 
-  // A replicated checkpoint loads at any world size (as PyTorch's DDP state dicts do); the data
-  // position must still fit: world 3 with the saved --batch-size changes the global batch.
+  // A replicated checkpoint loads at any world size (as PyTorch's DDP state dicts do); the global
+  // batch it records must still hold: world 3 with the saved --batch-size changes it.
   std::tie(out, code) =
       run_command(train("sgd", "--steps 10 --resume --checkpoint-dir " + dir.file("d"), 3));
   EXPECT_NE(code, 0) << out;
   EXPECT_NE(out.find("ddp-train: checkpoint " + dir.file("d") +
-                     "/step-5 had consumed 320 samples at step 5, but this run's global batch "
-                     "of 96 gives 480: resume with the --batch-size of the saved run"),
+                     "/step-5 was saved by a run of 64 samples a step (--batch-size x "
+                     "--grad-accum x data-parallel ranks), this run's is 96: resume with the same "
+                     "global batch (at another world size, scale --batch-size)"),
             std::string::npos)
       << out;
   // World 4 with half the batch keeps the global batch: it ends where the uninterrupted world-2

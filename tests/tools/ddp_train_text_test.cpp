@@ -297,6 +297,29 @@ TEST(DdpTrainText, DropLastSkipsTheEpochsPartialBatchAndResumes) {
   ddp::testing::expect_same_weights(dir + "/a.safetensors", dir + "/resumed.safetensors");
 }
 
+// A checkpoint records the run's global batch (--batch-size x --grad-accum x data ranks): a resume
+// that changes it is refused by name before any step, even where the sampler could seek (the
+// windows a step reads and the schedule's steps would no longer be the saved run's).
+TEST(DdpTrainText, AResumeThatChangesTheGlobalBatchIsRefused) {
+  const TempDir tmp("train_text_global_batch");
+  const std::string ckpt = " --checkpoint-dir " + tmp.str() + "/ckpt";
+  const std::string train = "--data --eval-every 100 --sample-bytes 0 --timeout-s 60";
+  auto [out, code] = run(train + ckpt + " --nproc 2 --batch-size 4 --steps 2 --checkpoint-every 2");
+  ASSERT_EQ(code, 0) << out;
+  std::tie(out, code) = run(train + ckpt + " --nproc 2 --batch-size 3 --steps 4 --resume");
+  EXPECT_NE(code, 0) << out;
+  EXPECT_NE(out.find("ddp-train: checkpoint " + tmp.str() +
+                     "/ckpt/step-2 was saved by a run of 8 samples a step (--batch-size x "
+                     "--grad-accum x data-parallel ranks), this run's is 6: resume with the same "
+                     "global batch (at another world size, scale --batch-size)"),
+            std::string::npos)
+      << out;
+  // The same global batch at another world size resumes.
+  std::tie(out, code) = run(train + ckpt + " --nproc 1 --batch-size 8 --steps 4 --resume");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("at step 2"), std::string::npos) << out;
+}
+
 // The captured recipe on one GPU (skipped without CUDA): with --dropout, a --cuda-graph run draws
 // the masks the eager run draws (graphs/step_rng.hpp), so both end at the same weights; and a
 // captured run checkpointed at step 20 and resumed (warm-up and capture again from step 21) ends

@@ -64,6 +64,9 @@ struct TrainingState {
   // of the global stream consumed, the unit of DistributedSampler::data_position
   // (data/distributed_sampler.hpp), which every world size reads alike.
   int64_t data_position = 0;
+  // The caller's samples per step over all ranks, saved and restored as it is; load sets it (0
+  // for a checkpoint that did not record it). The tools refuse a resume that changes it.
+  int64_t global_batch = 0;
   // How the wrappers split the model's parameters, as the wrapped model answers it
   // (DataParallel::layouts(), or DataParallel::layouts(tp) over tensor parallelism; also
   // ShardedModule::layouts(), TensorParallel::layouts() and layout::nest of the two). The mesh's

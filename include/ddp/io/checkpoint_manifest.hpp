@@ -63,6 +63,9 @@ struct Manifest {
   int format_version = kCheckpointFormatVersion;
   int64_t step = 0;           // training steps completed when saved
   int64_t data_position = 0;  // the caller's data cursor (e.g. samples consumed), opaque to us
+  // The caller's samples per step over all ranks, opaque to us; 0: not recorded (written only
+  // when > 0, so older manifests read as 0).
+  int64_t global_batch = 0;
   int world_size = 1;     // processes of the run that wrote it (the product of its layouts' mesh)
   std::string optimizer;  // "sgd", "adam", or "" when no optimizer state was saved
   std::vector<ManifestFile> files;
