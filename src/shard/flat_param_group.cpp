@@ -93,7 +93,7 @@ FlatParamGroup::FlatParamGroup(const ShardPlan& plan, size_t unit,
   const int rank = pg_->rank();
   for (size_t i : spec.params) {
     const ParamShard& s = plan.params[i];
-    if (s.placement != Placement::kShard) continue;
+    if (!s.sharded()) continue;
     const at::Tensor& p = params[i];
     TORCH_CHECK(p.sizes().vec() == plan.shapes[i].shape, "ddp: unit '", unit_name_,
                 "': parameter '", plan.shapes[i].name, "' has shape ", p.sizes(),

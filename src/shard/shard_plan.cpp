@@ -33,12 +33,11 @@ size_t owner_of(const ParamShape& p, const std::vector<std::string>& unit_names,
   return best;
 }
 
-Placement placement_of(const ParamShape& p, int world, DataParallelStyle style) {
-  if (style == DataParallelStyle::kReplicate || p.shape.empty() || !p.trainable) {
-    return Placement::kReplicate;
-  }
-  if (style == DataParallelStyle::kFullyShard) return Placement::kShard;
-  return p.shape[0] % world == 0 ? Placement::kShard : Placement::kReplicate;
+// [Note: styles]: whether the style shards `p` on dim 0 over `world` ranks.
+bool shards(const ParamShape& p, int world, DataParallelStyle style) {
+  if (style == DataParallelStyle::kReplicate || p.shape.empty() || !p.trainable) return false;
+  if (style == DataParallelStyle::kFullyShard) return true;
+  return p.shape[0] % world == 0;
 }
 
 std::string shape_text(const std::vector<int64_t>& shape) {
@@ -50,12 +49,12 @@ std::string shape_text(const std::vector<int64_t>& shape) {
 }  // namespace
 
 int64_t ParamShard::rows_on(int rank, int world) const {
-  if (placement == Placement::kReplicate) return rows;
+  if (!sharded()) return rows;
   return comm::FlatShards{rows, world}.length(rank);
 }
 
 int64_t ParamShard::padding_rows(int world) const {
-  if (placement == Placement::kReplicate) return 0;
+  if (!sharded()) return 0;
   return comm::FlatShards{rows, world}.padded_numel() - rows;
 }
 
@@ -88,11 +87,13 @@ ShardPlan plan_shards(const std::vector<ParamShape>& params,
   for (size_t i = 0; i < params.size(); ++i) {
     const ParamShape& p = params[i];
     ParamShard& s = plan.params[i];
-    s.placement = placement_of(p, world, style);
+    s.layout.shape = p.shape;
+    s.layout.mesh = {world};
+    if (shards(p, world, style)) s.layout.placements.push_back(layout::Placement::shard(0, 0));
     s.rows = p.shape.empty() ? 1 : p.shape[0];
     s.row_numel = 1;
     for (size_t d = 1; d < p.shape.size(); ++d) s.row_numel *= p.shape[d];
-    s.chunk = s.placement == Placement::kShard ? comm::FlatShards{s.rows, world}.chunk() : s.rows;
+    s.chunk = s.sharded() ? comm::FlatShards{s.rows, world}.chunk() : s.rows;
     members[owner_of(p, unit_names, root)].push_back(i);
   }
   for (size_t u = 0; u < unit_names.size(); ++u) {
@@ -126,7 +127,7 @@ std::string format_unit_table(const ShardPlan& plan) {
       const ParamShard& s = plan.params[i];
       const int64_t bytes =
           s.local_numel() * static_cast<int64_t>(c10::elementSize(plan.shapes[i].dtype));
-      std::string style = s.placement == Placement::kShard ? "shard" : "replicate";
+      std::string style = s.sharded() ? "shard" : "replicate";
       if (!plan.shapes[i].trainable) style += " (frozen)";
       if (s.padding_rows(plan.world) > 0) {
         style += " (+" + std::to_string(s.padding_rows(plan.world)) + " pad rows)";

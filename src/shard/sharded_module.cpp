@@ -59,9 +59,8 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module, comm::Pr
                   "' is frozen (requires_grad false), so it stays whole and would keep its dtype "
                   "beside cast ones; cast it to ",
                   *options_.param_dtype, " before wrapping");
-      TORCH_CHECK(plan_.params[i].placement == Placement::kShard, "ddp: param_dtype ",
-                  *options_.param_dtype, " with style default: parameter '", names_[i],
-                  "' is replicated (dim 0 of ",
+      TORCH_CHECK(plan_.params[i].sharded(), "ddp: param_dtype ", *options_.param_dtype,
+                  " with style default: parameter '", names_[i], "' is replicated (dim 0 of ",
                   plan_.shapes[i].shape.empty() ? 1 : plan_.shapes[i].shape[0],
                   " does not divide by ", pg_->world_size(),
                   " ranks) and would keep its dtype beside cast ones; use style fully_shard");
@@ -97,7 +96,7 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module, comm::Pr
   std::vector<std::string> replicated_names;
   for (size_t i = 0; i < params_.size(); ++i) {
     // A frozen parameter gets no gradient: nothing to reduce, no hook (left alone).
-    if (plan_.params[i].placement != Placement::kReplicate || !plan_.shapes[i].trainable) continue;
+    if (plan_.params[i].sharded() || !plan_.shapes[i].trainable) continue;
     replicated_.push_back(i);
     replicated_params.push_back(params_[i]);
     replicated_names.push_back(names_[i]);
@@ -323,17 +322,10 @@ const buckets::BucketPlan& ShardedModule::bucket_plan() const {
 layout::Layout ShardedModule::layout(const std::string& name) const {
   for (size_t i = 0; i < plan_.shapes.size(); ++i) {
     const ParamShape& shape = plan_.shapes[i];
-    if (shape.name != name &&
-        std::find(shape.aliases.begin(), shape.aliases.end(), name) == shape.aliases.end()) {
-      continue;
+    if (shape.name == name ||
+        std::find(shape.aliases.begin(), shape.aliases.end(), name) != shape.aliases.end()) {
+      return plan_.params[i].layout;
     }
-    layout::Layout out;
-    out.shape = shape.shape;
-    out.mesh = {pg_->world_size()};
-    if (plan_.params[i].placement == Placement::kShard) {
-      out.placements.push_back(layout::Placement::shard(0, 0));
-    }
-    return out;
   }
   TORCH_CHECK(false, "ddp: ShardedModule::layout: the module has no parameter '", name, "'");
 }

@@ -14,7 +14,7 @@ UnitSchedule::UnitSchedule(const ShardPlan& plan, const std::vector<at::Tensor>&
   for (size_t u = 0; u < plan.units.size(); ++u) {
     bool any_sharded = false;
     for (size_t i : plan.units[u].params) {
-      any_sharded |= plan.params[i].placement == Placement::kShard;
+      any_sharded |= plan.params[i].sharded();
     }
     if (!any_sharded) continue;
     group_of_unit_[u] = static_cast<int>(groups_.size());

@@ -28,7 +28,10 @@ TEST(ShardPlan, FullyShardPadsDimZeroByTheEvenSplitRule) {
   const ShardPlan plan = plan_shards(mixed(), {}, 3, DataParallelStyle::kFullyShard);
   ASSERT_EQ(plan.params.size(), 4u);
   const ParamShard& w1 = plan.params[0];
-  EXPECT_EQ(w1.placement, Placement::kShard);
+  EXPECT_TRUE(w1.sharded());
+  // The layout every runtime reads: Shard(0) over {3}, rank 2 the 666 rows left after 2 x 667.
+  EXPECT_EQ(w1.layout.mesh, std::vector<int64_t>{3});
+  EXPECT_EQ(layout::local_shape(w1.layout, {2}), (std::vector<int64_t>{666, 2000}));
   EXPECT_EQ(w1.chunk, 667);  // ceil(2000 / 3)
   EXPECT_EQ(w1.row_numel, 2000);
   EXPECT_EQ(w1.rows_on(0, 3), 667);
@@ -54,23 +57,23 @@ TEST(ShardPlan, FewerRowsThanRanksLeavesTheLastShardsEmpty) {
   EXPECT_EQ(plan.params[0].rows_on(2, 3), 0);
   EXPECT_EQ(plan.params[0].padding_rows(3), 1);
   // A 0-dim parameter has no dim 0 to shard.
-  EXPECT_EQ(plan.params[1].placement, Placement::kReplicate);
+  EXPECT_FALSE(plan.params[1].sharded());
   EXPECT_EQ(plan.params[1].local_numel(), 1);
 }
 
 TEST(ShardPlan, DefaultShardsWhatDividesAndReplicatesTheRest) {
   const ShardPlan plan = plan_shards(mixed(), {}, 3, DataParallelStyle::kDefault);
-  EXPECT_EQ(plan.params[0].placement, Placement::kReplicate);  // 2000 % 3 == 2
-  EXPECT_EQ(plan.params[1].placement, Placement::kReplicate);
-  EXPECT_EQ(plan.params[2].placement, Placement::kShard);  // 3 rows: one each
-  EXPECT_EQ(plan.params[3].placement, Placement::kShard);
+  EXPECT_FALSE(plan.params[0].sharded());  // 2000 % 3 == 2
+  EXPECT_FALSE(plan.params[1].sharded());
+  EXPECT_TRUE(plan.params[2].sharded());  // 3 rows: one each
+  EXPECT_TRUE(plan.params[3].sharded());
   EXPECT_EQ(plan.params[2].local_numel(), 2000);
   EXPECT_EQ(plan.params[0].local_numel(), 2000 * 2000);
   const ShardPlan at2 = plan_shards(mixed(), {}, 2, DataParallelStyle::kDefault);
-  EXPECT_EQ(at2.params[0].placement, Placement::kShard);
-  EXPECT_EQ(at2.params[2].placement, Placement::kReplicate);  // 3 % 2 == 1
+  EXPECT_TRUE(at2.params[0].sharded());
+  EXPECT_FALSE(at2.params[2].sharded());  // 3 % 2 == 1
   const ShardPlan replicated = plan_shards(mixed(), {}, 3, DataParallelStyle::kReplicate);
-  for (const ParamShard& s : replicated.params) EXPECT_EQ(s.placement, Placement::kReplicate);
+  for (const ParamShard& s : replicated.params) EXPECT_FALSE(s.sharded());
   EXPECT_EQ(replicated.local_param_bytes(), (2000 * 2000 + 2000 + 3 * 2000 + 3) * 4);
 }
 

@@ -140,8 +140,7 @@ DDP_TEST_WORKER(unit_runtime_training_and_stats) {
   size_t units_with_shards = 0;
   for (const auto& unit : model.plan().units) {
     bool any = false;
-    for (size_t i : unit.params)
-      any |= model.plan().params[i].placement == shard::Placement::kShard;
+    for (size_t i : unit.params) any |= model.plan().params[i].sharded();
     units_with_shards += any ? 1 : 0;
   }
   require(plan.buckets.size() == units_with_shards,

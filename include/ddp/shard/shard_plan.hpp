@@ -29,11 +29,10 @@
 #include <utility>
 #include <vector>
 
+#include "ddp/layout/layout.hpp"
 #include "ddp/shard/data_parallel_style.hpp"
 
 namespace ddp::shard {
-
-enum class Placement { kReplicate, kShard };
 
 // One distinct parameter (tied weights once), in registration order.
 struct ParamShape {
@@ -58,7 +57,11 @@ struct ParamShape {
 };
 
 struct ParamShard {
-  Placement placement = Placement::kReplicate;
+  // What each rank holds, over the mesh {world}: Shard(tensor dim 0) when sharded (the even split
+  // with padding, layout/even_split.hpp), no placement when replicated. The one description every
+  // runtime and ShardedModule::layout() read.
+  layout::Layout layout;
+  bool sharded() const { return !layout.placements.empty(); }
   int64_t rows = 0;       // dim 0 (1 for a 0-dim parameter)
   int64_t row_numel = 0;  // elements per row: the product of the other sizes
   int64_t chunk = 0;      // rows a full shard holds: ceil(rows / world) when sharded, else rows
