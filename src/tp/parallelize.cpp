@@ -23,13 +23,6 @@ void replace_with(at::Tensor& param, const at::Tensor& value) {
   param.set_(value.contiguous().clone());
 }
 
-// Rank r's rows of `full` (dim 0 of `packed` equal blocks, each split in n): its local tensor
-// under Shard(dim 0, packed) over n ranks, by the layouts' one split rule (comm::take_local).
-at::Tensor packed_rows(const at::Tensor& full, int64_t packed, int64_t n, int64_t r) {
-  const layout::Layout rows{full.sizes().vec(), {n}, {layout::Placement::shard(0, 0, packed)}};
-  return comm::take_local(rows, full, {r});
-}
-
 }  // namespace
 
 const char* tp_style_name(TpStyle style) {
@@ -65,29 +58,21 @@ TensorParallel::TensorParallel(std::shared_ptr<torch::nn::Module> module,
   // tensors, and the replicated parameters must be equal for their gradients to be.
   unit::synchronize_replicas(*group_, unit::take_in(*module_), "parallelize_module");
   for (size_t i = 0; i < plan.size(); ++i) apply_entry(plan[i].first, plan[i].second, *targets[i]);
-  // A tied parameter (an embedding shared with the output layer) is split under every name, so
-  // that full() and local() of either name agree with the one tensor.
+  // The parameters the plan does not split are replicated, from their shapes now (a runtime that
+  // splits the shards again, FULLY_SHARD, changes the shapes the parameters have between steps
+  // later). A tied parameter (an embedding shared with the output layer) is split under every
+  // name, so that full() and local() of either name agree with the one tensor.
   const auto named = module_->named_parameters(/*recurse=*/true);
   for (const auto& item : named) {
-    if (splits_.count(item.key()) != 0) continue;
+    if (layouts_.by_name.count(item.key()) != 0) continue;
+    layout::Layout out{item.value().sizes().vec(), {group_->world_size()}, {}};
     for (const auto& other : named) {
-      const auto it = splits_.find(other.key());
-      if (it != splits_.end() && other.value().is_same(item.value())) {
-        splits_[item.key()] = it->second;
+      const auto it = layouts_.by_name.find(other.key());
+      if (it != layouts_.by_name.end() && other.value().is_same(item.value())) {
+        out = it->second;
+        if (styles_.count(other.key()) != 0) styles_[item.key()] = styles_.at(other.key());
         break;
       }
-    }
-  }
-  // Every parameter's layout, from its local shape now: a runtime that splits the shards again
-  // (FULLY_SHARD) changes the shapes the parameters have between steps later.
-  for (const auto& item : named) {
-    layout::Layout out;
-    out.shape = item.value().sizes().vec();
-    out.mesh = {group_->world_size()};
-    const auto it = splits_.find(item.key());
-    if (it != splits_.end()) {
-      out.shape[it->second.dim] *= group_->world_size();
-      out.placements.push_back(layout::Placement::shard(0, it->second.dim, it->second.packed));
     }
     layouts_.by_name[item.key()] = out;
   }
@@ -143,8 +128,7 @@ void TensorParallel::apply_entry(const std::string& name, const ParallelStyle& s
   p.style = spec;
   if (auto* embedding = target.as<torch::nn::Embedding>()) {
     const int64_t rows = embedding->weight.size(0) / n;
-    replace_with(embedding->weight, embedding->weight.detach().narrow(0, r * rows, rows));
-    splits_[name + ".weight"] = Split{0, 1, "RowwiseParallel (vocabulary)"};
+    split(name + ".weight", embedding->weight, 0, 1, "RowwiseParallel (vocabulary)");
     p.embedding = embedding;
     p.first_row = r * rows;
     p.params = {embedding->weight};
@@ -153,11 +137,9 @@ void TensorParallel::apply_entry(const std::string& name, const ParallelStyle& s
     auto* linear = target.as<torch::nn::Linear>();
     p.linear = linear;
     if (spec.style == TpStyle::kColwise) {
-      replace_with(linear->weight, packed_rows(linear->weight.detach(), spec.packed, n, r));
-      splits_[name + ".weight"] = Split{0, spec.packed, packed_style(spec)};
+      split(name + ".weight", linear->weight, 0, spec.packed, packed_style(spec));
       if (linear->bias.defined()) {
-        replace_with(linear->bias, packed_rows(linear->bias.detach(), spec.packed, n, r));
-        splits_[name + ".bias"] = Split{0, spec.packed, packed_style(spec)};
+        split(name + ".bias", linear->bias, 0, spec.packed, packed_style(spec));
       }
       // Its bias is split like the weight: both are wrong when the module is called directly.
       p.params = {linear->weight};
@@ -167,9 +149,7 @@ void TensorParallel::apply_entry(const std::string& name, const ParallelStyle& s
         p.param_names.push_back(name + ".bias");
       }
     } else {
-      const int64_t cols = linear->weight.size(1) / n;
-      replace_with(linear->weight, linear->weight.detach().narrow(1, r * cols, cols));
-      splits_[name + ".weight"] = Split{1, 1, tp_style_name(spec.style)};
+      split(name + ".weight", linear->weight, 1, 1, tp_style_name(spec.style));
       p.bias = linear->bias;
       // The replicated bias is added after the all-reduce; only the weight's gradient is wrong
       // (a partial sum reaches everything below it) when the module is called directly.
@@ -252,9 +232,19 @@ at::Tensor TensorParallel::after_unit_forward(size_t unit, const at::Tensor& out
   return p.bias.defined() ? out + p.bias : out;
 }
 
+void TensorParallel::split(const std::string& name, at::Tensor& param, int64_t dim, int64_t packed,
+                           const std::string& style) {
+  const layout::Layout out{
+      param.sizes().vec(), {group_->world_size()}, {layout::Placement::shard(0, dim, packed)}};
+  replace_with(param, comm::take_local(out, param.detach(), {group_->rank()}));
+  layouts_.by_name[name] = out;
+  styles_[name] = style;
+}
+
 int64_t TensorParallel::shard_dim(const std::string& name) const {
-  const auto it = splits_.find(name);
-  return it == splits_.end() ? -1 : it->second.dim;
+  const auto it = layouts_.by_name.find(name);
+  if (it == layouts_.by_name.end() || it->second.placements.empty()) return -1;
+  return it->second.placements[0].dim;
 }
 
 layout::Layout TensorParallel::layout(const std::string& name) const {
@@ -265,43 +255,35 @@ layout::Layout TensorParallel::layout(const std::string& name) const {
 }
 
 at::Tensor TensorParallel::full(const std::string& name, const at::Tensor& local) const {
-  const auto it = splits_.find(name);
-  if (it == splits_.end()) return local.detach().clone();
-  const Split& split = it->second;
-  const at::Tensor whole = gather_along(local, split.dim, group_);
-  if (split.packed == 1) return whole;
-  // [rank 0's chunks | rank 1's chunks | ...] -> [chunk 0 of every rank | chunk 1 ...].
-  const int64_t n = group_->world_size(), piece = local.size(0) / split.packed;
-  std::vector<int64_t> sizes{n, split.packed, piece};
-  for (int64_t d = 1; d < local.dim(); ++d) sizes.push_back(local.size(d));
-  return whole.reshape(sizes).transpose(0, 1).reshape(whole.sizes());
+  const auto it = layouts_.by_name.find(name);
+  if (it == layouts_.by_name.end() || it->second.placements.empty()) {
+    return local.detach().clone();
+  }
+  return comm::gather_whole(it->second, local.detach(), *group_, "the whole of '" + name + "'");
 }
 
 at::Tensor TensorParallel::local(const std::string& name, const at::Tensor& whole) const {
-  const auto it = splits_.find(name);
-  if (it == splits_.end()) return whole.detach().clone();
-  const Split& split = it->second;
-  const int64_t n = group_->world_size(), r = group_->rank();
+  const auto it = layouts_.by_name.find(name);
+  if (it == layouts_.by_name.end() || it->second.placements.empty()) {
+    return whole.detach().clone();
+  }
+  const layout::Placement& split = it->second.placements[0];
+  const int64_t n = group_->world_size();
   TORCH_CHECK(
       whole.dim() > split.dim && whole.size(split.dim) % (n * split.packed) == 0,
       "ddp: tensor-parallel parameter '", name, "' is split on dim ", split.dim,
       split.packed > 1 ? " in " + std::to_string(split.packed) + " packed chunks" : std::string(),
       " over ", n, " ranks, but the whole tensor given has shape ", whole.sizes());
-  const at::Tensor w = whole.detach();
-  if (split.dim == 0) return packed_rows(w, split.packed, n, r).contiguous().clone();
-  const int64_t width = w.size(split.dim) / n;
-  return w.narrow(split.dim, r * width, width).contiguous().clone();
+  return comm::take_local(it->second, whole.detach(), {group_->rank()});
 }
 
 std::string TensorParallel::table() const {
   std::vector<std::vector<std::string>> rows;
   for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
-    const auto it = splits_.find(item.key());
-    if (it == splits_.end()) continue;
-    std::vector<int64_t> whole = item.value().sizes().vec();
-    whole[it->second.dim] *= group_->world_size();
-    rows.push_back(
-        {item.key(), it->second.style, shape_text(whole), shape_text(item.value().sizes())});
+    const auto it = styles_.find(item.key());
+    if (it == styles_.end()) continue;
+    rows.push_back({item.key(), it->second, shape_text(layouts_.by_name.at(item.key()).shape),
+                    shape_text(item.value().sizes())});
   }
   return "Tensor-parallel split (tp size " + std::to_string(group_->world_size()) + ", " +
          std::to_string(rows.size()) + " parameters split, the others replicated)\n" +

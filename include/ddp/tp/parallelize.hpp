@@ -132,6 +132,10 @@ class TensorParallel : private unit::UnitListener {
       const torch::OrderedDict<std::string, std::shared_ptr<torch::nn::Module>>& modules,
       const std::string& name, const ParallelStyle& spec) const;
   void apply_entry(const std::string& name, const ParallelStyle& spec, torch::nn::Module& target);
+  // `param` (registered as `name`) becomes this rank's part under Shard(dim, packed) over the tp
+  // group (comm::take_local: the layouts' even split), and its layout and style are recorded.
+  void split(const std::string& name, at::Tensor& param, int64_t dim, int64_t packed,
+             const std::string& style);
   const char* kind() const override { return "tensor-parallel"; }
   at::Tensor before_unit_forward(size_t unit, const at::Tensor& input) override;
   at::Tensor after_unit_forward(size_t unit, const at::Tensor& output) override;
@@ -139,14 +143,12 @@ class TensorParallel : private unit::UnitListener {
   std::shared_ptr<torch::nn::Module> module_;
   comm::ProcessGroupPtr group_;
   std::vector<Planned> planned_;
-  struct Split {
-    int64_t dim = 0;     // the sharded tensor dim
-    int64_t packed = 1;  // chunks split separately (dim 0 only)
-    std::string style;   // the plan entry's style, for table()
-  };
-  // Qualified parameter name -> how it is sharded; a tied parameter under each of its names.
-  std::map<std::string, Split> splits_;
-  layout::TensorLayouts layouts_;  // made at construction, from the local shapes then
+  // Every parameter's layout over the tp group, the one description full(), local(), shard_dim()
+  // and the checkpoints read; made at construction (a split one as it is split, the rest from
+  // their shapes then), a tied parameter under each of its names.
+  layout::TensorLayouts layouts_;
+  // The split parameters' plan styles, for table(); a tied parameter under each of its names.
+  std::map<std::string, std::string> styles_;
   std::vector<std::unique_ptr<unit::UnitRegistration>> registrations_;
   bool end_queued_ = false;  // this backward's end-of-backward callback is queued
 };
