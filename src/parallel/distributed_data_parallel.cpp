@@ -77,6 +77,16 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
 
 DistributedDataParallelBase::~DistributedDataParallelBase() = default;
 
+reducer::Reducer& detail::reducer_of(DistributedDataParallelBase& model) { return *model.reducer_; }
+
+int64_t DistributedDataParallelBase::num_plan_changes() const {
+  return reducer_->num_plan_changes();
+}
+
+int64_t DistributedDataParallelBase::num_synchronized_backwards() const {
+  return reducer_->num_synchronized_backwards();
+}
+
 std::string DistributedDataParallelBase::bucket_table() const {
   return buckets::format_bucket_table(reducer_->plan(), reducer_->param_specs());
 }

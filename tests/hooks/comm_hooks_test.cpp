@@ -198,7 +198,7 @@ DDP_TEST_WORKER(powersgd_after_rebuild) {
     }
     std::vector<torch::Tensor> params;
     for (const auto& p : model.parameters()) params.push_back(p.detach().clone());
-    return std::make_pair(params, model.reducer().num_plan_changes());
+    return std::make_pair(params, model.num_plan_changes());
   };
   const auto [rebuilt, rebuilds] = train(false);
   const auto [planned, plan_changes] = train(true);

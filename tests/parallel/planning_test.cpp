@@ -71,7 +71,7 @@ DDP_TEST_WORKER(planning) {
         require(plan_names(model) == observed, "no rebuild after iteration 1");
       }
     }
-    require(model.reducer().num_plan_changes() == 1, "the plan must change exactly once");
+    require(model.num_plan_changes() == 1, "the plan must change exactly once");
     require(observed_names(model)[0] == "fc2.bias" || observed_names(model)[0] == "fc2.weight",
             "fc2's gradients must be ready first");
   }

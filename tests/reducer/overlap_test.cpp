@@ -46,14 +46,14 @@ DDP_TEST_WORKER(overlap) {
     }
     for (size_t p = 0; p < model.parameters().size(); ++p) {
       const auto& grad = model.parameters()[p].grad();
-      const auto& buffer = model.reducer().bucket_buffer(plan.bucket_of[p]);
+      const auto& buffer = parallel::detail::reducer_of(model).bucket_buffer(plan.bucket_of[p]);
       const auto* begin = buffer.data_ptr<float>();
       const auto* at = grad.data_ptr<float>();
       require(at >= begin && at + grad.numel() <= begin + buffer.numel(),
               "grad of " + model.parameter_names()[p] + " is not a view into its bucket");
     }
   }
-  require(model.reducer().num_synchronized_backwards() == 2, "two synchronized backwards expected");
+  require(model.num_synchronized_backwards() == 2, "two synchronized backwards expected");
 }
 
 class Overlap : public ::testing::TestWithParam<int> {};

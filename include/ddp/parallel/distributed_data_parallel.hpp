@@ -23,15 +23,23 @@
 
 #include "ddp/comm/process_group.hpp"
 #include "ddp/hooks/comm_hook.hpp"
+#include "ddp/obs/gradient_stats.hpp"
 #include "ddp/obs/runtime_stats.hpp"
 #include "ddp/optim/optimizer_in_backward.hpp"
 #include "ddp/parallel/ddp_options.hpp"
-#include "ddp/obs/gradient_stats.hpp"
 #include "ddp/reducer/no_sync_guard.hpp"
 #include "ddp/reducer/reducer.hpp"
 #include "ddp/unit/module_call.hpp"
 
 namespace ddp::parallel {
+
+class DistributedDataParallelBase;
+
+namespace detail {
+// Internal: the gradient runtime behind `model` (its bucket storage), for the library's own tests;
+// not part of the public API (docs/api.md): the public class answers with public types only.
+reducer::Reducer& reducer_of(DistributedDataParallelBase& model);
+}  // namespace detail
 
 class DistributedDataParallelBase {
  public:
@@ -47,9 +55,13 @@ class DistributedDataParallelBase {
   // The distinct parameters that require grad (tied weights appear once), registration order.
   const std::vector<torch::Tensor>& parameters() const { return reducer_->params(); }
   const std::vector<std::string>& parameter_names() const { return param_names_; }
+  // The bucket plan (a plain, pure plan: buckets/bucket_plan.hpp) and its table.
   const buckets::BucketPlan& bucket_plan() const { return reducer_->plan(); }
   std::string bucket_table() const;
-  reducer::Reducer& reducer() { return *reducer_; }
+  // How often the bucket plan changed (graph planning, the rebuild after iteration 1).
+  int64_t num_plan_changes() const;
+  // Synchronized backward passes completed so far.
+  int64_t num_synchronized_backwards() const;
   comm::ProcessGroup& process_group() { return *pg_; }
   const comm::ProcessGroupPtr& group() const { return pg_; }
   const DDPOptions& options() const { return options_; }
@@ -84,6 +96,8 @@ class DistributedDataParallelBase {
   void post_forward(const std::vector<torch::Tensor>& outputs);
 
  private:
+  friend reducer::Reducer& detail::reducer_of(DistributedDataParallelBase& model);
+
   std::shared_ptr<torch::nn::Module> module_;
   comm::ProcessGroupPtr pg_;
   DDPOptions options_;
