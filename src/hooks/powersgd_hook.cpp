@@ -20,10 +20,10 @@ namespace ddp::hooks {
 // A compressing run() issues its collectives and waits for them (pg->wait, bounded by the process
 // group's timeout) before returning completed_future(bucket.buffer). PyTorch chains the three
 // steps as future callbacks instead; here that would let step 2 of bucket k (the P all-reduce,
-// issued from a callback thread) race with step 1 of bucket k+1 (issued by the Reducer), and the
-// order of collectives could then differ between ranks: a hang or silently mixed data. Running
-// synchronously gives up overlap of this hook's communication with the rest of backward in
-// exchange for a collective order that is fixed by construction:
+// issued from a callback thread) race with step 1 of bucket k+1 (issued by the
+// ReplicaGradientRuntime), and the order of collectives could then differ between ranks: a hang or
+// silently mixed data. Running synchronously gives up overlap of this hook's communication with the
+// rest of backward in exchange for a collective order that is fixed by construction:
 //
 //   run(bucket k):   [cat+all-reduce uncompressed]---------------------wait  copy back
 //                    [P = MQ][all-reduce P]wait [orth P][Q = M^T P][all-reduce Q]wait [M = PQ^T]
@@ -226,9 +226,9 @@ class PowerSGDHook final : public CommHook {
     return state;
   }
 
-  // [Note: plan changes] The Reducer may change its bucket plan once (graph planning at the first
-  // forward, or without it the rebuild after iteration 1 from the observed order), so a bucket
-  // index can come back holding other parameters at other offsets. PyTorch asks for
+  // [Note: plan changes] The ReplicaGradientRuntime may change its bucket plan once (graph planning
+  // at the first forward, or without it the rebuild after iteration 1 from the observed order), so
+  // a bucket index can come back holding other parameters at other offsets. PyTorch asks for
   // start_powerSGD_iter >= 2 to avoid meeting this; here each parameter's residual and Q move with
   // the parameter: they are cut out of the old buckets' state, keyed by the parameter, and put
   // into the new buckets' state when those are first compressed. The result is what it would have

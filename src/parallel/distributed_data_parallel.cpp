@@ -60,8 +60,8 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
   }
   unit::synchronize_replicas(*pg_, intake, "DistributedDataParallel");
 
-  reducer_ = std::make_unique<reducer::Reducer>(grad_params, param_names_, pg_, options_.reducer,
-                                                expect_sparse);
+  reducer_ = std::make_unique<reducer::ReplicaGradientRuntime>(grad_params, param_names_, pg_,
+                                                               options_.reducer, expect_sparse);
   stats_ = std::make_unique<obs::GradientStats>(options_.stats_every);
   reducer_->add_listener(stats_->listener(), "the stats timeline");
   const bool show =
@@ -77,7 +77,9 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
 
 DistributedDataParallelBase::~DistributedDataParallelBase() = default;
 
-reducer::Reducer& detail::reducer_of(DistributedDataParallelBase& model) { return *model.reducer_; }
+reducer::ReplicaGradientRuntime& detail::reducer_of(DistributedDataParallelBase& model) {
+  return *model.reducer_;
+}
 
 int64_t DistributedDataParallelBase::num_plan_changes() const {
   return reducer_->num_plan_changes();

@@ -10,8 +10,8 @@
 
 #include "ddp/obs/log.hpp"
 #include "ddp/reducer/autograd_hooks.hpp"
-#include "ddp/reducer/reducer.hpp"
-#include "ddp/reducer/unit_reducer.hpp"
+#include "ddp/reducer/replica_gradient_runtime.hpp"
+#include "ddp/reducer/unit_gradient_runtime.hpp"
 #include "ddp/unit/module_intake.hpp"
 
 namespace ddp::shard {
@@ -87,7 +87,7 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module, comm::Pr
       unit.storage = group.get();
       units.push_back(std::move(unit));
     }
-    unit_reducer_ = std::make_unique<reducer::UnitReducer>(
+    unit_reducer_ = std::make_unique<reducer::UnitGradientRuntime>(
         std::move(units), pg_, static_cast<reducer::UnitObserver&>(*this));
     unit_reducer_->add_listener(stats_.listener(), "the stats timeline");
     schedule_->attach(unit_reducer_.get());
@@ -102,8 +102,8 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module, comm::Pr
     replicated_names.push_back(names_[i]);
   }
   if (!replicated_.empty()) {
-    replicated_reducer_ = std::make_unique<reducer::Reducer>(replicated_params, replicated_names,
-                                                             pg_, options_.replicated);
+    replicated_reducer_ = std::make_unique<reducer::ReplicaGradientRuntime>(
+        replicated_params, replicated_names, pg_, options_.replicated);
   }
   // Named units become run_unit targets.
   std::unordered_map<std::string, size_t> unit_by_name;

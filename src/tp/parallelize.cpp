@@ -168,7 +168,7 @@ void TensorParallel::watch_gradients(size_t unit) {
   for (const at::Tensor& param : p.params) {
     if (!param.requires_grad()) continue;  // frozen: no gradient to check
     // A tensor hook, installed once: it stays through a sharded wrapper's set_() of the
-    // parameter ([Note: hooks that survive set_], reducer/unit_reducer.hpp).
+    // parameter ([Note: hooks that survive set_], reducer/unit_gradient_runtime.hpp).
     p.hook_ids.emplace_back(
         param, param.register_hook([this, unit](const at::Tensor&) { on_gradient(unit); }));
   }

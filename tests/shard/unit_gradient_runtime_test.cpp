@@ -1,4 +1,4 @@
-// FULLY_SHARD and DEFAULT through the one gradient runtime (reducer/unit_reducer.hpp: one
+// FULLY_SHARD and DEFAULT through the one gradient runtime (reducer/unit_gradient_runtime.hpp: one
 // BucketRuntime bucket per unit, reduce-scattered) at world 1, 2 and 3 on Gloo: training equals
 // the single-process oracle (rel. err < 1e-5); the runtime stats and the trace's comm lane show
 // one reduce-scatter per unit per step; the bf16 and fp16 compression hooks reduce-scatter within

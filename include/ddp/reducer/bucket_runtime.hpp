@@ -2,22 +2,23 @@
 // BucketRuntime: executes one bucket plan's communication. It counts ready gradients per bucket,
 // launches a bucket's reduction the moment its last gradient is ready (strictly in plan order, so
 // every rank issues the same collectives in the same order), and finishes them in that order.
-// It owns no parameters and no autograd state: the Reducer tells it what is ready and writes the
-// results back.
+// It owns no parameters and no autograd state: the ReplicaGradientRuntime tells it what is ready
+// and writes the results back.
 //
 // The gradient's path, one synchronized backward:
 //
-//   Reducer (grad in its GradLayout slot) -> register_grad_ready(p) --pending[b] hits 0-->
-//   launch(b) in plan order -> in_flight_ (FIFO of launched, unfinished buckets) ->
+//   ReplicaGradientRuntime (grad in its GradLayout slot) -> register_grad_ready(p) --pending[b]
+//   hits 0--> launch(b) in plan order -> in_flight_ (FIFO of launched, unfinished buckets) ->
 //   finish_next(): bounded wait (or a stream dependency on NCCL), hook result copied into the
-//   bucket -> Reducer writes back and tells its listeners
+//   bucket -> ReplicaGradientRuntime writes back and tells its listeners
 //
-// Host-side work on the hot path, per gradient: one counter decrement (under the Reducer's
-// mutex). Per bucket: one c10d call (or one comm-hook call), one small heap node in in_flight_,
-// and on the CPU a future callback that takes a host timestamp (stats only; skipped on CUDA). At
-// finish on Gloo, a bounded host wait; on NCCL, Work::wait() with no timeout, which only makes the
-// current stream wait on the collective's end event. A CUDA-graph capture will have to do without
-// the timestamp callback, the host wait and the heap nodes (a fixed ring would do).
+// Host-side work on the hot path, per gradient: one counter decrement (under the
+// ReplicaGradientRuntime's mutex). Per bucket: one c10d call (or one comm-hook call), one small
+// heap node in in_flight_, and on the CPU a future callback that takes a host timestamp (stats
+// only; skipped on CUDA). At finish on Gloo, a bounded host wait; on NCCL, Work::wait() with no
+// timeout, which only makes the current stream wait on the collective's end event. A CUDA-graph
+// capture will have to do without the timestamp callback, the host wait and the heap nodes (a fixed
+// ring would do).
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
@@ -48,10 +49,10 @@ enum class Reduction {
 
 class BucketRuntime {
  public:
-  // `params`, `plan` and `buffers` must outlive the runtime (the Reducer and the UnitReducer own
-  // them and replace the plan, buffers and runtime together when the plan changes). `params` are
-  // what a comm hook sees as GradBucket::params (hooks key their state by them). A bucket's
-  // buffers are read when it launches. `hook`: null for the built-in average.
+  // `params`, `plan` and `buffers` must outlive the runtime (the ReplicaGradientRuntime and the
+  // UnitGradientRuntime own them and replace the plan, buffers and runtime together when the plan
+  // changes). `params` are what a comm hook sees as GradBucket::params (hooks key their state by
+  // them). A bucket's buffers are read when it launches. `hook`: null for the built-in average.
   BucketRuntime(const std::vector<at::Tensor>& params, const buckets::BucketPlan& plan,
                 buckets::BucketBuffers& buffers, comm::ProcessGroupPtr pg, Reduction reduction,
                 hooks::CommHookPtr hook, int64_t plan_epoch);

@@ -1,6 +1,6 @@
 #pragma once
-// Where a gradient path (the Reducer's, the UnitReducer's) is in one iteration; each checks it at
-// every transition and names it in errors.
+// Where a gradient path (the ReplicaGradientRuntime's, the UnitGradientRuntime's) is in one
+// iteration; each checks it at every transition and names it in errors.
 
 namespace ddp::reducer {
 

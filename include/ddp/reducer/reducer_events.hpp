@@ -7,8 +7,8 @@
 //     grad_ready(p) ... bucket_launched(b) ... grad_ready ... bucket_finished(b) ...
 //   iteration_finished                      (after every bucket_finished, before backward returns)
 //
-// A listener must not call back into the Reducer. bucket_finished comes after the bucket's
-// averaged gradients were written back to param.grad; buckets finish in plan order.
+// A listener must not call back into the ReplicaGradientRuntime. bucket_finished comes after the
+// bucket's averaged gradients were written back to param.grad; buckets finish in plan order.
 
 #include <cstddef>
 #include <cstdint>

@@ -10,10 +10,10 @@
 //   unit forward   run_unit: gather the unit (prefetch the next one in the last forward's order);
 //                  after it, release it (reshard_after_forward) and put a node on its output
 //   backward       the output's node gathers the unit again (prefetch the one before); when the
-//                  unit's last gradient arrives, the gradient runtime (reducer/unit_reducer.hpp:
-//                  one bucket per unit, DDP's BucketRuntime, comm hooks and listeners) fills its
-//                  reduce input and issues its reduce-scatter; the unit's full parameters are
-//                  released
+//                  unit's last gradient arrives, the gradient runtime
+//                  (reducer/unit_gradient_runtime.hpp: one bucket per unit, DDP's BucketRuntime,
+//                  comm hooks and listeners) fills its reduce input and issues its reduce-scatter;
+//                  the unit's full parameters are released
 //   end of backward  the gradient runtime reduces what is left (unused: zeros) and finishes every
 //                  reduce-scatter in order; the parameters move back to their shards with their
 //                  gradient shards; listeners (stats, the optimizer in backward) hear of each unit
@@ -55,8 +55,8 @@
 #include "ddp/unit/unit_scope.hpp"
 
 namespace ddp::reducer {
-class Reducer;
-class UnitReducer;
+class ReplicaGradientRuntime;
+class UnitGradientRuntime;
 }  // namespace ddp::reducer
 
 namespace ddp::shard {
@@ -125,10 +125,11 @@ class ShardedModule : private unit::UnitListener, private reducer::UnitObserver 
   // Unit indices (into plan().units) in the order the last forward ran them through run_unit.
   const std::vector<size_t>& unit_order() const { return schedule_->last_order(); }
 
-  // The gradient runtime's features, as DistributedDataParallel's (reducer/unit_reducer.hpp):
-  // Replaces the units' built-in averaged reduce-scatter (and, under DEFAULT, the replicated
-  // parameters' all-reduce) by `hook` (allreduce, fp16_compress, bf16_compress, noop, or your
-  // own that handles GradBucket::reduce_scatter). Once, before the first backward.
+  // The gradient runtime's features, as DistributedDataParallel's
+  // (reducer/unit_gradient_runtime.hpp): Replaces the units' built-in averaged reduce-scatter (and,
+  // under DEFAULT, the replicated parameters' all-reduce) by `hook` (allreduce, fp16_compress,
+  // bf16_compress, noop, or your own that handles GradBucket::reduce_scatter). Once, before the
+  // first backward.
   void register_comm_hook(const hooks::CommHookPtr& hook);
   // Each parameter's optimizer (made by `factory` from the sharded parameter) steps on its shard
   // once its unit's gradient shard is written: at the end of backward, after every reduce-scatter
@@ -184,8 +185,8 @@ class ShardedModule : private unit::UnitListener, private reducer::UnitObserver 
   std::vector<std::unique_ptr<optim::OptimizerInBackward>> optimizers_in_backward_;
   // The gradient runtimes, last: their hooks go before anything they use. The units' (one bucket
   // each, reduce-scattered), and DEFAULT's replicated parameters' (DDP's bucketed all-reduce).
-  std::unique_ptr<reducer::UnitReducer> unit_reducer_;
-  std::unique_ptr<reducer::Reducer> replicated_reducer_;
+  std::unique_ptr<reducer::UnitGradientRuntime> unit_reducer_;
+  std::unique_ptr<reducer::ReplicaGradientRuntime> replicated_reducer_;
 };
 // The wrapper a training loop holds: the module (a holder, a shared_ptr to an Impl, or an
 // AnyModule, as DistributedDataParallel takes) with ShardedModule's protocol around its forward.

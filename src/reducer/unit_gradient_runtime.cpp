@@ -1,4 +1,4 @@
-#include "ddp/reducer/unit_reducer.hpp"
+#include "ddp/reducer/unit_gradient_runtime.hpp"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -7,17 +7,18 @@
 
 namespace ddp::reducer {
 
-UnitReducer::UnitReducer(std::vector<ReduceUnit> units, comm::ProcessGroupPtr pg,
-                         UnitObserver& observer)
+UnitGradientRuntime::UnitGradientRuntime(std::vector<ReduceUnit> units, comm::ProcessGroupPtr pg,
+                                         UnitObserver& observer)
     : units_(std::move(units)), pg_(std::move(pg)), observer_(observer) {
-  TORCH_CHECK(pg_, "ddp: UnitReducer needs a process group");
+  TORCH_CHECK(pg_, "ddp: UnitGradientRuntime needs a process group");
   for (size_t u = 0; u < units_.size(); ++u) {
     const ReduceUnit& unit = units_[u];
     TORCH_CHECK(unit.params.size() == unit.names.size() &&
                     unit.params.size() == unit.offsets.size() && !unit.params.empty(),
-                "ddp: UnitReducer: unit '", unit.name, "' has ", unit.params.size(),
+                "ddp: UnitGradientRuntime: unit '", unit.name, "' has ", unit.params.size(),
                 " parameters, ", unit.names.size(), " names and ", unit.offsets.size(), " offsets");
-    TORCH_CHECK(unit.storage != nullptr, "ddp: UnitReducer: unit '", unit.name, "' has no storage");
+    TORCH_CHECK(unit.storage != nullptr, "ddp: UnitGradientRuntime: unit '", unit.name,
+                "' has no storage");
     first_param_.push_back(params_.size());
     for (size_t i = 0; i < unit.params.size(); ++i) {
       unit_of_param_.push_back(u);
@@ -38,11 +39,11 @@ UnitReducer::UnitReducer(std::vector<ReduceUnit> units, comm::ProcessGroupPtr pg
   }
 }
 
-UnitReducer::~UnitReducer() {
+UnitGradientRuntime::~UnitGradientRuntime() {
   for (size_t p = 0; p < hook_ids_.size(); ++p) params_[p].remove_hook(hook_ids_[p]);
 }
 
-void UnitReducer::register_comm_hook(hooks::CommHookPtr hook) {
+void UnitGradientRuntime::register_comm_hook(hooks::CommHookPtr hook) {
   std::lock_guard<std::mutex> lock(mutex_);
   TORCH_CHECK(hook, "ddp: register_comm_hook needs a hook");
   TORCH_CHECK(!hooks_frozen_, "ddp: register_comm_hook must be called before the first backward");
@@ -53,16 +54,18 @@ void UnitReducer::register_comm_hook(hooks::CommHookPtr hook) {
                                              Reduction::kReduceScatter, hook_, plan_epoch_);
 }
 
-void UnitReducer::add_listener(ReducerListener* listener, const std::string& what) {
+void UnitGradientRuntime::add_listener(ReducerListener* listener, const std::string& what) {
   std::lock_guard<std::mutex> lock(mutex_);
   TORCH_CHECK(listener, "ddp: add_listener needs a listener");
   TORCH_CHECK(!hooks_frozen_, "ddp: ", what, " must be called before the first backward");
   listeners_.push_back(listener);
 }
 
-std::string UnitReducer::comm_hook_name() const { return hook_ ? hook_->name() : "reduce_scatter"; }
+std::string UnitGradientRuntime::comm_hook_name() const {
+  return hook_ ? hook_->name() : "reduce_scatter";
+}
 
-void UnitReducer::build_plan(const std::vector<size_t>& unit_order) {
+void UnitGradientRuntime::build_plan(const std::vector<size_t>& unit_order) {
   buckets::BucketPlan plan;
   plan.bucket_of.assign(params_.size(), 0);
   plan.position_in_bucket.assign(params_.size(), 0);
@@ -96,7 +99,7 @@ void UnitReducer::build_plan(const std::vector<size_t>& unit_order) {
                                              Reduction::kReduceScatter, hook_, plan_epoch_);
 }
 
-void UnitReducer::prepare_for_backward(const std::vector<size_t>& order) {
+void UnitGradientRuntime::prepare_for_backward(const std::vector<size_t>& order) {
   std::lock_guard<std::mutex> lock(mutex_);
   TORCH_CHECK(state_ != State::kBackwardSync && state_ != State::kBackwardLocal,
               "ddp: forward of a sharded module while its backward is running (state: ",
@@ -108,12 +111,12 @@ void UnitReducer::prepare_for_backward(const std::vector<size_t>& order) {
   state_ = State::kPreparedSync;
 }
 
-void UnitReducer::note_forward_end() {
+void UnitGradientRuntime::note_forward_end() {
   std::lock_guard<std::mutex> lock(mutex_);
   forward_end_ns_ = obs::steady_ns();
 }
 
-void UnitReducer::prepare_for_local_backward() {
+void UnitGradientRuntime::prepare_for_local_backward() {
   std::lock_guard<std::mutex> lock(mutex_);
   TORCH_CHECK(state_ != State::kBackwardSync && state_ != State::kBackwardLocal,
               "ddp: forward of a sharded module while its backward is running (state: ",
@@ -121,7 +124,7 @@ void UnitReducer::prepare_for_local_backward() {
   state_ = State::kPreparedLocal;
 }
 
-int64_t UnitReducer::input_bytes() const {
+int64_t UnitGradientRuntime::input_bytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
   int64_t bytes = 0;
   for (const auto& t : inputs_.tensors) {
@@ -130,12 +133,12 @@ int64_t UnitReducer::input_bytes() const {
   return bytes;
 }
 
-bool UnitReducer::filled(size_t unit) const {
+bool UnitGradientRuntime::filled(size_t unit) const {
   std::lock_guard<std::mutex> lock(mutex_);
   return filled_[unit];
 }
 
-void UnitReducer::on_grad(size_t p, const at::Tensor& incoming) {
+void UnitGradientRuntime::on_grad(size_t p, const at::Tensor& incoming) {
   std::unique_lock<std::mutex> lock(mutex_);
   const size_t u = unit_of_param_[p];
   drop_stale_grad();
@@ -175,7 +178,7 @@ void UnitReducer::on_grad(size_t p, const at::Tensor& incoming) {
   if (done) observer_.unit_done(u);
 }
 
-void UnitReducer::begin_sync_backward() {
+void UnitGradientRuntime::begin_sync_backward() {
   state_ = State::kBackwardSync;
   const BackwardStarted started{num_sync_backwards_ + 1, forward_end_ns_, params_.size(),
                                 plan_.buckets.size()};
@@ -183,13 +186,13 @@ void UnitReducer::begin_sync_backward() {
   runtime_->start_sync(num_sync_backwards_, 0);
 }
 
-void UnitReducer::drop_stale_grad() {
+void UnitGradientRuntime::drop_stale_grad() {
   if (stale_grad_ < 0) return;
   params_[static_cast<size_t>(stale_grad_)].mutable_grad() = at::Tensor();
   stale_grad_ = -1;
 }
 
-void UnitReducer::finish_in_flight() {
+void UnitGradientRuntime::finish_in_flight() {
   while (runtime_->has_in_flight()) {
     const BucketRuntime::Finished finished = runtime_->finish_next();
     shards_[finished.bucket] = finished.shard;
@@ -198,7 +201,7 @@ void UnitReducer::finish_in_flight() {
   }
 }
 
-void UnitReducer::fill_and_register(size_t u, int64_t member, const at::Tensor& incoming) {
+void UnitGradientRuntime::fill_and_register(size_t u, int64_t member, const at::Tensor& incoming) {
   // One unit's input at a time: the reductions already launched are finished first.
   finish_in_flight();
   const size_t b = bucket_of_[u];
@@ -219,7 +222,7 @@ void UnitReducer::fill_and_register(size_t u, int64_t member, const at::Tensor& 
   }
 }
 
-bool UnitReducer::finish_backward() {
+bool UnitGradientRuntime::finish_backward() {
   std::lock_guard<std::mutex> lock(mutex_);
   drop_stale_grad();
   // Prepared but no gradient reached a unit: still a synchronized backward, whose units the
@@ -264,12 +267,12 @@ bool UnitReducer::finish_backward() {
   return true;
 }
 
-void UnitReducer::reset() {
+void UnitGradientRuntime::reset() {
   std::lock_guard<std::mutex> lock(mutex_);
   reset_iteration();
 }
 
-void UnitReducer::reset_iteration() {
+void UnitGradientRuntime::reset_iteration() {
   state_ = State::kIdle;
   stale_grad_ = -1;
   ready_.assign(params_.size(), false);

@@ -1,6 +1,6 @@
 #pragma once
-// Reducer: averages gradients over all ranks while backward is still running. It is the thin
-// orchestrator of the gradient path; each concern lives in its own piece:
+// ReplicaGradientRuntime: averages gradients over all ranks while backward is still running. It is
+// the thin orchestrator of the gradient path; each concern lives in its own piece:
 //   AutogradHooks   accumulator post-hooks and the end-of-backward callback (autograd_hooks.hpp)
 //   GradLayout      flat storage per bucket and each parameter's slot in it (buckets/)
 //   BucketRuntime   counts ready gradients, launches and finishes the reductions (bucket_runtime)
@@ -68,18 +68,18 @@
 
 namespace ddp::reducer {
 
-class Reducer {
+class ReplicaGradientRuntime {
  public:
   // `params` are the distinct parameters that require grad, in registration order; `names` their
   // qualified names. The reducer installs a post-hook on each parameter's gradient accumulator.
   // `expect_sparse[i]`: parameter i produces sparse gradients (Embedding with sparse=true); it gets
   // a bucket of its own and is reduced as sparse. Empty: none.
-  Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
-          comm::ProcessGroupPtr process_group, ReducerOptions options,
-          std::vector<bool> expect_sparse = {});
-  ~Reducer();
-  Reducer(const Reducer&) = delete;
-  Reducer& operator=(const Reducer&) = delete;
+  ReplicaGradientRuntime(std::vector<at::Tensor> params, std::vector<std::string> names,
+                         comm::ProcessGroupPtr process_group, ReducerOptions options,
+                         std::vector<bool> expect_sparse = {});
+  ~ReplicaGradientRuntime();
+  ReplicaGradientRuntime(const ReplicaGradientRuntime&) = delete;
+  ReplicaGradientRuntime& operator=(const ReplicaGradientRuntime&) = delete;
 
   // Replaces the built-in average. Once, before the first backward.
   void register_comm_hook(hooks::CommHookPtr hook);

@@ -1,4 +1,4 @@
-#include "ddp/reducer/reducer.hpp"
+#include "ddp/reducer/replica_gradient_runtime.hpp"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -23,14 +23,16 @@ std::string join_names(const std::vector<std::string>& names) {
 
 }  // namespace
 
-Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
-                 comm::ProcessGroupPtr process_group, ReducerOptions options,
-                 std::vector<bool> expect_sparse)
+ReplicaGradientRuntime::ReplicaGradientRuntime(std::vector<at::Tensor> params,
+                                               std::vector<std::string> names,
+                                               comm::ProcessGroupPtr process_group,
+                                               ReducerOptions options,
+                                               std::vector<bool> expect_sparse)
     : params_(std::move(params)),
       names_(std::move(names)),
       pg_(std::move(process_group)),
       options_(options) {
-  TORCH_CHECK(pg_, "ddp: Reducer needs a process group");
+  TORCH_CHECK(pg_, "ddp: ReplicaGradientRuntime needs a process group");
   TORCH_CHECK(params_.size() == names_.size(), "ddp: ", params_.size(), " parameters but ",
               names_.size(), " names");
   TORCH_CHECK(expect_sparse.empty() || expect_sparse.size() == params_.size(),
@@ -54,9 +56,9 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
       std::make_unique<AutogradHooks>(params_, names_, [this](size_t i) { on_grad_ready(i); });
 }
 
-Reducer::~Reducer() = default;
+ReplicaGradientRuntime::~ReplicaGradientRuntime() = default;
 
-void Reducer::register_comm_hook(hooks::CommHookPtr hook) {
+void ReplicaGradientRuntime::register_comm_hook(hooks::CommHookPtr hook) {
   std::lock_guard<std::mutex> lock(mutex_);
   TORCH_CHECK(hook, "ddp: register_comm_hook needs a hook");
   TORCH_CHECK(!hooks_frozen_, "ddp: register_comm_hook must be called before the first backward");
@@ -67,7 +69,7 @@ void Reducer::register_comm_hook(hooks::CommHookPtr hook) {
                                              hook_, num_plan_changes_);
 }
 
-void Reducer::add_listener(ReducerListener* listener, const std::string& what) {
+void ReplicaGradientRuntime::add_listener(ReducerListener* listener, const std::string& what) {
   std::lock_guard<std::mutex> lock(mutex_);
   TORCH_CHECK(listener, "ddp: add_listener needs a listener");
   TORCH_CHECK(!hooks_frozen_, "ddp: ", what, " must be called before the first backward");
@@ -75,7 +77,7 @@ void Reducer::add_listener(ReducerListener* listener, const std::string& what) {
   early_finish_ = early_finish_ || listener->wants_early_finish();
 }
 
-void Reducer::remove_listener(ReducerListener* listener) {
+void ReplicaGradientRuntime::remove_listener(ReducerListener* listener) {
   std::lock_guard<std::mutex> lock(mutex_);
   early_finish_ = false;
   for (size_t i = listeners_.size(); i-- > 0;) {
@@ -84,18 +86,20 @@ void Reducer::remove_listener(ReducerListener* listener) {
   for (auto* l : listeners_) early_finish_ = early_finish_ || l->wants_early_finish();
 }
 
-bool Reducer::backward_ran() const {
+bool ReplicaGradientRuntime::backward_ran() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return hooks_frozen_;
 }
 
-std::string Reducer::comm_hook_name() const { return hook_ ? hook_->name() : "allreduce"; }
+std::string ReplicaGradientRuntime::comm_hook_name() const {
+  return hook_ ? hook_->name() : "allreduce";
+}
 
-void Reducer::on_plan_change(std::function<void(const std::string&)> callback) {
+void ReplicaGradientRuntime::on_plan_change(std::function<void(const std::string&)> callback) {
   plan_callback_ = std::move(callback);
 }
 
-void Reducer::build_plan(const std::vector<size_t>& order) {
+void ReplicaGradientRuntime::build_plan(const std::vector<size_t>& order) {
   buckets::PlanOptions plan_options = options_.buckets;
   plan_options.order = order;
   buckets::BucketPlan plan = buckets::plan_buckets(specs_, plan_options);
@@ -115,13 +119,15 @@ void Reducer::build_plan(const std::vector<size_t>& order) {
   if (plan_callback_) plan_callback_(buckets::format_bucket_table(plan_, specs_));
 }
 
-std::vector<size_t> Reducer::complete_order(const std::vector<size_t>& partial) const {
+std::vector<size_t> ReplicaGradientRuntime::complete_order(
+    const std::vector<size_t>& partial) const {
   // Parameters missing from `partial` (unused in that iteration) go last, in reverse
   // registration order, as PyTorch's rebuild does.
   return buckets::complete_order(partial, params_.size());
 }
 
-std::vector<size_t> Reducer::agree_on_order(std::vector<size_t> order, const std::string& what) {
+std::vector<size_t> ReplicaGradientRuntime::agree_on_order(std::vector<size_t> order,
+                                                           const std::string& what) {
   // Rank 0's order wins: data-dependent control flow could make ranks see different orders,
   // and buckets must be identical everywhere.
   if (pg_->world_size() == 1 || order.empty()) return order;
@@ -132,11 +138,11 @@ std::vector<size_t> Reducer::agree_on_order(std::vector<size_t> order, const std
   return order;
 }
 
-bool Reducer::needs_walk() const {
+bool ReplicaGradientRuntime::needs_walk() const {
   return options_.find_unused_parameters || (options_.static_graph && num_sync_backwards_ == 0);
 }
 
-void Reducer::prepare_for_backward(std::vector<bool> reachable) {
+void ReplicaGradientRuntime::prepare_for_backward(std::vector<bool> reachable) {
   std::lock_guard<std::mutex> lock(mutex_);
   TORCH_CHECK(state_ != State::kBackwardSync && state_ != State::kBackwardLocal,
               "ddp: forward called while a backward is running (state: ", state_name(state_), ")");
@@ -153,7 +159,7 @@ void Reducer::prepare_for_backward(std::vector<bool> reachable) {
   state_ = State::kPreparedSync;
 }
 
-void Reducer::refuse_capture_if_host_bound() const {
+void ReplicaGradientRuntime::refuse_capture_if_host_bound() const {
   if (params_.empty() || !detail::is_capturing(params_[0].device())) return;
   // Both read a device value on the host or run a collective there every step: a graph replays
   // device work only, so the capture would fail with CUDA's "operation not permitted when stream
@@ -167,7 +173,7 @@ void Reducer::refuse_capture_if_host_bound() const {
               "collectives run on the host; use nccl");
 }
 
-void Reducer::set_predicted_order(const std::vector<size_t>& predicted) {
+void ReplicaGradientRuntime::set_predicted_order(const std::vector<size_t>& predicted) {
   std::lock_guard<std::mutex> lock(mutex_);
   TORCH_CHECK(!planned_, "ddp: the predicted order must be set before the first backward");
   planned_ = true;
@@ -177,27 +183,27 @@ void Reducer::set_predicted_order(const std::vector<size_t>& predicted) {
   if (order != plan_order_) build_plan(order);
 }
 
-void Reducer::follow_current_stream() {
+void ReplicaGradientRuntime::follow_current_stream() {
   std::lock_guard<std::mutex> lock(mutex_);
   TORCH_CHECK(state_ != State::kBackwardSync && state_ != State::kBackwardLocal,
               "ddp: forward called while a backward is running (state: ", state_name(state_), ")");
   autograd_hooks_->follow_current_stream();
 }
 
-void Reducer::prepare_for_local_backward() {
+void ReplicaGradientRuntime::prepare_for_local_backward() {
   std::lock_guard<std::mutex> lock(mutex_);
   TORCH_CHECK(state_ != State::kBackwardSync && state_ != State::kBackwardLocal,
               "ddp: forward called while a backward is running (state: ", state_name(state_), ")");
   state_ = State::kPreparedLocal;
 }
 
-void Reducer::set_divisor_for_next_backward(int64_t divisor) {
+void ReplicaGradientRuntime::set_divisor_for_next_backward(int64_t divisor) {
   std::lock_guard<std::mutex> lock(mutex_);
   TORCH_CHECK(divisor >= 1, "ddp: gradient divisor must be at least 1, got ", divisor);
   divisor_ = divisor;
 }
 
-void Reducer::on_grad_ready(size_t index) {
+void ReplicaGradientRuntime::on_grad_ready(size_t index) {
   std::lock_guard<std::mutex> lock(mutex_);
   TORCH_CHECK(state_ != State::kIdle, "ddp: a gradient for parameter '", names_[index],
               "' was computed, but no forward of the DistributedDataParallel module ran since "
@@ -240,7 +246,7 @@ void Reducer::on_grad_ready(size_t index) {
   if (early_finish_) finish_buckets(/*only_completed=*/true);
 }
 
-void Reducer::begin_sync_backward() {
+void ReplicaGradientRuntime::begin_sync_backward() {
   state_ = State::kBackwardSync;
   AutogradHooks::at_end_of_backward([this] { finalize_backward(); });
   observed_order_.clear();
@@ -258,7 +264,7 @@ void Reducer::begin_sync_backward() {
   }
 }
 
-void Reducer::mark_ready(size_t index, bool used) {
+void ReplicaGradientRuntime::mark_ready(size_t index, bool used) {
   ready_[index] = true;
   for (auto* l : listeners_) l->grad_ready(index, used);
   at::Tensor& grad = params_[index].mutable_grad();
@@ -294,14 +300,14 @@ void Reducer::mark_ready(size_t index, bool used) {
   if (options_.overlap) launched(runtime_->register_grad_ready(index));
 }
 
-void Reducer::launched(size_t count) {
+void ReplicaGradientRuntime::launched(size_t count) {
   if (count == 0 || listeners_.empty()) return;
   for (size_t b = runtime_->launched() - count; b < runtime_->launched(); ++b) {
     for (auto* l : listeners_) l->bucket_launched(b);
   }
 }
 
-void Reducer::finish_buckets(bool only_completed) {
+void ReplicaGradientRuntime::finish_buckets(bool only_completed) {
   // Early finish (optimizer in backward): only buckets already reduced, in order, so no wait here
   // blocks the autograd thread; and only once the used map is known.
   if (only_completed && !unused_.map_ready()) return;
@@ -310,7 +316,7 @@ void Reducer::finish_buckets(bool only_completed) {
   }
 }
 
-void Reducer::write_back(const BucketRuntime::Finished& finished) {
+void ReplicaGradientRuntime::write_back(const BucketRuntime::Finished& finished) {
   const buckets::Bucket& spec = plan_.buckets[finished.bucket];
   unused_.wait(*pg_);
   at::NoGradGuard no_grad;
@@ -342,7 +348,7 @@ void Reducer::write_back(const BucketRuntime::Finished& finished) {
   for (auto* l : listeners_) l->bucket_finished(event);
 }
 
-void Reducer::finalize_backward() {
+void ReplicaGradientRuntime::finalize_backward() {
   std::lock_guard<std::mutex> lock(mutex_);
   TORCH_CHECK(state_ == State::kBackwardSync, "ddp: end of backward in unexpected state ",
               state_name(state_));
@@ -403,7 +409,7 @@ void Reducer::finalize_backward() {
   reset_iteration();
 }
 
-void Reducer::reset_iteration() {
+void ReplicaGradientRuntime::reset_iteration() {
   state_ = State::kIdle;
   divisor_ = 0;
   ready_.assign(params_.size(), false);
@@ -412,7 +418,7 @@ void Reducer::reset_iteration() {
   unused_.reset();
 }
 
-void Reducer::shadow_backward() {
+void ReplicaGradientRuntime::shadow_backward() {
   std::lock_guard<std::mutex> lock(mutex_);
   TORCH_CHECK(state_ == State::kIdle, "ddp: join's shadow backward in state ", state_name(state_));
   hooks_frozen_ = true;

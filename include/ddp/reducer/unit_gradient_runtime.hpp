@@ -1,12 +1,12 @@
 #pragma once
-// UnitReducer: the gradient path of FULLY_SHARD (and of DEFAULT's sharded units), on the same
-// BucketRuntime, comm hooks and listeners as DDP's Reducer. Each unit is one bucket whose
-// reduction is the averaged reduce-scatter of the unit's (world, S) layout ([Note: flat shard
-// layout], shard/flat_param_group.hpp): rank r receives row r, its flat shard of the average.
-// The sharded runtime (shard/sharded_module.hpp) schedules gathers, prefetches and releases and
-// moves parameters between shards and full buffers; this class counts ready gradients, builds a
-// unit's reduce input when the unit's last gradient arrives, launches in plan order, finishes at
-// the end of backward and tells the listeners (stats timeline, optimizer in backward).
+// UnitGradientRuntime: the gradient path of FULLY_SHARD (and of DEFAULT's sharded units), on the
+// same BucketRuntime, comm hooks and listeners as DDP's ReplicaGradientRuntime. Each unit is one
+// bucket whose reduction is the averaged reduce-scatter of the unit's (world, S) layout ([Note:
+// flat shard layout], shard/flat_param_group.hpp): rank r receives row r, its flat shard of the
+// average. The sharded runtime (shard/sharded_module.hpp) schedules gathers, prefetches and
+// releases and moves parameters between shards and full buffers; this class counts ready gradients,
+// builds a unit's reduce input when the unit's last gradient arrives, launches in plan order,
+// finishes at the end of backward and tells the listeners (stats timeline, optimizer in backward).
 //
 //   unit u's last gradient -> fill_reduce_input(u's (world, S) input from the members' .grad) ->
 //   launch in plan order (built-in reduce-scatter, or the comm hook with
@@ -63,15 +63,16 @@ struct ReduceUnit {
   UnitStorage* storage = nullptr;
 };
 
-class UnitReducer {
+class UnitGradientRuntime {
  public:
   // `observer` (the sharded runtime) outlives the reducer.
-  UnitReducer(std::vector<ReduceUnit> units, comm::ProcessGroupPtr pg, UnitObserver& observer);
-  ~UnitReducer();  // removes the tensor hooks
-  UnitReducer(const UnitReducer&) = delete;
-  UnitReducer& operator=(const UnitReducer&) = delete;
+  UnitGradientRuntime(std::vector<ReduceUnit> units, comm::ProcessGroupPtr pg,
+                      UnitObserver& observer);
+  ~UnitGradientRuntime();  // removes the tensor hooks
+  UnitGradientRuntime(const UnitGradientRuntime&) = delete;
+  UnitGradientRuntime& operator=(const UnitGradientRuntime&) = delete;
 
-  // As Reducer's: once, before the first backward.
+  // As ReplicaGradientRuntime's: once, before the first backward.
   void register_comm_hook(hooks::CommHookPtr hook);
   void add_listener(ReducerListener* listener, const std::string& what);
   std::string comm_hook_name() const;
