@@ -43,10 +43,10 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module, comm::Pr
   plan_ = plan_shards(shapes, options_.units, pg_->world_size(), options_.style);
   layouts_.mesh = {pg_->world_size()};
   layouts_.coordinate = {pg_->rank()};
-  for (const ParamShape& shape : plan_.shapes) {
-    const layout::Layout one = layout(shape.name);
-    layouts_.by_name[shape.name] = one;
-    for (const auto& alias : shape.aliases) layouts_.by_name[alias] = one;
+  for (size_t i = 0; i < plan_.shapes.size(); ++i) {
+    layouts_.by_name[plan_.shapes[i].name] = plan_.params[i].layout;
+    for (const auto& alias : plan_.shapes[i].aliases)
+      layouts_.by_name[alias] = plan_.params[i].layout;
   }
   schedule_ = std::make_unique<UnitSchedule>(plan_, params_, pg_, options_);
   const auto& groups = schedule_->groups();
@@ -320,14 +320,10 @@ const buckets::BucketPlan& ShardedModule::bucket_plan() const {
 }
 
 layout::Layout ShardedModule::layout(const std::string& name) const {
-  for (size_t i = 0; i < plan_.shapes.size(); ++i) {
-    const ParamShape& shape = plan_.shapes[i];
-    if (shape.name == name ||
-        std::find(shape.aliases.begin(), shape.aliases.end(), name) != shape.aliases.end()) {
-      return plan_.params[i].layout;
-    }
-  }
-  TORCH_CHECK(false, "ddp: ShardedModule::layout: the module has no parameter '", name, "'");
+  const auto it = layouts_.by_name.find(name);  // every name of a tied parameter is there
+  TORCH_CHECK(it != layouts_.by_name.end(),
+              "ddp: ShardedModule::layout: the module has no parameter '", name, "'");
+  return it->second;
 }
 
 std::vector<std::pair<std::string, at::Tensor>> ShardedModule::full_parameters() const {

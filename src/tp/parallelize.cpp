@@ -15,15 +15,7 @@
 #include "ddp/unit/module_intake.hpp"
 
 namespace ddp::tp {
-namespace {
-
-// `param` becomes `value` (a new contiguous tensor), keeping its identity.
-void replace_with(at::Tensor& param, const at::Tensor& value) {
-  at::NoGradGuard no_grad;
-  param.set_(value.contiguous().clone());
-}
-
-}  // namespace
+namespace {}  // namespace
 
 const char* tp_style_name(TpStyle style) {
   return style == TpStyle::kColwise ? "ColwiseParallel" : "RowwiseParallel";
@@ -236,7 +228,11 @@ void TensorParallel::split(const std::string& name, at::Tensor& param, int64_t d
                            const std::string& style) {
   const layout::Layout out{
       param.sizes().vec(), {group_->world_size()}, {layout::Placement::shard(0, dim, packed)}};
-  replace_with(param, comm::take_local(out, param.detach(), {group_->rank()}));
+  {
+    // take_local's tensor is new and contiguous: `param` becomes it, keeping its identity.
+    at::NoGradGuard no_grad;
+    param.set_(comm::take_local(out, param.detach(), {group_->rank()}));
+  }
   layouts_.by_name[name] = out;
   styles_[name] = style;
 }

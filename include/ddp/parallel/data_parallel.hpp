@@ -69,14 +69,13 @@ class DataParallel {
     TORCH_CHECK(conflict.empty(), conflict);
     TORCH_CHECK(group, "ddp::data_parallel needs a process group");
     if (style == DataParallelStyle::kReplicate) {
-      layouts_ = layout::replicated_over({group->world_size()}, {group->rank()});
+      replicated_layouts_ = layout::replicated_over({group->world_size()}, {group->rank()});
       replicated_ = std::make_unique<DistributedDataParallel<ModuleType>>(
           std::move(module), std::move(group), std::move(options.ddp));
     } else {
       options.shard.style = style;
       sharded_ = std::make_unique<shard::FullyShardedDataParallel<ModuleType>>(
           std::move(module), std::move(group), std::move(options.shard));
-      layouts_ = sharded_->layouts();
     }
   }
 
@@ -106,10 +105,12 @@ class DataParallel {
   // What this rank holds of each parameter, over the data-parallel group (mesh {world}): under
   // kReplicate no parameter is named (whole on every rank), under the sharded styles the shard
   // plan's. What io::TrainingState::layouts, io::whole_state and the gradient clip read.
-  const layout::TensorLayouts& layouts() const { return layouts_; }
+  const layout::TensorLayouts& layouts() const {
+    return sharded_ ? sharded_->layouts() : replicated_layouts_;
+  }
   // The same over tensor parallelism (mesh {dp, tp}): over_tensor_parallel(layouts(), tp).
   layout::TensorLayouts layouts(const tp::TensorParallel& tp) const {
-    return over_tensor_parallel(layouts_, tp);
+    return over_tensor_parallel(layouts(), tp);
   }
   // The gradient reduction's comm hook: DDP's buckets and the sharded units' reduce-scatters
   // (DistributedDataParallel::register_comm_hook, ShardedModule::register_comm_hook).
@@ -151,7 +152,9 @@ class DataParallel {
 
  private:
   DataParallelStyle style_;
-  layout::TensorLayouts layouts_;  // made with the runtime; neither changes afterwards
+  // kReplicate's layouts (no parameter named: whole on every rank); the sharded styles answer with
+  // their runtime's.
+  layout::TensorLayouts replicated_layouts_;
   std::unique_ptr<DistributedDataParallel<ModuleType>> replicated_;
   std::unique_ptr<shard::FullyShardedDataParallel<ModuleType>> sharded_;
 };
