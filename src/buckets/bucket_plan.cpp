@@ -37,6 +37,7 @@ struct OpenBucket {
 void add_param(Bucket& b, size_t index, const ParamSpec& spec) {
   b.params.push_back(index);
   b.offsets.push_back(b.numel);
+  b.lengths.push_back(spec.numel);
   b.numel += spec.numel;
   b.bytes += static_cast<size_t>(spec.numel) * c10::elementSize(spec.dtype);
 }

@@ -21,7 +21,7 @@ namespace ddp::hooks {
 // group's timeout) before returning completed_future(bucket.buffer). PyTorch chains the three
 // steps as future callbacks instead; here that would let step 2 of bucket k (the P all-reduce,
 // issued from a callback thread) race with step 1 of bucket k+1 (issued by the
-// ReplicaGradientRuntime), and the order of collectives could then differ between ranks: a hang or
+// GradientRuntime), and the order of collectives could then differ between ranks: a hang or
 // silently mixed data. Running synchronously gives up overlap of this hook's communication with the
 // rest of backward in exchange for a collective order that is fixed by construction:
 //
@@ -226,7 +226,7 @@ class PowerSGDHook final : public CommHook {
     return state;
   }
 
-  // [Note: plan changes] The ReplicaGradientRuntime may change its bucket plan once (graph planning
+  // [Note: plan changes] The GradientRuntime may change its bucket plan once (graph planning
   // at the first forward, or without it the rebuild after iteration 1 from the observed order), so
   // a bucket index can come back holding other parameters at other offsets. PyTorch asks for
   // start_powerSGD_iter >= 2 to avoid meeting this; here each parameter's residual and Q move with

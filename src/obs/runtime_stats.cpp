@@ -73,6 +73,20 @@ std::string format_summary(const LoggingData& d) {
   out << "DDP runtime stats (rank " << d.rank << " of " << d.world_size << ", " << d.backend
       << ", hook " << d.comm_hook << ", " << d.bucket_sizes.size() << " buckets, " << d.iterations
       << " iterations, " << d.samples.size() << " sampled)\n";
+  size_t count[2] = {0, 0};
+  size_t bytes[2] = {0, 0};
+  for (size_t b = 0; b < d.bucket_reductions.size() && b < d.bucket_sizes.size(); ++b) {
+    const size_t k = d.bucket_reductions[b] == buckets::Reduction::kAllReduce ? 0 : 1;
+    ++count[k];
+    bytes[k] += d.bucket_sizes[b];
+  }
+  if (count[0] + count[1] > 0) {
+    out << "  buckets           ";
+    if (count[0] > 0) out << count[0] << " all-reduced (" << bytes[0] << " bytes)";
+    if (count[0] > 0 && count[1] > 0) out << ", ";
+    if (count[1] > 0) out << count[1] << " reduce-scattered (" << bytes[1] << " bytes)";
+    out << "\n";
+  }
   out << "  forward compute   " << d.avg_forward_compute_ns / 1e6 << " ms\n";
   out << "  backward compute  " << d.avg_backward_compute_ns / 1e6 << " ms\n";
   out << "  backward comm     " << d.avg_backward_comm_ns / 1e6 << " ms\n";

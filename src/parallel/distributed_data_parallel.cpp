@@ -60,8 +60,9 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
   }
   unit::synchronize_replicas(*pg_, intake, "DistributedDataParallel");
 
-  reducer_ = std::make_unique<reducer::ReplicaGradientRuntime>(grad_params, param_names_, pg_,
-                                                               options_.reducer, expect_sparse);
+  reducer_ = std::make_unique<reducer::GradientRuntime>(
+      pg_, std::vector<reducer::ReduceUnit>{}, nullptr,
+      reducer::ReplicaParams{grad_params, param_names_, options_.reducer, expect_sparse});
   stats_ = std::make_unique<obs::GradientStats>(options_.stats_every);
   reducer_->add_listener(stats_->listener(), "the stats timeline");
   const bool show =
@@ -77,7 +78,7 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
 
 DistributedDataParallelBase::~DistributedDataParallelBase() = default;
 
-reducer::ReplicaGradientRuntime& detail::reducer_of(DistributedDataParallelBase& model) {
+reducer::GradientRuntime& detail::reducer_of(DistributedDataParallelBase& model) {
   return *model.reducer_;
 }
 
@@ -89,9 +90,7 @@ int64_t DistributedDataParallelBase::num_synchronized_backwards() const {
   return reducer_->num_synchronized_backwards();
 }
 
-std::string DistributedDataParallelBase::bucket_table() const {
-  return buckets::format_bucket_table(reducer_->plan(), reducer_->param_specs());
-}
+std::string DistributedDataParallelBase::bucket_table() const { return reducer_->bucket_table(); }
 
 void DistributedDataParallelBase::sync_buffers() {
   comm::broadcast_coalesced(*pg_, buffers_, 0, "broadcast of rank 0's buffers");
@@ -163,7 +162,10 @@ obs::LoggingData DistributedDataParallelBase::logging_data() {
   d.backend = pg_->backend_name();
   d.comm_hook = reducer_->comm_hook_name();
   for (const auto& [name, value] : describe(options_)) d.options[name] = value;
-  for (const auto& b : reducer_->plan().buckets) d.bucket_sizes.push_back(b.bytes);
+  for (const auto& b : reducer_->plan().buckets) {
+    d.bucket_sizes.push_back(b.bytes);
+    d.bucket_reductions.push_back(b.reduction);
+  }
   d.param_names = param_names_;
   d.iterations = reducer_->num_synchronized_backwards();
   stats_->fill(d);

@@ -2,7 +2,6 @@
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
-#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -72,10 +71,6 @@ void AutogradHooks::follow_current_stream() {
   remove();  // the last owner of each accumulator lets go: the next grad_accumulator makes one
   stream_ = now;
   install();
-}
-
-void AutogradHooks::at_end_of_backward(std::function<void()> fn) {
-  torch::autograd::Engine::get_default_engine().queue_callback(std::move(fn));
 }
 
 }  // namespace ddp::reducer

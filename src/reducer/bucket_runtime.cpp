@@ -11,6 +11,8 @@
 
 namespace ddp::reducer {
 
+using buckets::Reduction;
+
 namespace {
 
 at::Tensor future_tensor(const c10::intrusive_ptr<c10::ivalue::Future>& future) {
@@ -56,27 +58,24 @@ void wait_future(const c10::intrusive_ptr<c10::ivalue::Future>& future,
 
 BucketRuntime::BucketRuntime(const std::vector<at::Tensor>& params, const buckets::BucketPlan& plan,
                              buckets::BucketBuffers& buffers, comm::ProcessGroupPtr pg,
-                             Reduction reduction, hooks::CommHookPtr hook, int64_t plan_epoch)
+                             hooks::CommHookPtr hook, int64_t plan_epoch, size_t first_index)
     : params_(params),
       plan_(plan),
       buffers_(buffers),
       pg_(std::move(pg)),
-      reduction_(reduction),
       hook_(std::move(hook)),
       plan_epoch_(plan_epoch),
+      first_index_(first_index),
       buckets_(plan.buckets.size()) {
   TORCH_CHECK(pg_, "ddp: BucketRuntime needs a process group");
   TORCH_CHECK(buffers_.num_buckets() == plan_.buckets.size(),
               "ddp: BucketRuntime: the bucket buffers have ", buffers_.num_buckets(),
               " buckets, the plan ", plan_.buckets.size());
   on_device_ = !plan_.buckets.empty() && plan_.buckets[0].device.is_cuda();
-  if (reduction_ == Reduction::kReduceScatter) {
-    for (size_t b = 0; b < plan_.buckets.size(); ++b) {
-      TORCH_CHECK(!plan_.buckets[b].sparse,
-                  "ddp: a reduce-scatter reduction cannot reduce the "
-                  "sparse bucket ",
-                  b, "; sparse gradients are all-reduced");
-    }
+  for (size_t b = 0; b < plan_.buckets.size(); ++b) {
+    TORCH_CHECK(!plan_.buckets[b].sparse || plan_.buckets[b].reduction == Reduction::kAllReduce,
+                "ddp: a reduce-scatter reduction cannot reduce the sparse bucket ", b,
+                "; sparse gradients are all-reduced");
   }
   for (size_t b = 0; b < plan_.buckets.size(); ++b) what_.push_back(describe(b));
 }
@@ -95,6 +94,15 @@ void BucketRuntime::start_sync(int64_t iteration, int64_t divisor) {
               " bucket(s) of the previous one unfinished");
   iteration_ = iteration;
   divisor_ = divisor;
+  local_ = false;
+  next_launch_ = 0;
+  for (size_t b = 0; b < buckets_.size(); ++b) buckets_[b].pending = plan_.buckets[b].params.size();
+}
+
+void BucketRuntime::start_local() {
+  TORCH_CHECK(in_flight_.empty(), "ddp: a local backward started with ", in_flight_.size(),
+              " bucket(s) of the previous one unfinished");
+  local_ = true;
   next_launch_ = 0;
   for (size_t b = 0; b < buckets_.size(); ++b) buckets_[b].pending = plan_.buckets[b].params.size();
 }
@@ -104,7 +112,7 @@ size_t BucketRuntime::register_grad_ready(size_t param) {
   // The reducer marks each parameter ready at most once per backward; a second mark is a bug there.
   TORCH_CHECK(buckets_[b].pending > 0, "ddp: parameter ", param, " of bucket ", b,
               " was reported ready after every parameter of that bucket was");
-  if (--buckets_[b].pending != 0) return 0;
+  if (--buckets_[b].pending != 0 || local_) return 0;
   // Strict plan order: a full bucket waits for the buckets before it, so every rank issues the
   // same collectives in the same order even when gradients arrive in different orders.
   size_t launched = 0;
@@ -118,23 +126,15 @@ size_t BucketRuntime::register_grad_ready(size_t param) {
 hooks::GradBucket BucketRuntime::grad_bucket(size_t b) const {
   const buckets::Bucket& spec = plan_.buckets[b];
   hooks::GradBucket gb;
-  gb.index = b;
+  gb.index = first_index_ + b;
   gb.buffer = buffers_.data(b);
   gb.offsets = spec.offsets;
-  for (size_t p : spec.params) {
-    gb.params.push_back(params_[p]);
-    gb.lengths.push_back(params_[p].numel());
-  }
-  if (reduction_ == Reduction::kReduceScatter) {
-    // A (world, S) unit layout: the offsets are columns of one row, and parameter i's block runs
-    // to the next one's offset (the last to S).
+  gb.lengths = spec.lengths;
+  for (size_t p : spec.params) gb.params.push_back(params_[p]);
+  if (spec.reduction == Reduction::kReduceScatter) {
     gb.reduce_scatter = true;
     gb.rank = pg_->rank();
     gb.world = pg_->world_size();
-    const int64_t row = gb.buffer.numel() / gb.world;
-    for (size_t i = 0; i < gb.offsets.size(); ++i) {
-      gb.lengths[i] = (i + 1 < gb.offsets.size() ? gb.offsets[i + 1] : row) - gb.offsets[i];
-    }
   }
   gb.is_last = b + 1 == buckets_.size();
   gb.iteration = iteration_;
@@ -146,7 +146,7 @@ void BucketRuntime::launch(size_t b) {
   BucketState& bucket = buckets_[b];
   if (!plan_.buckets[b].sparse) buffers_.fill(b);  // staged gradients into the storage first
   const int64_t divisor = divisor_ > 0 ? divisor_ : pg_->world_size();
-  switch (reduction_) {
+  switch (plan_.buckets[b].reduction) {
     case Reduction::kAllReduce:
       if (plan_.buckets[b].sparse) {
         // Sparse gradients travel as (indices, values); Gloo's sparse all-reduce returns a new
@@ -226,7 +226,7 @@ BucketRuntime::Finished BucketRuntime::finish_next() {
     wait_future(future, pg_->timeout(), what(b), pg_.get());
     const at::Tensor result = future_tensor(future);
     const at::Tensor& data = buffers_.data(b);
-    if (reduction_ == Reduction::kReduceScatter) {
+    if (plan_.buckets[b].reduction == Reduction::kReduceScatter) {
       const int64_t shard = data.numel() / pg_->world_size();
       TORCH_CHECK(result.numel() == shard, "ddp: comm hook '", hook_->name(), "' returned ",
                   result.numel(), " elements for reduce-scattered bucket ", b,
@@ -243,7 +243,7 @@ BucketRuntime::Finished BucketRuntime::finish_next() {
       at::Tensor target = data;
       target.copy_(result);
     }
-  } else if (reduction_ == Reduction::kReduceScatter) {
+  } else if (plan_.buckets[b].reduction == Reduction::kReduceScatter) {
     out.shard = bucket.scatter.wait_on_stream(what(b));
     bucket.scatter = comm::PendingCollective();
   } else {
@@ -259,6 +259,7 @@ BucketRuntime::Finished BucketRuntime::finish_next() {
 
 void BucketRuntime::reset() {
   in_flight_.clear();
+  local_ = false;
   next_launch_ = 0;
   divisor_ = 0;
   for (auto& b : buckets_) {
@@ -284,7 +285,7 @@ void BucketRuntime::shadow_sync(int64_t iteration) {
     if (bucket.future) {
       wait_future(bucket.future, pg_->timeout(), "join: shadow " + what(b), pg_.get());
       bucket.future.reset();
-    } else if (reduction_ == Reduction::kReduceScatter) {
+    } else if (plan_.buckets[b].reduction == Reduction::kReduceScatter) {
       bucket.scatter.wait("join: shadow " + what(b));
       bucket.scatter = comm::PendingCollective();
     } else {

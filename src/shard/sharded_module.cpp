@@ -9,9 +9,8 @@
 #include <unordered_set>
 
 #include "ddp/obs/log.hpp"
-#include "ddp/reducer/autograd_hooks.hpp"
-#include "ddp/reducer/replica_gradient_runtime.hpp"
-#include "ddp/reducer/unit_gradient_runtime.hpp"
+#include "ddp/reducer/gradient_runtime.hpp"
+#include "ddp/unit/end_of_backward.hpp"
 #include "ddp/unit/module_intake.hpp"
 
 namespace ddp::shard {
@@ -74,36 +73,31 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module, comm::Pr
     if (reduce_dtype) group->set_reduce_dtype(*reduce_dtype);
     if (options_.param_dtype) group->set_param_dtype(*options_.param_dtype);
   }
-  if (!groups.empty()) {
-    std::vector<reducer::ReduceUnit> units;
-    for (auto& group : groups) {
-      reducer::ReduceUnit unit;
-      unit.name = group->unit_name();
-      unit.params = group->params();
-      for (size_t i : group->members()) unit.names.push_back(names_[i]);
-      unit.offsets = group->member_offsets();
-      unit.row_numel = group->shard_numel();
-      unit.options = group->flat_shard().options().dtype(group->reduce_dtype());
-      unit.storage = group.get();
-      units.push_back(std::move(unit));
-    }
-    unit_reducer_ = std::make_unique<reducer::UnitGradientRuntime>(
-        std::move(units), pg_, static_cast<reducer::UnitObserver&>(*this));
-    unit_reducer_->add_listener(stats_.listener(), "the stats timeline");
-    schedule_->attach(unit_reducer_.get());
+  std::vector<reducer::ReduceUnit> units;
+  for (auto& group : groups) {
+    reducer::ReduceUnit unit;
+    unit.name = group->unit_name();
+    unit.params = group->params();
+    for (size_t i : group->members()) unit.names.push_back(names_[i]);
+    unit.offsets = group->member_offsets();
+    unit.row_numel = group->shard_numel();
+    unit.options = group->flat_shard().options().dtype(group->reduce_dtype());
+    unit.storage = group.get();
+    units.push_back(std::move(unit));
   }
-  std::vector<at::Tensor> replicated_params;
-  std::vector<std::string> replicated_names;
+  // DEFAULT's replicated parameters: all-reduced in buckets, in the same gradient path.
+  reducer::ReplicaParams replicated{{}, {}, options_.replicated, {}};
   for (size_t i = 0; i < params_.size(); ++i) {
     // A frozen parameter gets no gradient: nothing to reduce, no hook (left alone).
     if (plan_.params[i].sharded() || !plan_.shapes[i].trainable) continue;
-    replicated_.push_back(i);
-    replicated_params.push_back(params_[i]);
-    replicated_names.push_back(names_[i]);
+    replicated.params.push_back(params_[i]);
+    replicated.names.push_back(names_[i]);
   }
-  if (!replicated_.empty()) {
-    replicated_reducer_ = std::make_unique<reducer::ReplicaGradientRuntime>(
-        replicated_params, replicated_names, pg_, options_.replicated);
+  if (!units.empty() || !replicated.params.empty()) {
+    gradients_ = std::make_unique<reducer::GradientRuntime>(
+        pg_, std::move(units), static_cast<reducer::UnitObserver*>(this), std::move(replicated));
+    gradients_->add_listener(stats_.listener(), "the stats timeline");
+    schedule_->attach(gradients_.get());
   }
   // Named units become run_unit targets.
   std::unordered_map<std::string, size_t> unit_by_name;
@@ -175,18 +169,18 @@ void ShardedModule::pre_forward() {
   TORCH_CHECK(phase_ != Phase::kBackward,
               "ddp: forward of a sharded module while its backward is running");
   phase_ = Phase::kForward;
-  stats_.collect(unit_reducer_ ? unit_reducer_->num_synchronized_backwards() : 0);
+  stats_.collect(gradients_ ? gradients_->num_synchronized_backwards() : 0);
   stats_.forward_started();
   schedule_->begin_forward();
   // The gradient runtime is ready from here, so a backward of the module's own forward (a caller
   // driving the protocol by hand) is reduced as the wrapper's is.
-  if (unit_reducer_ && at::GradMode::is_enabled()) {
+  if (gradients_ && at::GradMode::is_enabled()) {
     if (require_sync_) {
       // Gradients complete in the reverse of the forward's unit order (the last forward's; the
       // units not run through run_unit, the root among them, go last).
-      unit_reducer_->prepare_for_backward(schedule_->expected_backward_order());
+      gradients_->prepare_for_backward({}, schedule_->expected_backward_order());
     } else {
-      unit_reducer_->prepare_for_local_backward();
+      gradients_->prepare_for_local_backward();
     }
   }
 }
@@ -197,15 +191,8 @@ void ShardedModule::end_forward() {
     reshard();  // an evaluation forward: no backward will come to put the shards back
     return;
   }
-  if (replicated_reducer_) {
-    if (require_sync_) {
-      replicated_reducer_->prepare_for_backward();
-    } else {
-      replicated_reducer_->prepare_for_local_backward();
-    }
-  }
-  if (unit_reducer_ && require_sync_) {
-    unit_reducer_->note_forward_end();
+  if (gradients_ && require_sync_) {
+    gradients_->note_forward_end();
     stats_.forward_ended();
   }
 }
@@ -249,7 +236,10 @@ void ShardedModule::begin_backward() {
   phase_ = Phase::kBackward;
   if (finish_queued_) return;
   finish_queued_ = true;
-  reducer::AutogradHooks::at_end_of_backward([this] { finish_backward(); });
+  // The gradient runtime's end of backward first (every reduction finished, shards written),
+  // then this one's ([Note: one end-of-backward callback]).
+  if (gradients_) gradients_->begin_backward();
+  unit::at_end_of_backward([this] { finish_backward(); });
 }
 
 void ShardedModule::unit_done(size_t g) {
@@ -260,30 +250,20 @@ void ShardedModule::unit_done(size_t g) {
 void ShardedModule::finish_backward() {
   finish_queued_ = false;
   phase_ = Phase::kIdle;
-  if (!unit_reducer_) return;
-  // No_sync: nothing is reduced, the full gradients stay for the next synchronized backward.
-  unit_reducer_->finish_backward();
   schedule_->note_memory();
 }
 
 void ShardedModule::register_comm_hook(const hooks::CommHookPtr& hook) {
-  if (unit_reducer_) unit_reducer_->register_comm_hook(hook);
-  if (replicated_reducer_) replicated_reducer_->register_comm_hook(hook);
+  TORCH_CHECK(gradients_, "ddp: register_comm_hook: the module has no parameter to reduce");
+  gradients_->register_comm_hook(hook);
 }
 
 void ShardedModule::set_optimizer_in_backward(const optim::ParamOptimizerFactory& factory) {
   TORCH_CHECK(optimizers_in_backward_.empty(), "ddp: the optimizer in backward is already set");
-  if (unit_reducer_) {
-    optimizers_in_backward_.push_back(
-        std::make_unique<optim::OptimizerInBackward>(unit_reducer_->params(), factory));
-    unit_reducer_->add_listener(optimizers_in_backward_.back().get(), "set_optimizer_in_backward");
-  }
-  if (replicated_reducer_) {
-    optimizers_in_backward_.push_back(
-        std::make_unique<optim::OptimizerInBackward>(replicated_reducer_->params(), factory));
-    replicated_reducer_->add_listener(optimizers_in_backward_.back().get(),
-                                      "set_optimizer_in_backward");
-  }
+  if (!gradients_) return;
+  optimizers_in_backward_.push_back(
+      std::make_unique<optim::OptimizerInBackward>(gradients_->params(), factory));
+  gradients_->add_listener(optimizers_in_backward_.back().get(), "set_optimizer_in_backward");
 }
 
 void ShardedModule::zero_grad() {
@@ -295,18 +275,21 @@ void ShardedModule::zero_grad() {
 }
 
 obs::LoggingData ShardedModule::logging_data() {
-  const int64_t done = unit_reducer_ ? unit_reducer_->num_synchronized_backwards() : 0;
+  const int64_t done = gradients_ ? gradients_->num_synchronized_backwards() : 0;
   stats_.collect(done);
   obs::LoggingData d;
   d.rank = pg_->rank();
   d.world_size = pg_->world_size();
   d.backend = pg_->backend_name();
-  d.comm_hook = unit_reducer_ ? unit_reducer_->comm_hook_name() : "reduce_scatter";
+  d.comm_hook = gradients_ ? gradients_->comm_hook_name() : "reduce_scatter";
   std::vector<std::pair<std::string, std::string>> options;
   describe(options_, "", options);
   for (const auto& [name, value] : options) d.options[name] = value;
-  for (const auto& b : bucket_plan().buckets) d.bucket_sizes.push_back(b.bytes);
-  if (unit_reducer_) d.param_names = unit_reducer_->names();
+  for (const auto& b : bucket_plan().buckets) {
+    d.bucket_sizes.push_back(b.bytes);
+    d.bucket_reductions.push_back(b.reduction);
+  }
+  if (gradients_) d.param_names = gradients_->names();
   d.iterations = done;
   stats_.fill(d);
   return d;
@@ -316,7 +299,7 @@ obs::IterationTimeline ShardedModule::last_timeline() const { return stats_.last
 
 const buckets::BucketPlan& ShardedModule::bucket_plan() const {
   static const buckets::BucketPlan kNone;
-  return unit_reducer_ ? unit_reducer_->plan() : kNone;
+  return gradients_ ? gradients_->plan() : kNone;
 }
 
 layout::Layout ShardedModule::layout(const std::string& name) const {
@@ -344,7 +327,7 @@ std::vector<std::pair<std::string, at::Tensor>> ShardedModule::full_parameters()
 
 void ShardedModule::reshard() {
   schedule_->reshard_all();
-  if (unit_reducer_) unit_reducer_->reset();
+  if (gradients_) gradients_->reset();
   phase_ = Phase::kIdle;
 }
 

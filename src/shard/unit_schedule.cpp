@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "ddp/reducer/unit_gradient_runtime.hpp"
+#include "ddp/reducer/gradient_runtime.hpp"
 
 namespace ddp::shard {
 
@@ -95,7 +95,7 @@ void UnitSchedule::note_memory() {
 
 void UnitSchedule::gather(size_t g) {
   // The parameters' tensor hooks stay through unshard's set_() ([Note: hooks that survive set_]
-  // in reducer/unit_gradient_runtime.hpp): nothing to install per step.
+  // in reducer/unit_buckets.hpp): nothing to install per step.
   groups_[g]->unshard();
   note_memory();
 }

@@ -10,8 +10,8 @@
 
 #include "ddp/buckets/bucket_table.hpp"
 #include "ddp/comm/layout_tensors.hpp"
-#include "ddp/reducer/autograd_hooks.hpp"
 #include "ddp/tp/region_ops.hpp"
+#include "ddp/unit/end_of_backward.hpp"
 #include "ddp/unit/module_intake.hpp"
 
 namespace ddp::tp {
@@ -160,7 +160,7 @@ void TensorParallel::watch_gradients(size_t unit) {
   for (const at::Tensor& param : p.params) {
     if (!param.requires_grad()) continue;  // frozen: no gradient to check
     // A tensor hook, installed once: it stays through a sharded wrapper's set_() of the
-    // parameter ([Note: hooks that survive set_], reducer/unit_gradient_runtime.hpp).
+    // parameter ([Note: hooks that survive set_], reducer/unit_buckets.hpp).
     p.hook_ids.emplace_back(
         param, param.register_hook([this, unit](const at::Tensor&) { on_gradient(unit); }));
   }
@@ -176,7 +176,7 @@ void TensorParallel::on_gradient(size_t unit) {
               "at::Tensor& x) { return module->forward(x); }, input) in the model's forward");
   if (end_queued_) return;
   end_queued_ = true;
-  reducer::AutogradHooks::at_end_of_backward([this] {
+  unit::at_end_of_backward([this] {
     end_queued_ = false;
     for (Planned& q : planned_) q.forwards = std::max(0, q.forwards - 1);
   });

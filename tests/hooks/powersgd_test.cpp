@@ -18,8 +18,8 @@ namespace {
 using hooks::GradBucket;
 using hooks::PowerSGDOptions;
 
-// A bucket laid out as the ReplicaGradientRuntime lays one out: the parameters' gradients back to
-// back in one flat fp32 buffer, in parameter order.
+// A bucket laid out as the replicated parameters' buckets are laid out: the parameters' gradients
+// back to back in one flat fp32 buffer, in parameter order.
 GradBucket make_bucket(const std::vector<std::vector<int64_t>>& shapes, size_t index = 0) {
   GradBucket bucket;
   bucket.index = index;

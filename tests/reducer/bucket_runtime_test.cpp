@@ -13,8 +13,8 @@
 namespace ddp::testing {
 namespace {
 
+using buckets::Reduction;
 using reducer::BucketRuntime;
-using reducer::Reduction;
 
 // Three parameters of 5, 6 and 4 elements; caps of 1 byte put each in its own bucket, large caps
 // all in one. Rank r's gradient of parameter p, element i: r * 100 + p * 10 + i.
@@ -57,7 +57,7 @@ DDP_TEST_WORKER(bucket_runtime_reductions) {
   {  // All-reduce, a bucket per parameter (plan order: p2, p1, p0), gradients ready p0 first.
     RuntimeFixture s(/*one_bucket=*/false, 1, pg->rank());
     require(s.plan.buckets.size() == 3, "expected 3 buckets");
-    BucketRuntime runtime(s.params, s.plan, s.layout, pg, Reduction::kAllReduce, nullptr, 0);
+    BucketRuntime runtime(s.params, s.plan, s.layout, pg, nullptr, 0);
     runtime.start_sync(0, 0);
     require(runtime.register_grad_ready(0) == 0, "p0's bucket is last in plan order: no launch");
     require(runtime.register_grad_ready(1) == 0, "p1's bucket waits for p2's");
@@ -76,7 +76,8 @@ DDP_TEST_WORKER(bucket_runtime_reductions) {
     const int64_t padded = (15 + world - 1) / world * world;
     require(s.layout.storage(0).numel() == padded, "storage is padded to a multiple of the world");
     require(s.layout.data(0).numel() == 15, "data excludes the padding");
-    BucketRuntime runtime(s.params, s.plan, s.layout, pg, Reduction::kReduceScatter, nullptr, 0);
+    s.plan.buckets[0].reduction = Reduction::kReduceScatter;
+    BucketRuntime runtime(s.params, s.plan, s.layout, pg, nullptr, 0);
     runtime.start_sync(0, 0);
     for (size_t p = 0; p < 3; ++p) runtime.register_grad_ready(p);
     const auto finished = runtime.finish_next();

@@ -46,7 +46,8 @@ DDP_TEST_WORKER(overlap) {
     }
     for (size_t p = 0; p < model.parameters().size(); ++p) {
       const auto& grad = model.parameters()[p].grad();
-      const auto& buffer = parallel::detail::reducer_of(model).bucket_buffer(plan.bucket_of[p]);
+      const auto& buffer =
+          parallel::detail::reducer_of(model).replica_bucket_buffer(plan.bucket_of[p]);
       const auto* begin = buffer.data_ptr<float>();
       const auto* at = grad.data_ptr<float>();
       require(at >= begin && at + grad.numel() <= begin + buffer.numel(),

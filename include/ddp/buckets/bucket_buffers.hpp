@@ -2,7 +2,7 @@
 // BucketBuffers: where a bucket runtime finds the flat tensor of each bucket it reduces. DDP's
 // GradLayout keeps one per bucket for the whole plan (gradients accumulate straight into them);
 // FULLY_SHARD's unit buffers exist only from a unit's last gradient to its reduce-scatter's end
-// (reducer/unit_gradient_runtime.hpp), so that backward never holds the whole model's gradients at
+// (reducer/unit_buckets.hpp), so that backward never holds the whole model's gradients at
 // once.
 
 #include <ATen/core/Tensor.h>

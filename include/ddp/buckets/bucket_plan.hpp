@@ -38,14 +38,25 @@ struct PlanOptions {
   std::vector<size_t> order;
 };
 
+// How a bucket is reduced; chosen per bucket, so that one gradient path serves every style.
+enum class Reduction {
+  kAllReduce,      // every rank gets the whole average (REPLICATE, DDP; DEFAULT's replicated)
+  kReduceScatter,  // rank r gets row r of the average, the buffer seen as (world, numel / world)
+                   // (a FULLY_SHARD unit; dense buckets only)
+};
+
 struct Bucket {
   std::vector<size_t> params;    // parameter indices, in the order they are laid out in the buffer
   std::vector<int64_t> offsets;  // element offset of each parameter in the flat buffer
-  int64_t numel = 0;             // total elements in the flat buffer
-  size_t bytes = 0;              // numel * element size
+  // Each parameter's elements from its offset (what a comm hook sees as GradBucket::lengths):
+  // its numel, or under kReduceScatter its columns in one rank's row.
+  std::vector<int64_t> lengths;
+  int64_t numel = 0;  // total elements in the flat buffer
+  size_t bytes = 0;   // numel * element size
   c10::ScalarType dtype = c10::ScalarType::Float;
   c10::Device device = c10::Device(c10::kCPU);
   bool sparse = false;
+  Reduction reduction = Reduction::kAllReduce;
 };
 
 struct BucketPlan {

@@ -8,7 +8,7 @@
 namespace ddp::hooks {
 
 // Divides by the world size, then sums over ranks: the average, in the gradients' dtype. What the
-// ReplicaGradientRuntime does when no hook is registered.
+// gradient runtime does when no hook is registered.
 CommHookPtr allreduce_hook(comm::ProcessGroupPtr pg);
 
 // Casts the bucket to fp16 (bf16), all-reduces that, and casts the result back: half the bytes on

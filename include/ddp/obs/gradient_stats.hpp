@@ -1,8 +1,7 @@
 #pragma once
-// GradientStats: the runtime stats of one gradient path (PyTorch's DDP logger), the same for the
-// ReplicaGradientRuntime (DDP) and the UnitGradientRuntime (FULLY_SHARD): a TimelineRecorder
-// listening on the path's events, the forward's duration, and the iterations sampled from them
-// (obs/runtime_stats.hpp).
+// GradientStats: the runtime stats of the gradient path (PyTorch's DDP logger), the same for every
+// style (reducer/gradient_runtime.hpp): a TimelineRecorder listening on the path's events, the
+// forward's duration, and the iterations sampled from them (obs/runtime_stats.hpp).
 
 #include <cstdint>
 #include <vector>
@@ -17,8 +16,7 @@ class GradientStats {
   // Samples iterations 1-10, then every `every`-th (>= 1).
   explicit GradientStats(int64_t every);
 
-  // Add it to the gradient path (ReplicaGradientRuntime::add_listener,
-  // UnitGradientRuntime::add_listener).
+  // Add it to the gradient path (GradientRuntime::add_listener).
   reducer::ReducerListener* listener() { return &timeline_; }
   IterationTimeline last_timeline() const { return timeline_.last(); }
 

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "ddp/buckets/bucket_plan.hpp"
 #include "ddp/obs/timeline.hpp"
 
 namespace ddp::obs {
@@ -33,11 +34,12 @@ struct LoggingData {
   int world_size = 1;
   std::string backend;
   std::string comm_hook;
-  std::map<std::string, std::string> options;  // every DDP option, as text
-  std::vector<size_t> bucket_sizes;            // bytes, in bucket order
-  std::vector<std::string> param_names;        // index -> name for param_ready_ns
-  int64_t iterations = 0;                      // synchronized iterations so far
-  std::vector<IterationStats> samples;         // sampled iterations, oldest first
+  std::map<std::string, std::string> options;         // every DDP option, as text
+  std::vector<size_t> bucket_sizes;                   // bytes, in bucket order
+  std::vector<buckets::Reduction> bucket_reductions;  // how each bucket is reduced, same order
+  std::vector<std::string> param_names;               // index -> name for param_ready_ns
+  int64_t iterations = 0;                             // synchronized iterations so far
+  std::vector<IterationStats> samples;                // sampled iterations, oldest first
   // Means over the samples (0 when none).
   double avg_forward_compute_ns = 0, avg_backward_compute_ns = 0, avg_backward_comm_ns = 0,
          avg_backward_overlap_ns = 0;

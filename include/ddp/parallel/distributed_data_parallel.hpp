@@ -2,7 +2,7 @@
 // DistributedDataParallel: wraps any torch::nn::Module; forward keeps the module's own signature.
 // Construction verifies that every rank holds the same model and broadcasts rank 0's parameters
 // and buffers; every synchronized backward then averages gradients over the ranks, overlapped with
-// backward compute (see reducer/replica_gradient_runtime.hpp).
+// backward compute (see reducer/gradient_runtime.hpp).
 //
 //   auto pg = ddp::comm::init_process_group();          // RANK, WORLD_SIZE, ... from the env
 //   ddp::DistributedDataParallel<Net> model(Net(), pg);
@@ -27,8 +27,8 @@
 #include "ddp/obs/runtime_stats.hpp"
 #include "ddp/optim/optimizer_in_backward.hpp"
 #include "ddp/parallel/ddp_options.hpp"
+#include "ddp/reducer/gradient_runtime.hpp"
 #include "ddp/reducer/no_sync_guard.hpp"
-#include "ddp/reducer/replica_gradient_runtime.hpp"
 #include "ddp/unit/module_call.hpp"
 
 namespace ddp::parallel {
@@ -38,7 +38,7 @@ class DistributedDataParallelBase;
 namespace detail {
 // Internal: the gradient runtime behind `model` (its bucket storage), for the library's own tests;
 // not part of the public API (docs/api.md): the public class answers with public types only.
-reducer::ReplicaGradientRuntime& reducer_of(DistributedDataParallelBase& model);
+reducer::GradientRuntime& reducer_of(DistributedDataParallelBase& model);
 }  // namespace detail
 
 class DistributedDataParallelBase {
@@ -96,7 +96,7 @@ class DistributedDataParallelBase {
   void post_forward(const std::vector<torch::Tensor>& outputs);
 
  private:
-  friend reducer::ReplicaGradientRuntime& detail::reducer_of(DistributedDataParallelBase& model);
+  friend reducer::GradientRuntime& detail::reducer_of(DistributedDataParallelBase& model);
 
   std::shared_ptr<torch::nn::Module> module_;
   comm::ProcessGroupPtr pg_;
@@ -108,7 +108,7 @@ class DistributedDataParallelBase {
   // Listeners on the reducer's events; declared before reducer_ so they outlive it.
   std::unique_ptr<obs::GradientStats> stats_;
   std::unique_ptr<optim::OptimizerInBackward> optimizer_in_backward_;
-  std::unique_ptr<reducer::ReplicaGradientRuntime> reducer_;
+  std::unique_ptr<reducer::GradientRuntime> reducer_;
   bool require_sync_ = true;  // false inside no_sync()
   // Join state: inside join(), every synchronized forward first all-reduces "still training".
   bool joining_ = false;

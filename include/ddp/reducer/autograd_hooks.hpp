@@ -1,8 +1,8 @@
 #pragma once
-// The reducer's only contact with the autograd engine: a post-hook on each parameter's gradient
-// accumulator (runs after AccumulateGrad wrote param.grad, i.e. when the gradient is final for
-// this backward: the engine sums all uses of a parameter before its accumulator runs), and the
-// engine's end-of-backward callback.
+// The replicated parameters' contact with the autograd engine: a post-hook on each parameter's
+// gradient accumulator (runs after AccumulateGrad wrote param.grad, i.e. when the gradient is final
+// for this backward: the engine sums all uses of a parameter before its accumulator runs). The
+// end-of-backward callback is unit/end_of_backward.hpp's, one per backward for every runtime.
 //
 // Streams: since torch 2.x an AccumulateGrad node keeps the stream that was current when it was
 // created, and the engine makes the producer of a gradient wait for that stream. Holding the
@@ -37,9 +37,6 @@ class AutogradHooks {
   ~AutogradHooks();  // removes every hook: none runs after this
   AutogradHooks(const AutogradHooks&) = delete;
   AutogradHooks& operator=(const AutogradHooks&) = delete;
-
-  // From inside a backward: runs `fn` once the engine has finished the current graph task.
-  static void at_end_of_backward(std::function<void()> fn);
 
   // Between backwards (a forward is starting): if the parameters' device has another current
   // stream than the one the accumulators were made on, drops them and installs the hooks on new

@@ -1,19 +1,20 @@
 #pragma once
-// BucketRuntime: executes one bucket plan's communication. It counts ready gradients per bucket,
-// launches a bucket's reduction the moment its last gradient is ready (strictly in plan order, so
-// every rank issues the same collectives in the same order), and finishes them in that order.
-// It owns no parameters and no autograd state: the ReplicaGradientRuntime tells it what is ready
-// and writes the results back.
+// BucketRuntime: executes one bucket plan's communication. It keeps the one ready counter per
+// bucket, launches a bucket's reduction (all-reduce or reduce-scatter, as the bucket's plan entry
+// says) the moment its last gradient is ready (strictly in plan order, so every rank issues the
+// same collectives in the same order), and finishes them in that order. It owns no parameters and
+// no autograd state: its bucket group (ReplicaBuckets, UnitBuckets) tells it what is ready and
+// writes the results back.
 //
 // The gradient's path, one synchronized backward:
 //
-//   ReplicaGradientRuntime (grad in its GradLayout slot) -> register_grad_ready(p) --pending[b]
-//   hits 0--> launch(b) in plan order -> in_flight_ (FIFO of launched, unfinished buckets) ->
-//   finish_next(): bounded wait (or a stream dependency on NCCL), hook result copied into the
-//   bucket -> ReplicaGradientRuntime writes back and tells its listeners
+//   bucket group (grad in its storage) -> register_grad_ready(p) --pending[b] hits 0--> launch(b)
+//   in plan order -> in_flight_ (FIFO of launched, unfinished buckets) -> finish_next(): bounded
+//   wait (or a stream dependency on NCCL), hook result copied into the bucket (reduce-scatter:
+//   returned as the shard) -> the group writes back and tells the listeners
 //
 // Host-side work on the hot path, per gradient: one counter decrement (under the
-// ReplicaGradientRuntime's mutex). Per bucket: one c10d call (or one comm-hook call), one small
+// GradientRuntime's mutex). Per bucket: one c10d call (or one comm-hook call), one small
 // heap node in in_flight_, and on the CPU a future callback that takes a host timestamp (stats
 // only; skipped on CUDA). At finish on Gloo, a bounded host wait; on NCCL, Work::wait() with no
 // timeout, which only makes the current stream wait on the collective's end event. A CUDA-graph
@@ -38,24 +39,18 @@
 
 namespace ddp::reducer {
 
-// How a bucket is reduced.
-enum class Reduction {
-  kAllReduce,      // every rank gets the whole average (REPLICATE, DDP)
-  kReduceScatter,  // each rank gets its shard of the average (FULLY_SHARD): Finished::shard.
-                   // Dense buckets only; a comm hook gets GradBucket::reduce_scatter set and
-                   // returns the shard. The storage should split evenly over the group (a unit's
-                   // (world, S) layout, or LayoutOptions' padding).
-};
-
 class BucketRuntime {
  public:
-  // `params`, `plan` and `buffers` must outlive the runtime (the ReplicaGradientRuntime and the
-  // UnitGradientRuntime own them and replace the plan, buffers and runtime together when the plan
+  // `params`, `plan` and `buffers` must outlive the runtime (the bucket groups of the
+  // GradientRuntime own them and replace the plan, buffers and runtime together when the plan
   // changes). `params` are what a comm hook sees as GradBucket::params (hooks key their state by
-  // them). A bucket's buffers are read when it launches. `hook`: null for the built-in average.
+  // them). Each bucket is reduced as its plan entry says (Bucket::reduction). A bucket's buffers
+  // are read when it launches. `hook`: null for the built-in average. `first_index`: bucket b is
+  // GradBucket::index first_index + b (the GradientRuntime numbers its groups' buckets in one
+  // sequence, so that a hook keying state by index sees each bucket once).
   BucketRuntime(const std::vector<at::Tensor>& params, const buckets::BucketPlan& plan,
-                buckets::BucketBuffers& buffers, comm::ProcessGroupPtr pg, Reduction reduction,
-                hooks::CommHookPtr hook, int64_t plan_epoch);
+                buckets::BucketBuffers& buffers, comm::ProcessGroupPtr pg, hooks::CommHookPtr hook,
+                int64_t plan_epoch, size_t first_index = 0);
   BucketRuntime(const BucketRuntime&) = delete;
   BucketRuntime& operator=(const BucketRuntime&) = delete;
 
@@ -63,6 +58,9 @@ class BucketRuntime {
   // `iteration`: synchronized backwards completed before this one (GradBucket::iteration).
   // `divisor`: what the average divides by; 0: the group size (join passes fewer ranks).
   void start_sync(int64_t iteration, int64_t divisor);
+  // Begins a local backward (no_sync): the counters are armed, but nothing launches (a group that
+  // must know when a bucket's last gradient arrived still reads pending()).
+  void start_local();
 
   // A sparse parameter's gradient for this iteration (a sparse bucket holds no flat storage).
   void set_sparse_grad(size_t bucket, at::Tensor grad) {
@@ -73,6 +71,8 @@ class BucketRuntime {
   // and whose predecessors are launched. Returns how many were launched: they are
   // [launched() - n, launched()).
   size_t register_grad_ready(size_t param);
+  // Gradients bucket b still waits for in this backward.
+  size_t pending(size_t bucket) const { return buckets_[bucket].pending; }
   size_t launched() const { return next_launch_; }
 
   // The oldest launched bucket not yet finished; false when none is in flight.
@@ -84,7 +84,7 @@ class BucketRuntime {
   struct Finished {
     size_t bucket = 0;
     at::Tensor sparse_result;   // sparse bucket: the reduced gradient
-    at::Tensor shard;           // kReduceScatter: this rank's shard of the bucket's average
+    at::Tensor shard;           // Reduction::kReduceScatter: this rank's row of the average
     int64_t comm_done_ns = -1;  // see BucketFinished::comm_done_ns
   };
   // Waits (bounded by the group's timeout) for the oldest in-flight bucket, puts a comm hook's
@@ -104,7 +104,7 @@ class BucketRuntime {
     at::Tensor sparse;   // sparse bucket: this iteration's (coalesced) gradient
     c10::intrusive_ptr<c10d::Work> work;             // built-in or sparse reduction
     c10::intrusive_ptr<c10::ivalue::Future> future;  // comm-hook reduction
-    comm::PendingCollective scatter;                 // kReduceScatter
+    comm::PendingCollective scatter;                 // Reduction::kReduceScatter
     // When the reduction completed (from the comm thread's callback); stats only.
     std::shared_ptr<std::atomic<int64_t>> comm_done_ns;
   };
@@ -121,14 +121,15 @@ class BucketRuntime {
   const buckets::BucketPlan& plan_;
   buckets::BucketBuffers& buffers_;  // filled (BucketBuffers::fill) at each bucket's launch
   comm::ProcessGroupPtr pg_;
-  Reduction reduction_;
   hooks::CommHookPtr hook_;
   int64_t plan_epoch_;
+  size_t first_index_;      // GradBucket::index of bucket 0
   bool on_device_ = false;  // CUDA buckets: waits are stream dependencies, no host timestamps
   std::vector<BucketState> buckets_;
   std::vector<std::string> what_;  // describe(b), per bucket
   int64_t iteration_ = 0;
   int64_t divisor_ = 0;           // this iteration's; 0: the group size
+  bool local_ = false;            // this backward only counts (start_local)
   size_t next_launch_ = 0;        // buckets [0, next_launch_) are launched this iteration
   std::deque<size_t> in_flight_;  // launched, not yet finished, in launch order
 };

@@ -1,6 +1,6 @@
 #pragma once
-// Where a gradient path (the ReplicaGradientRuntime's, the UnitGradientRuntime's) is in one
-// iteration; each checks it at every transition and names it in errors.
+// Where the gradient path (reducer/gradient_runtime.hpp) is in one iteration; checked at every
+// transition and named in errors.
 
 namespace ddp::reducer {
 

@@ -7,7 +7,7 @@
 //     grad_ready(p) ... bucket_launched(b) ... grad_ready ... bucket_finished(b) ...
 //   iteration_finished                      (after every bucket_finished, before backward returns)
 //
-// A listener must not call back into the ReplicaGradientRuntime. bucket_finished comes after the
+// A listener must not call back into the GradientRuntime. bucket_finished comes after the
 // bucket's averaged gradients were written back to param.grad; buckets finish in plan order.
 
 #include <cstddef>

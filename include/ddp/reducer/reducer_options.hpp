@@ -29,7 +29,7 @@ struct ReducerOptions {
   bool overlap = true;
   // Bucket caps (PyTorch's defaults: 1 MiB first, 25 MiB after). The plan starts in reverse
   // registration order and is rebuilt once, after iteration 1, from the order rank 0 observed,
-  // unless ReplicaGradientRuntime::set_predicted_order supplies the order at the first forward
+  // unless GradientRuntime::set_predicted_order supplies the order at the first forward
   // (graph planning, done by DistributedDataParallel); `buckets.order` is set by the reducer, not
   // by users.
   buckets::PlanOptions buckets;

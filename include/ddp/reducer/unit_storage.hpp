@@ -1,5 +1,6 @@
 #pragma once
-// The two typed interfaces between the gradient path of the sharded styles (UnitGradientRuntime)
+// The two typed interfaces between the gradient path of the sharded units (UnitBuckets, under the
+// GradientRuntime)
 // and the sharded runtime above it (shard/): what the reducer asks of a unit's storage and what it
 // tells the runtime. Interfaces instead of callbacks, so that a reader (and a tool) follows each
 // call from reducer/ into shard/: FlatParamGroup implements UnitStorage, ShardedModule

@@ -105,9 +105,9 @@ class FlatParamGroup : public reducer::UnitStorage {
   // layout of [Note: flat shard layout] (padding rows zeros, a member without a gradient zeros),
   // drops the full gradients and the full buffer's memory. `member` (or -1): the member whose
   // gradient of this backward is `incoming`, not yet accumulated into its .grad (a tensor hook's
-  // view: reducer/unit_gradient_runtime.hpp); its .grad, if any, is added. From kSharded (not
+  // view: reducer/unit_buckets.hpp); its .grad, if any, is added. From kSharded (not
   // gathered in this step) the sharded .grad is set aside first, as unshard() does. The reduction
-  // itself is the caller's (the UnitGradientRuntime's bucket runtime).
+  // itself is the caller's (the gradient runtime's UnitBuckets).
   void fill_reduce_input(const at::Tensor& input, int64_t member,
                          const at::Tensor& incoming) override;
   // After fill_reduce_input: reshards and adds `shard` (this rank's S elements of the average) to
@@ -115,7 +115,7 @@ class FlatParamGroup : public reducer::UnitStorage {
   // there was none): [chunk_p, ...], padding rows 0.
   void finish_reduce_scatter(const at::Tensor& shard) override;
   // Both around a blocking averaged reduce-scatter on the group: for callers that reduce a unit
-  // by hand (tests, tools); the training runtime goes through the UnitGradientRuntime.
+  // by hand (tests, tools); the training runtime goes through the GradientRuntime.
   void reduce_scatter_grads();
   // S, and member i's first column in a row of the layout.
   int64_t shard_numel() const { return shard_numel_; }
@@ -140,7 +140,7 @@ class FlatParamGroup : public reducer::UnitStorage {
   // Bytes of the gathered parameters (world * S elements of param_dtype): what unshard() holds.
   int64_t full_bytes() const;
   // Bytes this group holds beyond its shard now: the full buffer when it has memory, and an
-  // all-gather output in flight (the reduce input is the UnitGradientRuntime's).
+  // all-gather output in flight (the reduce input is the GradientRuntime's).
   int64_t transient_bytes() const;
 
  private:

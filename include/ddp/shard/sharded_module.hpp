@@ -11,14 +11,15 @@
 //                  after it, release it (reshard_after_forward) and put a node on its output
 //   backward       the output's node gathers the unit again (prefetch the one before); when the
 //                  unit's last gradient arrives, the gradient runtime
-//                  (reducer/unit_gradient_runtime.hpp: one bucket per unit, DDP's BucketRuntime,
-//                  comm hooks and listeners) fills its reduce input and issues its reduce-scatter;
-//                  the unit's full parameters are released
+//                  (reducer/gradient_runtime.hpp: one reduce-scattered bucket per unit, beside
+//                  DEFAULT's all-reduced ones; comm hooks and listeners) fills its reduce input
+//                  and issues its reduce-scatter; the unit's full parameters are released
 //   end of backward  the gradient runtime reduces what is left (unused: zeros) and finishes every
 //                  reduce-scatter in order; the parameters move back to their shards with their
 //                  gradient shards; listeners (stats, the optimizer in backward) hear of each unit
-//   replicated     DEFAULT's replicated parameters go through DDP's reducer (reducer/): buckets
-//                  all-reduced as their gradients become ready, in the same backward
+//   replicated     DEFAULT's replicated parameters go through the same runtime: buckets
+//                  all-reduced as their gradients become ready, in the same backward, in the
+//                  same stats and trace
 //   optimizer      steps on the shards (built after the wrapper: it sees the sharded parameters)
 //
 //   one unit over time (reshard_after_forward, prefetch):
@@ -55,8 +56,7 @@
 #include "ddp/unit/unit_scope.hpp"
 
 namespace ddp::reducer {
-class ReplicaGradientRuntime;
-class UnitGradientRuntime;
+class GradientRuntime;
 }  // namespace ddp::reducer
 
 namespace ddp::shard {
@@ -126,7 +126,7 @@ class ShardedModule : private unit::UnitListener, private reducer::UnitObserver 
   const std::vector<size_t>& unit_order() const { return schedule_->last_order(); }
 
   // The gradient runtime's features, as DistributedDataParallel's
-  // (reducer/unit_gradient_runtime.hpp): Replaces the units' built-in averaged reduce-scatter (and,
+  // (reducer/gradient_runtime.hpp): Replaces the units' built-in averaged reduce-scatter (and,
   // under DEFAULT, the replicated parameters' all-reduce) by `hook` (allreduce, fp16_compress,
   // bf16_compress, noop, or your own that handles GradBucket::reduce_scatter). Once, before the
   // first backward.
@@ -141,12 +141,14 @@ class ShardedModule : private unit::UnitListener, private reducer::UnitObserver 
   // DistributedDataParallel::zero_grad: with the optimizer in backward there is no optimizer of
   // the user's to do it. Between steps.
   void zero_grad();
-  // Runtime stats of the units' reduce-scatters (one bucket per unit; PyTorch's
-  // _get_ddp_logging_data fields), and the last synchronized backward's timeline.
+  // Runtime stats of every bucket (one reduce-scattered bucket per unit, then DEFAULT's
+  // all-reduced ones; PyTorch's _get_ddp_logging_data fields), and the last synchronized
+  // backward's timeline.
   obs::LoggingData logging_data();
   obs::IterationTimeline last_timeline() const;
-  // The units as buckets in launch order (the reverse of the forward's unit order): the table the
-  // timeline's bucket indices refer to. Empty without sharded units.
+  // Every bucket: the units in launch order (the reverse of the forward's unit order), then
+  // DEFAULT's replicated buckets; the table the timeline's bucket indices refer to. Empty when
+  // nothing is reduced.
   const buckets::BucketPlan& bucket_plan() const;
 
  private:
@@ -174,7 +176,6 @@ class ShardedModule : private unit::UnitListener, private reducer::UnitObserver 
   layout::TensorLayouts layouts_;  // plan_ as layouts, made with it (neither changes afterwards)
   // Gathers, prefetches and releases of the units' parameters (owns their flat groups).
   std::unique_ptr<UnitSchedule> schedule_;
-  std::vector<size_t> replicated_;  // plan indices, all-reduced
   std::vector<std::unique_ptr<unit::UnitRegistration>> registrations_;
 
   Phase phase_ = Phase::kIdle;
@@ -183,10 +184,9 @@ class ShardedModule : private unit::UnitListener, private reducer::UnitObserver 
   // Listeners on the gradient runtimes; declared before them so they outlive them.
   obs::GradientStats stats_;
   std::vector<std::unique_ptr<optim::OptimizerInBackward>> optimizers_in_backward_;
-  // The gradient runtimes, last: their hooks go before anything they use. The units' (one bucket
-  // each, reduce-scattered), and DEFAULT's replicated parameters' (DDP's bucketed all-reduce).
-  std::unique_ptr<reducer::UnitGradientRuntime> unit_reducer_;
-  std::unique_ptr<reducer::ReplicaGradientRuntime> replicated_reducer_;
+  // The gradient runtime, last: its hooks go before anything they use. The units' buckets (one
+  // each, reduce-scattered) and DEFAULT's replicated parameters' (all-reduced), one path.
+  std::unique_ptr<reducer::GradientRuntime> gradients_;
 };
 // The wrapper a training loop holds: the module (a holder, a shared_ptr to an Impl, or an
 // AnyModule, as DistributedDataParallel takes) with ShardedModule's protocol around its forward.

@@ -4,7 +4,7 @@
 // It owns the flat parameter groups of the units that shard something, records the forward's unit
 // order (a backward runs the reverse; prefetch follows the last complete forward's), and keeps
 // the peak of gathered memory. ShardedModule drives it from the forward protocol and the autograd
-// nodes; the gradients themselves go through reducer::UnitGradientRuntime, whose filled() tells the
+// nodes; the gradients themselves go through reducer::GradientRuntime, whose filled() tells the
 // schedule not to gather a unit that was already reduced.
 //
 //   forward    begin_forward: gather the units the model does not run through run_unit (the
@@ -26,7 +26,7 @@
 #include "ddp/shard/shard_plan.hpp"
 
 namespace ddp::reducer {
-class UnitGradientRuntime;
+class GradientRuntime;
 }
 
 namespace ddp::shard {
@@ -42,7 +42,7 @@ class UnitSchedule {
 
   // The gradient path of the groups (made after them, from them): its filled() units are not
   // gathered again in backward, and its reduce inputs count as gathered memory.
-  void attach(const reducer::UnitGradientRuntime* reducer) { reducer_ = reducer; }
+  void attach(const reducer::GradientRuntime* reducer) { reducer_ = reducer; }
 
   size_t num_groups() const { return groups_.size(); }
   FlatParamGroup& group(size_t g) { return *groups_[g]; }
@@ -92,7 +92,7 @@ class UnitSchedule {
 
   bool reshard_after_forward_;
   bool prefetch_;
-  const reducer::UnitGradientRuntime* reducer_ = nullptr;
+  const reducer::GradientRuntime* reducer_ = nullptr;
   std::vector<std::unique_ptr<FlatParamGroup>> groups_;  // units with sharded parameters
   std::vector<int> group_of_unit_;                       // plan unit -> groups_ index, or -1
   std::vector<size_t> unit_of_group_;

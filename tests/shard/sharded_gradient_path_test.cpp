@@ -1,9 +1,10 @@
-// FULLY_SHARD and DEFAULT through the one gradient runtime (reducer/unit_gradient_runtime.hpp: one
-// BucketRuntime bucket per unit, reduce-scattered) at world 1, 2 and 3 on Gloo: training equals
-// the single-process oracle (rel. err < 1e-5); the runtime stats and the trace's comm lane show
-// one reduce-scatter per unit per step; the bf16 and fp16 compression hooks reduce-scatter within
-// their rounding of the oracle; the optimizer in backward steps on the shards and equals the
-// oracle; PowerSGD is refused by exact text.
+// FULLY_SHARD and DEFAULT through the one gradient runtime (reducer/gradient_runtime.hpp: one
+// bucket per unit, reduce-scattered; DEFAULT's replicated parameters in all-reduced buckets of the
+// same runtime) at world 1, 2 and 3 on Gloo: training equals the single-process oracle (rel. err
+// < 1e-5); the runtime stats and the trace's comm lane show one reduce-scatter per unit per step
+// and, under DEFAULT, the replicated buckets' all-reduces beside them; the bf16 and fp16
+// compression hooks reduce-scatter within their rounding of the oracle; the optimizer in backward
+// steps on the shards and equals the oracle; PowerSGD is refused by exact text.
 
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
@@ -135,7 +136,9 @@ DDP_TEST_WORKER(unit_runtime_training_and_stats) {
   require_close_by_name(model.full_parameters(), *oracle, 1e-5, style + " through the runtime");
 
   // One bucket per unit with sharded parameters, (world, S) elements of fp32 each, launched in
-  // the reverse of the forward's order: the last layer's unit first.
+  // the reverse of the forward's order: the last layer's unit first. Then DEFAULT's replicated
+  // parameters (the 5-row last layer at world 2 and 3), all-reduced: 5 x 12 + 5 floats, one
+  // bucket under the default caps.
   const auto& plan = model.bucket_plan();
   size_t units_with_shards = 0;
   for (const auto& unit : model.plan().units) {
@@ -143,14 +146,33 @@ DDP_TEST_WORKER(unit_runtime_training_and_stats) {
     for (size_t i : unit.params) any |= model.plan().params[i].sharded();
     units_with_shards += any ? 1 : 0;
   }
-  require(plan.buckets.size() == units_with_shards,
+  const bool replicated = style == "default" && w > 1;
+  require(plan.buckets.size() == units_with_shards + (replicated ? 1 : 0),
           "buckets " + std::to_string(plan.buckets.size()) + " for " +
               std::to_string(units_with_shards) + " units with shards");
   const obs::LoggingData data = model.logging_data();
   require(data.iterations == run.steps, "iterations " + std::to_string(data.iterations));
   require(data.comm_hook == "reduce_scatter", "comm hook " + data.comm_hook);
-  require(data.bucket_sizes.size() == plan.buckets.size(), "bucket sizes");
-  for (size_t b = 0; b < plan.buckets.size(); ++b) {
+  require(data.bucket_sizes.size() == plan.buckets.size() &&
+              data.bucket_reductions.size() == plan.buckets.size(),
+          "bucket sizes and reductions");
+  size_t shard_bytes = 0;
+  for (size_t b = 0; b < units_with_shards; ++b) shard_bytes += data.bucket_sizes[b];
+  if (replicated) {
+    require(data.bucket_reductions.back() == buckets::Reduction::kAllReduce &&
+                data.bucket_sizes.back() == (5 * 12 + 5) * 4,
+            "DEFAULT's replicated bucket: " + std::to_string(data.bucket_sizes.back()) + " bytes");
+  }
+  const std::string listed =
+      (replicated ? "  buckets           1 all-reduced (260 bytes), " : "  buckets           ") +
+      std::to_string(units_with_shards) + " reduce-scattered (" + std::to_string(shard_bytes) +
+      " bytes)\n";
+  require(obs::format_summary(data).find(listed) != std::string::npos,
+          "the stats list every bucket's reduction, expected '" + listed + "' in:\n" +
+              obs::format_summary(data));
+  for (size_t b = 0; b < units_with_shards; ++b) {
+    require(data.bucket_reductions[b] == buckets::Reduction::kReduceScatter,
+            "bucket " + std::to_string(b) + " is reduce-scattered");
     int64_t numel = 0;
     for (size_t p : plan.buckets[b].params) {
       const std::string& name = data.param_names[p];
@@ -176,7 +198,7 @@ DDP_TEST_WORKER(unit_runtime_training_and_stats) {
     if (span.cat == "comm" && span.lane == 1 && span.bytes > 0) ++comm_spans;
   }
   require(comm_spans == run.steps * static_cast<int64_t>(plan.buckets.size()),
-          "the trace's comm lane: " + std::to_string(comm_spans) + " reduce-scatter spans");
+          "the trace's comm lane: " + std::to_string(comm_spans) + " spans (every bucket's)");
 }
 
 // bf16 rounds each rank's contribution to 8 bits of mantissa; fp16 to 11. Both stay within their
@@ -220,27 +242,27 @@ DDP_TEST_WORKER(unit_runtime_optimizer_in_backward) {
   require_close_by_name(ours, *oracle, 1e-5, "optimizer in backward under " + style);
 }
 
-class UnitGradientRuntimeTest : public ::testing::TestWithParam<std::tuple<int, const char*>> {};
+class ShardedGradientPathTest : public ::testing::TestWithParam<std::tuple<int, const char*>> {};
 
 std::string runtime_name(const ::testing::TestParamInfo<std::tuple<int, const char*>>& info) {
   return std::string(std::get<1>(info.param)) + "_world" + std::to_string(std::get<0>(info.param));
 }
 
-TEST_P(UnitGradientRuntimeTest, TrainsLikeTheOracleAndShowsEachUnitsReduceScatter) {
+TEST_P(ShardedGradientPathTest, TrainsLikeTheOracleAndShowsEachUnitsReduceScatter) {
   const auto [world, style] = GetParam();
   const auto result =
       run_workers("unit_runtime_training_and_stats", world, {{"DDP_TEST_STYLE", style}});
   EXPECT_TRUE(result.ok()) << result.describe();
 }
 
-TEST_P(UnitGradientRuntimeTest, CompressionHooksReduceScatterWithinTheirRounding) {
+TEST_P(ShardedGradientPathTest, CompressionHooksReduceScatterWithinTheirRounding) {
   const auto [world, style] = GetParam();
   const auto result =
       run_workers("unit_runtime_compression_hooks", world, {{"DDP_TEST_STYLE", style}});
   EXPECT_TRUE(result.ok()) << result.describe();
 }
 
-TEST_P(UnitGradientRuntimeTest, OptimizerInBackwardStepsOnTheShards) {
+TEST_P(ShardedGradientPathTest, OptimizerInBackwardStepsOnTheShards) {
   const auto [world, style] = GetParam();
   const auto result =
       run_workers("unit_runtime_optimizer_in_backward", world, {{"DDP_TEST_STYLE", style}});
@@ -249,7 +271,7 @@ TEST_P(UnitGradientRuntimeTest, OptimizerInBackwardStepsOnTheShards) {
 
 // The same workers on one GPU with NCCL (torch 2.x: the tensor hooks, the stream order of the
 // reduce-scatters); skipped without CUDA, as on CI.
-TEST(UnitGradientRuntimeGpu, EveryWorkerOnNcclAtWorldOne) {
+TEST(ShardedGradientPathGpu, EveryWorkerOnNcclAtWorldOne) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   for (const char* worker : {"unit_runtime_training_and_stats", "unit_runtime_compression_hooks",
                              "unit_runtime_optimizer_in_backward"}) {
@@ -265,7 +287,7 @@ TEST(UnitGradientRuntimeGpu, EveryWorkerOnNcclAtWorldOne) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldsAndStyles, UnitGradientRuntimeTest,
+INSTANTIATE_TEST_SUITE_P(WorldsAndStyles, ShardedGradientPathTest,
                          ::testing::Combine(::testing::Values(1, 2, 3),
                                             ::testing::Values("fully_shard", "default")),
                          runtime_name);
