@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A/B on one GPU, ours only, alternated in one sitting: an older commit's ddp-bench against this
 # tree's (build-gpu/, from scripts/gpu-check.sh build), gpt2-medium at world 1 bare, DDP,
-# FULLY_SHARD per block and with bf16 gathers. Prepare the older tree here (it travels with the
+# FULLY_SHARD per block, with bf16 gathers, and DEFAULT per block (at world 1 every parameter divides
+# evenly, so DEFAULT shards all of them: its sharded path, not its mix). Prepare the older tree here (it travels with the
 # working tree to the device machine, so it must not be ignored, nor committed; build-*/ inside
 # it is ignored and kept between calls):
 #   git archive <commit> | (mkdir -p ab-base && tar -x -C ab-base)   (BASE=dir for another place)
@@ -21,7 +22,7 @@ flags="--model gpt2-medium --batch-size 8 --autocast-bf16 --device cuda --repeat
 for round in $(seq 1 "${1:-1}"); do
   for which in base new; do
     bench=build-gpu/ddp-bench; [ $which = base ] && bench=${BASE}/build-gpu/ddp-bench
-    for run in bare "ddp:--ddp --nproc 1" "fsdp:--fsdp --fsdp-wrap --nproc 1" "fsdp-bf16:--fsdp --fsdp-wrap --nproc 1 --param-dtype bf16 --reduce-dtype fp32"; do
+    for run in bare "ddp:--ddp --nproc 1" "fsdp:--fsdp --fsdp-wrap --nproc 1" "fsdp-bf16:--fsdp --fsdp-wrap --nproc 1 --param-dtype bf16 --reduce-dtype fp32" "default:--style default --fsdp-wrap --nproc 1"; do
       [ -n "${ONLY:-}" ] && [ "${run%%:*}" != "$ONLY" ] && continue
       name=${run%%:*}; extra=""; [[ $run == *:* ]] && extra=${run#*:}
       log="$OUT/$which-$name-$round.log"
