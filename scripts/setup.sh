@@ -24,6 +24,7 @@ PACKAGES=(
 # Only the tests use these; the main job (scripts/train.sh) does not install them.
 TEST_PACKAGES=(
   openmpi-bin         # mpirun: the test that launches ddp-train through OpenMPI for real
+  pkgconf             # pkg-config: the test that builds a C program from an install with ddp.pc
 )
 if ((with_tests)); then PACKAGES+=("${TEST_PACKAGES[@]}"); fi
 

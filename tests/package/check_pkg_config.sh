@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs the built tree into a temporary prefix, then compiles the C ABI's C program
+# (tests/c/every_function.c) with the C compiler and nothing but `pkg-config --cflags --libs ddp`,
+# as a C project or another language's build tool would, and runs it.
+# Usage: check_pkg_config.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+build="$1"
+src="$2"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+cmake --install "$build" --prefix "$tmp/prefix" >/dev/null
+export PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig"
+echo "pkg-config ddp $(pkg-config --modversion ddp): $(pkg-config --cflags --libs ddp)"
+# shellcheck disable=SC2046
+cc -std=c11 -Wall -Wextra -pedantic "$src/tests/c/every_function.c" -o "$tmp/c_consumer" \
+  $(pkg-config --cflags --libs ddp)
+"$tmp/c_consumer"
