@@ -233,6 +233,9 @@ ddp_status ddp_model_forward_end(ddp_model* model, void* const* outputs, size_t 
     const auto m = models().get(model);
     require_state(m->ddp->phase() == BindingModel::Phase::kInForward,
                   "no ddp_model_forward_begin before it");
+    require(count > 0,
+            "no outputs (count is 0): pass the forward's output tensors, from which the "
+            "gradient-ready order is predicted and unused parameters are found");
     m->ddp->end_forward(tensors_of(outputs, count, "outputs"));
   });
 }

@@ -13,7 +13,7 @@
 
 #include <unistd.h>
 
-#include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -210,6 +210,9 @@ DDP_TEST_WORKER(c_abi_bad_input) {
           "ddp_model_no_sync_end: no ddp_model_no_sync_begin before it");
   void* null_output[] = {nullptr};
   ok(ddp_model_forward_begin(model), "ddp_model_forward_begin");
+  refused(ddp_model_forward_end(model, null_output, 0), DDP_ERROR_INVALID_ARGUMENT,
+          "ddp_model_forward_end: no outputs (count is 0): pass the forward's output tensors, "
+          "from which the gradient-ready order is predicted and unused parameters are found");
   refused(ddp_model_forward_end(model, null_output, 1), DDP_ERROR_INVALID_ARGUMENT,
           "ddp_model_forward_end: outputs[0] is NULL");
   refused(ddp_model_clip_grad_norm(model, 0, nullptr), DDP_ERROR_INVALID_ARGUMENT,
@@ -230,7 +233,7 @@ TEST_P(CAbiTest, TrainsThroughRawTensorPointersLikeTheOracle) {
                            std::to_string(::getpid());
   const auto result = run_workers("c_abi_training", GetParam(), {{"DDP_TEST_ROOT", root}});
   EXPECT_TRUE(result.ok()) << result.describe();
-  std::system(("rm -rf '" + root + "'").c_str());
+  std::filesystem::remove_all(root);
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, CAbiTest, ::testing::Values(1, 2, 3), world_name);
@@ -242,7 +245,7 @@ TEST(CAbiGpu, TrainsOnNcclAtWorldOne) {
       "c_abi_training", 1,
       {{"DDP_TEST_ROOT", root}, {"DDP_TEST_BACKEND", "nccl"}, {"DDP_TEST_DEVICE", "cuda"}});
   EXPECT_TRUE(result.ok()) << result.describe();
-  std::system(("rm -rf '" + root + "'").c_str());
+  std::filesystem::remove_all(root);
 }
 
 TEST(CAbi, BadInputIsAStatusAndAMessageNeverACrash) {

@@ -84,9 +84,9 @@ ddp_status ddp_model_create(ddp_group* group, void* const* params, const char* c
                             size_t count, const ddp_options* options, ddp_model** model);
 ddp_status ddp_model_free(ddp_model* model);
 /* Around the binding's forward: begin before it, end after it with the forward's outputs
- * (at::Tensor*; the graph is walked from them for find_unused_parameters and, on the first step,
- * to predict the order gradients become ready; count 0 is allowed without find_unused). The next
- * backward then reduces the gradients. */
+ * (at::Tensor*, at least one; the graph is walked from them on the first step to predict the
+ * order gradients become ready, and every step with find_unused_parameters). The next backward,
+ * from a loss computed from those outputs, then reduces the gradients. */
 ddp_status ddp_model_forward_begin(ddp_model* model);
 ddp_status ddp_model_forward_end(ddp_model* model, void* const* outputs, size_t count);
 /* Forwards and backwards between begin and end accumulate gradients locally; the next
