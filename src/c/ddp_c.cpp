@@ -86,11 +86,11 @@ void require_device(const comm::ProcessGroup& pg, const std::vector<at::Tensor>&
 }
 
 hooks::CommHookPtr hook_named(const std::string& name, const comm::ProcessGroupPtr& pg) {
-  if (name == "allreduce") return nullptr;  // the built-in average
+  if (name == "none" || name == "allreduce") return nullptr;  // the built-in average
   if (name == "fp16") return hooks::fp16_compress_hook(pg);
   if (name == "bf16") return hooks::bf16_compress_hook(pg);
   throw AbiError(DDP_ERROR_INVALID_ARGUMENT,
-                 "comm_hook '" + name + "' is not one of allreduce, fp16, bf16");
+                 "comm_hook '" + name + "' is not one of none (or allreduce), fp16, bf16");
 }
 
 }  // namespace

@@ -136,6 +136,13 @@ DDP_TEST_WORKER(c_abi_training) {
               stats.find(" all-reduced (") != std::string::npos,
           "stats: " + stats);
 
+  // Broadcast from the last rank: every rank ends with its value (closed form).
+  torch::Tensor mine = torch::full({3}, static_cast<double>(rank)).to(device);
+  void* broadcast[] = {&mine};
+  ok(ddp_broadcast(group, broadcast, 1, world - 1), "ddp_broadcast");
+  require(torch::equal(mine.cpu(), torch::full({3}, static_cast<double>(world - 1))),
+          "broadcast from rank " + std::to_string(world - 1));
+
   // A checkpoint of the binding's tensors: saved at step 3, the tensors spoiled, loaded back.
   const std::string root = worker_env("DDP_TEST_ROOT");
   ok(ddp_checkpoint_save(group, root.c_str(), h.pointers.data(), h.name_pointers.data(),
@@ -186,7 +193,7 @@ DDP_TEST_WORKER(c_abi_bad_input) {
   refused(ddp_model_create(group, h.pointers.data(), h.name_pointers.data(), h.params.size(),
                            &options, &model),
           DDP_ERROR_INVALID_ARGUMENT,
-          "ddp_model_create: comm_hook 'powersgd' is not one of allreduce, fp16, bf16");
+          "ddp_model_create: comm_hook 'powersgd' is not one of none (or allreduce), fp16, bf16");
   const char* dotted[] = {"fc..weight"};
   refused(ddp_model_create(group, h.pointers.data(), dotted, 1, nullptr, &model), DDP_ERROR_RUNTIME,
           "ddp_model_create: ddp_model_create: the name 'fc..weight' is not a qualified parameter "
@@ -200,6 +207,16 @@ DDP_TEST_WORKER(c_abi_bad_input) {
       "ddp_model_create: ddp: model replicas differ across ranks: rank 0 has 4 parameters and "
       "buffers, rank 1 has 3; the first one only rank 0 has is parameter '2.bias' shape [5] "
       "dtype Float. Every rank must construct the same model.");
+  // The comm hook option reaches the runtime (its stats name it).
+  options.comm_hook = "fp16";
+  ok(ddp_model_create(group, h.pointers.data(), h.name_pointers.data(), h.params.size(), &options,
+                      &model),
+     "ddp_model_create with the fp16 hook");
+  char stats[512];
+  ok(ddp_model_stats(model, stats, sizeof stats, nullptr), "ddp_model_stats");
+  require(std::string(stats).find(", hook fp16_compress, ") != std::string::npos,
+          std::string("stats: ") + stats);
+  ok(ddp_model_free(model), "ddp_model_free");
   // Calls out of order, on a good model.
   ok(ddp_model_create(group, h.pointers.data(), h.name_pointers.data(), h.params.size(), nullptr,
                       &model),

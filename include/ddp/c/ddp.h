@@ -72,7 +72,7 @@ typedef struct ddp_options {
   int find_unused_parameters;  /* 0; 1: parameters some forwards do not use count as zeros */
   int static_graph;            /* 0; 1: the used set of the first step is the same every step */
   int gradient_as_bucket_view; /* 1: gradients live in the buckets (no copy in or out) */
-  const char* comm_hook;       /* NULL or "allreduce": the average; "fp16", "bf16": compressed */
+  const char* comm_hook;       /* NULL, "none" or "allreduce": the average; "fp16", "bf16" */
 } ddp_options;
 
 void ddp_options_init(ddp_options* options);
