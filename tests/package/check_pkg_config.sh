@@ -4,11 +4,9 @@
 # as a C project or another language's build tool would, and runs it.
 # Usage: check_pkg_config.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
-build="$1"
 src="$2"
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-cmake --install "$build" --prefix "$tmp/prefix" >/dev/null
+# shellcheck source=temp_install.sh
+source "$(dirname "$0")/temp_install.sh" "$1"
 export PKG_CONFIG_PATH="$tmp/prefix/lib/pkgconfig"
 echo "pkg-config ddp $(pkg-config --modversion ddp): $(pkg-config --cflags --libs ddp)"
 # shellcheck disable=SC2046
