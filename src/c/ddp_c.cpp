@@ -73,15 +73,17 @@ std::vector<std::string> names_of(const char* const* names, size_t count) {
   return out;
 }
 
-// Every tensor on the device the group's backend reduces: CPU for gloo, CUDA for nccl.
+// Every tensor on the device the group's backend reduces: CPU for gloo, CUDA for nccl. `names`
+// (empty: none) name them in the error.
 void require_device(const comm::ProcessGroup& pg, const std::vector<at::Tensor>& tensors,
-                    const std::vector<std::string>& names) {
+                    const std::vector<std::string>& names = {}) {
   const bool cuda = pg.backend() == comm::Backend::kNccl;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const bool ok = cuda ? tensors[i].is_cuda() : tensors[i].device().is_cpu();
-    require(ok, "tensor " + std::to_string(i) + " ('" + names[i] + "') is on " +
-                    tensors[i].device().str() + ", but a " + pg.backend_name() + " group reduces " +
-                    (cuda ? "CUDA" : "CPU") + " tensors");
+    const std::string named = names.empty() ? "" : " ('" + names[i] + "')";
+    require(ok, "tensor " + std::to_string(i) + named + " is on " + tensors[i].device().str() +
+                    ", but a " + pg.backend_name() + " group reduces " + (cuda ? "CUDA" : "CPU") +
+                    " tensors");
   }
 }
 
@@ -168,7 +170,7 @@ ddp_status ddp_broadcast(ddp_group* group, void* const* tensors, size_t count, i
                                                          " is not a rank of a group of " +
                                                          std::to_string(g->pg->world_size()));
     const auto list = tensors_of(tensors, count, "tensors");
-    require_device(*g->pg, list, std::vector<std::string>(list.size(), "broadcast"));
+    require_device(*g->pg, list);
     ddp::comm::broadcast_coalesced(*g->pg, list, root, "ddp_broadcast");
   });
 }

@@ -90,19 +90,18 @@ std::string BucketRuntime::describe(size_t b) const {
 }
 
 void BucketRuntime::start_sync(int64_t iteration, int64_t divisor) {
-  TORCH_CHECK(in_flight_.empty(), "ddp: a synchronized backward started with ", in_flight_.size(),
-              " bucket(s) of the previous one unfinished");
+  arm(/*local=*/false);
   iteration_ = iteration;
   divisor_ = divisor;
-  local_ = false;
-  next_launch_ = 0;
-  for (size_t b = 0; b < buckets_.size(); ++b) buckets_[b].pending = plan_.buckets[b].params.size();
 }
 
-void BucketRuntime::start_local() {
-  TORCH_CHECK(in_flight_.empty(), "ddp: a local backward started with ", in_flight_.size(),
+void BucketRuntime::start_local() { arm(/*local=*/true); }
+
+void BucketRuntime::arm(bool local) {
+  TORCH_CHECK(in_flight_.empty(), "ddp: a ", local ? "local" : "synchronized",
+              " backward started with ", in_flight_.size(),
               " bucket(s) of the previous one unfinished");
-  local_ = true;
+  local_ = local;
   next_launch_ = 0;
   for (size_t b = 0; b < buckets_.size(); ++b) buckets_[b].pending = plan_.buckets[b].params.size();
 }

@@ -221,7 +221,7 @@ void GradientRuntime::begin_sync_backward() {
 }
 
 void GradientRuntime::begin_backward() {
-  std::unique_lock<std::mutex> lock(mutex_);
+  std::lock_guard<std::mutex> lock(mutex_);
   if (state_ != State::kPreparedSync && state_ != State::kPreparedLocal) return;
   enter_backward();
 }

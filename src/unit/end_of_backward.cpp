@@ -24,7 +24,7 @@ Pending& pending() {
   return p;
 }
 
-void run_pending(const std::shared_ptr<int>& /*token*/) {
+void run_pending() {
   Pending& p = pending();
   std::vector<std::function<void()>> fns;
   {
@@ -52,7 +52,8 @@ void at_end_of_backward(std::function<void()> fn) {
     p.fns.clear();  // a failed backward's list: its engine callback is gone
     auto token = std::make_shared<int>(0);
     p.token = token;
-    torch::autograd::Engine::get_default_engine().queue_callback([token] { run_pending(token); });
+    // The callback holds the token: it lives exactly as long as the engine keeps the callback.
+    torch::autograd::Engine::get_default_engine().queue_callback([token] { run_pending(); });
   }
   p.fns.push_back(std::move(fn));
 }

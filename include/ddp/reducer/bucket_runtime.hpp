@@ -109,6 +109,8 @@ class BucketRuntime {
     std::shared_ptr<std::atomic<int64_t>> comm_done_ns;
   };
 
+  // Every bucket waits for all its gradients again; `local`: nothing will launch.
+  void arm(bool local);
   void launch(size_t bucket);
   void watch_completion(size_t bucket, const c10::intrusive_ptr<c10::ivalue::Future>& future);
   hooks::GradBucket grad_bucket(size_t bucket) const;
