@@ -14,7 +14,17 @@ else the device synchronizations the benchmark makes between eager steps. Per st
 and per NCCL kernel (bucket b in launch order): its host launch, GPU start and end, relative to the
 end of backward's last compute kernel (negative: before it), its duration and its hidden part.
 
-  bench/trace_attribution.py TRACE [--step K] [--svg OUT.svg]
+The idle gaps: every stretch of the step in which no compute kernel runs, each named by the kernels
+on either side of it and by why the next compute kernel had not started:
+  host      it was launched after the gap began (the device waited for the host)
+  nccl      it was launched earlier, and an NCCL kernel ran in the gap (the compute stream waited
+            for a collective: exposed communication)
+  waiting   it was launched earlier and nothing ran (a stream wait, an event, the device's queue)
+With --baseline ONE_GPU_TRACE (the same model on one GPU, no DDP) it also prints the compute
+kernels' time by class (gemm, attention, elementwise, ...), this step against the baseline's: what
+the collectives running beside them cost each class.
+
+  bench/trace_attribution.py TRACE [--step K] [--baseline TRACE] [--svg OUT.svg]
 
 --step picks the step (default: the middle one of those traced); --svg draws it, one lane per
 stream. Uses only the standard library.
@@ -22,13 +32,47 @@ stream. Uses only the standard library.
 import argparse
 import bisect
 import json
+import re
 import sys
+from xml.sax.saxutils import escape
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
 def is_nccl(event):
     return event["name"].lower().startswith("nccl")
+
+
+# Compute kernels by what they do, first match wins (names as CUPTI reports them: cuBLAS/CUTLASS
+# GEMMs, cuDNN/flash attention, ATen's elementwise and reduction templates, the optimizers' foreach
+# kernels).
+KERNEL_CLASSES = (
+    ("attention", re.compile(r"flash|fmha|attention|sdpa|cudnn", re.I)),
+    ("gemm", re.compile(r"gemm|cutlass|xmma|nvjet|cublas|sm90_|sm80_|matmul", re.I)),
+    ("layernorm", re.compile(r"layer_?norm", re.I)),
+    ("loss", re.compile(r"softmax|cross_entropy|nll_loss", re.I)),
+    ("embedding", re.compile(r"embedding|index|scatter|gather", re.I)),
+    # A multi-tensor copy: DDP's gradients staged into their buckets (GradLayout::fill).
+    ("foreach copy", re.compile(r"multi_tensor_apply.*Copy<", re.I)),
+    ("optimizer", re.compile(r"foreach|multi_tensor|sgd|adam", re.I)),
+    ("reduction", re.compile(r"reduce", re.I)),
+    ("elementwise", re.compile(r"elementwise|vectorized|unrolled", re.I)),
+    ("copy", re.compile(r"memcpy", re.I)),
+    ("memset", re.compile(r"memset", re.I)),
+)
+
+
+def kernel_class(name):
+    for label, pattern in KERNEL_CLASSES:
+        if pattern.search(name):
+            return label
+    return "other"
+
+
+def short(name, width=48):
+    """A kernel's name cut to `width` characters, its template arguments dropped."""
+    name = re.sub(r"<.*", "", name.replace("void ", "")).strip()
+    return name[:width]
 
 
 def union(intervals):
@@ -121,6 +165,7 @@ def analyze(events, step_index=None):
         rows.append({"bucket": b, "launch_ms": (t - ref) / 1e3, "start_ms": (s - ref) / 1e3,
                      "end_ms": (s + d - ref) / 1e3, "dur_ms": d / 1e3,
                      "hidden_ms": covered(s, s + d, busy) / 1e3, "name": e["name"][:40]})
+    gaps = idle_gaps(compute, nccl, step_end)
     nccl_total = sum(r["dur_ms"] for r in rows)
     hidden = sum(r["hidden_ms"] for r in rows)
     last_end = max((r["end_ms"] for r in rows), default=0.0)
@@ -131,7 +176,52 @@ def analyze(events, step_index=None):
                "nccl_ms": nccl_total, "nccl_hidden_ms": hidden, "nccl_exposed_ms": nccl_total - hidden,
                "tail_after_backward_ms": max(0.0, last_end),
                "backward_end_ms": (ref - step_start) / 1e3}
+    for why in GAP_CAUSES:
+        summary[f"gaps_{why}_ms"] = sum(g["ms"] for g in gaps if g["why"] == why)
+    summary["gaps"] = gaps
+    summary["classes"] = class_times(compute)
     return summary, rows, kernels, ref
+
+
+GAP_CAUSES = ("host", "nccl", "waiting")
+
+
+def idle_gaps(compute, nccl, step_end):
+    """The stretches of the step with no compute kernel running, in time order, each with the
+    kernels on either side and why the next compute kernel had not started (GAP_CAUSES)."""
+    gaps = []
+    ordered = sorted(compute, key=lambda et: et[0]["ts"])
+    busy_until = None
+    before = None
+    nccl_busy = union([(e["ts"], e["ts"] + e["dur"]) for e, _ in nccl])
+    for e, launched in ordered:
+        start = e["ts"]
+        if busy_until is not None and start > busy_until:
+            if launched > busy_until:
+                why = "host"
+            elif covered(busy_until, start, nccl_busy) > 0:
+                why = "nccl"
+            else:
+                why = "waiting"
+            gaps.append({"start": busy_until, "ms": (start - busy_until) / 1e3, "why": why,
+                         "after": short(before["name"]), "before": short(e["name"])})
+        end = start + e["dur"]
+        if busy_until is None or end > busy_until:
+            busy_until, before = end, e
+    # After the last compute kernel: the step waits for the collectives still running.
+    if busy_until is not None and step_end > busy_until:
+        gaps.append({"start": busy_until, "ms": (step_end - busy_until) / 1e3, "why": "nccl",
+                     "after": short(before["name"]), "before": "(end of step)"})
+    return gaps
+
+
+def class_times(compute):
+    """Milliseconds of compute kernels by kernel_class (their durations summed)."""
+    out = {}
+    for e, _ in compute:
+        label = kernel_class(e["name"])
+        out[label] = out.get(label, 0.0) + e["dur"] / 1e3
+    return out
 
 
 def svg(kernels, ref, path, width=1600):
@@ -152,7 +242,8 @@ def svg(kernels, ref, path, width=1600):
         x = 110 + (e["ts"] - t0) * scale
         w = max(e["dur"] * scale, 0.5)
         color = "#d62728" if is_nccl(e) else "#1f77b4"
-        name = e["name"].replace("&", "&amp;").replace("<", "&lt;")[:80]
+        # Cut first, then escape: cutting an escaped name can split an entity ("&lt" without ";").
+        name = escape(e["name"][:80])
         out.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.2f}" height="{lane - 6}" fill="{color}">'
                    f'<title>{name} {e["dur"] / 1e3:.3f} ms</title></rect>')
     xr = 110 + (ref - t0) * scale
@@ -165,15 +256,47 @@ def svg(kernels, ref, path, width=1600):
         f.write("\n".join(out))
 
 
+def print_classes(classes, baseline=None):
+    """Compute time by kernel class; with a baseline, its time and the difference (the slowdown)."""
+    labels = sorted(set(classes) | set(baseline or {}), key=lambda k: -classes.get(k, 0.0))
+    head = f"{'class':>12} {'ms':>8}"
+    if baseline is not None:
+        head += f" {'1 GPU':>8} {'slower':>8}"
+    print(head)
+    for label in labels + ["total"]:
+        ours = sum(classes.values()) if label == "total" else classes.get(label, 0.0)
+        line = f"{label:>12} {ours:8.3f}"
+        if baseline is not None:
+            base = sum(baseline.values()) if label == "total" else baseline.get(label, 0.0)
+            line += f" {base:8.3f} {ours - base:+8.3f}"
+        print(line)
+
+
+def print_gaps(gaps, top):
+    """The idle gaps' totals by cause, then the `top` longest, named by their neighbours."""
+    total = sum(g["ms"] for g in gaps)
+    by_cause = ", ".join(f"{why} {sum(g['ms'] for g in gaps if g['why'] == why):.3f}"
+                         for why in GAP_CAUSES)
+    print(f"idle gaps: {len(gaps)}, {total:.3f} ms ({by_cause})")
+    for g in sorted(gaps, key=lambda g: -g["ms"])[:top]:
+        print(f"  gap {g['ms']:7.3f} ms {g['why']:>7}  after {g['after']}  before {g['before']}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("trace")
     p.add_argument("--step", type=int, default=None)
     p.add_argument("--svg", default=None)
+    p.add_argument("--baseline", default=None,
+                   help="a one-GPU trace of the same model: compute time by kernel class against it")
+    p.add_argument("--gaps", type=int, default=12, help="how many of the longest gaps to list")
     args = p.parse_args()
     summary, rows, kernels, ref = analyze(load(args.trace), args.step)
+    gaps, classes = summary.pop("gaps"), summary.pop("classes")
     print("attribution " + " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
                                      for k, v in summary.items()))
+    print_classes(classes, analyze(load(args.baseline))[0]["classes"] if args.baseline else None)
+    print_gaps(gaps, args.gaps)
     print(f"{'bucket':>6} {'launch':>8} {'start':>8} {'end':>8} {'dur':>7} {'hidden':>7}  "
           "(ms, relative to the end of backward's compute)")
     for r in rows:

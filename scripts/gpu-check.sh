@@ -26,10 +26,10 @@ SUMMARY="$OUT/summary.txt"
 note() { echo "$*" | tee -a "$SUMMARY"; }
 PY=python3
 BENCH=build-gpu/ddp-bench
-# The multi-process runs of the tests stage use at most 2 GPUs, and 1 where the machine has only one
-# (NCCL refuses two ranks on one device).
+# The multi-process runs of the tests stage use every GPU up to 4 (NCCL refuses two ranks on one
+# device); the GPU tests themselves skip the world sizes the machine cannot hold.
 NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
-NP=$((NGPU >= 2 ? 2 : 1))
+NP=$((NGPU >= 4 ? 4 : (NGPU >= 1 ? NGPU : 1)))
 
 {
   nvidia-smi -L

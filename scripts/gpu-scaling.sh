@@ -1,21 +1,30 @@
 #!/usr/bin/env bash
-# Issue 36 on two GPUs (the device tool's nvidia-h200-x2): faults under NCCL, where a DDP step's
-# communication goes (kernel traces), the levers, captured steps at world 2, and the final
-# alternations against PyTorch. Builds with scripts/gpu-check.sh's build stage when build-gpu has
-# no ddp-bench yet (a warm machine keeps it). Logs under $OUT; a summary is printed last.
+# Issues 36 and 44 on several GPUs (the device tool's nvidia-h200-x2 / -x4): faults under NCCL,
+# where a DDP step's communication goes (kernel traces), the levers, captured steps, and the final
+# alternations against PyTorch, at every world size the machine holds: 1, 2 and NP = min(4, GPUs)
+# (WORLDS overrides). Builds with scripts/gpu-check.sh's build stage when build-gpu has no
+# ddp-bench yet (a warm machine keeps it). Logs under $OUT; a summary is printed last.
 #
 #   bash scripts/gpu-scaling.sh faults trace levers graphs     # stages, in the order given
 #
 # Stages:
 #   faults  one rank of ddp-train SIGSTOPped or SIGKILLed, eager and captured (--timeout-s 10):
 #           seconds from the signal to the launcher's exit, the named error, processes left
-#   trace   kernel traces (ddp-bench --kernel-trace) of gpt2-medium DDP eager and gpt2-small DDP
-#           captured at world 2, read by bench/trace_attribution.py (summary, per bucket, SVG)
-#   levers  gpt2-medium DDP, ours: the default and one lever at a time, alternated
-#   graphs  captured whole steps at world 2, ours and PyTorch's, toy / gpt-char / gpt2-small; ours
-#           with NCCL_GRAPH_MIXING_SUPPORT=0 and NCCL_GRAPH_REGISTER=0/1
-#   final   gpt2-medium and gpt2-small: one GPU, ours DDP, PyTorch DDP default and tuned, alternated
-#           FINAL_ROUNDS times (default 3)
+#   trace   kernel traces (ddp-bench --kernel-trace) of gpt2-medium eager (one GPU bare, DDP at
+#           each world of WORLDS) and, with TRACE_SMALL=1, gpt2-small DDP captured; each read by
+#           bench/trace_attribution.py against the one-GPU trace (summary, slowdown by kernel class,
+#           the idle gaps named, per bucket, SVG); the traces kept gzipped (trace-*.json.gz)
+#   levers  gpt2-medium DDP, ours: the default and one lever at a time, alternated, at each world of
+#           LEVER_WORLDS (default NP)
+#   affinity  gpt2-medium DDP at world NP, ours: each worker pinned (taskset) to an equal share of
+#           the CPUs against the unpinned default, alternated; the machine's NUMA layout logged
+#   graphs  captured whole steps at each world of GRAPH_WORLDS (default "2 NP"), ours and PyTorch's,
+#           toy / gpt-char / gpt2-small; ours with NCCL_GRAPH_MIXING_SUPPORT=0 and
+#           NCCL_GRAPH_REGISTER=0/1
+#   final   gpt2-medium and gpt2-small: one GPU, then at each world of FINAL_WORLDS (default
+#           "2 NP") ours DDP, PyTorch DDP default and tuned, alternated FINAL_ROUNDS times
+#           (default 3); OURS_ARGS adds flags to ours (a lever made default for the run);
+#           FINAL_FSDP=1 adds ours FULLY_SHARD per block at each world
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/gpu-scaling}"
@@ -28,6 +37,11 @@ note() { echo "$*" | tee -a "$SUMMARY"; }
 PY=python3
 BENCH=build-gpu/ddp-bench
 TRAIN=build-gpu/ddp-train
+NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
+NP=${NP:-$((NGPU >= 4 ? 4 : NGPU))}
+# The world sizes this machine can run: 1, 2 and NP, each once.
+WORLDS="${WORLDS:-$(printf '%s\n' 1 2 "$NP" | awk -v n="$NGPU" '$1 <= n && !seen[$1]++' | tr '\n' ' ')}"
+note "machine: $NGPU GPUs; worlds: $WORLDS"
 median() { grep -oE 'median_ms=[0-9.]+' "$1" | head -1 | cut -d= -f2; }
 declare -A FLAGS=(
   [toy]="--model toy --batch-size 64"
@@ -78,39 +92,86 @@ for stage in "$@"; do
       done
       ;;
     trace)
-      timeout 200 $BENCH ${FLAGS[gpt2-medium]} --device cuda --ddp --nproc 2 --repeat 10 \
-        --warmup 5 --verbose --kernel-trace "$OUT/trace-medium.json" >"$OUT/trace-medium.log" 2>&1
-      note "trace gpt2-medium ddp eager rc=$? median $(median "$OUT/trace-medium.log") ms"
-      $PY bench/trace_attribution.py "$OUT/trace-medium.json" --svg "$OUT/trace-medium.svg" \
-        2>&1 | tee -a "$SUMMARY"
-      timeout 200 $BENCH ${FLAGS[gpt2-small]} --device cuda --ddp --nproc 2 --repeat 20 \
-        --warmup 5 --cuda-graph --verbose --kernel-trace "$OUT/trace-small-graph.json" \
-        >"$OUT/trace-small-graph.log" 2>&1
-      note "trace gpt2-small ddp captured rc=$? median $(median "$OUT/trace-small-graph.log") ms; $(grep -o 'cuda graph .*' "$OUT/trace-small-graph.log" | cut -c1-160)"
-      $PY bench/trace_attribution.py "$OUT/trace-small-graph.json" --svg "$OUT/trace-small-graph.svg" \
-        2>&1 | tee -a "$SUMMARY"
-      rm -f "$OUT"/trace-*.json*  # tens of MB: the summaries and SVGs come back instead
+      # One GPU bare first: the reference every multi-GPU trace is read against.
+      for w in $WORLDS; do
+        dist=""; ((w > 1)) && dist="--ddp --nproc $w"
+        timeout 240 $BENCH ${FLAGS[gpt2-medium]} --device cuda $dist --repeat 10 --warmup 5 \
+          --verbose --kernel-trace "$OUT/trace-medium-w$w.json" >"$OUT/trace-medium-w$w.log" 2>&1
+        note "trace gpt2-medium world $w rc=$? median $(median "$OUT/trace-medium-w$w.log") ms"
+        base=""; ((w > 1)) && base="--baseline $OUT/trace-medium-w1.json"
+        $PY bench/trace_attribution.py "$OUT/trace-medium-w$w.json" $base \
+          --svg "$OUT/trace-medium-w$w.svg" 2>&1 | tee -a "$SUMMARY"
+      done
+      if [[ ${TRACE_SMALL:-0} == 1 ]]; then
+        for w in $WORLDS; do
+          dist=""; ((w > 1)) && dist="--ddp --nproc $w"
+          timeout 200 $BENCH ${FLAGS[gpt2-small]} --device cuda $dist --repeat 20 --warmup 5 \
+            --cuda-graph --verbose --kernel-trace "$OUT/trace-small-graph-w$w.json" \
+            >"$OUT/trace-small-graph-w$w.log" 2>&1
+          note "trace gpt2-small captured world $w rc=$? median $(median "$OUT/trace-small-graph-w$w.log") ms"
+          base=""; ((w > 1)) && base="--baseline $OUT/trace-small-graph-w1.json"
+          $PY bench/trace_attribution.py "$OUT/trace-small-graph-w$w.json" $base \
+            --svg "$OUT/trace-small-graph-w$w.svg" 2>&1 | tee -a "$SUMMARY"
+        done
+      fi
+      # Tens of MB each: kept gzipped (rank 0's), the other ranks' dropped.
+      rm -f "$OUT"/trace-*.json.rank*
+      gzip -f "$OUT"/trace-*.json
       ;;
     levers)
       flags="${FLAGS[gpt2-medium]} --device cuda --repeat 20 --warmup 5"
-      for round in $(seq 1 "${LEVER_ROUNDS:-2}"); do
-        for name in ${LEVERS:-default highprio cap100 cta-eff first-cap25 highprio-cap100}; do
-          declare -A LEVER=([default]="" [highprio]="--nccl-high-priority-stream"
-            [cap100]="--bucket-cap-mb 100" [cap50]="--bucket-cap-mb 50" [cta-eff]="--nccl-cta-policy 1"
-            [first-cap25]="--first-bucket-cap-mb 25"
-            [highprio-cap100]="--nccl-high-priority-stream --bucket-cap-mb 100")
-          timeout 200 $BENCH $flags --ddp --nproc 2 ${LEVER[$name]} >"$OUT/lever-$name-$round.log" 2>&1
-          note "lever gpt2-medium round $round $name: $(median "$OUT/lever-$name-$round.log") ms"
+      declare -A LEVER=([default]="" [highprio]="--nccl-high-priority-stream"
+        [cap100]="--bucket-cap-mb 100" [cap50]="--bucket-cap-mb 50" [cta-eff]="--nccl-cta-policy 1"
+        [cta-zero]="--nccl-cta-policy 2" [first-cap25]="--first-bucket-cap-mb 25"
+        [highprio-cap100]="--nccl-high-priority-stream --bucket-cap-mb 100"
+        [opt-overlap]="--optimizer-overlap" [noop]="--comm-hook noop" [no-overlap]="--no-overlap"
+        [register]="--nccl-register-buckets" [rows]="--embedding-rows"
+        [opt-overlap-cap100]="--optimizer-overlap --bucket-cap-mb 100"
+        [in-place]="--reduce-in-place" [in-place-cap100]="--reduce-in-place --bucket-cap-mb 100"
+        [ctas8]="--nccl-max-ctas 8" [ctas16]="--nccl-max-ctas 16")
+      for w in ${LEVER_WORLDS:-$NP}; do
+        for round in $(seq 1 "${LEVER_ROUNDS:-2}"); do
+          for name in ${LEVERS:-default highprio cap100 cta-zero opt-overlap}; do
+            log="$OUT/lever-w$w-$name-$round.log"
+            timeout 200 $BENCH $flags --ddp --nproc "$w" ${LEVER[$name]} >"$log" 2>&1
+            note "lever gpt2-medium world $w round $round $name: $(median "$log") ms"
+          done
         done
       done
       ;;
+    affinity)
+      # Workers started by hand (DDP_BENCH_WORKER and the launcher's variables), so each can run
+      # under taskset: rank r on CPUs [r * share, (r + 1) * share).
+      { lscpu | grep -E 'NUMA|^CPU\(s\)'; nvidia-smi topo -m; } >"$OUT/affinity-machine.log" 2>&1
+      flags="${FLAGS[gpt2-medium]} --device cuda --repeat 20 --warmup 5 --ddp"
+      share=$(($(nproc) / NP))
+      pinned() {
+        local log="$1" port=$((29600 + RANDOM % 1000)) pids=()
+        for r in $(seq 0 $((NP - 1))); do
+          DDP_BENCH_WORKER=1 RANK=$r LOCAL_RANK=$r WORLD_SIZE=$NP LOCAL_WORLD_SIZE=$NP \
+            MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+            timeout 200 taskset -c $((r * share))-$((r * share + share - 1)) $BENCH $flags \
+            >"$log.rank$r" 2>&1 &
+          pids+=($!)
+        done
+        wait "${pids[@]}"
+        cp "$log.rank0" "$log"
+      }
+      for round in $(seq 1 "${AFFINITY_ROUNDS:-2}"); do
+        timeout 200 $BENCH $flags --nproc "$NP" >"$OUT/affinity-free-$round.log" 2>&1
+        note "affinity gpt2-medium world $NP round $round unpinned: $(median "$OUT/affinity-free-$round.log") ms"
+        pinned "$OUT/affinity-pinned-$round.log"
+        note "affinity gpt2-medium world $NP round $round pinned ($share CPUs each): $(median "$OUT/affinity-pinned-$round.log") ms"
+      done
+      ;;
     graphs)
+      for w in ${GRAPH_WORLDS:-2 $NP}; do
       for model in ${GRAPH_MODELS:-toy gpt-char gpt2-small}; do
-        flags="${FLAGS[$model]} --device cuda --repeat 50 --warmup 12 --ddp --nproc 2"
+        flags="${FLAGS[$model]} --device cuda --repeat 50 --warmup 12 --ddp --nproc $w"
         g() {
           local name="$1"; shift
-          timeout 200 "$@" $flags >"$OUT/graph2-$model-$name.log" 2>&1
-          note "graphs world 2 $model $name: $(median "$OUT/graph2-$model-$name.log") ms $(grep -o 'cuda graph .*' "$OUT/graph2-$model-$name.log" | head -1 | cut -c1-120)"
+          timeout 200 "$@" $flags >"$OUT/graph$w-$model-$name.log" 2>&1
+          note "graphs world $w $model $name: $(median "$OUT/graph$w-$model-$name.log") ms $(grep -o 'cuda graph .*' "$OUT/graph$w-$model-$name.log" | head -1 | cut -c1-120)"
         }
         for round in $(seq 1 "${GRAPH_ROUNDS:-2}"); do
           g "ours-graph-$round" $BENCH --cuda-graph --verbose
@@ -123,6 +184,7 @@ for stage in "$@"; do
           g ours-graph-highprio $BENCH --cuda-graph --nccl-high-priority-stream
         fi
       done
+      done
       ;;
     final)
       for model in ${FINAL_MODELS:-gpt2-medium gpt2-small}; do
@@ -134,10 +196,15 @@ for stage in "$@"; do
             note "final $model round $round $name: $(median "$OUT/final-$model-$name-$round.log") ms"
           }
           f ours-1gpu $BENCH
-          f ours-ddp $BENCH --ddp --nproc 2 ${FINAL_OURS_ARGS:-}
-          f torch-ddp $PY bench/reference/torch_ddp.py --ddp --nproc 2
-          f torch-ddp-tuned $PY bench/reference/torch_ddp.py --ddp --nproc 2 --bucket-cap-mb 100 \
-            --bucket-view --static-graph
+          for w in ${FINAL_WORLDS:-2 $NP}; do
+            f "ours-ddp-w$w" $BENCH --ddp --nproc "$w" ${OURS_ARGS:-}
+            f "torch-ddp-w$w" $PY bench/reference/torch_ddp.py --ddp --nproc "$w"
+            f "torch-ddp-tuned-w$w" $PY bench/reference/torch_ddp.py --ddp --nproc "$w" \
+              --bucket-cap-mb 100 --bucket-view --static-graph
+            if [[ ${FINAL_FSDP:-0} == 1 ]]; then
+              f "ours-fsdp-w$w" $BENCH --fsdp --fsdp-wrap --nproc "$w"
+            fi
+          done
         done
       done
       ;;

@@ -20,6 +20,8 @@ GradLayout::GradLayout(const BucketPlan& plan, const std::vector<at::Tensor>& pa
   staged_slots_.resize(plan.buckets.size());
   staged_grads_.resize(plan.buckets.size());
   bucket_of_ = plan.bucket_of;
+  in_place_ = options.reduce_staged_in_place;
+  for (const Bucket& spec : plan.buckets) bucket_params_.push_back(spec.params.size());
   for (size_t b = 0; b < plan.buckets.size(); ++b) {
     const Bucket& spec = plan.buckets[b];
     if (spec.sparse) continue;
@@ -62,6 +64,16 @@ void GradLayout::fill(size_t b) {
 #endif
   staged_slots_[b].clear();
   staged_grads_[b].clear();
+}
+
+std::vector<at::Tensor> GradLayout::take_whole_staged(size_t b) {
+  // A parameter stages at most once per backward (it is marked ready once), so a full count
+  // means every parameter of the bucket is here.
+  if (!in_place_ || staged_grads_[b].size() != bucket_params_[b]) return {};
+  std::vector<at::Tensor> grads = std::move(staged_grads_[b]);
+  staged_grads_[b].clear();
+  staged_slots_[b].clear();
+  return grads;
 }
 
 void GradLayout::drop_staged() {

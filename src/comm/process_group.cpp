@@ -204,6 +204,25 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce_avg_async(at::Tensor& ten
                 {"all-reduce (average)", tensor.numel(), tensor.scalar_type()});
 }
 
+c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce_avg_coalesced_async(
+    std::vector<at::Tensor>& tensors) {
+  TORCH_CHECK(!tensors.empty(), "ddp: allreduce_avg_coalesced_async needs at least one tensor");
+  int64_t numel = 0;
+  for (const auto& t : tensors) numel += t.numel();
+  c10d::AllreduceCoalescedOptions opts;
+  opts.timeout = timeout_;
+  // One rank: an in-place sum launches nothing (see allreduce_avg_async); a backend that cannot
+  // average divides first.
+  opts.reduceOp = world_size() > 1 && reduces_avg() ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM;
+  if (world_size() > 1 && !reduces_avg()) {
+    for (auto& t : tensors) t.div_(world_size());
+  }
+  const char* what = opts.reduceOp == c10d::ReduceOp::AVG ? "all-reduce coalesced (average)"
+                                                          : "all-reduce coalesced (sum)";
+  return issued(made_.backend->allreduce_coalesced(tensors, opts),
+                {what, numel, tensors[0].scalar_type()});
+}
+
 void ProcessGroup::wait_on_stream(const c10::intrusive_ptr<c10d::Work>& work,
                                   const std::string& what) const {
   if (!traits_.waits_on_stream) {

@@ -143,11 +143,24 @@ hooks::GradBucket BucketRuntime::grad_bucket(size_t b) const {
 
 void BucketRuntime::launch(size_t b) {
   BucketState& bucket = buckets_[b];
-  if (!plan_.buckets[b].sparse) buffers_.fill(b);  // staged gradients into the storage first
   const int64_t divisor = divisor_ > 0 ? divisor_ : pg_->world_size();
+  const bool dense = !plan_.buckets[b].sparse;
+  // [Note: in-place reduction]: only the built-in average of an all-reduced bucket.
+  std::vector<at::Tensor> in_place;
+  if (dense && !hook_ && divisor == pg_->world_size() &&
+      plan_.buckets[b].reduction == Reduction::kAllReduce) {
+    in_place = buffers_.take_whole_staged(b);
+  }
+  bucket.in_place = !in_place.empty();
+  if (dense && !bucket.in_place) buffers_.fill(b);  // staged gradients into the storage first
   switch (plan_.buckets[b].reduction) {
     case Reduction::kAllReduce:
-      if (plan_.buckets[b].sparse) {
+      if (bucket.in_place) {
+        bucket.work = pg_->allreduce_avg_coalesced_async(in_place);
+        // On the device the future is not read (see watch_completion): not asked for either.
+        watch_completion(
+            b, on_device_ ? c10::intrusive_ptr<c10::ivalue::Future>() : bucket.work->getFuture());
+      } else if (plan_.buckets[b].sparse) {
         // Sparse gradients travel as (indices, values); Gloo's sparse all-reduce returns a new
         // tensor.
         bucket.sparse = bucket.sparse.div(divisor);
@@ -250,6 +263,7 @@ BucketRuntime::Finished BucketRuntime::finish_next() {
     bucket.work.reset();
     pg_->wait_on_stream(work, what(b));
     if (plan_.buckets[b].sparse) out.sparse_result = work->result().at(0);
+    out.in_place = bucket.in_place;
   }
   bucket.sparse.reset();
   if (bucket.comm_done_ns) out.comm_done_ns = bucket.comm_done_ns->load();
@@ -266,6 +280,7 @@ void BucketRuntime::reset() {
     b.scatter = comm::PendingCollective();
     b.future.reset();
     b.sparse.reset();
+    b.in_place = false;
   }
 }
 

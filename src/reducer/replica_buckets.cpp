@@ -62,7 +62,9 @@ bool ReplicaBuckets::build_plan(const std::vector<size_t>& order) {
   buckets::PlanOptions plan_options = options_.buckets;
   plan_options.order = order;
   buckets::BucketPlan plan = buckets::plan_buckets(specs_, plan_options);
-  auto layout = std::make_unique<buckets::GradLayout>(plan, params_);
+  buckets::LayoutOptions layout_options;
+  layout_options.reduce_staged_in_place = options_.reduce_in_place;
+  auto layout = std::make_unique<buckets::GradLayout>(plan, params_, layout_options);
   // A gradient a parameter already holds (from before, or in an old bucket) moves into the new
   // bucket, so nothing accumulated is lost.
   if (options_.gradient_as_bucket_view) {
@@ -193,9 +195,11 @@ void ReplicaBuckets::mark_ready(size_t index, bool used, GroupEvents& events) {
       // accumulator made a fresh tensor: move it into the bucket and make the bucket the gradient
       // again. Without bucket views the gradient is always copied in.
       if (!layout_->holds(index, grad)) {
-        // Copied at the bucket's launch with the rest of its bucket ([Note: staged copies]).
+        // Copied at the bucket's launch with the rest of its bucket ([Note: staged copies]), or
+        // reduced where it is ([Note: in-place reduction]; param.grad then stays this tensor,
+        // and write_back points it at the slot only if the bucket was filled after all).
         layout_->stage(index, grad);
-        if (options_.gradient_as_bucket_view) grad = slot;
+        if (options_.gradient_as_bucket_view && !options_.reduce_in_place) grad = slot;
       }
     } else {
       at::Tensor target = slot;
@@ -229,12 +233,13 @@ void ReplicaBuckets::write_back(const BucketRuntime::Finished& finished, GroupEv
       if (saved_unused_grads_[p].defined()) {
         if (spec.sparse) {
           grad = saved_unused_grads_[p];
-        } else if (layout_->holds(p, grad)) {
+        } else if (finished.in_place || layout_->holds(p, grad)) {
           grad.copy_(saved_unused_grads_[p]);
         }
       }
       continue;
     }
+    if (finished.in_place) continue;  // param.grad is the tensor the average was written into
     if (spec.sparse) {
       grad = finished.sparse_result;
     } else if (options_.gradient_as_bucket_view) {

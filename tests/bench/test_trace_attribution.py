@@ -97,6 +97,45 @@ class TraceAttribution(unittest.TestCase):
             with open(svg) as f:
                 self.assertIn("<svg", f.read())
 
+    def test_idle_gaps_are_named_by_cause(self):
+        # Compute [10, 110) launched at 1; [130, 150) launched at 125, after the gap began (host);
+        # [170, 200) launched at 3 while an all-reduce ran [150, 165) (nccl); [210, 220) launched
+        # at 4, nothing in between (waiting).
+        events = [launch(-5, 99, "cudaDeviceSynchronize"),
+                  launch(1, 1), kernel("gemm_a", 10, 100, 1, 7),
+                  launch(125, 2), kernel("vectorized_elementwise_kernel", 130, 20, 2, 7),
+                  launch(2, 3), kernel("ncclDevKernel_AllReduce", 150, 15, 3, 20),
+                  launch(3, 4), kernel("layer_norm_kernel", 170, 30, 4, 7),
+                  launch(4, 5), kernel("multi_tensor_apply_kernel<Copy<float>>", 210, 10, 5, 7)]
+        summary, _, _, _ = trace_attribution.analyze(events, step_index=1)
+        gaps = summary["gaps"]
+        self.assertEqual([g["why"] for g in gaps], ["host", "nccl", "waiting"])
+        self.assertAlmostEqual(summary["gaps_host_ms"], 0.020)
+        self.assertAlmostEqual(summary["gaps_nccl_ms"], 0.020)
+        self.assertAlmostEqual(summary["gaps_waiting_ms"], 0.010)
+        self.assertEqual(gaps[0]["after"], "gemm_a")
+        self.assertEqual(gaps[0]["before"], "vectorized_elementwise_kernel")
+        classes = summary["classes"]
+        self.assertAlmostEqual(classes["gemm"], 0.100)
+        self.assertAlmostEqual(classes["elementwise"], 0.020)
+        self.assertAlmostEqual(classes["layernorm"], 0.030)
+        self.assertAlmostEqual(classes["foreach copy"], 0.010)
+        self.assertNotIn("comm", classes)  # NCCL kernels are not compute
+
+    def test_baseline_prints_the_slowdown_by_class(self):
+        with tempfile.TemporaryDirectory() as d:
+            traces = []
+            for name, dur in (("one.json", 100), ("many.json", 130)):
+                path = os.path.join(d, name)
+                events = [launch(-5, 99, "cudaDeviceSynchronize"), launch(1, 1),
+                          kernel("sm90_xmma_gemm", 10, dur, 1, 7)]
+                with open(path, "w") as f:
+                    json.dump({"traceEvents": events}, f)
+                traces.append(path)
+            out = subprocess.run([sys.executable, SCRIPT, traces[1], "--baseline", traces[0],
+                                  "--step", "1"], check=True, capture_output=True, text=True).stdout
+            self.assertRegex(out, r"gemm\s+0\.130\s+0\.100\s+\+0\.030")
+
     def test_a_trace_without_steps_is_refused(self):
         with self.assertRaises(SystemExit) as e:
             trace_attribution.analyze([kernel("gemm", 0, 1, 1, 7)])

@@ -185,7 +185,8 @@ TEST_P(FlatCollectivesNccl, ClosedFormResultsForEvenUnevenAndEmptyShards) {
   EXPECT_TRUE(result.ok()) << result.describe();
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, FlatCollectivesNccl, ::testing::Values(1, 2), world_name);
+INSTANTIATE_TEST_SUITE_P(WorldSizes, FlatCollectivesNccl, ::testing::Values(1, 2, 3, 4),
+                         world_name);
 
 }  // namespace
 }  // namespace ddp::testing

@@ -53,13 +53,20 @@ DDP_TEST_WORKER(gpu_equivalence) {
   const double update_tol = spec.autocast_bf16 ? 2e-2 : 1e-3;
   const TrainResult initial = initial_params(spec);
   const TrainResult oracle = train_single(spec, pg->world_size());
-  for (bool view : {true, false}) {
+  // Bucket views, copies, and gradients reduced where autograd put them (NCCL's grouped
+  // all-reduce over the tensors, [Note: in-place reduction]).
+  struct Variant {
+    bool view;
+    bool in_place;
+  };
+  for (const Variant v : {Variant{true, false}, Variant{false, false}, Variant{true, true}}) {
     parallel::DDPOptions options;
-    options.reducer.gradient_as_bucket_view = view;
+    options.reducer.gradient_as_bucket_view = v.view;
+    options.reducer.reduce_in_place = v.in_place;
     const TrainResult got = train_ddp(spec, pg, options);
     std::ostringstream ctx;
-    ctx << spec.model << (spec.autocast_bf16 ? " bf16-autocast" : " fp32") << " view=" << view
-        << " rank " << pg->rank() << "/" << pg->world_size();
+    ctx << spec.model << (spec.autocast_bf16 ? " bf16-autocast" : " fp32") << " view=" << v.view
+        << " in_place=" << v.in_place << " rank " << pg->rank() << "/" << pg->world_size();
     require(got.names == oracle.names, ctx.str() + ": parameter names differ");
     const auto got_updates = updates(got, initial);
     const auto oracle_updates = updates(oracle, initial);
@@ -102,8 +109,10 @@ TEST_P(GpuEquivalence, MatchesSingleGpuTrainingOnTheGlobalBatch) {
 
 INSTANTIATE_TEST_SUITE_P(Models, GpuEquivalence,
                          ::testing::Values(Case{"net", false, 1}, Case{"net", false, 2},
+                                           Case{"net", false, 3}, Case{"net", false, 4},
                                            Case{"gpt-tiny", false, 1}, Case{"gpt-tiny", false, 2},
-                                           Case{"gpt-tiny", true, 1}, Case{"gpt-tiny", true, 2}),
+                                           Case{"gpt-tiny", false, 4}, Case{"gpt-tiny", true, 1},
+                                           Case{"gpt-tiny", true, 2}, Case{"gpt-tiny", true, 4}),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            return info.param.model.substr(0, 3) +
                                   (info.param.autocast ? "_bf16" : "_fp32") + "_world" +

@@ -6,14 +6,19 @@
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
+#include <ftw.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -228,3 +233,61 @@ TEST(PosixFile, SafetensorsAndCheckpointsSurviveAFullDisk) {
 }
 
 }  // namespace
+
+namespace {
+
+// Every C and C++ file under the project's code folders whose text calls remove_all: the
+// std::filesystem operation the torch wheel's libtorch.so replaces with a copy that crashes on a
+// non-empty directory (docs/dependencies.md). Walked with nftw, not std::filesystem, for the same
+// reason: this test also runs in the GPU stage against the wheel.
+std::vector<std::string> files_calling_remove_all(const std::string& root) {
+  static std::vector<std::string>* found = nullptr;
+  std::vector<std::string> out;
+  found = &out;
+  const auto visit = [](const char* path, const struct stat*, int type, struct FTW*) {
+    const std::string p = path;
+    if (type != FTW_F) return 0;
+    static const char* const kCode[] = {".cpp", ".hpp", ".h", ".c", ".cc"};
+    const bool code = std::any_of(std::begin(kCode), std::end(kCode), [&](const char* ext) {
+      const std::string e = ext;
+      return p.size() > e.size() && p.compare(p.size() - e.size(), e.size(), e) == 0;
+    });
+    if (!code) return 0;
+    std::ifstream in(p);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    static const std::regex kCall(R"(\bremove_all\s*\()");
+    if (std::regex_search(text, kCall)) found->push_back(p);
+    return 0;
+  };
+  for (const char* dir : {"src", "include", "tests", "tools", "models", "examples", "bench"}) {
+    const std::string path = root + "/" + dir;
+    if (::access(path.c_str(), F_OK) == 0) ::nftw(path.c_str(), visit, 16, FTW_PHYS);
+  }
+  found = nullptr;
+  return out;
+}
+
+}  // namespace
+
+TEST(PosixFile, NoFileOfTheTreeCallsTheWheelsBrokenRemoveAll) {
+  const std::vector<std::string> offenders = files_calling_remove_all(DDP_SOURCE_DIR);
+  std::string list;
+  for (const auto& f : offenders) list += "\n  " + f;
+  EXPECT_TRUE(offenders.empty())
+      << "these files call std::filesystem::remove_all, which the torch wheel's libtorch.so "
+         "replaces with a copy that crashes on a non-empty directory; use ddp::io::remove_tree:"
+      << list;
+}
+
+TEST(PosixFile, TheRemoveAllCheckFindsACall) {
+  // The check above must be able to fail: a tree with one calling file is found.
+  TempDir dir("remove_all_check");
+  ASSERT_EQ(::mkdir((dir.str() + "/src").c_str(), 0755), 0);
+  // Spelled in two pieces so that this file itself holds no call.
+  std::ofstream(dir.str() + "/src/bad.cpp") << "void f() { std::filesystem::remove_"
+                                               "all (p); }\n";
+  std::ofstream(dir.str() + "/src/good.cpp") << "// not std::filesystem::remove_all: remove_tree\n";
+  const std::vector<std::string> offenders = files_calling_remove_all(dir.str());
+  ASSERT_EQ(offenders.size(), 1u);
+  EXPECT_EQ(offenders[0], dir.str() + "/src/bad.cpp");
+}

@@ -24,7 +24,7 @@ TEST(Options, DescribeReachesNestedFields) {
   for (const auto& [name, value] : parallel::describe(options)) {
     EXPECT_TRUE(d.emplace(name, value).second) << "duplicate option name " << name;
   }
-  EXPECT_EQ(d.size(), 11u);
+  EXPECT_EQ(d.size(), 12u);
   EXPECT_EQ(d.at("reducer.static_graph"), "true");
   EXPECT_EQ(d.at("reducer.find_unused_parameters"), "false");
   EXPECT_EQ(d.at("reducer.buckets.bucket_cap_bytes"), "12345");
@@ -59,7 +59,7 @@ TEST(Options, ShardOptionsDescribeReachesNestedFields) {
   shard::describe(options, "shard.", out);
   std::map<std::string, std::string> d(out.begin(), out.end());
   EXPECT_EQ(d.size(), out.size()) << "duplicate option names";
-  EXPECT_EQ(d.size(), 13u);
+  EXPECT_EQ(d.size(), 14u);
   EXPECT_EQ(d.at("shard.style"), "fully_shard");
   EXPECT_EQ(d.at("shard.units"), "[h.0,h.1]");
   EXPECT_EQ(d.at("shard.param_dtype"), "BFloat16");

@@ -41,6 +41,10 @@ void add_ddp_flags(CLI::App& app, parallel::DDPOptions& options) {
       "--static-graph", [&options] { options.reducer.static_graph = true; },
       "the set of used parameters never changes");
   app.add_flag_callback(
+      "--reduce-in-place", [&options] { options.reducer.reduce_in_place = true; },
+      "reduce gradients that arrive in tensors of their own where they are (one grouped "
+      "all-reduce per bucket) instead of copying them into the bucket first");
+  app.add_flag_callback(
       "--no-overlap", [&options] { options.reducer.overlap = false; },
       "launch every bucket after backward (attribution: what overlap hides)");
   app.add_flag_callback(

@@ -8,6 +8,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstddef>
+#include <vector>
 
 namespace ddp::buckets {
 
@@ -24,6 +25,11 @@ class BucketBuffers {
   // that produced its gradients: the storage must hold them all from here on. Default: nothing
   // (the gradients were written into the storage as they came).
   virtual void fill(size_t /*b*/) {}
+  // Called instead of fill(b) where the bucket may be reduced in place ([Note: in-place
+  // reduction]): bucket b's gradients, each in its own tensor, when every one of them arrived
+  // that way; the buffers then forget them. Empty otherwise (the default): the runtime calls
+  // fill(b) and reduces the storage.
+  virtual std::vector<at::Tensor> take_whole_staged(size_t /*b*/) { return {}; }
 };
 
 }  // namespace ddp::buckets

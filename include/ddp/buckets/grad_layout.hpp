@@ -31,6 +31,11 @@ struct LayoutOptions {
   // elements, so that it splits into that many equal shards (the group size, for a
   // reduce-scatter). Must be >= 1.
   int64_t pad_to_multiple = 1;
+  // Default false: staged gradients are always copied into the storage (fill). True: a bucket
+  // whose every gradient was staged hands them out to be reduced where they are
+  // (take_whole_staged); the bucket group then leaves param.grad pointing at them. Set by
+  // ReplicaBuckets from ReducerOptions::reduce_in_place.
+  bool reduce_staged_in_place = false;
 };
 
 class GradLayout : public BucketBuffers {
@@ -59,6 +64,9 @@ class GradLayout : public BucketBuffers {
   void stage(size_t p, at::Tensor grad);
   // Copies bucket b's staged gradients into their slots and forgets them.
   void fill(size_t b) override;
+  // Bucket b's staged gradients, when every parameter of b staged one, forgotten here; else empty
+  // (nothing changes). See BucketBuffers::take_whole_staged.
+  std::vector<at::Tensor> take_whole_staged(size_t b) override;
   // Forgets every staged gradient (an iteration that ended in an error).
   void drop_staged();
 
@@ -75,7 +83,9 @@ class GradLayout : public BucketBuffers {
   // Per bucket: the slots and the gradients stage() set aside for them, in arrival order; emptied
   // by fill() at the bucket's launch (so empty between iterations) or drop_staged().
   std::vector<std::vector<at::Tensor>> staged_slots_, staged_grads_;
-  std::vector<size_t> bucket_of_;  // per parameter: its bucket (the plan's bucket_of)
+  std::vector<size_t> bucket_of_;      // per parameter: its bucket (the plan's bucket_of)
+  std::vector<size_t> bucket_params_;  // per bucket: how many parameters it holds
+  bool in_place_ = false;              // LayoutOptions::reduce_staged_in_place
 };
 
 }  // namespace ddp::buckets

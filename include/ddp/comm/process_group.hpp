@@ -168,6 +168,10 @@ class ProcessGroup {
   // pre-multiplied by 1/world size, so no separate pass over the tensor and no overflow of low
   // precision sums); other backends divide first, then sum.
   c10::intrusive_ptr<c10d::Work> allreduce_avg_async(at::Tensor& tensor);
+  // The same for several tensors of one dtype and device, in one grouped collective (c10d's
+  // allreduce_coalesced: NCCL issues one all-reduce per tensor inside one group; Gloo flattens
+  // them internally). Each tensor is averaged in place; nothing is copied into a flat buffer.
+  c10::intrusive_ptr<c10d::Work> allreduce_avg_coalesced_async(std::vector<at::Tensor>& tensors);
   // Whether the average is done inside the collective (NCCL).
   bool reduces_avg() const { return traits_.reduces_avg; }
 

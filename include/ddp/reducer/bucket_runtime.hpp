@@ -20,6 +20,16 @@
 // timeout, which only makes the current stream wait on the collective's end event. A CUDA-graph
 // capture will have to do without the timestamp callback, the host wait and the heap nodes (a fixed
 // ring would do).
+//
+// [Note: in-place reduction] With zero_grad(set_to_none) (PyTorch's default) every gradient
+// arrives in a tensor autograd just made, not in the bucket. Filling the bucket copies them all on
+// the compute stream (gpt2-medium: 43 multi-tensor copies, ~1.1 ms of a 60 ms step on H200s, at
+// every world size) and holds the model's gradients twice until backward ends. Where the bucket
+// group allows it (ReducerOptions::reduce_in_place) and the bucket uses the built-in average, a
+// bucket whose every gradient arrived that way is reduced where they are instead: one grouped
+// all-reduce over the tensors (BucketBuffers::take_whole_staged), nothing copied, param.grad left
+// pointing at them (Finished::in_place). A bucket with any gradient already in its storage (a
+// bucket view, a zero for an unused parameter) is filled and reduced flat, as before.
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
@@ -85,6 +95,7 @@ class BucketRuntime {
     size_t bucket = 0;
     at::Tensor sparse_result;   // sparse bucket: the reduced gradient
     at::Tensor shard;           // Reduction::kReduceScatter: this rank's row of the average
+    bool in_place = false;      // reduced in the gradients' own tensors, not the storage
     int64_t comm_done_ns = -1;  // see BucketFinished::comm_done_ns
   };
   // Waits (bounded by the group's timeout) for the oldest in-flight bucket, puts a comm hook's
@@ -105,6 +116,7 @@ class BucketRuntime {
     c10::intrusive_ptr<c10d::Work> work;             // built-in or sparse reduction
     c10::intrusive_ptr<c10::ivalue::Future> future;  // comm-hook reduction
     comm::PendingCollective scatter;                 // Reduction::kReduceScatter
+    bool in_place = false;  // this iteration's reduction runs on the gradients' own tensors
     // When the reduction completed (from the comm thread's callback); stats only.
     std::shared_ptr<std::atomic<int64_t>> comm_done_ns;
   };

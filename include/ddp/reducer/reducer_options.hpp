@@ -27,6 +27,15 @@ struct ReducerOptions {
   // there were no overlap: slower, and only for attribution (what overlap hides, measured in
   // docs/benchmarks.md); the gradients are the same.
   bool overlap = true;
+  // Default false until measured a win (docs/benchmarks.md, issue 44). A bucket whose gradients
+  // all arrived in tensors of their own (after zero_grad(set_to_none), PyTorch's default) is
+  // reduced where they are, in one grouped collective over those tensors, instead of being copied
+  // into the bucket's flat storage first: no copy kernel on the compute stream (on gpt2-medium
+  // about 1.1 ms of a 60 ms step at every world size), and param.grad stays autograd's tensor.
+  // Applies to the built-in average only (a comm hook reads the flat GradBucket::buffer) and on a
+  // backend that reduces on the device stream (NCCL); elsewhere the bucket is filled as before.
+  // See [Note: in-place reduction] in bucket_runtime.hpp.
+  bool reduce_in_place = false;
   // Bucket caps (PyTorch's defaults: 1 MiB first, 25 MiB after). The plan starts in reverse
   // registration order and is rebuilt once, after iteration 1, from the order rank 0 observed,
   // unless GradientRuntime::set_predicted_order supplies the order at the first forward
