@@ -93,14 +93,17 @@ for stage in "$@"; do
       ;;
     trace)
       # One GPU bare first: the reference every multi-GPU trace is read against.
-      for w in $WORLDS; do
-        dist=""; ((w > 1)) && dist="--ddp --nproc $w"
+      # TRACE_WORLDS: which worlds (default WORLDS; world 1 is the bare model, the reference);
+      # TRACE_ARGS: flags for the multi-GPU runs (a lever), TRACE_TAG names their files.
+      for w in ${TRACE_WORLDS:-$WORLDS}; do
+        dist=""; ((w > 1)) && dist="--ddp --nproc $w ${TRACE_ARGS:-}"
+        name="trace-medium${TRACE_TAG:-}-w$w"; ((w == 1)) && name="trace-medium-w1"
         timeout 240 $BENCH ${FLAGS[gpt2-medium]} --device cuda $dist --repeat 10 --warmup 5 \
-          --verbose --kernel-trace "$OUT/trace-medium-w$w.json" >"$OUT/trace-medium-w$w.log" 2>&1
-        note "trace gpt2-medium world $w rc=$? median $(median "$OUT/trace-medium-w$w.log") ms"
-        base=""; ((w > 1)) && base="--baseline $OUT/trace-medium-w1.json"
-        $PY bench/trace_attribution.py "$OUT/trace-medium-w$w.json" $base \
-          --svg "$OUT/trace-medium-w$w.svg" 2>&1 | tee -a "$SUMMARY"
+          --verbose --kernel-trace "$OUT/$name.json" >"$OUT/$name.log" 2>&1
+        note "trace gpt2-medium world $w ${TRACE_ARGS:-} rc=$? median $(median "$OUT/$name.log") ms"
+        base=""; ((w > 1)) && [[ -f $OUT/trace-medium-w1.json ]] && base="--baseline $OUT/trace-medium-w1.json"
+        $PY bench/trace_attribution.py "$OUT/$name.json" $base --svg "$OUT/$name.svg" 2>&1 |
+          tee -a "$SUMMARY"
       done
       if [[ ${TRACE_SMALL:-0} == 1 ]]; then
         for w in $WORLDS; do

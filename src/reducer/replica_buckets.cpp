@@ -25,7 +25,8 @@ ReplicaBuckets::ReplicaBuckets(ReplicaParams replicas, comm::ProcessGroupPtr pg,
     : params_(std::move(replicas.params)),
       names_(std::move(replicas.names)),
       pg_(std::move(pg)),
-      options_(replicas.options) {
+      options_(replicas.options),
+      in_place_(options_.reduce_in_place.value_or(pg_->backend_traits().waits_on_stream)) {
   TORCH_CHECK(params_.size() == names_.size(), "ddp: ", params_.size(), " parameters but ",
               names_.size(), " names");
   const std::vector<bool>& expect_sparse = replicas.expect_sparse;
@@ -63,7 +64,7 @@ bool ReplicaBuckets::build_plan(const std::vector<size_t>& order) {
   plan_options.order = order;
   buckets::BucketPlan plan = buckets::plan_buckets(specs_, plan_options);
   buckets::LayoutOptions layout_options;
-  layout_options.reduce_staged_in_place = options_.reduce_in_place;
+  layout_options.reduce_staged_in_place = in_place_;
   auto layout = std::make_unique<buckets::GradLayout>(plan, params_, layout_options);
   // A gradient a parameter already holds (from before, or in an old bucket) moves into the new
   // bucket, so nothing accumulated is lost.
@@ -199,7 +200,7 @@ void ReplicaBuckets::mark_ready(size_t index, bool used, GroupEvents& events) {
         // reduced where it is ([Note: in-place reduction]; param.grad then stays this tensor,
         // and write_back points it at the slot only if the bucket was filled after all).
         layout_->stage(index, grad);
-        if (options_.gradient_as_bucket_view && !options_.reduce_in_place) grad = slot;
+        if (options_.gradient_as_bucket_view && !in_place_) grad = slot;
       }
     } else {
       at::Tensor target = slot;

@@ -133,6 +133,9 @@ TrainResult train_ddp(const TrainSpec& spec, comm::ProcessGroupPtr pg,
   parallel::DistributedDataParallel<torch::nn::AnyModule> model(w.module, pg, options);
   auto wrapped = [&](const torch::Tensor& x) { return model(x); };
   auto opt = make_optimizer(spec, model.parameters());
+  // An uneven split would train the ranks on fewer samples than the oracle: a test bug, named.
+  TORCH_CHECK(spec.global_batch % pg->world_size() == 0, "train_ddp: global batch ",
+              spec.global_batch, " does not split evenly over ", pg->world_size(), " ranks");
   const int64_t shard = spec.global_batch / pg->world_size();
   int64_t offset = 0;
   for (int step = 0; step < spec.steps; ++step) {

@@ -43,7 +43,10 @@ void add_ddp_flags(CLI::App& app, parallel::DDPOptions& options) {
   app.add_flag_callback(
       "--reduce-in-place", [&options] { options.reducer.reduce_in_place = true; },
       "reduce gradients that arrive in tensors of their own where they are (one grouped "
-      "all-reduce per bucket) instead of copying them into the bucket first");
+      "all-reduce per bucket) instead of copying them into the bucket first (default on NCCL)");
+  app.add_flag_callback(
+      "--no-reduce-in-place", [&options] { options.reducer.reduce_in_place = false; },
+      "copy every gradient into its bucket before reducing it (the default on Gloo)");
   app.add_flag_callback(
       "--no-overlap", [&options] { options.reducer.overlap = false; },
       "launch every bucket after backward (attribution: what overlap hides)");

@@ -2,6 +2,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -27,15 +28,16 @@ struct ReducerOptions {
   // there were no overlap: slower, and only for attribution (what overlap hides, measured in
   // docs/benchmarks.md); the gradients are the same.
   bool overlap = true;
-  // Default false until measured a win (docs/benchmarks.md, issue 44). A bucket whose gradients
-  // all arrived in tensors of their own (after zero_grad(set_to_none), PyTorch's default) is
-  // reduced where they are, in one grouped collective over those tensors, instead of being copied
-  // into the bucket's flat storage first: no copy kernel on the compute stream (on gpt2-medium
-  // about 1.1 ms of a 60 ms step at every world size), and param.grad stays autograd's tensor.
-  // Applies to the built-in average only (a comm hook reads the flat GradBucket::buffer) and on a
-  // backend that reduces on the device stream (NCCL); elsewhere the bucket is filled as before.
-  // See [Note: in-place reduction] in bucket_runtime.hpp.
-  bool reduce_in_place = false;
+  // Default unset: on where the backend reduces on the device's stream (NCCL), off elsewhere
+  // (Gloo's coalesced all-reduce flattens the tensors into one buffer itself, so nothing is saved,
+  // and CPU runs keep the flat reduction's summation order). A bucket whose gradients all arrived
+  // in tensors of their own (after zero_grad(set_to_none), PyTorch's default) is reduced where
+  // they are, in one grouped collective over those tensors, instead of being copied into the
+  // bucket's flat storage first: no copy kernel on the compute stream and param.grad stays
+  // autograd's tensor. Measured on 4x H200 (docs/benchmarks.md, "4 GPUs"): gpt2-medium 1.0-1.3 ms
+  // of a 60 ms step faster at worlds 2 and 4. The built-in average only (a comm hook reads the
+  // flat GradBucket::buffer). See [Note: in-place reduction] in bucket_runtime.hpp.
+  std::optional<bool> reduce_in_place;
   // Bucket caps (PyTorch's defaults: 1 MiB first, 25 MiB after). The plan starts in reverse
   // registration order and is rebuilt once, after iteration 1, from the order rank 0 observed,
   // unless GradientRuntime::set_predicted_order supplies the order at the first forward

@@ -139,6 +139,8 @@ class ReplicaBuckets {
   std::vector<buckets::ParamSpec> specs_;
   comm::ProcessGroupPtr pg_;
   ReducerOptions options_;
+  // ReducerOptions::reduce_in_place as decided for this group's backend (unset: NCCL's way).
+  bool in_place_;
 
   // The plan and what executes it. runtime_ refers to plan_ and *layout_: build_plan drops it,
   // and the GradientRuntime makes the new one (make_runtime) before the next backward.
