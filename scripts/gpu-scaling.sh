@@ -24,7 +24,8 @@
 #   final   gpt2-medium and gpt2-small: one GPU, then at each world of FINAL_WORLDS (default
 #           "2 NP") ours DDP, PyTorch DDP default and tuned, alternated FINAL_ROUNDS times
 #           (default 3); OURS_ARGS adds flags to ours (a lever made default for the run);
-#           FINAL_FSDP=1 adds ours FULLY_SHARD per block at each world
+#           FINAL_FSDP=1 adds ours FULLY_SHARD per block at each world; the table
+#           (bench/scaling_table.py) is printed last and kept as scaling-table.md
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/gpu-scaling}"
@@ -216,3 +217,7 @@ for stage in "$@"; do
 done
 echo "==== summary"
 cat "$SUMMARY"
+# The final stage's table (medians over the rounds, scaling and the ratios to PyTorch).
+if grep -q '^final ' "$SUMMARY"; then
+  $PY bench/scaling_table.py "$SUMMARY" | tee "$OUT/scaling-table.md"
+fi
