@@ -13,7 +13,8 @@
 #   trace   kernel traces (ddp-bench --kernel-trace) of gpt2-medium eager (one GPU bare, DDP at
 #           each world of WORLDS) and, with TRACE_SMALL=1, gpt2-small DDP captured; each read by
 #           bench/trace_attribution.py against the one-GPU trace (summary, slowdown by kernel class,
-#           the idle gaps named, per bucket, SVG); the traces kept gzipped (trace-*.json.gz)
+#           the idle gaps named, per bucket, SVG); the traces kept gzipped (trace-*.json.gz);
+#           TRACE_DDP1=1 adds DDP at world 1, TRACE_THREADS=1 each worker thread's CPU time
 #   levers  gpt2-medium DDP, ours: the default and one lever at a time, alternated, at each world of
 #           LEVER_WORLDS (default NP)
 #   affinity  gpt2-medium DDP at world NP, ours: each worker pinned (taskset) to an equal share of
@@ -93,7 +94,11 @@ for stage in "$@"; do
       done
       ;;
     trace)
-      # One GPU bare first: the reference every multi-GPU trace is read against.
+      # Where a worker's host time goes (issue 44: the world-4 forward's host is twice as slow
+      # per op as one GPU's): the container's CPU quota, and each worker thread's CPU time.
+      { cat /sys/fs/cgroup/cpu.max 2>/dev/null; nproc; } >"$OUT/trace-host.log" 2>&1
+      # One GPU bare first: the reference every multi-GPU trace is read against. TRACE_DDP1=1 adds
+      # DDP at world 1 (the wrapper without peers), to tell the wrapper's cost from the peers'.
       # TRACE_WORLDS: which worlds (default WORLDS; world 1 is the bare model, the reference);
       # TRACE_ARGS: flags for the multi-GPU runs (a lever), TRACE_TAG names their files.
       for w in ${TRACE_WORLDS:-$WORLDS}; do
@@ -106,6 +111,22 @@ for stage in "$@"; do
         $PY bench/trace_attribution.py "$OUT/$name.json" $base --svg "$OUT/$name.svg" 2>&1 |
           tee -a "$SUMMARY"
       done
+      if [[ ${TRACE_DDP1:-0} == 1 ]]; then
+        timeout 240 $BENCH ${FLAGS[gpt2-medium]} --device cuda --ddp --nproc 1 ${TRACE_ARGS:-} \
+          --repeat 10 --warmup 5 --kernel-trace "$OUT/trace-medium-ddp-w1.json" \
+          >"$OUT/trace-medium-ddp-w1.log" 2>&1
+        note "trace gpt2-medium DDP world 1 rc=$? median $(median "$OUT/trace-medium-ddp-w1.log") ms"
+        $PY bench/trace_attribution.py "$OUT/trace-medium-ddp-w1.json" \
+          --baseline "$OUT/trace-medium-w1.json" 2>&1 | head -20 | tee -a "$SUMMARY"
+      fi
+      # Each worker's threads and their CPU time during a world-NP run (ps after 12 s).
+      if [[ ${TRACE_THREADS:-0} == 1 ]]; then
+        timeout 240 $BENCH ${FLAGS[gpt2-medium]} --device cuda --ddp --nproc "$NP" --repeat 200 \
+          --warmup 5 >/dev/null 2>&1 &
+        sleep 12
+        ps -eLo pid,tid,pcpu,time,comm | grep -E 'ddp-bench|PID' >"$OUT/trace-threads.log"
+        wait
+      fi
       if [[ ${TRACE_SMALL:-0} == 1 ]]; then
         for w in $WORLDS; do
           dist=""; ((w > 1)) && dist="--ddp --nproc $w"
