@@ -13,7 +13,6 @@ GradLayout::GradLayout(const BucketPlan& plan, const std::vector<at::Tensor>& pa
               "ddp: LayoutOptions::pad_to_multiple must be >= 1, got ", options.pad_to_multiple);
   TORCH_CHECK(plan.bucket_of.size() == params.size(), "ddp: GradLayout: the plan has ",
               plan.bucket_of.size(), " parameters, but ", params.size(), " were given");
-  at::NoGradGuard no_grad;
   storage_.resize(plan.buckets.size());
   data_.resize(plan.buckets.size());
   slots_.resize(params.size());
@@ -21,21 +20,28 @@ GradLayout::GradLayout(const BucketPlan& plan, const std::vector<at::Tensor>& pa
   staged_grads_.resize(plan.buckets.size());
   bucket_of_ = plan.bucket_of;
   in_place_ = options.reduce_staged_in_place;
-  for (const Bucket& spec : plan.buckets) bucket_params_.push_back(spec.params.size());
-  for (size_t b = 0; b < plan.buckets.size(); ++b) {
-    const Bucket& spec = plan.buckets[b];
-    if (spec.sparse) continue;
+  buckets_ = plan.buckets;
+  for (const Bucket& spec : plan.buckets) {
     const int64_t multiple = options.pad_to_multiple;
-    const int64_t padded = (spec.numel + multiple - 1) / multiple * multiple;
-    storage_[b] = at::zeros({padded}, at::TensorOptions().dtype(spec.dtype).device(spec.device));
-    data_[b] = storage_[b].narrow(0, 0, spec.numel);
-    for (size_t i = 0; i < spec.params.size(); ++i) {
-      const size_t p = spec.params[i];
-      at::Tensor slot = at::empty({0}, storage_[b].options());
-      slot.set_(storage_[b].storage(), storage_[b].storage_offset() + spec.offsets[i],
-                params[p].sizes(), c10::contiguous_strides(params[p].sizes()));
-      slots_[p] = slot;
-    }
+    padded_.push_back((spec.numel + multiple - 1) / multiple * multiple);
+  }
+  for (const at::Tensor& p : params) param_sizes_.push_back(p.sizes().vec());
+  if (in_place_) return;  // allocated when first needed
+  for (size_t b = 0; b < buckets_.size(); ++b) materialize(b);
+}
+
+void GradLayout::materialize(size_t b) {
+  const Bucket& spec = buckets_[b];
+  if (spec.sparse || storage_[b].defined()) return;
+  at::NoGradGuard no_grad;
+  storage_[b] = at::zeros({padded_[b]}, at::TensorOptions().dtype(spec.dtype).device(spec.device));
+  data_[b] = storage_[b].narrow(0, 0, spec.numel);
+  for (size_t i = 0; i < spec.params.size(); ++i) {
+    const size_t p = spec.params[i];
+    at::Tensor slot = at::empty({0}, storage_[b].options());
+    slot.set_(storage_[b].storage(), storage_[b].storage_offset() + spec.offsets[i],
+              param_sizes_[p], c10::contiguous_strides(param_sizes_[p]));
+    slots_[p] = slot;
   }
 }
 
@@ -47,20 +53,22 @@ bool GradLayout::holds(size_t p, const at::Tensor& grad) const {
 }
 
 void GradLayout::stage(size_t p, at::Tensor grad) {
-  TORCH_CHECK(slots_[p].defined(), "ddp: parameter ", p, " has no slot to stage a gradient for");
   const size_t b = bucket_of_[p];
-  staged_slots_[b].push_back(slots_[p]);
+  TORCH_CHECK(!buckets_[b].sparse, "ddp: parameter ", p, " has no slot to stage a gradient for");
+  staged_slots_[b].push_back(p);
   staged_grads_[b].push_back(std::move(grad));
 }
 
 void GradLayout::fill(size_t b) {
+  materialize(b);
   if (staged_grads_[b].empty()) return;
   at::NoGradGuard no_grad;
+  std::vector<at::Tensor> slots;
+  for (size_t p : staged_slots_[b]) slots.push_back(slots_[p]);
 #if DDP_HAVE_FOREACH_COPY
-  at::_foreach_copy_(staged_slots_[b], staged_grads_[b]);
+  at::_foreach_copy_(slots, staged_grads_[b]);
 #else
-  for (size_t i = 0; i < staged_grads_[b].size(); ++i)
-    staged_slots_[b][i].copy_(staged_grads_[b][i]);
+  for (size_t i = 0; i < staged_grads_[b].size(); ++i) slots[i].copy_(staged_grads_[b][i]);
 #endif
   staged_slots_[b].clear();
   staged_grads_[b].clear();
@@ -69,7 +77,7 @@ void GradLayout::fill(size_t b) {
 std::vector<at::Tensor> GradLayout::take_whole_staged(size_t b) {
   // A parameter stages at most once per backward (it is marked ready once), so a full count
   // means every parameter of the bucket is here.
-  if (!in_place_ || staged_grads_[b].size() != bucket_params_[b]) return {};
+  if (!in_place_ || staged_grads_[b].size() != buckets_[b].params.size()) return {};
   std::vector<at::Tensor> grads = std::move(staged_grads_[b]);
   staged_grads_[b].clear();
   staged_slots_[b].clear();

@@ -291,6 +291,7 @@ void BucketRuntime::shadow_sync(int64_t iteration) {
   for (size_t b = 0; b < buckets_.size(); ++b) {
     TORCH_CHECK(!plan_.buckets[b].sparse, "ddp: join does not support sparse gradients (bucket ", b,
                 ")");
+    buffers_.fill(b);  // the storage exists from here on (lazy under in-place reduction)
     at::Tensor storage = buffers_.storage(b);
     storage.zero_();
     launch(b);

@@ -67,8 +67,9 @@ bool ReplicaBuckets::build_plan(const std::vector<size_t>& order) {
   layout_options.reduce_staged_in_place = in_place_;
   auto layout = std::make_unique<buckets::GradLayout>(plan, params_, layout_options);
   // A gradient a parameter already holds (from before, or in an old bucket) moves into the new
-  // bucket, so nothing accumulated is lost.
-  if (options_.gradient_as_bucket_view) {
+  // bucket, so nothing accumulated is lost. Reduced in place, gradients are tensors of their own
+  // and stay where they are (the new buckets are allocated only when first needed).
+  if (options_.gradient_as_bucket_view && !in_place_) {
     for (size_t p = 0; p < params_.size(); ++p) layout->adopt(p, params_[p].mutable_grad(), true);
   }
   runtime_.reset();  // refers to the old plan and layout
@@ -203,7 +204,8 @@ void ReplicaBuckets::mark_ready(size_t index, bool used, GroupEvents& events) {
         if (options_.gradient_as_bucket_view && !in_place_) grad = slot;
       }
     } else {
-      at::Tensor target = slot;
+      layout_->materialize(plan_.bucket_of[index]);  // lazy under in-place reduction
+      at::Tensor target = layout_->slot(index);
       target.zero_();  // only an unused parameter can be here; it contributes zero
     }
   }

@@ -6,6 +6,7 @@
 
 #include "ddp/models/net.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
+#include "support/bucket_views.hpp"
 #include "support/oracle.hpp"
 #include "support/param_names.hpp"
 #include "support/workers.hpp"
@@ -45,12 +46,7 @@ DDP_TEST_WORKER(overlap) {
       }
     }
     for (size_t p = 0; p < model.parameters().size(); ++p) {
-      const auto& grad = model.parameters()[p].grad();
-      const auto& buffer =
-          parallel::detail::reducer_of(model).replica_bucket_buffer(plan.bucket_of[p]);
-      const auto* begin = buffer.data_ptr<float>();
-      const auto* at = grad.data_ptr<float>();
-      require(at >= begin && at + grad.numel() <= begin + buffer.numel(),
+      require(grad_in_its_bucket(model, p),
               "grad of " + model.parameter_names()[p] + " is not a view into its bucket");
     }
   }

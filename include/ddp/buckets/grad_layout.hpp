@@ -14,6 +14,11 @@
 //
 // Invariant: the padding is zero and stays zero (nothing writes it; reducing zeros gives zeros),
 // so a reduce-scatter over the padded storage gives every rank an equal shard.
+//
+// Under LayoutOptions::reduce_staged_in_place a bucket's storage (and its slots) is allocated only
+// when first needed: fill(), or materialize() for a zero written straight into a slot. While every
+// gradient is reduced where autograd put it, no bucket is ever allocated, and the model's
+// gradients exist once, not twice; until then storage(b), data(b) and slot(p) are undefined.
 
 #include <ATen/core/Tensor.h>
 
@@ -33,8 +38,9 @@ struct LayoutOptions {
   int64_t pad_to_multiple = 1;
   // Default false: staged gradients are always copied into the storage (fill). True: a bucket
   // whose every gradient was staged hands them out to be reduced where they are
-  // (take_whole_staged); the bucket group then leaves param.grad pointing at them. Set by
-  // ReplicaBuckets from ReducerOptions::reduce_in_place.
+  // (take_whole_staged); the bucket group then leaves param.grad pointing at them, and a bucket's
+  // storage is allocated only once it is needed. Set by ReplicaBuckets from
+  // ReducerOptions::reduce_in_place.
   bool reduce_staged_in_place = false;
 };
 
@@ -62,8 +68,12 @@ class GradLayout : public BucketBuffers {
   // one copy kernel each (149 more nodes in gpt2-small's captured graph at world 2). `grad` is
   // held until then, at most a bucket's worth of memory.
   void stage(size_t p, at::Tensor grad);
-  // Copies bucket b's staged gradients into their slots and forgets them.
+  // Copies bucket b's staged gradients into their slots and forgets them (allocating the storage
+  // first where it is lazy).
   void fill(size_t b) override;
+  // Allocates bucket b's storage and slots if they are not yet (lazy under
+  // reduce_staged_in_place; a no-op otherwise and for a sparse bucket).
+  void materialize(size_t b);
   // Bucket b's staged gradients, when every parameter of b staged one, forgotten here; else empty
   // (nothing changes). See BucketBuffers::take_whole_staged.
   std::vector<at::Tensor> take_whole_staged(size_t b) override;
@@ -80,12 +90,18 @@ class GradLayout : public BucketBuffers {
   // Per parameter. Made with set_() rather than view ops so a slot is not an autograd view
   // (Optimizer::zero_grad's detach_ accepts it).
   std::vector<at::Tensor> slots_;
-  // Per bucket: the slots and the gradients stage() set aside for them, in arrival order; emptied
-  // by fill() at the bucket's launch (so empty between iterations) or drop_staged().
-  std::vector<std::vector<at::Tensor>> staged_slots_, staged_grads_;
-  std::vector<size_t> bucket_of_;      // per parameter: its bucket (the plan's bucket_of)
-  std::vector<size_t> bucket_params_;  // per bucket: how many parameters it holds
-  bool in_place_ = false;              // LayoutOptions::reduce_staged_in_place
+  // Per bucket: the parameters whose gradients stage() set aside, and those gradients, in arrival
+  // order; emptied by fill() or take_whole_staged() at the bucket's launch (so empty between
+  // iterations) or drop_staged().
+  std::vector<std::vector<size_t>> staged_slots_;
+  std::vector<std::vector<at::Tensor>> staged_grads_;
+  std::vector<size_t> bucket_of_;  // per parameter: its bucket (the plan's bucket_of)
+  // What materialize() allocates from: per bucket its plan entry and padded size, per parameter
+  // its shape (the plan and the parameters need not outlive the layout).
+  std::vector<Bucket> buckets_;
+  std::vector<int64_t> padded_;
+  std::vector<std::vector<int64_t>> param_sizes_;
+  bool in_place_ = false;  // LayoutOptions::reduce_staged_in_place
 };
 
 }  // namespace ddp::buckets

@@ -24,12 +24,14 @@
 // [Note: in-place reduction] With zero_grad(set_to_none) (PyTorch's default) every gradient
 // arrives in a tensor autograd just made, not in the bucket. Filling the bucket copies them all on
 // the compute stream (gpt2-medium: 43 multi-tensor copies, ~1.1 ms of a 60 ms step on H200s, at
-// every world size) and holds the model's gradients twice until backward ends. Where the bucket
-// group allows it (ReducerOptions::reduce_in_place) and the bucket uses the built-in average, a
-// bucket whose every gradient arrived that way is reduced where they are instead: one grouped
-// all-reduce over the tensors (BucketBuffers::take_whole_staged), nothing copied, param.grad left
-// pointing at them (Finished::in_place). A bucket with any gradient already in its storage (a
-// bucket view, a zero for an unused parameter) is filled and reduced flat, as before.
+// every world size), and the buckets keep a second, flat copy of every gradient for the whole run.
+// Where the bucket group allows it (ReducerOptions::reduce_in_place) and the bucket uses the
+// built-in average, a bucket whose every gradient arrived that way is reduced where they are
+// instead: one grouped all-reduce over the tensors (BucketBuffers::take_whole_staged), nothing
+// copied, param.grad left pointing at them (Finished::in_place). A bucket with any gradient already
+// in its storage (a bucket view, a zero for an unused parameter) is filled and reduced flat, as
+// before. The flat storage of a bucket that is always reduced in place is never allocated
+// (GradLayout), so the gradients exist once in memory, as without DDP.
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>

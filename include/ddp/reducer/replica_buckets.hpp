@@ -124,6 +124,7 @@ class ReplicaBuckets {
   const std::vector<at::Tensor>& params() const { return params_; }
   const std::vector<std::string>& names() const { return names_; }
   const ReducerOptions& options() const { return options_; }
+  // Undefined while the bucket was never needed (in-place reduction allocates it lazily).
   const at::Tensor& bucket_buffer(size_t b) const { return layout_->storage(b); }
 
  private:
