@@ -6,7 +6,8 @@ Every GPU kernel in the trace is tied to the host call that launched it (the `co
 launch); the host's calls split the kernels into steps: each `cudaGraphLaunch` of a captured step,
 else the device synchronizations the benchmark makes between eager steps. Per step it prints:
 
-  compute   the union of the non-NCCL kernels' intervals (the compute stream's busy time)
+  compute   the union of the non-NCCL kernels' intervals (the compute stream's busy time), and
+            the median host time between two compute kernels' launches
   nccl      the NCCL kernels (one per bucket for DDP): their sum, the part that ran while some
             compute kernel ran (hidden) and the rest (exposed: the step waits for it)
   tail      from the end of backward's last compute kernel (the last one that starts before the
@@ -175,7 +176,8 @@ def analyze(events, step_index=None):
                "compute_kernels": len(compute), "nccl_kernels": len(nccl),
                "nccl_ms": nccl_total, "nccl_hidden_ms": hidden, "nccl_exposed_ms": nccl_total - hidden,
                "tail_after_backward_ms": max(0.0, last_end),
-               "backward_end_ms": (ref - step_start) / 1e3}
+               "backward_end_ms": (ref - step_start) / 1e3,
+               "host_launch_interval_us": launch_interval(compute)}
     for why in GAP_CAUSES:
         summary[f"gaps_{why}_ms"] = sum(g["ms"] for g in gaps if g["why"] == why)
     summary["gaps"] = gaps
@@ -184,6 +186,16 @@ def analyze(events, step_index=None):
 
 
 GAP_CAUSES = ("host", "nccl", "waiting")
+
+
+def launch_interval(compute):
+    """The median time on the host between two consecutive compute kernels' launches (us): how
+    fast the host issues the step's work (issue 44, gpt2-medium: 23.1 us at world 4 against 17.3 at
+    world 1 over the whole step, 26.5 against 14.0 in the forward alone, where the GPU waited for
+    the host)."""
+    launches = sorted(t for _, t in compute)
+    steps = sorted(b - a for a, b in zip(launches, launches[1:]))
+    return steps[len(steps) // 2] if steps else 0.0
 
 
 def idle_gaps(compute, nccl, step_end):

@@ -121,6 +121,8 @@ class TraceAttribution(unittest.TestCase):
         self.assertAlmostEqual(classes["layernorm"], 0.030)
         self.assertAlmostEqual(classes["foreach copy"], 0.010)
         self.assertNotIn("comm", classes)  # NCCL kernels are not compute
+        # Compute launches at 1, 3, 4, 125: intervals 1, 2, 121 us; the median is 2.
+        self.assertAlmostEqual(summary["host_launch_interval_us"], 2.0)
 
     def test_baseline_prints_the_slowdown_by_class(self):
         with tempfile.TemporaryDirectory() as d:
