@@ -78,6 +78,11 @@ std::vector<at::Tensor> GradLayout::take_whole_staged(size_t b) {
   // A parameter stages at most once per backward (it is marked ready once), so a full count
   // means every parameter of the bucket is here.
   if (!in_place_ || staged_grads_[b].size() != buckets_[b].params.size()) return {};
+  // A collective reduces contiguous memory (NCCL refuses other strides); a gradient that follows
+  // a strided parameter's layout is copied into the bucket as before.
+  for (const at::Tensor& g : staged_grads_[b]) {
+    if (!g.is_contiguous()) return {};
+  }
   std::vector<at::Tensor> grads = std::move(staged_grads_[b]);
   staged_grads_[b].clear();
   staged_slots_[b].clear();

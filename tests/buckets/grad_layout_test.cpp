@@ -1,5 +1,6 @@
 // GradLayout's staged copies ([Note: staged copies]): gradients set aside by stage() reach their
-// slots only at fill() of their bucket, all of them, and drop_staged() forgets them.
+// slots only at fill() of their bucket, all of them, and drop_staged() forgets them; under in-place
+// reduction whole buckets are handed out instead and storage is allocated only when filled.
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -55,6 +56,61 @@ TEST(GradLayout, DroppedStagedGradientsAreNeverCopied) {
   layout.drop_staged();
   layout.fill(t.plan.bucket_of[1]);
   EXPECT_EQ(layout.storage(t.plan.bucket_of[1]).abs().sum().item<float>(), 0.0f);
+}
+
+// [Note: in-place reduction]: a bucket whose every gradient was staged hands them out, in
+// arrival order, and its storage is never allocated; a bucket with one missing is filled instead,
+// which allocates it then.
+TEST(GradLayout, InPlaceHandsOutWholeBucketsAndAllocatesOnlyWhatIsFilled) {
+  TwoBuckets t;
+  LayoutOptions options;
+  options.reduce_staged_in_place = true;
+  GradLayout layout(t.plan, t.params, options);
+  const size_t first = t.plan.bucket_of[0], second = t.plan.bucket_of[2];
+  EXPECT_FALSE(layout.storage(first).defined());
+  EXPECT_FALSE(layout.slot(0).defined());
+  const at::Tensor g0 = torch::arange(6, torch::kFloat).view({2, 3});
+  const at::Tensor g1 = torch::full({4}, 7.0f);
+  layout.stage(1, g1);
+  layout.stage(0, g0);
+  const std::vector<at::Tensor> whole = layout.take_whole_staged(first);
+  ASSERT_EQ(whole.size(), 2u);
+  EXPECT_TRUE(whole[0].is_same(g1));  // the same tensors, in arrival order: nothing copied
+  EXPECT_TRUE(whole[1].is_same(g0));
+  EXPECT_FALSE(layout.storage(first).defined());
+  EXPECT_TRUE(layout.take_whole_staged(first).empty());  // handed out once
+  // The second bucket, with nothing staged, is not whole; its fill allocates it (zeros).
+  EXPECT_TRUE(layout.take_whole_staged(second).empty());
+  layout.fill(second);
+  ASSERT_TRUE(layout.storage(second).defined());
+  EXPECT_EQ(layout.storage(second).abs().sum().item<float>(), 0.0f);
+  EXPECT_FALSE(layout.storage(first).defined());
+}
+
+TEST(GradLayout, InPlaceFallsBackToFillForAPartOrAStridedGradient) {
+  TwoBuckets t;
+  LayoutOptions options;
+  options.reduce_staged_in_place = true;
+  GradLayout layout(t.plan, t.params, options);
+  const size_t first = t.plan.bucket_of[0];
+  // One of two gradients: not whole, so nothing is handed out; fill copies it into its slot.
+  const at::Tensor g1 = torch::full({4}, 7.0f);
+  layout.stage(1, g1);
+  EXPECT_TRUE(layout.take_whole_staged(first).empty());
+  layout.fill(first);
+  EXPECT_TRUE(torch::equal(layout.slot(1), g1));
+  // Whole, but one gradient is strided (a transposed view): filled as before.
+  const at::Tensor strided = torch::arange(6, torch::kFloat).view({3, 2}).t();
+  ASSERT_FALSE(strided.is_contiguous());
+  layout.stage(0, strided);
+  layout.stage(1, g1);
+  EXPECT_TRUE(layout.take_whole_staged(first).empty());
+  layout.fill(first);
+  EXPECT_TRUE(torch::equal(layout.slot(0), strided));
+  // Without the option nothing is ever handed out.
+  GradLayout copies(t.plan, t.params);
+  copies.stage(2, torch::ones({5}));
+  EXPECT_TRUE(copies.take_whole_staged(t.plan.bucket_of[2]).empty());
 }
 
 }  // namespace
