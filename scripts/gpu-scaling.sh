@@ -41,6 +41,8 @@ BENCH=build-gpu/ddp-bench
 TRAIN=build-gpu/ddp-train
 NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
 NP=${NP:-$((NGPU >= 4 ? 4 : NGPU))}
+# 2 and NP, each once (the multi-GPU worlds of the graphs and final stages).
+MULTI="$(printf '%s\n' 2 "$NP" | awk -v n="$NGPU" '$1 <= n && !seen[$1]++' | tr '\n' ' ')"
 # The world sizes this machine can run: 1, 2 and NP, each once.
 WORLDS="${WORLDS:-$(printf '%s\n' 1 2 "$NP" | awk -v n="$NGPU" '$1 <= n && !seen[$1]++' | tr '\n' ' ')}"
 note "machine: $NGPU GPUs; worlds: $WORLDS"
@@ -150,13 +152,13 @@ for stage in "$@"; do
         [cta-zero]="--nccl-cta-policy 2" [first-cap25]="--first-bucket-cap-mb 25"
         [highprio-cap100]="--nccl-high-priority-stream --bucket-cap-mb 100"
         [opt-overlap]="--optimizer-overlap" [noop]="--comm-hook noop" [no-overlap]="--no-overlap"
-        [register]="--nccl-register-buckets" [rows]="--embedding-rows"
+        [no-in-place]="--no-reduce-in-place"
         [opt-overlap-cap100]="--optimizer-overlap --bucket-cap-mb 100"
-        [in-place]="--reduce-in-place" [in-place-cap100]="--reduce-in-place --bucket-cap-mb 100"
+        [in-place-cap100]="--reduce-in-place --bucket-cap-mb 100"
         [ctas8]="--nccl-max-ctas 8" [ctas16]="--nccl-max-ctas 16")
       for w in ${LEVER_WORLDS:-$NP}; do
         for round in $(seq 1 "${LEVER_ROUNDS:-2}"); do
-          for name in ${LEVERS:-default highprio cap100 cta-zero opt-overlap}; do
+          for name in ${LEVERS:-default no-in-place ctas16 cap100}; do
             log="$OUT/lever-w$w-$name-$round.log"
             timeout 200 $BENCH $flags --ddp --nproc "$w" ${LEVER[$name]} >"$log" 2>&1
             note "lever gpt2-medium world $w round $round $name: $(median "$log") ms"
@@ -190,7 +192,7 @@ for stage in "$@"; do
       done
       ;;
     graphs)
-      for w in ${GRAPH_WORLDS:-2 $NP}; do
+      for w in ${GRAPH_WORLDS:-$MULTI}; do
       for model in ${GRAPH_MODELS:-toy gpt-char gpt2-small}; do
         flags="${FLAGS[$model]} --device cuda --repeat 50 --warmup 12 --ddp --nproc $w"
         g() {
@@ -221,7 +223,7 @@ for stage in "$@"; do
             note "final $model round $round $name: $(median "$OUT/final-$model-$name-$round.log") ms"
           }
           f ours-1gpu $BENCH
-          for w in ${FINAL_WORLDS:-2 $NP}; do
+          for w in ${FINAL_WORLDS:-$MULTI}; do
             f "ours-ddp-w$w" $BENCH --ddp --nproc "$w" ${OURS_ARGS:-}
             f "torch-ddp-w$w" $PY bench/reference/torch_ddp.py --ddp --nproc "$w"
             f "torch-ddp-tuned-w$w" $PY bench/reference/torch_ddp.py --ddp --nproc "$w" \
