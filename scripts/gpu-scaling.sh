@@ -17,6 +17,8 @@
 #           TRACE_DDP1=1 adds DDP at world 1, TRACE_THREADS=1 each worker thread's CPU time
 #   levers  gpt2-medium DDP, ours: the default and one lever at a time, alternated, at each world of
 #           LEVER_WORLDS (default NP)
+#           (LEVER_ENV: levers that are an environment variable); each run's device peak noted
+#   crowd   NP bare one-GPU runs at once (no communication) against one alone: the host's share
 #   affinity  gpt2-medium DDP at world NP, ours: each worker pinned (taskset) to an equal share of
 #           the CPUs against the unpinned default, alternated; the machine's NUMA layout logged
 #   graphs  captured whole steps at each world of GRAPH_WORLDS (default "2 NP"), ours and PyTorch's,
@@ -156,14 +158,36 @@ for stage in "$@"; do
         [opt-overlap-cap100]="--optimizer-overlap --bucket-cap-mb 100"
         [in-place-cap100]="--reduce-in-place --bucket-cap-mb 100"
         [ctas8]="--nccl-max-ctas 8" [ctas16]="--nccl-max-ctas 16")
+      # Levers that are an environment variable of NCCL or c10d rather than a flag of ours:
+      # reg-hook registers every segment of the caching allocator with the communicators
+      # (ncclCommRegister), so NCCL reads and writes the gradients in place instead of staging
+      # them through its own buffers (fewer HBM passes beside the GEMMs).
+      declare -A LEVER_ENV=([reg-hook]="TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1")
       for w in ${LEVER_WORLDS:-$NP}; do
         for round in $(seq 1 "${LEVER_ROUNDS:-2}"); do
           for name in ${LEVERS:-default no-in-place ctas16 cap100}; do
             log="$OUT/lever-w$w-$name-$round.log"
-            timeout 200 $BENCH $flags --ddp --nproc "$w" ${LEVER[$name]} >"$log" 2>&1
-            note "lever gpt2-medium world $w round $round $name: $(median "$log") ms"
+            env ${LEVER_ENV[$name]:-} timeout 200 $BENCH $flags --ddp --nproc "$w" --verbose \
+              ${LEVER[$name]:-} >"$log" 2>&1
+            note "lever gpt2-medium world $w round $round $name: $(median "$log") ms, $(grep -o 'device peak allocated [0-9]*' "$log" | head -1)"
           done
         done
+      done
+      ;;
+    crowd)
+      # Is the host of a world-NP step slower only because NP processes share it? NP bare one-GPU
+      # runs at once (each on its own GPU, no communication) against one alone, alternated.
+      flags="${FLAGS[gpt2-medium]} --device cuda --repeat 20 --warmup 5"
+      for round in $(seq 1 "${CROWD_ROUNDS:-2}"); do
+        timeout 200 $BENCH $flags >"$OUT/crowd-alone-$round.log" 2>&1
+        note "crowd gpt2-medium round $round one run alone: $(median "$OUT/crowd-alone-$round.log") ms"
+        pids=()
+        for r in $(seq 0 $((NP - 1))); do
+          CUDA_VISIBLE_DEVICES=$r timeout 200 $BENCH $flags >"$OUT/crowd-$round.log.rank$r" 2>&1 &
+          pids+=($!)
+        done
+        wait "${pids[@]}"
+        note "crowd gpt2-medium round $round $NP runs at once: $(for r in $(seq 0 $((NP - 1))); do median "$OUT/crowd-$round.log.rank$r"; done | tr '\n' ' ')ms"
       done
       ;;
     affinity)
