@@ -22,6 +22,18 @@ int64_t device_peak_allocated_bytes(const c10::Device& device) {
   return -1;
 }
 
+int64_t device_allocated_bytes(const c10::Device& device) {
+#if DDP_HAVE_NCCL
+  if (device.is_cuda()) {
+    return c10::cuda::CUDACachingAllocator::getDeviceStats(device.index())
+        .allocated_bytes[0]
+        .current;
+  }
+#endif
+  (void)device;
+  return -1;
+}
+
 void reset_device_peak(const c10::Device& device) {
 #if DDP_HAVE_NCCL
   if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());

@@ -51,7 +51,8 @@ class CollectiveWatchdog {
     // *error to the failure's text.
     std::function<bool(std::string* error)> finished;
     // The collective, for the progress report; null: the newest collective (a graph's replay
-    // holds collectives that have no c10d work).
+    // holds collectives that have no c10d work; an event after a collective already waited for
+    // holds none, so that the entry does not keep the work's tensors alive).
     c10::intrusive_ptr<c10d::Work> work;
     std::string what;  // "a collective", "the replay of captured step 12": the error's subject
   };

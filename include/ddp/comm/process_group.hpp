@@ -255,8 +255,9 @@ class ProcessGroup {
   std::unique_ptr<CollectiveWatchdog> watchdog_;
   c10::intrusive_ptr<c10d::Work> issued(c10::intrusive_ptr<c10d::Work> work,
                                         const CollectiveOp& op);
-  // Stream-waited backends: watches an event recorded on the caller's stream after `work`.
-  void watch_stream_after(const c10::intrusive_ptr<c10d::Work>& work) const;
+  // Stream-waited backends: watches an event recorded on the caller's stream after the collective
+  // just waited for (without holding its work: see the definition).
+  void watch_stream_after() const;
   PendingCollective pending(c10::intrusive_ptr<c10d::Work> work, at::Tensor result,
                             std::function<void()> finish = {}) const;
 };

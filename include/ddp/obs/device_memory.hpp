@@ -12,6 +12,8 @@
 namespace ddp::obs {
 
 int64_t device_peak_allocated_bytes(const c10::Device& device);
+// The bytes the caching allocator has handed out now (its current, not its peak); -1 as above.
+int64_t device_allocated_bytes(const c10::Device& device);
 void reset_device_peak(const c10::Device& device);
 
 // The device's marketing name ("NVIDIA H100 80GB HBM3"), for a table of peak FLOP/s; "" for the
