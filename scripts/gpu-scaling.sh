@@ -19,6 +19,7 @@
 #           LEVER_WORLDS (default NP)
 #           (LEVER_ENV: levers that are an environment variable); each run's device peak noted
 #   crowd   NP bare one-GPU runs at once (no communication) against one alone: the host's share
+#   memory  issue 45: step time and device peak per style (MEM_WORLDS, MEM_RUNS), ours and PyTorch's
 #   affinity  gpt2-medium DDP at world NP, ours: each worker pinned (taskset) to an equal share of
 #           the CPUs against the unpinned default, alternated; the machine's NUMA layout logged
 #   graphs  captured whole steps at each world of GRAPH_WORLDS (default "2 NP"), ours and PyTorch's,
@@ -188,6 +189,28 @@ for stage in "$@"; do
         done
         wait "${pids[@]}"
         note "crowd gpt2-medium round $round $NP runs at once: $(for r in $(seq 0 $((NP - 1))); do median "$OUT/crowd-$round.log.rank$r"; done | tr '\n' ' ')ms"
+      done
+      ;;
+    memory)
+      # Issue 45: each style's step time and device peak (the caching allocator's, over the timed
+      # steps) at each world of MEM_WORLDS (default "2 NP"), ours and PyTorch's, per block.
+      flags="${FLAGS[gpt2-medium]} --device cuda --repeat 10 --warmup 4 --json"
+      peak() { grep -oE '"device_peak_allocated_bytes":[0-9]+' "$1" | head -1 | cut -d: -f2; }
+      jmedian() { grep -oE '"median_ms":[0-9.]+' "$1" | head -1 | cut -d: -f2; }
+      for w in ${MEM_WORLDS:-$MULTI}; do
+        for name in ${MEM_RUNS:-ours-ddp ours-fsdp ours-fsdp-keep torch-ddp fsdp2 fsdp2-keep}; do
+          case "$name" in
+            ours-ddp) cmd="$BENCH --ddp" ;;
+            ours-fsdp) cmd="$BENCH --fsdp --fsdp-wrap" ;;
+            ours-fsdp-keep) cmd="$BENCH --fsdp --fsdp-wrap --reshard-after-forward 0" ;;
+            torch-ddp) cmd="$PY bench/reference/torch_ddp.py --ddp" ;;
+            fsdp2) cmd="$PY bench/reference/torch_ddp.py --fsdp --fsdp-wrap" ;;
+            fsdp2-keep) cmd="$PY bench/reference/torch_ddp.py --fsdp --fsdp-wrap --reshard-after-forward false" ;;
+          esac
+          log="$OUT/memory-w$w-$name.log"
+          timeout 200 $cmd $flags --nproc "$w" >"$log" 2>&1
+          note "memory gpt2-medium world $w $name: $(jmedian "$log") ms, peak $(peak "$log") B"
+        done
       done
       ;;
     affinity)
