@@ -52,7 +52,8 @@ PendingCollective ProcessGroup::pending(c10::intrusive_ptr<c10d::Work> work, at:
   return p;
 }
 
-PendingCollective ProcessGroup::reduce_scatter_async(const at::Tensor& input, ReduceOp op) {
+PendingCollective ProcessGroup::reduce_scatter_async(const at::Tensor& input, ReduceOp op,
+                                                     bool reuse_input) {
   TORCH_CHECK(input.defined(), "ddp: reduce_scatter needs a defined input tensor");
   TORCH_CHECK(op == ReduceOp::kSum || at::isFloatingType(input.scalar_type()),
               "ddp: reduce_scatter average needs a floating-point tensor, got ",
@@ -79,9 +80,15 @@ PendingCollective ProcessGroup::reduce_scatter_async(const at::Tensor& input, Re
                        {kind, layout.numel, input.scalar_type()});
     return pending(std::move(work), out.narrow(0, 0, length));
   }
-  // Emulation: all-reduce a full-size temporary (the input is the caller's and stays intact) and
-  // keep this rank's slice of it, a view. The average divides first, as allreduce_avg_async.
-  at::Tensor temp = op == ReduceOp::kAvg ? flat.div(world_size()) : flat.clone();
+  // Emulation: all-reduce a full-size temporary (the input is the caller's and stays intact) or,
+  // with reuse_input and a flat input, the input itself; keep this rank's slice of it, a view. The
+  // average divides first, as allreduce_avg_async.
+  at::Tensor temp;
+  if (reuse_input && input.is_contiguous()) {  // then flat is a view of the input
+    temp = op == ReduceOp::kAvg ? flat.div_(world_size()) : flat;
+  } else {
+    temp = op == ReduceOp::kAvg ? flat.div(world_size()) : flat.clone();
+  }
   std::vector<at::Tensor> tensors{temp};
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d::ReduceOp::SUM;
@@ -117,13 +124,18 @@ PendingCollective ProcessGroup::all_gather_async(const at::Tensor& shard, at::Te
   if (traits_.flat_collectives) {
     work = made_.backend->_allgather_base(gathered, in, opts);
   } else {
-    // Gloo gathers into its own flat buffer and copies each rank's piece into these views.
-    std::vector<std::vector<at::Tensor>> outputs(1);
-    for (int r = 0; r < world_size(); ++r) {
-      outputs[0].push_back(gathered.narrow(0, r * layout.chunk(), layout.chunk()));
-    }
-    std::vector<at::Tensor> inputs{in};
-    work = made_.backend->allgather(outputs, inputs, opts);
+    // Gloo has no flat all-gather, and its list all-gather gathers into a flat tensor of its own
+    // that its worker thread drops only some time after the wait returned: one output more alive
+    // at moments nobody controls (a sharded unit, measured in tests/shard/backward_memory_test).
+    // An all-reduce (sum) of `gathered` with only this rank's slice non-zero gathers in place,
+    // exactly (x + 0 = x; a -0.0 arrives as +0.0), for twice an all-gather's bytes on the wire.
+    gathered.zero_();
+    gathered.narrow(0, rank() * layout.chunk(), layout.chunk()).copy_(in);
+    std::vector<at::Tensor> tensors{gathered};
+    c10d::AllreduceOptions sum;
+    sum.reduceOp = c10d::ReduceOp::SUM;
+    sum.timeout = timeout_;
+    work = made_.backend->allreduce(tensors, sum);
   }
   work = issued(std::move(work), {"all-gather (flat)", layout.numel, output.scalar_type()});
   std::function<void()> finish;

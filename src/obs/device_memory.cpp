@@ -1,6 +1,7 @@
 #include "ddp/obs/device_memory.hpp"
 
 #include "ddp/detail/torch_compat.hpp"
+#include "ddp/obs/cpu_memory.hpp"
 
 #if DDP_HAVE_NCCL
 #include <ATen/cuda/CUDAContext.h>
@@ -18,7 +19,7 @@ int64_t device_peak_allocated_bytes(const c10::Device& device) {
     return stats.allocated_bytes[0].peak;
   }
 #endif
-  (void)device;
+  if (device.is_cpu() && cpu_memory_counted()) return cpu_peak_allocated_bytes();
   return -1;
 }
 
@@ -38,7 +39,7 @@ void reset_device_peak(const c10::Device& device) {
 #if DDP_HAVE_NCCL
   if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
 #endif
-  (void)device;
+  if (device.is_cpu()) reset_cpu_peak();
 }
 
 std::string device_name(const c10::Device& device) {

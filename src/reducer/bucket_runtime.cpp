@@ -192,12 +192,16 @@ void BucketRuntime::launch(size_t b) {
         watch_completion(b, bucket.future);
         break;
       }
+      // The storage is the unit's transient reduce input (reducer/unit_buckets.hpp): reduced in
+      // place, without a full-size copy where the backend emulates the collective.
       at::Tensor storage = buffers_.storage(b);
       if (divisor == pg_->world_size()) {
-        bucket.scatter = pg_->reduce_scatter_async(storage, comm::ReduceOp::kAvg);
+        bucket.scatter =
+            pg_->reduce_scatter_async(storage, comm::ReduceOp::kAvg, /*reuse_input=*/true);
       } else {
         storage.div_(divisor);
-        bucket.scatter = pg_->reduce_scatter_async(storage, comm::ReduceOp::kSum);
+        bucket.scatter =
+            pg_->reduce_scatter_async(storage, comm::ReduceOp::kSum, /*reuse_input=*/true);
       }
       watch_completion(b, bucket.scatter.work()->getFuture());
       break;

@@ -1,7 +1,9 @@
 #include "ddp/reducer/unit_buckets.hpp"
 
 #include <ATen/ATen.h>
+
 #include <c10/util/Exception.h>
+#include <algorithm>
 
 namespace ddp::reducer {
 
@@ -136,10 +138,44 @@ void UnitBuckets::drop_stale_grad() {
 void UnitBuckets::finish_in_flight() {
   while (runtime_->has_in_flight()) {
     const BucketRuntime::Finished finished = runtime_->finish_next();
-    shards_[finished.bucket] = finished.shard;
+    // Kept until the end of backward, so shard-sized and its own: a shard that is a view of a
+    // full-size temporary would keep every unit's temporary alive to the end (the model's whole
+    // gradient size), and one in the reduce input (Gloo reduces in it) would be overwritten by
+    // the next unit's fill ([Note: one reduce input]).
+    const at::Tensor& shard = finished.shard;
+    const bool borrowed =
+        shard.defined() &&
+        (shard.storage().nbytes() > static_cast<size_t>(shard.nbytes()) ||
+         (input_pool_.defined() &&
+          shard.storage().unsafeGetStorageImpl() == input_pool_.storage().unsafeGetStorageImpl()));
+    shards_[finished.bucket] = borrowed ? shard.clone() : shard;
     comm_done_ns_[finished.bucket] = finished.comm_done_ns;
     inputs_.tensors[finished.bucket] = at::Tensor();  // the input is no longer needed
   }
+}
+
+at::Tensor UnitBuckets::reduce_input(const ReduceUnit& unit) {
+  // [Note: one reduce input] Nothing is in flight here (finish_in_flight ran), so the buffer the
+  // previous unit reduced from is free again: every unit of a backward fills the same one, made
+  // at the first fill for the largest unit of its dtype and device. Unless a unit filled earlier
+  // still waits for its launch (launches go in plan order, and a backward may complete units in
+  // another order: the first step, a tied parameter): then this one gets a buffer of its own.
+  const int64_t numel = pg_->world_size() * unit.row_numel;
+  if (input_bytes() > 0) return at::empty({numel}, unit.options);
+  const bool fits = input_pool_.defined() && input_pool_.numel() >= numel &&
+                    input_pool_.scalar_type() == c10::typeMetaToScalarType(unit.options.dtype()) &&
+                    input_pool_.device() == unit.options.device();
+  if (!fits) {
+    int64_t largest = numel;
+    for (const ReduceUnit& other : units_) {
+      if (other.options.dtype() == unit.options.dtype() &&
+          other.options.device() == unit.options.device()) {
+        largest = std::max(largest, pg_->world_size() * other.row_numel);
+      }
+    }
+    input_pool_ = at::empty({largest}, unit.options);
+  }
+  return input_pool_.narrow(0, 0, numel);
 }
 
 void UnitBuckets::fill_and_register(size_t u, int64_t member, const at::Tensor& incoming,
@@ -148,7 +184,7 @@ void UnitBuckets::fill_and_register(size_t u, int64_t member, const at::Tensor& 
   finish_in_flight();
   const size_t b = bucket_of_[u];
   const ReduceUnit& unit = units_[u];
-  at::Tensor input = at::empty({pg_->world_size() * unit.row_numel}, unit.options);
+  const at::Tensor input = reduce_input(unit);
   {
     at::NoGradGuard no_grad;
     unit.storage->fill_reduce_input(input, member, incoming);
@@ -178,6 +214,7 @@ void UnitBuckets::finish(GroupEvents& events) {
     fill_and_register(u, -1, at::Tensor(), events);
   }
   finish_in_flight();
+  input_pool_ = at::Tensor();  // between steps a rank holds its shards only
   for (size_t b = 0; b < plan_.buckets.size(); ++b) {
     units_[unit_at_[b]].storage->finish_reduce_scatter(shards_[b]);
     shards_[b] = at::Tensor();
@@ -192,6 +229,7 @@ void UnitBuckets::reset() {
   if (runtime_) runtime_->reset();
   for (auto& t : inputs_.tensors) t = at::Tensor();
   for (auto& t : shards_) t = at::Tensor();
+  input_pool_ = at::Tensor();
 }
 
 }  // namespace ddp::reducer

@@ -166,8 +166,9 @@ int64_t FlatParamGroup::full_bytes() const {
 
 int64_t FlatParamGroup::transient_bytes() const {
   int64_t bytes = full_has_memory_ ? full_bytes() : 0;
-  // A gathered output counts as long as its handle keeps it alive (in flight, or not dropped).
-  if (gather_.result().defined()) bytes += full_bytes();
+  // A gathered output counts as long as its handle keeps it alive (in flight, or not dropped),
+  // unless the pool holds it (counted once, by the schedule).
+  if (gather_.result().defined() && ticket_.slot < 0) bytes += full_bytes();
   return bytes;
 }
 
@@ -182,11 +183,21 @@ void FlatParamGroup::start_unshard() {
   if (state_ == ShardedState::kUnsharded || gathering_) return;
   require_state(!reducing_, "start_unshard");
   if (gather_dtype_ == shard_.scalar_type()) {
-    gather_ = pg_->all_gather_async(shard_, shard_numel_ * world_);
+    gather_ = pg_->all_gather_async(shard_, gather_output(shard_numel_ * world_, gather_dtype_));
   } else {  // [Note: gathering in param_dtype]
-    gather_ = pg_->all_gather_async(shard_.to(gather_dtype_).view(at::kByte), full_bytes());
+    gather_ = pg_->all_gather_async(shard_.to(gather_dtype_).view(at::kByte),
+                                    gather_output(full_bytes(), at::kByte));
   }
   gathering_ = true;
+}
+
+at::Tensor FlatParamGroup::gather_output(int64_t numel, c10::ScalarType dtype) {
+  if (pool_ == nullptr) return at::empty({numel}, shard_.options().dtype(dtype));
+  return pool_->take(numel, shard_.options().dtype(dtype), &ticket_);
+}
+
+void FlatParamGroup::done_with_gathered() {
+  if (pool_ != nullptr) pool_->give_back(&ticket_);
 }
 
 at::Tensor FlatParamGroup::wait_gather() {
@@ -234,6 +245,7 @@ bool FlatParamGroup::unshard() {
   }
   full_has_memory_ = true;
   copy_out(gathered);
+  done_with_gathered();  // queued before any later gather into the same buffer
   if (from_shards) {
     for (Member& m : params_) {
       point(m.param, full_, world_ * m.offset, m.full_sizes);
@@ -257,6 +269,7 @@ void FlatParamGroup::free_full() {
 void FlatParamGroup::reshard() {
   if (gathering_) {
     wait_gather();
+    done_with_gathered();
   }
   // A filled reduction that will not finish (an error in backward): this step's gradients are
   // dropped, the sharded .grad set aside is put back.
@@ -284,6 +297,7 @@ void FlatParamGroup::fill_reduce_input(const at::Tensor& input, int64_t member,
               shard_numel_, ") layout");
   if (gathering_) {  // a prefetch that no backward used: complete it, it is matched on every rank
     wait_gather();
+    done_with_gathered();
   }
   if (state_ == ShardedState::kSharded) {
     // Not gathered in this step (its forward did not run here): it still takes part, with zeros,

@@ -251,6 +251,7 @@ void ShardedModule::finish_backward() {
   finish_queued_ = false;
   phase_ = Phase::kIdle;
   schedule_->note_memory();
+  schedule_->end_step();
 }
 
 void ShardedModule::register_comm_hook(const hooks::CommHookPtr& hook) {

@@ -20,6 +20,7 @@ UnitSchedule::UnitSchedule(const ShardPlan& plan, const std::vector<at::Tensor>&
     group_of_unit_[u] = static_cast<int>(groups_.size());
     unit_of_group_.push_back(u);
     groups_.push_back(std::make_unique<FlatParamGroup>(plan, u, params, pg));
+    groups_.back()->use_gather_pool(&gather_pool_);
   }
 }
 
@@ -85,10 +86,13 @@ void UnitSchedule::unit_reduced(size_t g, bool synchronized) {
 
 void UnitSchedule::reshard_all() {
   for (auto& group : groups_) group->reshard();
+  gather_pool_.release();
 }
 
+void UnitSchedule::end_step() { gather_pool_.release(); }
+
 void UnitSchedule::note_memory() {
-  int64_t bytes = reducer_ ? reducer_->input_bytes() : 0;
+  int64_t bytes = (reducer_ ? reducer_->input_bytes() : 0) + gather_pool_.allocated_bytes();
   for (const auto& group : groups_) bytes += group->transient_bytes();
   peak_gathered_bytes_ = std::max(peak_gathered_bytes_, bytes);
 }

@@ -35,6 +35,7 @@
 #include "ddp/models/gpt.hpp"
 #include "ddp/models/registry.hpp"
 #include "ddp/obs/chrome_trace.hpp"
+#include "ddp/obs/cpu_memory.hpp"
 #include "ddp/obs/device_memory.hpp"
 #include "ddp/obs/kernel_trace.hpp"
 #include "ddp/optim/device_step.hpp"
@@ -186,6 +187,8 @@ int run_worker(const Args& args) {
   int local_rank = 0;
   if (const char* lr = std::getenv("LOCAL_RANK")) local_rank = std::atoi(lr);
   const torch::Device device = cuda ? torch::Device(torch::kCUDA, local_rank) : torch::kCPU;
+  // On the CPU the peak comes from counting tensor storages (the model's included: from here on).
+  if (!cuda) ddp::obs::count_cpu_memory();
   auto sync = [&] {
     if (cuda) torch::cuda::synchronize(local_rank);
   };

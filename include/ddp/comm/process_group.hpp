@@ -20,10 +20,12 @@
 //   - reduce-scatter is an all-reduce of a full-size temporary copy of the input, of which this
 //     rank keeps its slice (a view, no further copy). On the wire that is 2(W-1)/W * N elements
 //     per rank instead of (W-1)/W * N: twice a native reduce-scatter; in memory one N-element
-//     temporary that lives as long as the result (the result is a view into it).
-//   - all-gather is a list all-gather whose outputs are views of one W * chunk buffer (Gloo copies
-//     into them from its own flat buffer: one extra pass over W * chunk on the host); the wire
-//     bytes are those of a native all-gather ((W-1)/W * padded N per rank). The even case with a
+//     temporary that lives as long as the result (the result is a view into it), or none with
+//     reuse_input (the input itself is reduced; the result is a view into it).
+//   - all-gather is an all-reduce (sum) of a zeroed W * chunk buffer holding only this rank's
+//     slice: exact, in place, twice a native all-gather's bytes on the wire. Gloo's own list
+//     all-gather would gather into a flat tensor that its worker thread frees only some time after
+//     the wait (a whole output more alive at moments nobody controls). The even case with a
 //     contiguous output gathers straight into it; otherwise one more copy of N into the output.
 
 #include <ATen/core/Tensor.h>
@@ -177,8 +179,11 @@ class ProcessGroup {
 
   // Reduce-scatter of a flat tensor: every rank passes the same numel N; the result is this
   // rank's shard of the sum or average, FlatShards{N, world_size()}.length(rank()) elements
-  // (possibly 0). `input` is not modified. Costs per backend: [Note: flat collectives].
-  PendingCollective reduce_scatter_async(const at::Tensor& input, ReduceOp op);
+  // (possibly 0). `input` is not modified unless `reuse_input`: then a backend without a native
+  // reduce-scatter (Gloo) reduces in it instead of in a full-size copy (the caller's input is a
+  // temporary: the sharded units' reduce inputs). Costs per backend: [Note: flat collectives].
+  PendingCollective reduce_scatter_async(const at::Tensor& input, ReduceOp op,
+                                         bool reuse_input = false);
   // All-gather into a flat tensor: `shard` is this rank's shard of `output` under the even split
   // rule (FlatShards{output.numel(), world_size()}.length(rank()) elements, possibly 0); every
   // rank passes an `output` of the same numel and dtype, written in rank order.

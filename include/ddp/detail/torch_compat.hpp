@@ -48,6 +48,16 @@
 #define DDP_HAVE_SDPA 0
 #endif
 
+// c10::Allocator (obs/cpu_memory.cpp's counting allocator): 2.3 made allocate() non-const and
+// added the pure virtual copy_data().
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+#define DDP_ALLOCATOR_ALLOCATE_CONST
+#define DDP_ALLOCATOR_HAS_COPY_DATA 1
+#else
+#define DDP_ALLOCATOR_ALLOCATE_CONST const
+#define DDP_ALLOCATOR_HAS_COPY_DATA 0
+#endif
+
 // at::_chunk_cat (2.4+): chunks each tensor along a dim into N padded chunks and lays chunk k of
 // every tensor side by side in row k of a (N, -1) output, in one kernel: FSDP2's reduce-scatter
 // copy-in. Without it (1.13), a FULLY_SHARD unit copies each gradient into the layout in turn.

@@ -1,8 +1,8 @@
 #pragma once
 // Peak device memory and the device's name for reports (ddp-bench --verbose / --json): the CUDA
 // caching allocator's peak of allocated bytes since the last reset. -1 where there is no such
-// number (CPU tensors, or a libtorch without CUDA): CPU memory is reported as tensor storage bytes
-// instead.
+// number: CPU tensors unless obs::count_cpu_memory() counts them (then its counts), or a libtorch
+// without CUDA.
 
 #include <c10/core/Device.h>
 

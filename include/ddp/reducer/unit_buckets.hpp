@@ -25,9 +25,10 @@
 // Memory: a unit's reduce input exists from its last gradient until its reduce-scatter finished;
 // before building one, the reductions in flight are finished (each unit's result is kept until
 // the end of backward, shard-sized), so a backward holds one unit's input at a time, not the
-// model's. The plan is the reverse of the forward's unit order (the order gradients complete),
-// so a unit launches the moment it is filled; it changes (a new epoch for the hooks) when that
-// order changes, identically on every rank (they run the same model code).
+// model's, and every unit fills the same buffer. The plan is the reverse of the forward's unit
+// order (the order gradients complete), so a unit launches the moment it is filled; it changes (a
+// new epoch for the hooks) when that order changes, identically on every rank (they run the same
+// model code).
 
 #include <ATen/core/Tensor.h>
 
@@ -113,6 +114,9 @@ class UnitBuckets {
     std::vector<at::Tensor> tensors;
   };
 
+  // The reduce input of `unit`: a view of the one buffer every unit of a backward fills in turn
+  // ([Note: one reduce input] in the source).
+  at::Tensor reduce_input(const ReduceUnit& unit);
   void fill_and_register(size_t unit, int64_t member, const at::Tensor& incoming,
                          GroupEvents& events);
   void finish_in_flight();
@@ -132,6 +136,11 @@ class UnitBuckets {
   std::vector<size_t> unit_at_;    // bucket -> unit
   std::vector<size_t> bucket_of_;  // unit -> bucket
   Inputs inputs_;
+  // The buffer behind every unit's reduce input in one backward (the largest unit's size): made
+  // at the first fill, dropped at the end of backward. Reused rather than one per unit, so that a
+  // backward holds one unit's input however the backend releases its collectives' tensors (Gloo's
+  // worker threads drop theirs some time after the wait).
+  at::Tensor input_pool_;
   std::unique_ptr<BucketRuntime> runtime_;
 
   std::vector<bool> ready_;            // per flattened member, this backward

@@ -24,6 +24,7 @@
 
 #include "ddp/comm/process_group.hpp"
 #include "ddp/reducer/unit_storage.hpp"
+#include "ddp/shard/gather_pool.hpp"
 #include "ddp/shard/shard_plan.hpp"
 
 namespace ddp::shard {
@@ -84,6 +85,9 @@ class FlatParamGroup : public reducer::UnitStorage {
   FlatParamGroup(const ShardPlan& plan, size_t unit, const std::vector<at::Tensor>& params,
                  comm::ProcessGroupPtr pg);
 
+  // Gathers into `pool`'s buffer (shared by the model's units) instead of a new output per
+  // gather; the pool outlives the group. Null (the default): a new output each time.
+  void use_gather_pool(GatherPool* pool) { pool_ = pool; }
   // Issues the unit's all-gather without waiting (prefetch). A no-op when unsharded or when one
   // is already in flight.
   void start_unshard();
@@ -140,7 +144,8 @@ class FlatParamGroup : public reducer::UnitStorage {
   // Bytes of the gathered parameters (world * S elements of param_dtype): what unshard() holds.
   int64_t full_bytes() const;
   // Bytes this group holds beyond its shard now: the full buffer when it has memory, and an
-  // all-gather output in flight (the reduce input is the GradientRuntime's).
+  // all-gather output in flight unless it is the pool's (the pool counts its own; the reduce
+  // input is the GradientRuntime's).
   int64_t transient_bytes() const;
 
  private:
@@ -154,8 +159,12 @@ class FlatParamGroup : public reducer::UnitStorage {
   };
   void require_state(bool ok, const char* operation) const;
   void point_at_shards();
-  // Completes the all-gather in flight and drops its handle; the gathered full buffer.
+  // Completes the all-gather in flight and drops its handle; the gathered full buffer, valid
+  // until the caller gives its pool slot back (done_with_gathered).
   at::Tensor wait_gather();
+  void done_with_gathered();
+  // The output of the next all-gather: `numel` of `dtype` from the pool, or new.
+  at::Tensor gather_output(int64_t numel, c10::ScalarType dtype);
   void copy_out(const at::Tensor& gathered);
 
   comm::ProcessGroupPtr pg_;
@@ -171,6 +180,8 @@ class FlatParamGroup : public reducer::UnitStorage {
   at::Tensor full_;
   bool full_has_memory_ = false;
   comm::PendingCollective gather_;  // the all-gather in flight, when gathering_
+  GatherPool* pool_ = nullptr;      // see use_gather_pool
+  GatherPool::Ticket ticket_;       // the pool slot of the gather in flight or being copied out
   bool gathering_ = false;
   bool reducing_ = false;  // the reduce input was filled, the result not yet taken
   std::optional<c10::ScalarType> reduce_dtype_;

@@ -22,6 +22,7 @@
 
 #include "ddp/comm/process_group.hpp"
 #include "ddp/shard/flat_param_group.hpp"
+#include "ddp/shard/gather_pool.hpp"
 #include "ddp/shard/shard_options.hpp"
 #include "ddp/shard/shard_plan.hpp"
 
@@ -79,8 +80,12 @@ class UnitSchedule {
   void unit_reduced(size_t g, bool synchronized);
   // Every group back to its shards (an evaluation forward, or after an error).
   void reshard_all();
+  // The step is over (end of backward): the gather pool's buffer is freed, so that between steps
+  // a rank holds its shards only.
+  void end_step();
 
-  // The most full buffers and reduce inputs held at once since the last reset, in bytes.
+  // The most full buffers, gathered outputs and reduce inputs held at once since the last reset,
+  // in bytes.
   int64_t peak_gathered_bytes() const { return peak_gathered_bytes_; }
   void reset_peak() { peak_gathered_bytes_ = 0; }
   void note_memory();
@@ -93,6 +98,9 @@ class UnitSchedule {
   bool reshard_after_forward_;
   bool prefetch_;
   const reducer::GradientRuntime* reducer_ = nullptr;
+  // Where every group's all-gathers land (one unit's bytes); declared before the groups, which
+  // point at it.
+  GatherPool gather_pool_;
   std::vector<std::unique_ptr<FlatParamGroup>> groups_;  // units with sharded parameters
   std::vector<int> group_of_unit_;                       // plan unit -> groups_ index, or -1
   std::vector<size_t> unit_of_group_;
