@@ -164,12 +164,10 @@ int64_t FlatParamGroup::full_bytes() const {
   return world_ * shard_numel_ * static_cast<int64_t>(c10::elementSize(gather_dtype_));
 }
 
-int64_t FlatParamGroup::transient_bytes() const {
-  int64_t bytes = full_has_memory_ ? full_bytes() : 0;
+int64_t FlatParamGroup::own_gather_bytes() const {
   // A gathered output counts as long as its handle keeps it alive (in flight, or not dropped),
   // unless the pool holds it (counted once, by the schedule).
-  if (gather_.result().defined() && ticket_.slot < 0) bytes += full_bytes();
-  return bytes;
+  return gather_.result().defined() && ticket_.slot < 0 ? full_bytes() : 0;
 }
 
 void FlatParamGroup::point_at_shards() {

@@ -162,6 +162,7 @@ ShardMemory ShardedModule::memory() const {
     }
   }
   m.peak_gathered_bytes = schedule_->peak_gathered_bytes();
+  m.peak_by_owner = schedule_->peak_by_owner();
   return m;
 }
 

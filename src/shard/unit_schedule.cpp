@@ -92,9 +92,18 @@ void UnitSchedule::reshard_all() {
 void UnitSchedule::end_step() { gather_pool_.release(); }
 
 void UnitSchedule::note_memory() {
-  int64_t bytes = (reducer_ ? reducer_->input_bytes() : 0) + gather_pool_.allocated_bytes();
-  for (const auto& group : groups_) bytes += group->transient_bytes();
-  peak_gathered_bytes_ = std::max(peak_gathered_bytes_, bytes);
+  GatheredBytes now;
+  now.reduce_input = reducer_ ? reducer_->input_bytes() : 0;
+  now.gather_output = gather_pool_.allocated_bytes();
+  for (const auto& group : groups_) {
+    now.full_params += group->full_buffer_bytes();
+    now.gather_output += group->own_gather_bytes();
+  }
+  peak_by_owner_.full_params = std::max(peak_by_owner_.full_params, now.full_params);
+  peak_by_owner_.gather_output = std::max(peak_by_owner_.gather_output, now.gather_output);
+  peak_by_owner_.reduce_input = std::max(peak_by_owner_.reduce_input, now.reduce_input);
+  peak_gathered_bytes_ =
+      std::max(peak_gathered_bytes_, now.full_params + now.gather_output + now.reduce_input);
 }
 
 void UnitSchedule::gather(size_t g) {

@@ -1,4 +1,6 @@
 #include <gtest/gtest.h>
+
+#include <algorithm>
 #include <unistd.h>
 
 #include <cstdio>
@@ -224,14 +226,19 @@ TEST(DdpBench, UnitFlagsNeedAShardedStyle) {
 }
 
 // --json reports the bytes a rank holds: at world 2 the sharded parameters and gradients are half
-// of DDP's (mlp's 64 rows divide evenly), and the gathered peak is counted.
+// of DDP's (mlp's 64 rows divide evenly), the gathered peak is counted by owner, and the step's
+// memory by phase.
 TEST(DdpBench, JsonReportsMemoryPerRank) {
   const std::string common = kBench + " --model mlp --nproc 2 --batch-size 4 --repeat 2 --json ";
   const auto memory_of = [](const std::string& out) {
     const size_t at = out.find("\"memory\":");
     EXPECT_NE(at, std::string::npos) << out;
     std::map<std::string, long long> m;
-    for (const char* key : {"param_bytes", "grad_bytes", "peak_gathered_bytes"}) {
+    for (const char* key :
+         {"param_bytes", "grad_bytes", "peak_gathered_bytes", "device_peak_allocated_bytes",
+          "forward_peak_bytes", "backward_peak_bytes", "optimizer_peak_bytes",
+          "between_steps_bytes", "full_params_bytes", "gather_output_bytes",
+          "reduce_input_bytes"}) {
       const size_t k = out.find(std::string("\"") + key + "\":", at);
       m[key] = k == std::string::npos ? -1 : std::stoll(out.substr(k + std::strlen(key) + 3));
     }
@@ -248,6 +255,27 @@ TEST(DdpBench, JsonReportsMemoryPerRank) {
   EXPECT_EQ(ddp["peak_gathered_bytes"], 0);
   EXPECT_GT(fsdp["peak_gathered_bytes"], 0);
   EXPECT_LT(fsdp["peak_gathered_bytes"], ddp["param_bytes"]);
+  // By phase, from the counted CPU tensor storages: the step's peak is its largest phase's; DDP
+  // holds its parameters and gradients between steps, the sharded style half of each, and its
+  // backward peaks lower.
+  for (auto* m : {&ddp, &fsdp}) {
+    auto& r = *m;
+    EXPECT_GT(r["forward_peak_bytes"], 0);
+    EXPECT_EQ(r["device_peak_allocated_bytes"],
+              std::max({r["forward_peak_bytes"], r["backward_peak_bytes"],
+                        r["optimizer_peak_bytes"]}));
+    EXPECT_GE(r["between_steps_bytes"], r["param_bytes"] + r["grad_bytes"]);
+  }
+  EXPECT_LT(fsdp["between_steps_bytes"], ddp["between_steps_bytes"]);
+  EXPECT_LT(fsdp["backward_peak_bytes"], ddp["backward_peak_bytes"]);
+  // By owner (sharded only): each owner's peak is within the total's, and together they cover it.
+  EXPECT_EQ(ddp["full_params_bytes"], -1) << "DDP gathers nothing: no gathered_by_owner";
+  for (const char* owner : {"full_params_bytes", "gather_output_bytes", "reduce_input_bytes"}) {
+    EXPECT_GT(fsdp[owner], 0) << owner;
+    EXPECT_LE(fsdp[owner], fsdp["peak_gathered_bytes"]) << owner;
+  }
+  EXPECT_GE(fsdp["full_params_bytes"] + fsdp["gather_output_bytes"] + fsdp["reduce_input_bytes"],
+            fsdp["peak_gathered_bytes"]);
 }
 
 // --param-dtype bf16 gathers bf16 copies (less gathered memory than fp32 with every unit kept

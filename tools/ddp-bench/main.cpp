@@ -37,6 +37,7 @@
 #include "ddp/obs/chrome_trace.hpp"
 #include "ddp/obs/cpu_memory.hpp"
 #include "ddp/obs/device_memory.hpp"
+#include "ddp/obs/step_memory.hpp"
 #include "ddp/obs/kernel_trace.hpp"
 #include "ddp/optim/device_step.hpp"
 #include "ddp/optim/param_groups.hpp"
@@ -124,11 +125,15 @@ void load_params(torch::nn::Module& m, const std::string& path) {
 struct Memory {
   int64_t params = 0, grads = 0, optimizer_state = 0;
   int64_t peak_gathered = 0;  // sharded styles: gathered units and collective buffers
-  int64_t device_peak = -1;   // CUDA: the caching allocator's peak; -1 on the CPU
+  ddp::shard::GatheredBytes peak_by_owner;  // sharded styles: the same by owner
+  // The caching allocator's peak on CUDA, the counted tensor storages' on the CPU; -1: none.
+  int64_t device_peak = -1;
+  ddp::obs::StepMemory phases;  // eager steps: the same by phase
 };
 
 Memory measure_memory(torch::nn::Module& module, torch::optim::Optimizer& opt,
-                      const ddp::shard::ShardedModule* sharded_model, const torch::Device& device) {
+                      const ddp::shard::ShardedModule* sharded_model, const torch::Device& device,
+                      const ddp::obs::StepMemory& phases) {
   Memory m;
   for (auto& [name, p] : named_params(module)) {
     m.params += static_cast<int64_t>(p.nbytes());
@@ -137,8 +142,14 @@ Memory measure_memory(torch::nn::Module& module, torch::optim::Optimizer& opt,
   for (const auto& [key, t] : ddp::io::optimizer_tensors(opt, module)) {
     m.optimizer_state += static_cast<int64_t>(t.nbytes());
   }
-  if (sharded_model) m.peak_gathered = sharded_model->memory().peak_gathered_bytes;
-  m.device_peak = ddp::obs::device_peak_allocated_bytes(device);
+  if (sharded_model) {
+    m.peak_gathered = sharded_model->memory().peak_gathered_bytes;
+    m.peak_by_owner = sharded_model->memory().peak_by_owner;
+  }
+  m.phases = phases;
+  // Eager steps reset the peak per phase: the step's peak is the largest phase's.
+  m.device_peak = phases.forward_peak >= 0 ? phases.peak()
+                                           : ddp::obs::device_peak_allocated_bytes(device);
   return m;
 }
 
@@ -352,6 +363,7 @@ int run_worker(const Args& args) {
   const int untimed = args.cuda_graph ? std::max(warmup, 12) : warmup;  // 11 + the capture
   const int traced = args.kernel_trace.empty() ? 0 : kKernelTraceSteps;
   std::optional<ddp::obs::KernelTrace> kernel_trace;
+  ddp::obs::StepMemoryMeter meter(device);
   for (int i = 0; args.cuda_graph && i < untimed + timed + traced; ++i) {
     sync();
     if (i == untimed + timed) kernel_trace.emplace();
@@ -378,6 +390,9 @@ int run_worker(const Args& args) {
     if (i == warmup + timed) kernel_trace.emplace();
     const int64_t t0 = ddp::obs::trace_now_ns();
     opt->zero_grad();
+    // The timed steps' memory by phase (allocator statistics: no synchronization).
+    const bool measured = i >= warmup && i < warmup + timed;
+    if (measured) meter.start(ddp::obs::StepPhase::kForward);
     // --grad-accum N: the rank's batch in N equal micro-batches; all but the last under no_sync,
     // each loss divided by N (the timer's forward phase is the last micro-batch's).
     const int micro = args.recipe.grad_accum;
@@ -413,14 +428,26 @@ int run_worker(const Args& args) {
       for (auto& [name, p] : named_params(*w.ptr)) names.push_back(name);
       std::ofstream(args.graph_dot) << ddp::planner::autograd_graph_dot(loss, params, names);
     }
+    if (measured) {
+      meter.stop(ddp::obs::StepPhase::kForward);
+      meter.start(ddp::obs::StepPhase::kBackward);
+    }
     (micro > 1 ? loss / micro : loss).backward();
     if (micro > 1) loss = accumulated + loss.detach() / micro;
     if (clipper) clipper->clip(grad_shards());  // a non-finite step: the optimizer drops it
     phase_sync();
     const int64_t t2 = ddp::obs::trace_now_ns();
+    if (measured) {
+      meter.stop(ddp::obs::StepPhase::kBackward);
+      meter.start(ddp::obs::StepPhase::kOptimizer);
+    }
     if (scheduled) ddp::optim::set_lr(*opt, ddp::optim::lr_at(schedule, i));
     if (!args.optimizer_overlap) opt->step();
     sync();
+    if (measured) {
+      meter.stop(ddp::obs::StepPhase::kOptimizer);
+      meter.step_end();
+    }
     const int64_t t3 = ddp::obs::trace_now_ns();
     TORCH_CHECK(std::isfinite(loss.item<double>()),
                 "ddp-bench: the loss became non-finite at step ", i, " (learning rate ", lr,
@@ -457,7 +484,7 @@ int run_worker(const Args& args) {
     }
     if (lead) std::cerr << "ddp-bench: wrote trace " << args.trace_file << std::endl;
   }
-  const Memory memory = measure_memory(*w.ptr, *opt, sharded_model, device);
+  const Memory memory = measure_memory(*w.ptr, *opt, sharded_model, device, meter.result());
   if (!args.save_params.empty()) {
     ddp::io::TensorMap out;
     // Collective: every parameter gathered by its layout (sharded, --tp, or both nested).
@@ -486,7 +513,18 @@ int run_worker(const Args& args) {
                           {"grad_bytes", memory.grads},
                           {"optimizer_state_bytes", memory.optimizer_state},
                           {"peak_gathered_bytes", memory.peak_gathered},
-                          {"device_peak_allocated_bytes", memory.device_peak}};
+                          {"device_peak_allocated_bytes", memory.device_peak},
+                          {"phases",
+                           {{"forward_peak_bytes", memory.phases.forward_peak},
+                            {"backward_peak_bytes", memory.phases.backward_peak},
+                            {"optimizer_peak_bytes", memory.phases.optimizer_peak},
+                            {"between_steps_bytes", memory.phases.between_steps}}}};
+      if (sharded_model) {
+        result["memory"]["gathered_by_owner"] = {
+            {"full_params_bytes", memory.peak_by_owner.full_params},
+            {"gather_output_bytes", memory.peak_by_owner.gather_output},
+            {"reduce_input_bytes", memory.peak_by_owner.reduce_input}};
+      }
       line = result.dump();
     } else {
       char text[512];
@@ -508,6 +546,21 @@ int run_worker(const Args& args) {
           static_cast<long long>(memory.params), static_cast<long long>(memory.grads),
           static_cast<long long>(memory.optimizer_state),
           static_cast<long long>(memory.peak_gathered), static_cast<long long>(memory.device_peak));
+      std::printf(
+          "memory by phase (bytes, peaks of the timed steps): forward %lld, backward %lld, "
+          "optimizer %lld; between steps %lld\n",
+          static_cast<long long>(memory.phases.forward_peak),
+          static_cast<long long>(memory.phases.backward_peak),
+          static_cast<long long>(memory.phases.optimizer_peak),
+          static_cast<long long>(memory.phases.between_steps));
+      if (sharded_model) {
+        std::printf(
+            "gathered memory by owner (bytes, each its own peak): full parameter buffers %lld, "
+            "all-gather outputs %lld, reduce-scatter inputs %lld\n",
+            static_cast<long long>(memory.peak_by_owner.full_params),
+            static_cast<long long>(memory.peak_by_owner.gather_output),
+            static_cast<long long>(memory.peak_by_owner.reduce_input));
+      }
     }
     std::printf("mean latency %.3f ms across %d runs\n", s.mean, timed);
     std::fflush(stdout);

@@ -146,7 +146,11 @@ class FlatParamGroup : public reducer::UnitStorage {
   // Bytes this group holds beyond its shard now: the full buffer when it has memory, and an
   // all-gather output in flight unless it is the pool's (the pool counts its own; the reduce
   // input is the GradientRuntime's).
-  int64_t transient_bytes() const;
+  int64_t transient_bytes() const { return full_buffer_bytes() + own_gather_bytes(); }
+  // Its parts: the full buffer when it has memory; an all-gather output in flight or not yet
+  // dropped that is not the pool's.
+  int64_t full_buffer_bytes() const { return full_has_memory_ ? full_bytes() : 0; }
+  int64_t own_gather_bytes() const;
 
  private:
   struct Member {

@@ -67,6 +67,7 @@ struct ShardMemory {
   int64_t grad_bytes = 0;           // their .grad tensors now
   int64_t peak_gathered_bytes = 0;  // most full buffers + collective buffers held at once
                                     // during the steps since the last reset
+  GatheredBytes peak_by_owner;      // each owner's own peak over the same steps
 };
 
 class ShardedModule : private unit::UnitListener, private reducer::UnitObserver {

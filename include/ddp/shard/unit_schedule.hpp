@@ -32,6 +32,13 @@ class GradientRuntime;
 
 namespace ddp::shard {
 
+// What a sharded step holds beyond the shards, by owner (bytes).
+struct GatheredBytes {
+  int64_t full_params = 0;    // units' full parameter buffers with memory
+  int64_t gather_output = 0;  // all-gather outputs: the gather pool's buffer and any of their own
+  int64_t reduce_input = 0;   // reduce-scatter inputs alive
+};
+
 class UnitSchedule {
  public:
   // One FlatParamGroup per unit of `plan` that shards a parameter of `params` (the plan's
@@ -87,7 +94,13 @@ class UnitSchedule {
   // The most full buffers, gathered outputs and reduce inputs held at once since the last reset,
   // in bytes.
   int64_t peak_gathered_bytes() const { return peak_gathered_bytes_; }
-  void reset_peak() { peak_gathered_bytes_ = 0; }
+  // The same by owner, each its own peak: units' full parameter buffers, gather outputs (the
+  // pool's buffer and any of their own), reduce inputs.
+  const GatheredBytes& peak_by_owner() const { return peak_by_owner_; }
+  void reset_peak() {
+    peak_gathered_bytes_ = 0;
+    peak_by_owner_ = GatheredBytes{};
+  }
   void note_memory();
 
  private:
@@ -110,6 +123,7 @@ class UnitSchedule {
   std::vector<size_t> last_order_;  // the last complete forward's: prefetch follows it
   bool first_forward_done_ = false;
   int64_t peak_gathered_bytes_ = 0;  // see peak_gathered_bytes()
+  GatheredBytes peak_by_owner_;      // see peak_by_owner()
 };
 
 }  // namespace ddp::shard
