@@ -31,7 +31,7 @@ int64_t device_allocated_bytes(const c10::Device& device) {
         .current;
   }
 #endif
-  (void)device;
+  if (device.is_cpu() && cpu_memory_counted()) return cpu_allocated_bytes();
   return -1;
 }
 

@@ -256,8 +256,7 @@ TEST(DdpBench, JsonReportsMemoryPerRank) {
   EXPECT_GT(fsdp["peak_gathered_bytes"], 0);
   EXPECT_LT(fsdp["peak_gathered_bytes"], ddp["param_bytes"]);
   // By phase, from the counted CPU tensor storages: the step's peak is its largest phase's; DDP
-  // holds its parameters and gradients between steps, the sharded style half of each, and its
-  // backward peaks lower.
+  // holds its parameters and gradients between steps, the sharded style half of each.
   for (auto* m : {&ddp, &fsdp}) {
     auto& r = *m;
     EXPECT_GT(r["forward_peak_bytes"], 0);
@@ -266,8 +265,9 @@ TEST(DdpBench, JsonReportsMemoryPerRank) {
                         r["optimizer_peak_bytes"]}));
     EXPECT_GE(r["between_steps_bytes"], r["param_bytes"] + r["grad_bytes"]);
   }
+  // (Whose backward peaks lower is the memory tests' question, on a model whose units outweigh
+  // the activations: tests/shard/backward_memory_test.cpp.)
   EXPECT_LT(fsdp["between_steps_bytes"], ddp["between_steps_bytes"]);
-  EXPECT_LT(fsdp["backward_peak_bytes"], ddp["backward_peak_bytes"]);
   // By owner (sharded only): each owner's peak is within the total's, and together they cover it.
   EXPECT_EQ(ddp["full_params_bytes"], -1) << "DDP gathers nothing: no gathered_by_owner";
   for (const char* owner : {"full_params_bytes", "gather_output_bytes", "reduce_input_bytes"}) {
