@@ -6,9 +6,7 @@
 
 namespace ddp::obs {
 
-int64_t StepMemory::peak() const {
-  return std::max({forward_peak, backward_peak, optimizer_peak});
-}
+int64_t StepMemory::peak() const { return std::max({forward_peak, backward_peak, optimizer_peak}); }
 
 void StepMemoryMeter::start(StepPhase) { reset_device_peak(device_); }
 

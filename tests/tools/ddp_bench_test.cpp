@@ -1,7 +1,7 @@
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <unistd.h>
+#include <algorithm>
 
 #include <cstdio>
 #include <cstring>
@@ -234,11 +234,10 @@ TEST(DdpBench, JsonReportsMemoryPerRank) {
     const size_t at = out.find("\"memory\":");
     EXPECT_NE(at, std::string::npos) << out;
     std::map<std::string, long long> m;
-    for (const char* key :
-         {"param_bytes", "grad_bytes", "peak_gathered_bytes", "device_peak_allocated_bytes",
-          "forward_peak_bytes", "backward_peak_bytes", "optimizer_peak_bytes",
-          "between_steps_bytes", "full_params_bytes", "gather_output_bytes",
-          "reduce_input_bytes"}) {
+    for (const char* key : {"param_bytes", "grad_bytes", "peak_gathered_bytes",
+                            "device_peak_allocated_bytes", "forward_peak_bytes",
+                            "backward_peak_bytes", "optimizer_peak_bytes", "between_steps_bytes",
+                            "full_params_bytes", "gather_output_bytes", "reduce_input_bytes"}) {
       const size_t k = out.find(std::string("\"") + key + "\":", at);
       m[key] = k == std::string::npos ? -1 : std::stoll(out.substr(k + std::strlen(key) + 3));
     }
@@ -260,9 +259,9 @@ TEST(DdpBench, JsonReportsMemoryPerRank) {
   for (auto* m : {&ddp, &fsdp}) {
     auto& r = *m;
     EXPECT_GT(r["forward_peak_bytes"], 0);
-    EXPECT_EQ(r["device_peak_allocated_bytes"],
-              std::max({r["forward_peak_bytes"], r["backward_peak_bytes"],
-                        r["optimizer_peak_bytes"]}));
+    EXPECT_EQ(
+        r["device_peak_allocated_bytes"],
+        std::max({r["forward_peak_bytes"], r["backward_peak_bytes"], r["optimizer_peak_bytes"]}));
     EXPECT_GE(r["between_steps_bytes"], r["param_bytes"] + r["grad_bytes"]);
   }
   // (Whose backward peaks lower is the memory tests' question, on a model whose units outweigh

@@ -37,8 +37,8 @@
 #include "ddp/obs/chrome_trace.hpp"
 #include "ddp/obs/cpu_memory.hpp"
 #include "ddp/obs/device_memory.hpp"
-#include "ddp/obs/step_memory.hpp"
 #include "ddp/obs/kernel_trace.hpp"
+#include "ddp/obs/step_memory.hpp"
 #include "ddp/optim/device_step.hpp"
 #include "ddp/optim/param_groups.hpp"
 #include "ddp/optim/sgd.hpp"
@@ -124,7 +124,7 @@ void load_params(torch::nn::Module& m, const std::string& path) {
 // What a rank holds after the last step (storage bytes), and the peaks of the timed steps.
 struct Memory {
   int64_t params = 0, grads = 0, optimizer_state = 0;
-  int64_t peak_gathered = 0;  // sharded styles: gathered units and collective buffers
+  int64_t peak_gathered = 0;                // sharded styles: gathered units and collective buffers
   ddp::shard::GatheredBytes peak_by_owner;  // sharded styles: the same by owner
   // The caching allocator's peak on CUDA, the counted tensor storages' on the CPU; -1: none.
   int64_t device_peak = -1;
@@ -148,8 +148,8 @@ Memory measure_memory(torch::nn::Module& module, torch::optim::Optimizer& opt,
   }
   m.phases = phases;
   // Eager steps reset the peak per phase: the step's peak is the largest phase's.
-  m.device_peak = phases.forward_peak >= 0 ? phases.peak()
-                                           : ddp::obs::device_peak_allocated_bytes(device);
+  m.device_peak =
+      phases.forward_peak >= 0 ? phases.peak() : ddp::obs::device_peak_allocated_bytes(device);
   return m;
 }
 
