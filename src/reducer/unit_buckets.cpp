@@ -156,24 +156,19 @@ void UnitBuckets::finish_in_flight() {
 
 at::Tensor UnitBuckets::reduce_input(const ReduceUnit& unit) {
   // [Note: one reduce input] Nothing is in flight here (finish_in_flight ran), so the buffer the
-  // previous unit reduced from is free again: every unit of a backward fills the same one, made
-  // at the first fill for the largest unit of its dtype and device. Unless a unit filled earlier
-  // still waits for its launch (launches go in plan order, and a backward may complete units in
-  // another order: the first step, a tied parameter): then this one gets a buffer of its own.
+  // previous unit reduced from is free again: every unit of a backward fills the same one, grown
+  // when a larger unit comes (the first blocks size it; a large root, last in backward, grows it
+  // after the activations are gone). Unless a unit filled earlier still waits for its launch
+  // (launches go in plan order, and a backward may complete units in another order: the first
+  // step, a tied parameter): then this one gets a buffer of its own.
   const int64_t numel = pg_->world_size() * unit.row_numel;
   if (input_bytes() > 0) return at::empty({numel}, unit.options);
   const bool fits = input_pool_.defined() && input_pool_.numel() >= numel &&
                     input_pool_.scalar_type() == c10::typeMetaToScalarType(unit.options.dtype()) &&
                     input_pool_.device() == unit.options.device();
   if (!fits) {
-    int64_t largest = numel;
-    for (const ReduceUnit& other : units_) {
-      if (other.options.dtype() == unit.options.dtype() &&
-          other.options.device() == unit.options.device()) {
-        largest = std::max(largest, pg_->world_size() * other.row_numel);
-      }
-    }
-    input_pool_ = at::empty({largest}, unit.options);
+    input_pool_ = at::Tensor();  // freed before the larger one is made
+    input_pool_ = at::empty({numel}, unit.options);
   }
   return input_pool_.narrow(0, 0, numel);
 }

@@ -20,7 +20,6 @@ UnitSchedule::UnitSchedule(const ShardPlan& plan, const std::vector<at::Tensor>&
     group_of_unit_[u] = static_cast<int>(groups_.size());
     unit_of_group_.push_back(u);
     groups_.push_back(std::make_unique<FlatParamGroup>(plan, u, params, pg));
-    groups_.back()->use_gather_pool(&gather_pool_);
   }
 }
 
@@ -43,6 +42,14 @@ bool UnitSchedule::end_forward() {
   last_order_ = order_;
   const bool first = !first_forward_done_;
   first_forward_done_ = true;
+  if (first) {
+    // The gather pool serves the units gathered one after another (those the model runs through
+    // run_unit); a unit gathered for the whole step (the root: a GPT's embeddings, often the
+    // largest) keeps an output of its own, or the pool's buffer would be its size all step.
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      if (run_by_model_[unit_of_group_[g]]) groups_[g]->use_gather_pool(&gather_pool_);
+    }
+  }
   return first;
 }
 

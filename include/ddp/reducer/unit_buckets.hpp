@@ -136,10 +136,10 @@ class UnitBuckets {
   std::vector<size_t> unit_at_;    // bucket -> unit
   std::vector<size_t> bucket_of_;  // unit -> bucket
   Inputs inputs_;
-  // The buffer behind every unit's reduce input in one backward (the largest unit's size): made
-  // at the first fill, dropped at the end of backward. Reused rather than one per unit, so that a
-  // backward holds one unit's input however the backend releases its collectives' tensors (Gloo's
-  // worker threads drop theirs some time after the wait).
+  // The buffer behind every unit's reduce input in one backward (the largest unit's size so far):
+  // made at the first fill, dropped at the end of backward. Reused rather than one per unit, so
+  // that a backward holds one unit's input however the backend releases its collectives' tensors
+  // (Gloo's worker threads drop theirs some time after the wait).
   at::Tensor input_pool_;
   std::unique_ptr<BucketRuntime> runtime_;
 
