@@ -172,7 +172,7 @@ int main(int argc, char** argv) {
     last = loss;
     if (pg->rank() == 0 && (step % 20 == 0 || step + 1 == steps)) {
       std::printf("step %lld loss %.4f lr %.2e grad norm %.3f\n", static_cast<long long>(step),
-                  loss, lr, clipped.total_norm);
+                  loss, lr, clipped.norm());  // norm(): the host's copy (a tensor is not a %f)
     }
   }
   // Rank r's loss is on its own windows; the mean over ranks is the step's loss.

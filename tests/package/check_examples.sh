@@ -20,7 +20,10 @@ cmake --install "$build" --prefix "$prefix" >"$work/install.log" ||
 launcher=()
 if command -v ccache >/dev/null; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
 for ex in "${examples[@]}"; do
+  # Warnings are errors here: a tensor passed to printf's %f (issue 46) is a -Wformat warning that
+  # printed "grad norm 0.000" on every line. The libraries' headers come in as system headers.
   { cmake -S "$src/examples/$ex" -B "$work/$ex" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_CXX_FLAGS="-Wall -Wextra -Werror" \
       -DCMAKE_PREFIX_PATH="$prefix" "${launcher[@]}" && cmake --build "$work/$ex"; } \
     >"$work/$ex.build.log" 2>&1 ||
     { echo "building $ex failed:"; cat "$work/$ex.build.log"; exit 1; }
@@ -89,6 +92,12 @@ check_gpt_recipe() {
   close "$final0" "$final1" "gpt_recipe final loss, rank 0 vs rank 1"
   awk -v a="$first" -v b="$final0" 'BEGIN { exit !(b < 0.75 * a) }' ||
     { echo "gpt_recipe: the loss did not fall enough: $first -> $final0"; cat "$work/recipe.log"; exit 1; }
+  # Every printed gradient norm is a real one: positive and finite (it printed 0.000 once).
+  local norms
+  norms=$(sed -n 's/^\[rank 0\] step .* grad norm \([-+0-9.eEinfa]*\).*/\1/p' "$work/recipe.log")
+  [[ -n "$norms" ]] || { echo "gpt_recipe printed no grad norm:"; cat "$work/recipe.log"; exit 1; }
+  awk '{ if (!($1 > 0 && $1 < 1e30)) bad = 1 } END { exit bad }' <<<"$norms" ||
+    { echo "gpt_recipe: a grad norm that is not a norm:"; echo "$norms"; exit 1; }
   echo "gpt_recipe: fully_shard at world 2, loss $first -> $final0 in 60 steps"
 }
 
