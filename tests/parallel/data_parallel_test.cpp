@@ -1,7 +1,7 @@
 // ddp::data_parallel(module, group or mesh, style): every style through the one entry point, at
 // world 1, 2 and 3 on Gloo, equals single-process training on the global batch after 3 steps of
-// SGD with momentum (rel. err < 1e-5); a 1-D mesh gives its dim, a 2-D mesh without "dp" is
-// refused.
+// SGD with momentum (rel. err < 1e-5), also after a forward without backward undone by reshard();
+// a 1-D mesh gives its dim, a 2-D mesh without "dp" is refused.
 
 #include "ddp/parallel/data_parallel.hpp"
 
@@ -60,6 +60,23 @@ DDP_TEST_WORKER(data_parallel_styles) {
   }
   regression_steps([&](const torch::Tensor& x) { return model(x); }, net->parameters(), oracle, w,
                    r, shape.in, shape.out, 3);
+  // One more step with a forward under grad mode and no backward between the backward and the
+  // optimizer step (an evaluation without NoGradGuard), undone by reshard(): the step still
+  // equals the oracle's, every style. Without reshard() the sharded styles' step finds no
+  // gradients (the forward set the shards' aside) and silently skips them (issue 46).
+  {
+    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
+    torch::optim::SGD oracle_opt(oracle->parameters(), torch::optim::SGDOptions(0.1));
+    torch::manual_seed(7);
+    const auto x = torch::randn({3 * w, shape.in});
+    const auto y = torch::randn({3 * w, shape.out});
+    torch::mse_loss(model(x.narrow(0, 3 * r, 3)), y.narrow(0, 3 * r, 3)).backward();
+    (void)model(x.narrow(0, 3 * r, 3));
+    model.reshard();
+    opt.step();
+    torch::mse_loss(oracle->forward(x), y).backward();
+    oracle_opt.step();
+  }
   std::vector<std::pair<std::string, torch::Tensor>> ours;
   if (model.sharded()) {
     ours = model.sharded()->full_parameters();

@@ -129,6 +129,13 @@ class DataParallel {
       sharded_->set_optimizer_in_backward(factory);
     }
   }
+  // After a forward with grad mode on whose backward never runs (an evaluation without
+  // torch::NoGradGuard): the sharded styles put every unit back on its shards and drop what that
+  // forward prepared (ShardedModule::reshard), so that training goes on as if it never ran; DDP
+  // has nothing to undo. Between steps.
+  void reshard() {
+    if (sharded_) sharded_->reshard();
+  }
   // Zeroes the gradients the runtime owns (DDP's bucket views, the sharded styles' shards).
   void zero_grad() {
     if (replicated_) {
