@@ -167,7 +167,7 @@ int64_t FlatParamGroup::full_bytes() const {
 int64_t FlatParamGroup::own_gather_bytes() const {
   // A gathered output counts as long as its handle keeps it alive (in flight, or not dropped),
   // unless the pool holds it (counted once, by the schedule).
-  return gather_.result().defined() && ticket_.slot < 0 ? full_bytes() : 0;
+  return gather_.result().defined() && !ticket_.pooled ? full_bytes() : 0;
 }
 
 void FlatParamGroup::point_at_shards() {

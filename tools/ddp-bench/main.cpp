@@ -455,9 +455,8 @@ int run_worker(const Args& args) {
     if (i >= warmup && i < warmup + timed) step_ms.push_back(static_cast<double>(t3 - t0) / 1e6);
     if (i + 1 == warmup || (warmup == 0 && i == 0)) {
       // Peaks of the timed steps only: the first sharded step gathers everything to learn the
-      // order in which the model runs its units.
+      // order in which the model runs its units. (The device's peak is the meter's, per phase.)
       if (sharded_model) sharded_model->reset_peak_memory();
-      ddp::obs::reset_device_peak(device);
     }
     if (args.profile) {
       trace.add({"forward", "compute", 0, t0, t1, i, -1});

@@ -185,7 +185,7 @@ class FlatParamGroup : public reducer::UnitStorage {
   bool full_has_memory_ = false;
   comm::PendingCollective gather_;  // the all-gather in flight, when gathering_
   GatherPool* pool_ = nullptr;      // see use_gather_pool
-  GatherPool::Ticket ticket_;       // the pool slot of the gather in flight or being copied out
+  GatherPool::Ticket ticket_;       // the pool buffer of the gather in flight or being copied out
   bool gathering_ = false;
   bool reducing_ = false;  // the reduce input was filled, the result not yet taken
   std::optional<c10::ScalarType> reduce_dtype_;

@@ -13,46 +13,42 @@
 // nobody consumed yet) gets a tensor of its own. Released between steps: then a rank holds its
 // shards only.
 //
-//   unit k:   take the slot -> all-gather into it -> wait -> copy out -> give it back
-//             -> prefetch unit k+1: take the slot -> all-gather in flight while k computes
+//   unit k:   take the buffer -> all-gather into it -> wait -> copy out -> give it back
+//             -> prefetch unit k+1: take the buffer -> all-gather in flight while k computes
 //   unit k+1: wait -> copy out -> give it back -> prefetch unit k+2 ...
 
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
-#include <vector>
 
 namespace ddp::shard {
 
 class GatherPool {
  public:
-  // Which slot a taken buffer came from, and in which step (release() starts a new one, so that a
-  // gather still in flight then cannot free a slot taken since).
+  // Whether a taken output is the pool's buffer, and in which step (release() starts a new one, so
+  // that a gather still in flight then cannot free the buffer taken since).
   struct Ticket {
-    int slot = -1;  // -1: a tensor of its own, nothing to give back
+    bool pooled = false;  // false: a tensor of its own, nothing to give back
     uint64_t epoch = 0;
   };
 
-  // `slots`: buffers taken in turn (1: see above; more for a deeper prefetch).
-  explicit GatherPool(size_t slots = 1);
-
-  // `numel` elements of `options`' dtype on its device, a view of a free slot's buffer (made or
-  // grown to fit at its first use since the last release: the largest unit gathered so far)
-  // marked busy, its slot in *ticket; a new tensor (ticket slot -1) when every slot is busy.
+  // `numel` elements of `options`' dtype on its device: a view of the buffer (made or grown to fit
+  // at its first use since the last release: the largest unit gathered so far), marked busy; a new
+  // tensor when the buffer is busy. *ticket says which.
   at::Tensor take(int64_t numel, const at::TensorOptions& options, Ticket* ticket);
-  // The gathered output of `ticket` was copied out (or discarded): its slot is free again (if it
+  // The gathered output of `ticket` was copied out (or discarded): the buffer is free again (if it
   // is still this step's). Resets the ticket.
   void give_back(Ticket* ticket);
-  // Frees every buffer and marks every slot free (between steps; a gather still in flight keeps
-  // its own reference to its buffer until it is waited for).
+  // Frees the buffer and marks it free (between steps; a gather still in flight keeps its own
+  // reference to it until it is waited for).
   void release();
-  // Bytes of the buffers allocated now.
-  int64_t allocated_bytes() const;
+  // Bytes of the buffer allocated now.
+  int64_t allocated_bytes() const { return buffer_.defined() ? buffer_.numel() : 0; }
 
  private:
-  std::vector<at::Tensor> buffers_;  // uint8, 8-aligned sizes; undefined until first taken
-  std::vector<bool> busy_;           // per slot: taken and not given back
-  uint64_t epoch_ = 0;               // release() calls so far
+  at::Tensor buffer_;   // uint8, an 8-aligned size; undefined until first taken in a step
+  bool busy_ = false;   // taken and not given back
+  uint64_t epoch_ = 0;  // release() calls so far
 };
 
 }  // namespace ddp::shard
