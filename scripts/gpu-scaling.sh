@@ -208,6 +208,8 @@ for stage in "$@"; do
             fsdp2-keep) cmd="$PY bench/reference/torch_ddp.py --fsdp --fsdp-wrap --reshard-after-forward false" ;;
             ours-fsdp-bf16) cmd="$BENCH --fsdp --fsdp-wrap --param-dtype bf16" ;;
             fsdp2-bf16) cmd="$PY bench/reference/torch_ddp.py --fsdp --fsdp-wrap --param-dtype bf16" ;;
+            ours-ddp-graph) cmd="$BENCH --ddp --cuda-graph" ;;
+            ours-fsdp-graph) cmd="$BENCH --fsdp --fsdp-wrap --cuda-graph" ;;
           esac
           log="$OUT/memory-w$w-$name.log"
           timeout 200 $cmd $flags --nproc "$w" >"$log" 2>&1

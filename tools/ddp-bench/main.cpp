@@ -127,6 +127,7 @@ struct Memory {
   int64_t peak_gathered = 0;                // sharded styles: gathered units and collective buffers
   ddp::shard::GatheredBytes peak_by_owner;  // sharded styles: the same by owner
   // The caching allocator's peak on CUDA, the counted tensor storages' on the CPU; -1: none.
+  // --cuda-graph: that of the step captured (its replays allocate nothing), if larger.
   int64_t device_peak = -1;
   ddp::obs::StepMemory phases;  // eager steps: the same by phase
 };
@@ -364,13 +365,21 @@ int run_worker(const Args& args) {
   const int traced = args.kernel_trace.empty() ? 0 : kKernelTraceSteps;
   std::optional<ddp::obs::KernelTrace> kernel_trace;
   ddp::obs::StepMemoryMeter meter(device);
+  int64_t capture_peak = -1;  // --cuda-graph: the device peak of the step that was captured
   for (int i = 0; args.cuda_graph && i < untimed + timed + traced; ++i) {
     sync();
     if (i == untimed + timed) kernel_trace.emplace();
     const int64_t t0 = ddp::obs::trace_now_ns();
     if (scheduled) ddp::optim::set_lr(*opt, ddp::optim::lr_at(schedule, i));  // outside the graph
+    // A replay allocates nothing: the captured step's memory is what its capture allocated in the
+    // graph's pool, so the peak of the run that captured is the captured step's.
+    const bool warming_up = captured->state() == ddp::graphs::CapturedStep::State::kWarmingUp;
+    if (warming_up) ddp::obs::reset_device_peak(device);
     captured->run();
     sync();
+    if (warming_up && captured->state() == ddp::graphs::CapturedStep::State::kReplaying) {
+      capture_peak = ddp::obs::device_peak_allocated_bytes(device);
+    }
     const int64_t t3 = ddp::obs::trace_now_ns();
     TORCH_CHECK(std::isfinite(graph_loss.item<double>()),
                 "ddp-bench: the loss became non-finite at step ", i, " (learning rate ", lr,
@@ -483,7 +492,8 @@ int run_worker(const Args& args) {
     }
     if (lead) std::cerr << "ddp-bench: wrote trace " << args.trace_file << std::endl;
   }
-  const Memory memory = measure_memory(*w.ptr, *opt, sharded_model, device, meter.result());
+  Memory memory = measure_memory(*w.ptr, *opt, sharded_model, device, meter.result());
+  memory.device_peak = std::max(memory.device_peak, capture_peak);
   if (!args.save_params.empty()) {
     ddp::io::TensorMap out;
     // Collective: every parameter gathered by its layout (sharded, --tp, or both nested).
