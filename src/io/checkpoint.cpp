@@ -220,6 +220,15 @@ Manifest verify_checkpoint(const std::string& dir) {
 Manifest load_checkpoint(const std::string& dir, int world_size, TrainingState& state, int rank) {
   TORCH_CHECK(state.model != nullptr, "ddp: load_checkpoint: TrainingState::model is null");
   const Manifest head = read_manifest(dir);
+  // A global batch the caller states is the saved run's: the steps' samples, a schedule's step and
+  // the data position all assume it. Refused before any change; a checkpoint that did not record
+  // one (0) loads as before.
+  TORCH_CHECK(state.global_batch == 0 || head.global_batch == 0 ||
+                  head.global_batch == state.global_batch,
+              "ddp: checkpoint ", dir, " was saved by a run of ", head.global_batch,
+              " samples a step, this run's is ", state.global_batch,
+              " (TrainingState::global_batch): resume with the same global batch (at another "
+              "world size, scale the batch per rank)");
   const bool rank_files = std::any_of(head.files.begin(), head.files.end(),
                                       [](const ManifestFile& f) { return f.rank != kReplicated; });
   if (state.split_layouts() != nullptr)
@@ -262,7 +271,7 @@ Manifest load_checkpoint(const std::string& dir, int world_size, TrainingState& 
   load_rng_tensors(rng, rng_path);
   state.step = manifest.step;
   state.data_position = manifest.data_position;
-  state.global_batch = manifest.global_batch;
+  if (state.global_batch == 0) state.global_batch = manifest.global_batch;
   return manifest;
 }
 

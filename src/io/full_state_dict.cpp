@@ -50,6 +50,7 @@ TensorMap gather_full_state(comm::ProcessGroup& group, const shard::ShardedModul
   TORCH_CHECK(
       sharded.plan().world == group.world_size(),
       wrong_group_for_layouts("gather_full_state", sharded.plan().world, group.world_size()));
+  sharded.require_between_steps("gather_full_state");
   return whole_state(model, sharded.layouts(), &group);
 }
 

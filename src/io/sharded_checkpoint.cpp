@@ -353,7 +353,7 @@ Manifest load_resharded_checkpoint(const std::string& dir, const Manifest& manif
   load_rng_tensors(rng, rng_path);
   state.step = manifest.step;
   state.data_position = manifest.data_position;
-  state.global_batch = manifest.global_batch;
+  if (state.global_batch == 0) state.global_batch = manifest.global_batch;
   return manifest;
 }
 

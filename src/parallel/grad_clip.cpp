@@ -1,18 +1,47 @@
 #include "ddp/parallel/grad_clip.hpp"
 
 #include "ddp/layout/tensor_layouts.hpp"
+#include "ddp/unit/unit_scope.hpp"
 
 namespace ddp::parallel {
+namespace {
+
+// A model tensor parallelism split, normed without its TensorParallel: each tp rank would norm
+// only its own shards (a norm too small, a different one per tp rank, so that the replicated
+// parameters drift apart), silently. Refused before any collective, naming the split submodule.
+void refuse_split_without_tp(torch::nn::Module& module) {
+  constexpr std::string_view kTp = "tensor-parallel";
+  bool any = unit::is_unit_of(module, kTp);
+  for (const auto& child : module.modules(/*include_self=*/false))
+    any |= unit::is_unit_of(*child, kTp);
+  if (!any) return;
+  std::string split = "<root>";  // named only when refused: names cost strings every step
+  for (const auto& item : module.named_modules("", /*include_self=*/false)) {
+    if (unit::is_unit_of(*item.value(), kTp)) {
+      split = item.key();
+      break;
+    }
+  }
+  TORCH_CHECK(false, "ddp: clip_grad_norm: submodule '", split,
+              "' is split by tensor parallelism; pass its TensorParallel: "
+              "ddp::clip_grad_norm(model, *tp, max_norm) (without it each tp rank norms only "
+              "its own shards)");
+}
+
+}  // namespace
 
 optim::GradShards split_grad_shards(torch::nn::Module& module, const shard::ShardedModule* sharded,
                                     const tp::TensorParallel* tp,
                                     const comm::ProcessGroupPtr& dp_group) {
   if (tp == nullptr) {
+    refuse_split_without_tp(module);
     if (sharded == nullptr) return optim::grad_shards(module);  // DDP: whole everywhere
+    sharded->require_between_steps("clip_grad_norm");
     return optim::grad_shards(module, &sharded->layouts(), {sharded->group()});
   }
   if (sharded == nullptr && !dp_group)
     return optim::grad_shards(module, &tp->layouts(), {tp->group()});
+  if (sharded != nullptr) sharded->require_between_steps("clip_grad_norm");
   const comm::ProcessGroupPtr& outer = sharded != nullptr ? sharded->group() : dp_group;
   const layout::TensorLayouts layouts = over_tensor_parallel(
       sharded != nullptr ? sharded->layouts()

@@ -281,6 +281,13 @@ void FlatParamGroup::reshard() {
   }
 }
 
+bool FlatParamGroup::holds_gradients_aside() const {
+  for (const Member& m : params_) {
+    if (m.shard_grad.defined() && m.shard_grad.ne(0).any().item<bool>()) return true;
+  }
+  return false;
+}
+
 std::vector<int64_t> FlatParamGroup::member_offsets() const {
   std::vector<int64_t> out;
   for (const Member& m : params_) out.push_back(m.offset);

@@ -166,9 +166,34 @@ ShardMemory ShardedModule::memory() const {
   return m;
 }
 
+// [Note: a forward whose backward never runs] A forward under grad mode gathers the parameters
+// (they take their full shapes) and sets the shards' gradients aside for its backward to add to;
+// only that backward, or reshard(), puts them back. Without either (an evaluation forward without
+// torch::NoGradGuard) an optimizer step finds full-shaped parameters without gradients and skips
+// them, silently, and the next backward adds its gradients to the stale ones set aside. The step
+// cannot be seen from here, so the next forward refuses when gradients were left aside (nonzero:
+// an evaluation after zero_grad leaves nothing to lose, and neither does one before any
+// backward), and reading the parameters in between (a checkpoint's layouts, a norm) refuses
+// always: both name reshard() and NoGradGuard. Two forwards then two backwards stay legal.
+void ShardedModule::require_between_steps(const char* operation) const {
+  TORCH_CHECK(phase_ != Phase::kForward, "ddp: ", operation,
+              ": the parameters are gathered by a forward under grad mode whose backward has not "
+              "run (an evaluation without torch::NoGradGuard?); call model.reshard() after such a "
+              "forward, or run it under torch::NoGradGuard");
+}
+
 void ShardedModule::pre_forward() {
   TORCH_CHECK(phase_ != Phase::kBackward,
               "ddp: forward of a sharded module while its backward is running");
+  if (phase_ == Phase::kForward) {
+    for (size_t g = 0; g < schedule_->num_groups(); ++g) {
+      TORCH_CHECK(!schedule_->group(g).holds_gradients_aside(),
+                  "ddp: forward: the last forward ran under grad mode and its backward never "
+                  "did (an evaluation without torch::NoGradGuard?): it set the last backward's "
+                  "gradients aside, so an optimizer step since then skipped them; call "
+                  "model.reshard() after such a forward, or run it under torch::NoGradGuard");
+    }
+  }
   phase_ = Phase::kForward;
   stats_.collect(gradients_ ? gradients_->num_synchronized_backwards() : 0);
   stats_.forward_started();

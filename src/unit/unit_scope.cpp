@@ -54,6 +54,16 @@ UnitRegistration::~UnitRegistration() {
   if (entries.empty()) registry().erase(it);
 }
 
+bool is_unit_of(const torch::nn::Module& module, std::string_view kind) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  const auto it = registry().find(&module);
+  if (it == registry().end()) return false;
+  for (const Entry& e : it->second) {
+    if (e.listener->kind() == kind) return true;
+  }
+  return false;
+}
+
 at::Tensor run_unit(const torch::nn::Module& module,
                     const std::function<at::Tensor(const at::Tensor&)>& fn,
                     const at::Tensor& input) {

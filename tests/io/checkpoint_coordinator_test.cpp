@@ -50,6 +50,7 @@ DDP_TEST_WORKER(coordinator_resume) {
   auto linear = torch::nn::Linear(3, 2);
   ddp::io::TrainingState state;
   state.model = linear.ptr().get();
+  state.global_batch = 8;
 
   // Nothing saved yet: every rank starts fresh.
   require(!ddp::io::resume_latest(*pg, options, state).has_value(), "an empty root resumed");
@@ -67,9 +68,11 @@ DDP_TEST_WORKER(coordinator_resume) {
   }
 
   fill(*linear, 0);
+  state.global_batch = 0;  // unstated: the load sets the checkpoint's
   auto resumed = ddp::io::resume_latest(*pg, options, state);
-  require(resumed && resumed->step == 2 && state.step == 2 && state.data_position == 20,
-          "did not resume from step 2");
+  require(resumed && resumed->step == 2 && state.step == 2 && state.data_position == 20 &&
+              state.global_batch == 8,
+          "did not resume from step 2 with its global batch");
   require(all_equal(*linear, 2), "parameters are not step 2's");
   require(sum_over_ranks(*pg, state.step) == 2 * world, "ranks resumed from different steps");
 
@@ -88,6 +91,26 @@ DDP_TEST_WORKER(coordinator_resume) {
   require(resumed->dir == ddp::io::checkpoint_dir(options.root, 1), "wrong directory");
   require(all_equal(*linear, 1), "parameters are not step 1's");
   require(sum_over_ranks(*pg, state.step) == world, "ranks fell back to different steps");
+
+  // A stated global batch other than the saved run's is refused by name on every rank before
+  // anything changes (issue 46: such a resume passed silently unless the program checked).
+  fill(*linear, 0);
+  ddp::io::TrainingState other_batch = state;
+  other_batch.global_batch = 6;
+  std::string refused;
+  try {
+    ddp::io::resume_latest(*pg, options, other_batch);
+  } catch (const c10::Error& e) {
+    refused = e.what_without_backtrace();
+  }
+  require(refused == "ddp: checkpoint " + ddp::io::checkpoint_dir(options.root, 1) +
+                         " was saved by a run of 8 samples a step, this run's is 6 "
+                         "(TrainingState::global_batch): resume with the same global batch (at "
+                         "another world size, scale the batch per rank)",
+          "another global batch: " + refused);
+  require(all_equal(*linear, 0) && other_batch.step == 1,
+          "a refused resume changed the parameters or the step");
+  fill(*linear, 1);
 
   // The last rank's model does not match the checkpoint: it fails with its own reason, the
   // others learn that it failed, and nobody is left waiting in a collective.

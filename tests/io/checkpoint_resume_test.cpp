@@ -157,10 +157,10 @@ TEST(CheckpointRestart, CorruptLatestFallsBackAndAnotherWorldSizeResumes) {
   std::tie(out, code) =
       run_command(train("sgd", "--steps 10 --resume --checkpoint-dir " + dir.file("d"), 3));
   EXPECT_NE(code, 0) << out;
-  EXPECT_NE(out.find("ddp-train: checkpoint " + dir.file("d") +
-                     "/step-5 was saved by a run of 64 samples a step (--batch-size x "
-                     "--grad-accum x data-parallel ranks), this run's is 96: resume with the same "
-                     "global batch (at another world size, scale --batch-size)"),
+  EXPECT_NE(out.find("ddp: checkpoint " + dir.file("d") +
+                     "/step-5 was saved by a run of 64 samples a step, this run's is 96 "
+                     "(TrainingState::global_batch): resume with the same global batch (at "
+                     "another world size, scale the batch per rank)"),
             std::string::npos)
       << out;
   // World 4 with half the batch keeps the global batch: it ends where the uninterrupted world-2

@@ -326,6 +326,17 @@ DDP_TEST_WORKER(clip_meshes) {
   optim::ClipOptions options;
   options.norm_type = norm_type;
   options.max_norm = 0.5 * want;
+  // Issue 46: without the TensorParallel each tp rank normed only its shards, silently.
+  const std::string refused =
+      "ddp: clip_grad_norm: submodule 'fc1' is split by tensor parallelism; pass its "
+      "TensorParallel: ddp::clip_grad_norm(model, *tp, max_norm) (without it each tp rank norms "
+      "only its own shards)";
+  if (model) {
+    require(error_of([&] { parallel::clip_grad_norm(*model, options); }) == refused,
+            "clip_grad_norm(model, options) over a TP-split model was not refused by name");
+    require(error_of([&] { parallel::clip_grad_norm(*model, 1.0); }) == refused,
+            "clip_grad_norm(model, max_norm) over a TP-split model was not refused by name");
+  }
   const int64_t dp_issued = mesh["dp"]->collectives_issued();
   const int64_t tp_issued = mesh["tp"]->collectives_issued();
   // The public overloads with ClipOptions (the infinity norm too) over the mesh.

@@ -60,6 +60,31 @@ DDP_TEST_WORKER(data_parallel_styles) {
   }
   regression_steps([&](const torch::Tensor& x) { return model(x); }, net->parameters(), oracle, w,
                    r, shape.in, shape.out, 3);
+  // Issue 46: after a backward, a forward under grad mode whose backward never runs leaves the
+  // sharded styles' gradients set aside and the parameters gathered: reading their layouts (a
+  // checkpoint's) and the next forward refuse by name, until reshard() puts them back.
+  if (model.sharded()) {
+    torch::manual_seed(5);
+    const auto x = torch::randn({3, shape.in});
+    torch::mse_loss(model(x), torch::zeros({3, shape.out})).backward();
+    (void)model(x);
+    const std::string layouts = error_of([&] { (void)model.layouts(); });
+    require(layouts ==
+                "ddp: layouts: the parameters are gathered by a forward under grad mode whose "
+                "backward has not run (an evaluation without torch::NoGradGuard?); call "
+                "model.reshard() after such a forward, or run it under torch::NoGradGuard",
+            "layouts after a forward without backward: " + layouts);
+    const std::string forward = error_of([&] { (void)model(x); });
+    require(forward ==
+                "ddp: forward: the last forward ran under grad mode and its backward never did "
+                "(an evaluation without torch::NoGradGuard?): it set the last backward's "
+                "gradients aside, so an optimizer step since then skipped them; call "
+                "model.reshard() after such a forward, or run it under torch::NoGradGuard",
+            "forward after a forward without backward: " + forward);
+    model.reshard();
+    require(!model.layouts().by_name.empty(), "layouts after reshard()");
+    for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();
+  }
   // One more step with a forward under grad mode and no backward between the backward and the
   // optimizer step (an evaluation without NoGradGuard), undone by reshard(): the step still
   // equals the oracle's, every style. Without reshard() the sharded styles' step finds no

@@ -308,10 +308,10 @@ TEST(DdpTrainText, AResumeThatChangesTheGlobalBatchIsRefused) {
   ASSERT_EQ(code, 0) << out;
   std::tie(out, code) = run(train + ckpt + " --nproc 2 --batch-size 3 --steps 4 --resume");
   EXPECT_NE(code, 0) << out;
-  EXPECT_NE(out.find("ddp-train: checkpoint " + tmp.str() +
-                     "/ckpt/step-2 was saved by a run of 8 samples a step (--batch-size x "
-                     "--grad-accum x data-parallel ranks), this run's is 6: resume with the same "
-                     "global batch (at another world size, scale --batch-size)"),
+  EXPECT_NE(out.find("ddp: checkpoint " + tmp.str() +
+                     "/ckpt/step-2 was saved by a run of 8 samples a step, this run's is 6 "
+                     "(TrainingState::global_batch): resume with the same global batch (at "
+                     "another world size, scale the batch per rank)"),
             std::string::npos)
       << out;
   // The same global batch at another world size resumes.

@@ -241,16 +241,7 @@ int run_worker(const Args& args) {
   if (!args.checkpoint_dir.empty() && (args.resume || restart_count() > 0)) {
     // Every rank loads the checkpoint rank 0 picked (checkpoint_coordinator.hpp).
     if (const auto resumed = ddp::io::resume_latest(*pg, ckpt, state)) {
-      // A resume keeps the global batch: the steps' samples, the schedule's meaning of a step
-      // and the data position all assume it (checkpoints before it was saved record 0).
-      TORCH_CHECK(state.global_batch == 0 || state.global_batch == global_batch, "checkpoint ",
-                  resumed->dir, " was saved by a run of ", state.global_batch,
-                  " samples a step (--batch-size x --grad-accum x data-parallel ranks), this "
-                  "run's is ",
-                  global_batch,
-                  ": resume with the same global batch (at another world size, scale "
-                  "--batch-size)");
-      state.global_batch = global_batch;
+      // The global batch stated above was checked by the load (io::TrainingState).
       if (text) text->seek(state.data_position);
       TORCH_CHECK(text || state.data_position == state.step * global_batch, "checkpoint ",
                   resumed->dir, " had consumed ", state.data_position, " samples at step ",

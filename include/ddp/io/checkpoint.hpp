@@ -64,8 +64,10 @@ struct TrainingState {
   // of the global stream consumed, the unit of DistributedSampler::data_position
   // (data/distributed_sampler.hpp), which every world size reads alike.
   int64_t data_position = 0;
-  // The caller's samples per step over all ranks, saved and restored as it is; load sets it (0
-  // for a checkpoint that did not record it). The tools refuse a resume that changes it.
+  // The caller's samples per step over all ranks, saved as it is. Stated (nonzero) before a load,
+  // a checkpoint of another global batch is refused by name before anything changes (a resume
+  // that changed it would read other samples per step and mean another schedule); 0 (unstated):
+  // load sets it to the checkpoint's (0 for one that did not record it).
   int64_t global_batch = 0;
   // How the wrappers split the model's parameters, as the wrapped model answers it
   // (DataParallel::layouts(), or DataParallel::layouts(tp) over tensor parallelism; also

@@ -106,6 +106,7 @@ class DataParallel {
   // kReplicate no parameter is named (whole on every rank), under the sharded styles the shard
   // plan's. What io::TrainingState::layouts, io::whole_state and the gradient clip read.
   const layout::TensorLayouts& layouts() const {
+    if (sharded_) sharded_->require_between_steps("layouts");
     return sharded_ ? sharded_->layouts() : replicated_layouts_;
   }
   // The same over tensor parallelism (mesh {dp, tp}): over_tensor_parallel(layouts(), tp).

@@ -104,6 +104,9 @@ class FlatParamGroup : public reducer::UnitStorage {
   // back at their shards, the full buffer and any full .grad are dropped, and the sharded .grad
   // set aside by unshard() is put back.
   void reshard();
+  // Whether unshard() set a sharded .grad aside that holds anything but zeros (a host read): the
+  // gradients of an earlier backward that an optimizer step cannot see while they are aside.
+  bool holds_gradients_aside() const;
 
   // After the unit's backward: writes every member's full gradient into `input`, the (world, S)
   // layout of [Note: flat shard layout] (padding rows zeros, a member without a gradient zeros),

@@ -114,6 +114,11 @@ class ShardedModule : private unit::UnitListener, private reducer::UnitObserver 
   layout::Layout layout(const std::string& name) const;
   // Every parameter's layout under each of its names, over mesh {world} at coordinate {rank}.
   const layout::TensorLayouts& layouts() const { return layouts_; }
+  // [Note: a forward whose backward never runs] Throws naming `operation` and the fix while the
+  // parameters are gathered by a forward under grad mode whose backward has not run: then they
+  // have their full shapes and no gradients, so a checkpoint, a norm or an optimizer step would
+  // see the wrong tensors. Callers that read the parameters between steps call it first.
+  void require_between_steps(const char* operation) const;
   const ShardOptions& options() const { return options_; }
   std::string unit_table() const { return format_unit_table(plan_); }
   // Bytes of parameters this rank holds between steps (ShardPlan::local_param_bytes).
@@ -153,7 +158,8 @@ class ShardedModule : private unit::UnitListener, private reducer::UnitObserver 
   const buckets::BucketPlan& bucket_plan() const;
 
  private:
-  // What the runtime is doing; checked where a step moves on.
+  // What the runtime is doing; checked where a step moves on. kForward lasts from a forward under
+  // grad mode to its backward: [Note: a forward whose backward never runs].
   enum class Phase { kIdle, kForward, kBackward };
 
   const char* kind() const override { return "sharded data-parallel"; }

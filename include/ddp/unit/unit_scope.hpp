@@ -28,6 +28,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <string_view>
 #include <vector>
 
 #include "ddp/unit/backward_node.hpp"
@@ -72,6 +73,10 @@ class UnitRegistration {
   const torch::nn::Module* module_;
   const UnitListener* listener_;
 };
+
+// Whether `module` is a unit of a live runtime of `kind` (UnitListener::kind()): lets a caller
+// that needs a runtime's knowledge (a tensor-parallel split) refuse to go on without it.
+bool is_unit_of(const torch::nn::Module& module, std::string_view kind);
 
 // fn(input) as a unit's forward (see above).
 at::Tensor run_unit(const torch::nn::Module& module,
