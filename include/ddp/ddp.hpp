@@ -9,7 +9,8 @@
 //               style's wrapper itself: ddp::DistributedDataParallel (replicate),
 //               ddp::FullyShardedDataParallel (fully_shard, default)
 //   split       ddp::parallelize_module(module, mesh["tp"], {{"fc1", ddp::ColwiseParallel()}})
-//   in a model  ddp::run_unit (a unit's or a planned module's forward), ddp::activation_checkpoint
+//   in a model  ddp::call_unit(*block, x) (a unit's or a planned module's forward; ddp::run_unit
+//               for any function), ddp::activation_checkpoint
 //   data        ddp::DistributedSampler, ddp::LoaderSampler
 //   checkpoints ddp::save_and_barrier, ddp::resume_latest over an io::TrainingState
 //   recipe      ddp::Sgd, ddp::Adam, ddp::AdamW (one per algorithm, eager and captured: rate and
@@ -46,6 +47,7 @@
 #include "ddp/shard/sharded_module.hpp"
 #include "ddp/tp/parallelize.hpp"
 #include "ddp/unit/activation_checkpoint.hpp"
+#include "ddp/unit/call_unit.hpp"
 #include "ddp/unit/unit_scope.hpp"
 
 namespace ddp {

@@ -8,7 +8,7 @@
 
 #include "ddp/models/causal_attention.hpp"
 #include "ddp/models/replace_parameter.hpp"
-#include "ddp/models/unit_call.hpp"
+#include "ddp/unit/call_unit.hpp"
 
 namespace ddp::models {
 
@@ -133,7 +133,7 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& idx) {
               config_.seq_len);
   const auto positions = torch::arange(seq, idx.options().dtype(torch::kLong));
   auto x = maybe_dropout(wte(idx) + wpe(positions), config_.dropout, is_training());  // [B, T, d]
-  for (const auto& block : *h) x = call_block(*block->as<GPTBlockImpl>(), x, checkpoint_units);
+  for (const auto& block : *h) x = unit::call_unit(*block->as<GPTBlockImpl>(), x, checkpoint_units);
   return linear(lm_head, ln_f(x));
 }
 

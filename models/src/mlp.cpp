@@ -2,7 +2,7 @@
 
 #include <c10/util/Exception.h>
 
-#include "ddp/models/unit_call.hpp"
+#include "ddp/unit/call_unit.hpp"
 
 namespace ddp::models {
 
@@ -22,7 +22,7 @@ MLPImpl::MLPImpl(const MLPOptions& options_) : options(options_) {
 
 torch::Tensor MLPImpl::forward(torch::Tensor x) {
   for (size_t i = 0; i < linears_.size(); ++i) {
-    x = call_block(*linears_[i], x, checkpoint_units);
+    x = unit::call_unit(*linears_[i], x, checkpoint_units);
     if (i + 1 < linears_.size()) x = torch::relu(x);
   }
   return x;

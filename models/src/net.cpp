@@ -2,7 +2,7 @@
 
 #include <c10/util/Exception.h>
 
-#include "ddp/models/unit_call.hpp"
+#include "ddp/unit/call_unit.hpp"
 
 namespace ddp::models {
 
@@ -18,7 +18,7 @@ NetImpl::NetImpl(int64_t dim) {
 torch::Tensor NetImpl::forward(const torch::Tensor& x) {
   torch::Tensor out = x;
   for (torch::nn::Linear* fc : {&fc1, &fc2, &fc3, &fc4}) {
-    out = call_block(**fc, out, checkpoint_units);
+    out = unit::call_unit(**fc, out, checkpoint_units);
   }
   return out;
 }

@@ -218,7 +218,7 @@ TEST(RecipeTrain, AdamWGroupsAndScheduleSurviveACheckpointBitForBit) {
   ASSERT_EQ(a.size(), b.size());
   for (const auto& [name, t] : a) EXPECT_TRUE(torch::equal(t, b.at(name))) << name;
   const auto [d_out, d_code] = train(
-      "--data --nproc 2 --batch-size 3 --steps 6 --optimizer sgd "
+      "--data --nproc 2 --batch-size 3 --grad-accum 2 --steps 6 --optimizer sgd "
       "--timeout-s 60 --checkpoint-dir " +
       dir + "/ckpt --resume");
   EXPECT_NE(d_code, 0);
