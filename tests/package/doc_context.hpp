@@ -3,8 +3,8 @@
 // them): a user's small models, as a user writes them against the installed headers. Each block's
 // own <!-- compile-in --> context declares the rest.
 
-#include <ddp/ddp.hpp>
 #include <torch/torch.h>
+#include <ddp/ddp.hpp>
 
 namespace doc_context {
 
@@ -38,8 +38,9 @@ struct GptImpl : torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& idx) {
     torch::Tensor x = wte(idx);
     for (const auto& block : *h) {
-      x = ddp::run_unit(*block, [&](const torch::Tensor& in) {
-        return block->as<torch::nn::Linear>()->forward(in); }, x);
+      x = ddp::run_unit(
+          *block,
+          [&](const torch::Tensor& in) { return block->as<torch::nn::Linear>()->forward(in); }, x);
     }
     return torch::matmul(x, wte->weight.t());  // logits, the embedding tied
   }
