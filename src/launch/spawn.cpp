@@ -70,6 +70,7 @@ SpawnResult spawn_local_workers(const SpawnOptions& options) {
   group.timeout = options.timeout;
   group.timeout_source = "the job timeout";
   group.relay_output = options.relay_output;
+  group.prefix_rank0_stdout = options.prefix_rank0_stdout;
   group.forward_signals = options.forward_signals;
   group.name = options.name;
   const GroupResult r = run_worker_group(group);

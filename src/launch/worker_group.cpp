@@ -192,7 +192,8 @@ class GroupRunner {
       int out_pipe[2] = {-1, -1}, err_pipe[2] = {-1, -1};
       if (o_.relay_output) {
         const std::string prefix = "[rank " + std::to_string(w.exit.rank) + "] ";
-        w.out = std::make_unique<LineRelay>(prefix, STDOUT_FILENO);
+        const bool raw = w.exit.rank == 0 && !o_.prefix_rank0_stdout;
+        w.out = std::make_unique<LineRelay>(raw ? "" : prefix, STDOUT_FILENO);
         w.err = std::make_unique<LineRelay>(prefix, STDERR_FILENO);
         if (::pipe2(out_pipe, O_CLOEXEC) != 0) fail(o_.name + ": pipe");
         if (::pipe2(err_pipe, O_CLOEXEC) != 0) fail(o_.name + ": pipe");

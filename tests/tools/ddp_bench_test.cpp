@@ -53,15 +53,6 @@ TEST(DdpBench, JsonModeAndWorldOneBaseline) {
       << out;
 }
 
-TEST(DdpBench, ShardedStylesRefuseDdpOnlyFlags) {
-  const auto [out, code] = run_command(kBench + " --fsdp --ddp --model toy");
-  EXPECT_EQ(code, 2);
-  EXPECT_NE(out.find("ddp-bench: --style fully_shard cannot be combined with --ddp "
-                     "(DistributedDataParallel's)"),
-            std::string::npos)
-      << out;
-}
-
 // A captured step needs the GPU: refused before any worker starts, naming the device.
 TEST(DdpBench, CudaGraphOnCpuIsRefused) {
   const auto [out, code] = run_command(kBench + " --ddp --cuda-graph --model toy");

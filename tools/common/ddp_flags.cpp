@@ -118,11 +118,12 @@ std::string check_model_flags(const std::string& model, const models::WorkloadOp
 }
 
 void add_shard_flags(CLI::App& app, ShardFlags& flags) {
-  app.add_flag("--fsdp", flags.fsdp, "fully sharded: the same as --style fully_shard");
   app.add_option("--style", flags.style,
-                 "data-parallel style: replicate, fully_shard or default (docs/sharding.md)")
-      ->check(CLI::IsMember({"replicate", "fully_shard", "default"}))
-      ->capture_default_str();
+                 "data-parallel style: replicate (DistributedDataParallel, the default), "
+                 "fully_shard or default (docs/sharding.md)")
+      ->check(CLI::IsMember({"replicate", "fully_shard", "default"}));
+  app.add_flag("--ddp", flags.ddp, "the same as --style replicate");
+  app.add_flag("--fsdp", flags.fsdp, "the same as --style fully_shard");
   app.add_flag("--fsdp-wrap", flags.fsdp_wrap,
                "sharded styles: a unit per block or layer of the model (default: one unit)");
   app.add_option("--reshard-after-forward", flags.options.reshard_after_forward,
@@ -152,7 +153,20 @@ c10::ScalarType dtype_of(const std::string& name) {
 }  // namespace
 
 std::string check_shard_flags(ShardFlags& flags, const std::vector<std::string>& ddp_only) {
-  if (flags.fsdp) flags.style = "fully_shard";
+  // Each way of naming a style, and the style it names; two that disagree are a contradiction,
+  // not a precedence (--fsdp --style replicate once ran fully_shard silently).
+  std::vector<std::pair<std::string, std::string>> named;
+  if (!flags.style.empty()) named.emplace_back("--style " + flags.style, flags.style);
+  if (flags.ddp) named.emplace_back("--ddp", "replicate");
+  if (flags.fsdp) named.emplace_back("--fsdp", "fully_shard");
+  for (const auto& [flag, style] : named) {
+    if (style != named.front().second) {
+      return named.front().first + " and " + flag + " name different styles (" +
+             named.front().second + ", " + style + "): give one";
+    }
+  }
+  flags.chosen = !named.empty();
+  flags.style = flags.chosen ? named.front().second : "replicate";
   flags.options.style = shard::parse_style(flags.style);
   if (flags.sharded() && !ddp_only.empty()) {
     std::string list;

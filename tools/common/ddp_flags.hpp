@@ -38,25 +38,31 @@ void add_model_flags(CLI::App& app, models::WorkloadOptions& options);
 std::string check_model_flags(const std::string& model, const models::WorkloadOptions& options,
                               int64_t tp = 0);
 
-// The sharded styles' flags (docs/sharding.md), shared by ddp-bench and ddp-train.
+// The data-parallel style's flags (docs/sharding.md), one way in both tools: --style, or its
+// short forms --ddp (replicate) and --fsdp (fully_shard); two that disagree are refused.
 struct ShardFlags {
-  std::string style = "replicate";  // --style; replicate means DistributedDataParallel
-  bool fsdp = false;                // --fsdp: the same as --style fully_shard (the seed's flag)
-  bool fsdp_wrap = false;           // --fsdp-wrap: a unit per block / layer (Workload::wrap_units)
-  shard::ShardOptions options;      // --reshard-after-forward, --prefetch write here
+  // --style as given ("" when not); after check_shard_flags the style chosen by any of the three,
+  // replicate (DistributedDataParallel) when none was given.
+  std::string style;
+  bool ddp = false;   // --ddp: the same as --style replicate (the seed's flag)
+  bool fsdp = false;  // --fsdp: the same as --style fully_shard (the seed's flag)
+  // After check_shard_flags: a style was asked for (ddp-bench runs the bare model otherwise).
+  bool chosen = false;
+  bool fsdp_wrap = false;       // --fsdp-wrap: a unit per block / layer (Workload::wrap_units)
+  shard::ShardOptions options;  // --reshard-after-forward, --prefetch write here
   bool checkpoint =
       false;  // --fsdp-checkpoint: recompute every wrap unit's activations (any style)
   std::string param_dtype;   // --param-dtype fp32|bf16|fp16 ("": the parameters' dtype)
   std::string reduce_dtype;  // --reduce-dtype fp32|bf16|fp16 ("": param_dtype's, else theirs)
-  bool sharded() const { return style != "replicate"; }
+  bool sharded() const { return !style.empty() && style != "replicate"; }
 };
 // --fsdp, --style, --fsdp-wrap, --reshard-after-forward, --prefetch, --fsdp-checkpoint,
 // --param-dtype, --reduce-dtype.
 void add_shard_flags(CLI::App& app, ShardFlags& flags);
-// After parsing: applies --fsdp and the dtypes to flags.options, and returns the complaint about
-// flags that do not go together
-// ("" when they do). `ddp_only`: the tool's DistributedDataParallel-only flags that were given
-// (e.g. "--ddp"), refused with a sharded style.
+// After parsing: resolves the style (--style, --ddp, --fsdp), applies it and the dtypes to
+// flags.options, and returns the complaint about flags that do not go together ("" when they
+// do). `ddp_only`: the tool's DistributedDataParallel-only flags that were given (e.g.
+// "--comm-hook powersgd"), refused with a sharded style.
 std::string check_shard_flags(ShardFlags& flags, const std::vector<std::string>& ddp_only);
 
 }  // namespace ddp::tools

@@ -1,5 +1,9 @@
 #include "common/run_flags.hpp"
 
+#include <cstdlib>
+
+#include "ddp/comm/env.hpp"
+
 #include "ddp/models/registry.hpp"
 
 namespace ddp::tools {
@@ -73,6 +77,16 @@ std::string cuda_graph_refusal(const RunFlags& flags, const reducer::ReducerOpti
            "--static-graph (the used-parameter map is read on the host every step)";
   }
   return "";
+}
+
+std::string nested_launch_refusal(const RunFlags& flags, const char* worker_env) {
+  if (flags.nproc == 0 || std::getenv(worker_env) != nullptr) return "";
+  const auto launcher = comm::launcher_from_env(comm::process_env());
+  if (!launcher) return "";
+  return "--nproc " + std::to_string(flags.nproc) + " under a launcher (" + *launcher +
+         "'s rank variables are set): the launcher starts the ranks, so each of its processes "
+         "would start a separate world of " +
+         std::to_string(flags.nproc) + "; drop --nproc";
 }
 
 }  // namespace ddp::tools

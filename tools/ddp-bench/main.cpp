@@ -60,7 +60,6 @@ struct Args : ddp::tools::RunFlags {
   }
   bool toy_model = false;
   ddp::models::WorkloadOptions workload;  // --tie-weights (tools/common)
-  bool ddp = false;
   int64_t tp = 0;  // --tp N: tensor parallel over N ranks of a (world / N, N) mesh; 0: none
   ddp::tools::ShardFlags shard;  // --fsdp, --style, --fsdp-wrap, ... (tools/common)
   int repeat = 10;
@@ -178,7 +177,7 @@ std::string cuda_graph_refusal(const Args& args) {
 }
 
 // A process group is made: DDP, or a sharded style (which runs at any world size).
-bool distributed(const Args& args) { return args.ddp || sharded(args) || args.tp > 0; }
+bool distributed(const Args& args) { return args.shard.chosen || args.tp > 0; }
 
 int run_worker(const Args& args) {
   at::set_num_threads(args.threads);
@@ -221,8 +220,8 @@ int run_worker(const Args& args) {
   w.ptr->to(device);
   // --tp: the model is split over the mesh's "tp" dim first; data parallelism runs over "dp", and
   // the ranks of one tp group read the same batch (their dp coordinate's).
-  TORCH_CHECK(args.tp == 0 || world == args.tp || args.ddp || sharded(args), "ddp-bench: --tp ",
-              args.tp, " at world size ", world, " leaves ", world / std::max<int64_t>(args.tp, 1),
+  TORCH_CHECK(args.tp == 0 || world == args.tp || args.shard.chosen, "ddp-bench: --tp ", args.tp,
+              " at world size ", world, " leaves ", world / std::max<int64_t>(args.tp, 1),
               " data-parallel ranks: add --ddp or a sharded --style");
   const auto split = ddp::tools::setup_tensor_parallel("ddp-bench", args.tp, pg, w, args.model);
   const auto& tensor_parallel = split.tensor_parallel;
@@ -254,10 +253,10 @@ int run_worker(const Args& args) {
   const int warmup = parity ? 0 : args.warmup;
   const int timed = parity ? static_cast<int>(batches.size()) : args.repeat;
 
-  // --ddp or a sharded --style: the one entry point (parallel/data_parallel.hpp) around the same
-  // AnyModule; neither: the bare model, the world-1 baseline.
+  // A style (--style, --ddp or --fsdp): the one entry point (parallel/data_parallel.hpp) around the
+  // same AnyModule; neither: the bare model, the world-1 baseline.
   std::optional<ddp::DataParallel<torch::nn::AnyModule>> wrapped;
-  if (sharded(args) || args.ddp) {
+  if (args.shard.chosen) {
     ddp::DataParallelOptions dp_options;
     dp_options.ddp = args.options;
     dp_options.shard = args.shard.options;
@@ -586,7 +585,6 @@ int main(int argc, char** argv) {
   ddp::tools::add_run_flags(app, args, args.options.verbose);
   app.add_flag("--toy-model", args.toy_model, "the seed Net(2000): same as --model toy");
   ddp::tools::add_model_flags(app, args.workload);
-  app.add_flag("--ddp", args.ddp, "wrap the model in DistributedDataParallel");
   ddp::tools::add_tp_flag(app, args.tp);
   ddp::tools::add_shard_flags(app, args.shard);
   app.add_option("--repeat", args.repeat, "timed steps")
@@ -633,9 +631,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::vector<std::string> ddp_only;
-  if (args.ddp) ddp_only.push_back("--ddp");
   if (args.comm_hook == "powersgd") ddp_only.push_back("--comm-hook powersgd");
   if (const std::string wrong = ddp::tools::check_shard_flags(args.shard, ddp_only);
+      !wrong.empty()) {
+    std::cerr << "ddp-bench: " << wrong << std::endl;
+    return 2;
+  }
+  if (const std::string wrong = ddp::tools::nested_launch_refusal(args, "DDP_BENCH_WORKER");
       !wrong.empty()) {
     std::cerr << "ddp-bench: " << wrong << std::endl;
     return 2;

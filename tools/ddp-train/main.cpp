@@ -133,6 +133,9 @@ std::string check_recipe(const CLI::App& app, const Args& args) {
 
 int run_worker(const Args& args) {
   at::set_num_threads(args.threads);
+  // --json: stdout carries the JSON lines alone (written by C stdio in progress.cpp); every line
+  // for people (the header, the summary, checkpoints) goes to stderr instead.
+  if (args.json) std::cout.rdbuf(std::cerr.rdbuf());
   const ddp::comm::InitOptions init = ddp::tools::init_options(
       args, !args.backend.empty() ? args.backend : (args.device == "cuda" ? "nccl" : "gloo"));
   auto pg = ddp::comm::init_process_group(init);
@@ -560,6 +563,11 @@ int main(int argc, char** argv) {
     std::cerr << "ddp-train: " << wrong << std::endl;
     return 2;
   }
+  if (const std::string wrong = ddp::tools::nested_launch_refusal(args, "DDP_TRAIN_WORKER");
+      !wrong.empty()) {
+    std::cerr << "ddp-train: " << wrong << std::endl;
+    return 2;
+  }
   try {
     if (args.text.data) ddp::tools::check_text_file(args.text, args.model, args.workload);
     check_checkpoint_flags(args);
@@ -572,6 +580,9 @@ int main(int argc, char** argv) {
     // Under a restarting launcher, our workers are that launcher's restart too.
     spawn.restart_count = restart_count();
     spawn.name = "ddp-train";
+    // --json: rank 0's stdout is the JSON lines alone (its other lines go to stderr), unprefixed,
+    // so that the launcher's stdout parses line by line.
+    spawn.prefix_rank0_stdout = !args.json;
     return ddp::launch::run_self_as_workers(argc, argv, "DDP_TRAIN_WORKER", spawn);
   } catch (const c10::Error& e) {
     std::cerr << ddp::tools::tool_error("ddp-train", e.what_without_backtrace()) << std::endl;

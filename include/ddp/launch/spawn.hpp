@@ -34,6 +34,7 @@ struct SpawnOptions {
   // As WorkerGroupOptions: "[rank R] " prefixes (default), forwarding of SIGINT/SIGTERM/SIGHUP
   // (default; a test binary says false), and the name in front of the launcher's own lines.
   bool relay_output = true;
+  bool prefix_rank0_stdout = true;  // as WorkerGroupOptions
   bool forward_signals = true;
   std::string name = "ddp";
 };

@@ -71,6 +71,9 @@ struct WorkerGroupOptions {
   // Default true. False: they write to our stdout/stderr directly (for output that a program
   // parses line by line and that only rank 0 writes, e.g. ddp-bench's result lines).
   bool relay_output = true;
+  // With relay_output: false sends rank 0's stdout out as written, unprefixed (a machine-readable
+  // stream, ddp-train --json's lines); every other stream keeps its prefix. Default true.
+  bool prefix_rank0_stdout = true;
   // Install handlers for SIGINT, SIGTERM and SIGHUP that forward the signal to the workers and
   // stop the group (and SIGCHLD, to wake at a worker's exit). Default true, for launcher programs.
   // A host that must keep its own signal handling (a test binary: Ctrl-C must still end it) says
