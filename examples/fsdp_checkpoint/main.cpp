@@ -65,7 +65,7 @@ struct NetImpl : torch::nn::Module {
 };
 TORCH_MODULE(Net);
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   std::string dir;
   int64_t steps = 20, save_every = 5;
   bool resume = false;
@@ -169,4 +169,15 @@ int main(int argc, char** argv) {
               static_cast<long long>(steps), loss_value, checksum);
   pg->barrier("end");
   return 0;
+}
+
+// A library error (a bad flag, a rank that died, a refused checkpoint) as one line, not a
+// backtrace per rank.
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "fsdp_checkpoint: %s\n", e.what_without_backtrace());
+    return 1;
+  }
 }

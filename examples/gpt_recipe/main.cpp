@@ -98,7 +98,7 @@ struct GptImpl : torch::nn::Module {
 };
 TORCH_MODULE(Gpt);
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   int64_t steps = 200, micro = 2, batch = 8;  // batch: windows per rank and micro-batch
   std::string style = "replicate", file = "/usr/share/common-licenses/GPL-3";
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -182,4 +182,15 @@ int main(int argc, char** argv) {
               static_cast<long long>(world), style.c_str(), first, mean.item<double>() / world);
   pg->barrier("end");
   return 0;
+}
+
+// A library error (a bad flag, a rank that died, a refused checkpoint) as one line, not a
+// backtrace per rank.
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "gpt_recipe: %s\n", e.what_without_backtrace());
+    return 1;
+  }
 }

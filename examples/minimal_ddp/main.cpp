@@ -26,7 +26,7 @@
 #include "ddp/data/distributed_sampler.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
 
-int main() {
+int run() {
   at::set_num_threads(1);  // one process per core
   // Rendezvous through MASTER_ADDR:MASTER_PORT; RANK and WORLD_SIZE say who this process is.
   auto pg = ddp::comm::init_process_group();
@@ -71,4 +71,15 @@ int main() {
               pg->rank(), pg->world_size(), before, full_loss(), static_cast<long long>(samples));
   pg->barrier("end");
   return 0;
+}
+
+// A library error (a bad flag, a rank that died, a refused checkpoint) as one line, not a
+// backtrace per rank.
+int main() {
+  try {
+    return run();
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "minimal_ddp: %s\n", e.what_without_backtrace());
+    return 1;
+  }
 }

@@ -4,8 +4,8 @@
 
 #include <cerrno>
 #include <cstring>
-#include <sstream>
 #include <stdexcept>
+#include <string>
 
 #include "ddp/io/posix_file.hpp"
 
@@ -25,20 +25,24 @@ int SpawnResult::exit_code() const {
 }
 
 std::string SpawnResult::describe() const {
-  std::ostringstream out;
-  if (timed_out) out << "timed out; ";
-  if (signal != 0) out << "signal " << signal << " (" << strsignal(signal) << ") forwarded; ";
-  for (const auto& w : workers) {
-    out << "rank " << w.rank;
-    if (w.signaled) {
-      out << " killed by signal " << w.signal << " (" << strsignal(w.signal) << ")";
-    } else {
-      out << " exited with code " << w.exit_code;
-    }
-    if (w.killed_by_launcher) out << " [stopped by the launcher]";
-    out << "; ";
+  std::vector<std::string> parts;
+  if (timed_out) parts.push_back("timed out");
+  if (signal != 0) {
+    parts.push_back("signal " + std::to_string(signal) + " (" + strsignal(signal) + ") forwarded");
   }
-  return out.str();
+  for (const auto& w : workers) {
+    std::string part = "rank " + std::to_string(w.rank);
+    if (w.signaled) {
+      part += " killed by signal " + std::to_string(w.signal) + " (" + strsignal(w.signal) + ")";
+    } else {
+      part += " exited with code " + std::to_string(w.exit_code);
+    }
+    if (w.killed_by_launcher) part += " [stopped by the launcher]";
+    parts.push_back(part);
+  }
+  std::string out;
+  for (const auto& part : parts) out += (out.empty() ? "" : "; ") + part;
+  return out;
 }
 
 std::string self_executable() {

@@ -70,9 +70,12 @@ void summarize(LoggingData& d) {
 std::string format_summary(const LoggingData& d) {
   std::ostringstream out;
   out << std::fixed << std::setprecision(3);
-  out << "DDP runtime stats (rank " << d.rank << " of " << d.world_size << ", " << d.backend
-      << ", hook " << d.comm_hook << ", " << d.bucket_sizes.size() << " buckets, " << d.iterations
-      << " iterations, " << d.samples.size() << " sampled)\n";
+  // The sharded styles describe their options with a "style" entry; DDP's have none.
+  const auto style = d.options.find("style");
+  out << (style != d.options.end() ? style->second : std::string("DDP")) << " runtime stats (rank "
+      << d.rank << " of " << d.world_size << ", " << d.backend << ", hook " << d.comm_hook << ", "
+      << d.bucket_sizes.size() << " buckets, " << d.iterations << " iterations, "
+      << d.samples.size() << " sampled)\n";
   size_t count[2] = {0, 0};
   size_t bytes[2] = {0, 0};
   for (size_t b = 0; b < d.bucket_reductions.size() && b < d.bucket_sizes.size(); ++b) {

@@ -7,20 +7,20 @@
 
 namespace ddp::optim {
 
-std::string schedule_error(const LrScheduleOptions& o) {
+std::string schedule_error(const LrScheduleOptions& o, const LrScheduleNames& n) {
   std::ostringstream out;
   if (!(o.lr > 0) || !std::isfinite(o.lr)) {
-    out << "--lr must be a positive number, got " << o.lr;
+    out << n.lr << " must be a positive number, got " << o.lr;
   } else if (!(o.min_lr >= 0) || o.min_lr > o.lr) {
-    out << "--min-lr must be between 0 and --lr (" << o.lr << "), got " << o.min_lr;
+    out << n.min_lr << " must be between 0 and " << n.lr << " (" << o.lr << "), got " << o.min_lr;
   } else if (o.warmup_steps < 0 || o.decay_steps < 0) {
-    out << "--warmup-steps and --lr-decay-steps must be >= 0, got " << o.warmup_steps << " and "
-        << o.decay_steps;
+    out << n.warmup_steps << " and " << n.decay_steps << " must be >= 0, got " << o.warmup_steps
+        << " and " << o.decay_steps;
   } else if (o.decay != LrDecay::kConstant && o.decay_steps == 0) {
-    out << "a " << decay_name(o.decay) << " decay needs --lr-decay-steps (the step at which it "
-        << "reaches --min-lr)";
+    out << "a " << decay_name(o.decay) << " decay needs " << n.decay_steps
+        << " (the step at which it reaches " << n.min_lr << ")";
   } else if (o.decay != LrDecay::kConstant && o.warmup_steps > o.decay_steps) {
-    out << "--warmup-steps (" << o.warmup_steps << ") must not exceed --lr-decay-steps ("
+    out << n.warmup_steps << " (" << o.warmup_steps << ") must not exceed " << n.decay_steps << " ("
         << o.decay_steps << "): the decay would end before the warmup";
   }
   return out.str();

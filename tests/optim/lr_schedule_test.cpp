@@ -80,25 +80,35 @@ TEST(LrSchedule, AResumeContinuesTheSchedule) {
 }
 
 TEST(LrSchedule, BadOptionsAreNamed) {
+  // In a program: the struct's fields (issue 46: the library spoke of ddp-train's flags).
   auto o = gpt(LrDecay::kCosine);
   o.warmup_steps = 200;
   EXPECT_EQ(optim::schedule_error(o),
-            "--warmup-steps (200) must not exceed --lr-decay-steps (110): the decay would end "
-            "before the warmup");
+            "LrScheduleOptions::warmup_steps (200) must not exceed LrScheduleOptions::decay_steps "
+            "(110): the decay would end before the warmup");
   EXPECT_EQ(error_of([&] { optim::lr_at(o, 0); }),
-            "ddp: --warmup-steps (200) must not exceed --lr-decay-steps (110): the decay would end "
+            "ddp: LrScheduleOptions::warmup_steps (200) must not exceed "
+            "LrScheduleOptions::decay_steps (110): the decay would end before the warmup");
+  // In a tool: the names it passes, its flags.
+  const optim::LrScheduleNames flags{"--lr", "--min-lr", "--warmup-steps", "--lr-decay-steps"};
+  EXPECT_EQ(optim::schedule_error(o, flags),
+            "--warmup-steps (200) must not exceed --lr-decay-steps (110): the decay would end "
             "before the warmup");
   o = gpt(LrDecay::kLinear);
   o.decay_steps = 0;
   o.warmup_steps = 0;
-  EXPECT_EQ(optim::schedule_error(o),
+  EXPECT_EQ(optim::schedule_error(o, flags),
             "a linear decay needs --lr-decay-steps (the step at which it reaches --min-lr)");
   o = gpt(LrDecay::kCosine);
   o.min_lr = 1e-3;
-  EXPECT_EQ(optim::schedule_error(o), "--min-lr must be between 0 and --lr (0.0006), got 0.001");
+  EXPECT_EQ(optim::schedule_error(o, flags),
+            "--min-lr must be between 0 and --lr (0.0006), got 0.001");
+  EXPECT_EQ(optim::schedule_error(o),
+            "LrScheduleOptions::min_lr must be between 0 and LrScheduleOptions::lr (0.0006), got "
+            "0.001");
   o.min_lr = 0;
   o.lr = 0;
-  EXPECT_EQ(optim::schedule_error(o), "--lr must be a positive number, got 0");
+  EXPECT_EQ(optim::schedule_error(o, flags), "--lr must be a positive number, got 0");
   EXPECT_EQ(error_of([] { optim::decay_from_name("step"); }),
             "ddp: unknown learning-rate decay 'step'; valid: constant, linear, cosine");
   EXPECT_EQ(optim::decay_from_name("linear"), LrDecay::kLinear);

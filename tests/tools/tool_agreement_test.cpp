@@ -1,13 +1,16 @@
 // ddp-bench and ddp-train agree on how a style is chosen (issue 46): the same flags (--style, and
 // its short forms --ddp and --fsdp), the same refusal of two that disagree, before any worker
-// starts; both refuse --nproc under another launcher by name; ddp-train --json's stdout under
-// --nproc parses as JSON lines.
+// starts; both refuse --nproc under another launcher and --device cuda without a device by name;
+// ddp-train --json's stdout under --nproc parses as JSON lines.
 
 #include <gtest/gtest.h>
 
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
+
+#include <torch/cuda.h>
 
 #include "support/run_command.hpp"
 
@@ -53,6 +56,16 @@ TEST(ToolAgreement, EveryWayOfNamingReplicateRunsDdpInBothTools) {
   EXPECT_NE(out.find(" buckets, world size 2,"), std::string::npos) << out;
 }
 
+// The runtime stats name the style that produced them (a FULLY_SHARD run printed "DDP runtime
+// stats").
+TEST(ToolAgreement, RuntimeStatsNameTheStyle) {
+  const auto [out, code] =
+      run_command(kTools[1].second + " --nproc 2 --timeout-s 60 --fsdp --verbose");
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("fully_shard runtime stats (rank 0 of 2, gloo"), std::string::npos) << out;
+  EXPECT_EQ(out.find("DDP runtime stats"), std::string::npos) << out;
+}
+
 TEST(ToolAgreement, NprocUnderAnotherLauncherIsRefusedByName) {
   // As ddp-run, torchrun or mpirun would have started the tool: their rank variables set.
   const std::string launched =
@@ -77,6 +90,57 @@ TEST(ToolAgreement, DdpTrainJsonStdoutParsesLineByLineUnderNproc) {
       "assert [l[\"step\"] for l in lines] == [1, 2, 3], lines; print(\"parsed\", len(lines))'");
   EXPECT_EQ(code, 0) << out;
   EXPECT_EQ(out, "parsed 3\n");
+}
+
+// --tp that cannot split the world --nproc makes is refused once, before any worker starts (it
+// was printed once per rank, behind the launcher's summary).
+TEST(ToolAgreement, TpThatCannotSplitTheWorldIsRefusedBeforeAnyWorker) {
+  for (const auto& [tool, command] : kTools) {
+    const auto [out, code] = run_command(command + " --ddp --nproc 3 --tp 2");
+    EXPECT_EQ(code, 2) << tool << ": " << out;
+    EXPECT_EQ(out, tool + ": --tp 2 does not divide the world size 3\n");
+  }
+}
+
+// A mistyped flag gets the nearest known one, in both tools, and nothing runs.
+TEST(ToolAgreement, AnUnknownFlagNamesTheNearestKnownOne) {
+  auto [out, code] = run_command(std::string(DDP_TRAIN_PATH) + " --stpes 10");
+  EXPECT_EQ(code, 2);
+  EXPECT_EQ(out, "ddp-train: unknown flag --stpes; did you mean --steps?\n");
+  std::tie(out, code) = run_command(std::string(DDP_BENCH_PATH) + " --repaet=3");
+  EXPECT_EQ(code, 2);
+  EXPECT_EQ(out, "ddp-bench: unknown flag --repaet; did you mean --repeat?\n");
+  std::tie(out, code) = run_command(std::string(DDP_TRAIN_PATH) + " --quux");
+  EXPECT_EQ(code, 2);
+  EXPECT_EQ(out, "ddp-train: unknown flag --quux; see --help\n");
+}
+
+// --help shows a user's flags: the restart tests' hooks are hidden, and the NCCL flags appear only
+// in a build that has NCCL.
+TEST(ToolAgreement, HelpHidesTestHooksAndFlagsTheBuildCannotUse) {
+  const auto [out, code] = run_command(std::string(DDP_TRAIN_PATH) + " --help");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("--steps"), std::string::npos) << out;
+  EXPECT_EQ(out.find("--fail-at-step"), std::string::npos) << out;
+  EXPECT_EQ(out.find("--fail-rank"), std::string::npos) << out;
+#if defined(DDP_WITH_NCCL) && DDP_WITH_NCCL
+  EXPECT_NE(out.find("NCCL:"), std::string::npos) << out;
+#else
+  EXPECT_EQ(out.find("--nccl-"), std::string::npos) << out;
+#endif
+}
+
+// Where libtorch sees no CUDA device (a CPU build: CI), --device cuda is refused by name before
+// any worker starts, in both tools (it used to fail per rank suggesting "use backend 'gloo'").
+TEST(ToolAgreement, DeviceCudaWithoutADeviceIsRefusedByName) {
+  if (torch::cuda::device_count() > 0) GTEST_SKIP() << "a CUDA device is here";
+  for (const auto& [tool, command] : kTools) {
+    const auto [out, code] = run_command(command + " --ddp --nproc 2 --device cuda");
+    EXPECT_EQ(code, 2) << tool << ": " << out;
+    EXPECT_EQ(out, tool +
+                       ": --device cuda: libtorch sees no CUDA device here (a CPU-only build, "
+                       "or no GPU); run with --device cpu\n");
+  }
 }
 
 }  // namespace

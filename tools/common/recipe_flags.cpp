@@ -86,7 +86,11 @@ std::string check_recipe_flags(const CLI::App& app, const RecipeFlags& flags, do
     return "--grad-accum cannot be combined with --optimizer-overlap: the optimizer would step "
            "after every micro-batch";
   }
-  return optim::schedule_error(schedule_of(flags, lr));
+  return optim::schedule_error(schedule_of(flags, lr), schedule_flag_names());
+}
+
+optim::LrScheduleNames schedule_flag_names() {
+  return {"--lr", "--min-lr", "--warmup-steps", "--lr-decay-steps"};
 }
 
 std::optional<optim::GradClipper> make_clipper(const RecipeFlags& flags, c10::Device device,

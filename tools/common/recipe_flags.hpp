@@ -55,6 +55,8 @@ std::string check_recipe_flags(const CLI::App& app, const RecipeFlags& flags, do
                                bool optimizer_overlap);
 
 optim::LrScheduleOptions schedule_of(const RecipeFlags& flags, double lr);
+// The flags that set LrScheduleOptions' fields, for optim::schedule_error's texts.
+optim::LrScheduleNames schedule_flag_names();
 optim::ClipOptions clip_of(const RecipeFlags& flags);
 // Whether the rate changes over the run (a warmup or a decay): then set every step.
 bool has_schedule(const RecipeFlags& flags);

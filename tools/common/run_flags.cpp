@@ -2,11 +2,22 @@
 
 #include <cstdlib>
 
+#include <torch/cuda.h>
+
 #include "ddp/comm/env.hpp"
 
 #include "ddp/models/registry.hpp"
 
 namespace ddp::tools {
+
+namespace {
+// The NCCL flags, under their own heading in --help, exist only in a build with NCCL.
+#if defined(DDP_WITH_NCCL) && DDP_WITH_NCCL
+constexpr bool kWithNccl = true;
+#else
+constexpr bool kWithNccl = false;
+#endif
+}  // namespace
 
 void add_run_flags(CLI::App& app, RunFlags& flags, bool& verbose) {
   app.add_option("--model", flags.model, "model from the zoo")
@@ -35,22 +46,28 @@ void add_run_flags(CLI::App& app, RunFlags& flags, bool& verbose) {
   app.add_flag("--cuda-graph", flags.cuda_graph,
                "capture the whole step (forward, loss, backward, optimizer) in a CUDA graph after "
                "the warm-up and replay it (needs --device cuda)");
-  app.add_flag("--nccl-high-priority-stream,!--no-nccl-high-priority-stream",
-               flags.nccl.high_priority_stream,
-               "NCCL's collectives on a CUDA stream of the highest priority")
-      ->capture_default_str();
-  app.add_option("--nccl-cta-policy", flags.nccl.cta_policy,
-                 "ncclConfig_t CTAPolicy: 0 default, 1 efficiency, 2 zero; -1: NCCL's choice")
-      ->check(CLI::Range(-1, 2))
-      ->capture_default_str();
-  app.add_option("--nccl-max-ctas", flags.nccl.max_ctas,
-                 "ncclConfig_t maxCTAs (1-64); -1: NCCL's choice")
-      ->check(CLI::Range(-1, 64))
-      ->capture_default_str();
-  app.add_option("--nccl-min-ctas", flags.nccl.min_ctas,
-                 "ncclConfig_t minCTAs (1-64); -1: NCCL's choice")
-      ->check(CLI::Range(-1, 64))
-      ->capture_default_str();
+  if (kWithNccl) {  // flags only where they apply: a build without NCCL has no use for them
+    app.add_flag("--nccl-high-priority-stream,!--no-nccl-high-priority-stream",
+                 flags.nccl.high_priority_stream,
+                 "NCCL's collectives on a CUDA stream of the highest priority")
+        ->capture_default_str()
+        ->group("NCCL");
+    app.add_option("--nccl-cta-policy", flags.nccl.cta_policy,
+                   "ncclConfig_t CTAPolicy: 0 default, 1 efficiency, 2 zero; -1: NCCL's choice")
+        ->check(CLI::Range(-1, 2))
+        ->capture_default_str()
+        ->group("NCCL");
+    app.add_option("--nccl-max-ctas", flags.nccl.max_ctas,
+                   "ncclConfig_t maxCTAs (1-64); -1: NCCL's choice")
+        ->check(CLI::Range(-1, 64))
+        ->capture_default_str()
+        ->group("NCCL");
+    app.add_option("--nccl-min-ctas", flags.nccl.min_ctas,
+                   "ncclConfig_t minCTAs (1-64); -1: NCCL's choice")
+        ->check(CLI::Range(-1, 64))
+        ->capture_default_str()
+        ->group("NCCL");
+  }
   app.add_flag("--verbose", verbose, "print the bucket or unit table and the runtime stats");
 }
 
@@ -87,6 +104,12 @@ std::string nested_launch_refusal(const RunFlags& flags, const char* worker_env)
          "'s rank variables are set): the launcher starts the ranks, so each of its processes "
          "would start a separate world of " +
          std::to_string(flags.nproc) + "; drop --nproc";
+}
+
+std::string device_refusal(const RunFlags& flags) {
+  if (flags.device != "cuda" || torch::cuda::device_count() > 0) return "";
+  return "--device cuda: libtorch sees no CUDA device here (a CPU-only build, or no GPU); run "
+         "with --device cpu";
 }
 
 }  // namespace ddp::tools

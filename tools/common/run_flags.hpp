@@ -50,4 +50,8 @@ std::string cuda_graph_refusal(const RunFlags& flags, const reducer::ReducerOpti
 // workers, silently: refused by name before any worker starts.
 std::string nested_launch_refusal(const RunFlags& flags, const char* worker_env);
 
+// Why --device cannot run here ("" when it can): --device cuda where libtorch sees no CUDA
+// device (a CPU build, or no GPU), refused by name before any worker starts.
+std::string device_refusal(const RunFlags& flags);
+
 }  // namespace ddp::tools

@@ -15,6 +15,11 @@ void add_tp_flag(CLI::App& app, int64_t& tp) {
       ->check(CLI::Range(int64_t{1}, int64_t{64}));
 }
 
+std::string tp_world_refusal(int64_t tp, int64_t world) {
+  if (tp == 0 || world % tp == 0) return "";
+  return "--tp " + std::to_string(tp) + " does not divide the world size " + std::to_string(world);
+}
+
 TensorParallelSetup setup_tensor_parallel(const std::string& tool, int64_t tp,
                                           const comm::ProcessGroupPtr& world,
                                           const models::Workload& workload,
@@ -24,7 +29,8 @@ TensorParallelSetup setup_tensor_parallel(const std::string& tool, int64_t tp,
   out.data_rank = world ? world->rank() : 0;
   if (tp == 0) return out;
   const int64_t size = world->world_size();
-  TORCH_CHECK(size % tp == 0, tool, ": --tp ", tp, " does not divide the world size ", size);
+  const std::string wrong = tp_world_refusal(tp, size);
+  TORCH_CHECK(wrong.empty(), tool, ": ", wrong);
   TORCH_CHECK(!workload.tp_plan.empty(), tool, ": --tp: model ", model,
               " has no tensor-parallel plan (net, toy, toy8k and the GPTs have one)");
   out.mesh = std::make_unique<comm::DeviceMesh>(world, std::vector<int64_t>{size / tp, tp},

@@ -16,6 +16,9 @@ namespace ddp::tools {
 
 // --tp N (0, the default: no tensor parallelism).
 void add_tp_flag(CLI::App& app, int64_t& tp);
+// Why --tp cannot split `world` ranks ("" when it can, or tp is 0): it must divide them. The tools
+// check it before any worker starts (the world their --nproc makes), and again in the worker.
+std::string tp_world_refusal(int64_t tp, int64_t world);
 
 struct TensorParallelSetup {
   std::unique_ptr<comm::DeviceMesh> mesh;               // null without --tp

@@ -21,6 +21,7 @@
 #include <sstream>
 
 #include "common/ddp_flags.hpp"
+#include "common/flag_parse.hpp"
 #include "common/recipe_flags.hpp"
 #include "common/recipe_step.hpp"
 #include "common/run_flags.hpp"
@@ -153,8 +154,6 @@ Memory measure_memory(torch::nn::Module& module, torch::optim::Optimizer& opt,
   return m;
 }
 
-bool sharded(const Args& args) { return args.shard.sharded(); }
-
 // Steps a --kernel-trace records: the first shows any start-up effect, the middle one is the
 // steady state, the third shows the host running ahead into the next step.
 constexpr int kKernelTraceSteps = 3;
@@ -279,8 +278,9 @@ int run_worker(const Args& args) {
   // count on the device, fused kernels on CUDA.
   const auto opt = ddp::tools::make_optimizer(args.recipe, params, lr, /*sgd_momentum=*/0.0);
   const ddp::optim::LrScheduleOptions schedule = ddp::tools::schedule_of(args.recipe, lr);
-  TORCH_CHECK(ddp::optim::schedule_error(schedule).empty(),
-              "ddp-bench: ", ddp::optim::schedule_error(schedule));
+  const std::string bad_schedule =
+      ddp::optim::schedule_error(schedule, ddp::tools::schedule_flag_names());
+  TORCH_CHECK(bad_schedule.empty(), "ddp-bench: ", bad_schedule);
   const bool scheduled = ddp::tools::has_schedule(args.recipe);
   // The clip's norm and skip flag stay on the device; the optimizer drops a non-finite step there.
   std::optional<ddp::optim::GradClipper> clipper =
@@ -581,7 +581,9 @@ int run_worker(const Args& args) {
 
 int main(int argc, char** argv) {
   Args args;
-  CLI::App app{"ddp-bench: DDP step-time benchmark (forward + loss + backward + SGD)"};
+  CLI::App app{
+      "ddp-bench: step time of a zoo model under a data-parallel style (--style, --tp), ours or "
+      "alone (forward, loss, backward, the optimizer step of --optimizer)"};
   ddp::tools::add_run_flags(app, args, args.options.verbose);
   app.add_flag("--toy-model", args.toy_model, "the seed Net(2000): same as --model toy");
   ddp::tools::add_model_flags(app, args.workload);
@@ -608,7 +610,8 @@ int main(int argc, char** argv) {
   app.add_option("--init-params", args.init_params, "load parameters by name (safetensors)");
   app.add_option("--inputs", args.inputs, "parity batches x.<step>.<rank>, y.<step>.<rank>");
   app.add_option("--save-params", args.save_params, "rank 0 saves final parameters (safetensors)");
-  CLI11_PARSE(app, argc, argv);
+  if (const int code = ddp::tools::parse_flags(app, argc, argv, "ddp-bench"); code >= 0)
+    return code;
   if (args.toy_model) args.model = "toy";
   if (const std::string wrong = ddp::tools::check_model_flags(args.model, args.workload, args.tp);
       !wrong.empty()) {
@@ -637,6 +640,10 @@ int main(int argc, char** argv) {
     std::cerr << "ddp-bench: " << wrong << std::endl;
     return 2;
   }
+  if (const std::string wrong = ddp::tools::device_refusal(args); !wrong.empty()) {
+    std::cerr << "ddp-bench: " << wrong << std::endl;
+    return 2;
+  }
   if (const std::string wrong = ddp::tools::nested_launch_refusal(args, "DDP_BENCH_WORKER");
       !wrong.empty()) {
     std::cerr << "ddp-bench: " << wrong << std::endl;
@@ -655,6 +662,17 @@ int main(int argc, char** argv) {
     }
     ddp::launch::SpawnOptions spawn;
     spawn.nproc = args.nproc > 0 ? args.nproc : 1;
+    if (const std::string wrong = ddp::tools::tp_world_refusal(args.tp, spawn.nproc);
+        !wrong.empty()) {
+      std::cerr << "ddp-bench: " << wrong << std::endl;
+      return 2;
+    }
+    if (args.tp > 0 && spawn.nproc != args.tp && !args.shard.chosen) {
+      std::cerr << "ddp-bench: --tp " << args.tp << " at world size " << spawn.nproc << " leaves "
+                << spawn.nproc / args.tp << " data-parallel ranks: add --ddp or a sharded --style"
+                << std::endl;
+      return 2;
+    }
     spawn.timeout = std::chrono::hours(2);
     spawn.name = "ddp-bench";
     // Unprefixed: rank 0's result lines are parsed by bench/compare as lines that start with

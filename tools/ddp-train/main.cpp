@@ -19,6 +19,7 @@
 #include <optional>
 
 #include "common/ddp_flags.hpp"
+#include "common/flag_parse.hpp"
 #include "common/recipe_flags.hpp"
 #include "common/recipe_step.hpp"
 #include "common/run_flags.hpp"
@@ -194,7 +195,9 @@ int run_worker(const Args& args) {
                     : kind == "adam" ? (args.lr > 0 ? args.lr : w.lr) / 10
                                      : (args.lr > 0 ? args.lr : w.lr / 10);
   const ddp::optim::LrScheduleOptions schedule = ddp::tools::schedule_of(args.recipe, lr);
-  TORCH_CHECK(ddp::optim::schedule_error(schedule).empty(), ddp::optim::schedule_error(schedule));
+  const std::string bad_schedule =
+      ddp::optim::schedule_error(schedule, ddp::tools::schedule_flag_names());
+  TORCH_CHECK(bad_schedule.empty(), bad_schedule);
   const bool scheduled = ddp::tools::has_schedule(args.recipe);
   auto make_optimizer = [&](const std::vector<torch::Tensor>& params) {
     return ddp::tools::make_optimizer(args.recipe, params, lr, /*sgd_momentum=*/0.9);
@@ -427,7 +430,7 @@ int run_worker(const Args& args) {
       state.data_position = text ? text->data_position() : step * global_batch;
       // Returns on every rank once the checkpoint is complete on disk.
       const std::string dir = ddp::io::save_and_barrier(*pg, ckpt, state);
-      if (lead && args.ddp.verbose) std::cout << "ddp-train: checkpoint " << dir << std::endl;
+      if (lead) std::cout << "ddp-train: checkpoint " << dir << " saved" << std::endl;
     }
   }
   // Whole weights to write: the sharded styles gather them on every rank (collective).
@@ -481,7 +484,9 @@ int run_worker(const Args& args) {
 
 int main(int argc, char** argv) {
   Args args;
-  CLI::App app{"ddp-train: data-parallel training of a zoo model on a synthetic task"};
+  CLI::App app{
+      "ddp-train: data-parallel training of a zoo model under a style (--style, --tp), on its "
+      "synthetic task or on text (--data)"};
   ddp::tools::add_run_flags(app, args, args.ddp.verbose);
   app.add_option("--steps", args.steps, "training steps")
       ->check(CLI::Range(1, 1000000))
@@ -503,8 +508,10 @@ int main(int argc, char** argv) {
   ddp::tools::add_comm_hook_flag(app, args.comm_hook);
   ddp::tools::add_tp_flag(app, args.tp);
   ddp::tools::add_shard_flags(app, args.shard);
-  app.add_option("--checkpoint-dir", args.checkpoint_dir,
-                 "directory of step-<N> checkpoints (written by rank 0, read by every rank)");
+  app.add_option(
+      "--checkpoint-dir", args.checkpoint_dir,
+      "directory of step-<N> checkpoints (a sharded style or --tp: every rank writes its "
+      "pieces; DDP: rank 0 writes; every rank reads)");
   app.add_option("--checkpoint-every", args.checkpoint_every,
                  "write a checkpoint every N steps (0: never)")
       ->check(CLI::Range(0, 1000000))
@@ -521,16 +528,18 @@ int main(int argc, char** argv) {
   app.add_option("--fail-at-step", args.fail_at_step,
                  "test hook: --fail-rank exits with code 3 at this step unless DDP_RESTART_COUNT "
                  "> 0 (0: never)")
-      ->check(CLI::Range(0, 1000000));
+      ->check(CLI::Range(0, 1000000))
+      ->group("");  // hidden from --help: the restart tests' hook, not a user's flag
   app.add_option("--fail-rank", args.fail_rank, "the rank --fail-at-step ends")
       ->check(CLI::Range(0, 1 << 20))
-      ->capture_default_str();
+      ->group("");
   ddp::tools::add_text_flags(app, args.text);
   app.add_option("--plot", args.plot,
                  "write the training (and with --data the validation) loss against steps to "
                  "FILE.svg")
       ->type_name("FILE.svg");
-  CLI11_PARSE(app, argc, argv);
+  if (const int code = ddp::tools::parse_flags(app, argc, argv, "ddp-train"); code >= 0)
+    return code;
   if (const std::string wrong =
           ddp::tools::check_text_flags(app, args.text, args.model, args.recipe.optimizer);
       !wrong.empty()) {
@@ -563,6 +572,10 @@ int main(int argc, char** argv) {
     std::cerr << "ddp-train: " << wrong << std::endl;
     return 2;
   }
+  if (const std::string wrong = ddp::tools::device_refusal(args); !wrong.empty()) {
+    std::cerr << "ddp-train: " << wrong << std::endl;
+    return 2;
+  }
   if (const std::string wrong = ddp::tools::nested_launch_refusal(args, "DDP_TRAIN_WORKER");
       !wrong.empty()) {
     std::cerr << "ddp-train: " << wrong << std::endl;
@@ -576,6 +589,11 @@ int main(int argc, char** argv) {
     }
     ddp::launch::SpawnOptions spawn;
     spawn.nproc = args.nproc > 0 ? args.nproc : 2;
+    if (const std::string wrong = ddp::tools::tp_world_refusal(args.tp, spawn.nproc);
+        !wrong.empty()) {
+      std::cerr << "ddp-train: " << wrong << std::endl;
+      return 2;
+    }
     spawn.timeout = std::chrono::hours(24);
     // Under a restarting launcher, our workers are that launcher's restart too.
     spawn.restart_count = restart_count();

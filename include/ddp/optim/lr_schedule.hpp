@@ -36,10 +36,18 @@ struct LrScheduleOptions {
   LrDecay decay = LrDecay::kCosine;
 };
 
+// What schedule_error calls the fields: the struct's own names in a program (default); a tool
+// passes its flags' (--lr, --min-lr, --warmup-steps, --lr-decay-steps).
+struct LrScheduleNames {
+  std::string lr = "LrScheduleOptions::lr";
+  std::string min_lr = "LrScheduleOptions::min_lr";
+  std::string warmup_steps = "LrScheduleOptions::warmup_steps";
+  std::string decay_steps = "LrScheduleOptions::decay_steps";
+};
+
 // Why `options` is not a schedule ("" when it is): negative rates or steps, min_lr above lr, a
-// decay that ends before its warmup, a decay without decay_steps. Names the fields as the tools'
-// flags spell them (--lr, --min-lr, --warmup-steps, --lr-decay-steps).
-std::string schedule_error(const LrScheduleOptions& options);
+// decay that ends before its warmup, a decay without decay_steps; the fields called `names`.
+std::string schedule_error(const LrScheduleOptions& options, const LrScheduleNames& names = {});
 
 // The rate of step `step` (0-based: the step about to be taken). Throws schedule_error's text.
 double lr_at(const LrScheduleOptions& options, int64_t step);

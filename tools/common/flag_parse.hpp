@@ -1,0 +1,22 @@
+#pragma once
+// The tools' command-line parse: CLI11's, with an unknown flag answered by the known flag nearest
+// to it (issue 46: "The following arguments were not expected: 10 --stpes" suggested nothing).
+//
+//   if (const int code = ddp::tools::parse_flags(app, argc, argv, "ddp-train"); code >= 0)
+//     return code;
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+#include <vector>
+
+namespace ddp::tools {
+
+// The known long flag (with its "--") within two edits of `given`, the nearest; "" when none.
+std::string nearest_flag(const std::string& given, const std::vector<std::string>& known);
+
+// -1 when `argv` parsed; else the exit code, after printing help (0), or the error: for an
+// unknown flag "<tool>: unknown flag --stpes; did you mean --steps?" (2).
+int parse_flags(CLI::App& app, int argc, char** argv, const std::string& tool);
+
+}  // namespace ddp::tools
