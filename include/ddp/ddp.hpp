@@ -13,6 +13,7 @@
 //               for any function), ddp::activation_checkpoint
 //   data        ddp::DistributedSampler, ddp::LoaderSampler
 //   checkpoints ddp::save_and_barrier, ddp::resume_latest over an io::TrainingState
+//   export      ddp::whole_state(module, layouts, group) (every style and mesh), ddp::save_weights
 //   recipe      ddp::Sgd, ddp::Adam, ddp::AdamW (one per algorithm, eager and captured: rate and
 //               step count on the device), ddp::weight_decay_groups (AdamW's groups), ddp::lr_at
 //               and ddp::LrDecay (warmup, cosine), ddp::set_lr, ddp::clip_grad_norm(model[, tp],
@@ -35,6 +36,8 @@
 #include "ddp/graphs/captured_step.hpp"
 #include "ddp/graphs/step_rng.hpp"
 #include "ddp/io/checkpoint_coordinator.hpp"
+#include "ddp/io/full_state_dict.hpp"
+#include "ddp/io/torch_save.hpp"
 #include "ddp/optim/adam.hpp"
 #include "ddp/optim/grad_clip.hpp"
 #include "ddp/optim/lr_schedule.hpp"
@@ -65,6 +68,9 @@ using graphs::StepRng;
 using io::CoordinatorOptions;
 using io::resume_latest;
 using io::save_and_barrier;
+using io::save_weights;
+using io::TensorMap;
+using io::whole_state;
 using io::TrainingState;
 using optim::Adam;
 using optim::AdamW;

@@ -25,8 +25,14 @@ echo "doc snippets compiled"
 # resume in between, must end on the same loss, bit for bit, below its loss at step 10, and
 # within 1e-5 of DDP's at world 2 (the same global batch).
 loss_at() {  # LOG STEP: rank 0's loss at the end of a run that ended at STEP
-  sed -n "s/^\[rank 0\] rank 0: .*: step $2 loss \([-+0-9.eE]*\)$/\1/p" "$1" | tail -1
+  sed -n "s/^\[rank 0\] rank 0: .*: step $2 loss \([-+0-9.eE]*\) weights .*$/\1/p" "$1" | tail -1
 }
+weights_of() {  # LOG: rank 0's sum of |w| over the exported whole weights
+  sed -n "s/^\[rank 0\] rank 0: .* weights \([-+0-9.eE]*\)$/\1/p" "$1" | tail -1
+}
+# close A B: |A - B| <= 1e-5 |B|
+close() { awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" &&
+  d <= 1e-5 * (b < 0 ? -b : b)) }'; }
 walk() {  # NPROC STYLE TP
   local n=$1 style=$2 tp=$3 tag="$2-tp$3" log
   for run in straight:20 first:10 resumed:20; do
@@ -46,14 +52,20 @@ walk() {  # NPROC STYLE TP
     { echo "guide $tag: resumed loss '$resumed' != straight '$straight'"; exit 1; }
   awk -v a="$straight" -v b="$first" 'BEGIN { exit !(a < b) }' ||
     { echo "guide $tag: loss $straight at step 20 is not below $first at step 10"; exit 1; }
-  # Every style and mesh trains on the same global batch: DDP at world 2 is the reference.
-  reference=${reference:-$straight}
-  awk -v a="$straight" -v b="$reference" 'BEGIN { d = a - b; if (d < 0) d = -d;
-    exit !(d <= 1e-5 * (b < 0 ? -b : b)) }' ||
+  # Every style and mesh trains on the same global batch: DDP at world 2 is the reference, for
+  # the loss and the exported whole weights.
+  local weights
+  weights=$(weights_of "$work/guide-$tag-straight.log")
+  reference=${reference:-$straight} reference_weights=${reference_weights:-$weights}
+  close "$straight" "$reference" ||
     { echo "guide $tag: loss $straight differs from DDP's $reference by more than 1e-5"; exit 1; }
-  echo "guide $tag: loss $first at step 10, $straight at step 20, resumed the same"
+  close "$weights" "$reference_weights" ||
+    { echo "guide $tag: exported weights $weights differ from DDP's $reference_weights"; exit 1; }
+  [[ -s "$work/ckpt-$tag-straight/weights.safetensors" ]] ||
+    { echo "guide $tag: no exported weights"; exit 1; }
+  echo "guide $tag: loss $first at step 10, $straight at step 20, resumed the same; weights $weights"
 }
-reference=
+reference= reference_weights=
 walk 2 replicate 1
 walk 2 fully_shard 1
 walk 4 replicate 2

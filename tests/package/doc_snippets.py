@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Every C++ block of README.md and docs/*.md as one translation unit, for the suite to compile.
+"""Every C++ block of README.md and docs/**/*.md as one translation unit, for the suite to compile.
 
     doc_snippets.py SOURCE_DIR OUT_DIR    writes OUT_DIR/snippets.cpp and OUT_DIR/CMakeLists.txt
 
@@ -84,7 +84,7 @@ def blocks(path):
 
 def main():
     src, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
-    docs = [src / "README.md"] + sorted((src / "docs").glob("*.md"))
+    docs = [src / "README.md"] + sorted((src / "docs").rglob("*.md"))
     includes, bodies, errors, programs = list(PRELUDE), [], [], {}
     for doc in docs:
         found, errs = blocks(doc)

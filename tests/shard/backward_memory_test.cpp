@@ -3,7 +3,7 @@
 // Linear(2052, 2052) layers, one unit each (the zoo MLP, 16.8 MB of fp32 weights a layer; its last
 // layer has 2051 rows, which DEFAULT replicates at worlds 2 and 3), Gloo, worlds 2 and 3.
 //
-// What it holds (docs/sharding.md, "Where a step's memory goes"):
+// What it holds (docs/design/sharding.md, "Where a step's memory goes"):
 //  - FULLY_SHARD per unit: during backward a rank holds what it held when backward began, plus at
 //    most: the gradient shards written so far (all of them by the end), the units the prefetch
 //    allows gathered at once (the one computing and the one prefetched), one unit's full

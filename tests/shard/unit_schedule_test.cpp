@@ -81,7 +81,7 @@ void train_and_compare(comm::ProcessGroupPtr pg, Holder net, Holder oracle,
 
   // Memory: the root unit stays gathered; of the other units, the one computing, the gather
   // buffer (the prefetched one in flight, or kept for the next gather: shard/gather_pool.hpp) and
-  // the one whose reduce-scatter is in flight (docs/sharding.md, Memory).
+  // the one whose reduce-scatter is in flight (docs/design/sharding.md, Memory).
   const auto& plan = model.plan();
   int64_t root = 0, largest = 0, total = 0;
   for (const auto& unit : plan.units) {

@@ -101,9 +101,12 @@ TEST(DdpTrainText, ValidationLossFallsBelowUnigramEntropyWithin150StepsAtWorld2)
   EXPECT_EQ(losses.back().first, 150);
   EXPECT_LT(losses.back().second, entropy) << out;
   EXPECT_LT(losses.back().second, losses.front().second) << out;
-  EXPECT_NE(out.find("ddp-train: text sample (64 bytes, temperature 0.8, seed 1234)"),
+  EXPECT_NE(out.find("ddp-train: text sample (64 bytes, temperature 0.8, seed 1234) after a "
+                     "prompt from the validation text\n[rank 0] --- prompt ---\n"),
             std::string::npos)
       << out;
+  // The prompt and the model's bytes apart (issue 46: they ran together).
+  EXPECT_NE(out.find("\n[rank 0] --- generated ---\n"), std::string::npos) << out;
   EXPECT_NE(out.find(" tok/s "), std::string::npos) << out;  // in the progress lines
 }
 
@@ -172,6 +175,11 @@ TEST(DdpTrainText, PlotHasAPointPerLoggedStep) {
   EXPECT_NE(svg.find(">training loss (mean over ranks)</text>"), std::string::npos);
   EXPECT_NE(svg.find(">validation loss</text>"), std::string::npos);
   EXPECT_NE(svg.find(">unigram entropy of the training text</text>"), std::string::npos);
+  // Issue 46: the title names the style and the optimizer; the dashed reference line is dashed in
+  // the legend too (its line and its swatch); no "-0" tick.
+  EXPECT_NE(svg.find(" (replicate, "), std::string::npos) << svg.substr(0, 600);
+  EXPECT_EQ(count(svg, "stroke-dasharray=\"6 4\""), 2u);
+  EXPECT_EQ(svg.find(">-0<"), std::string::npos);
 
   // A synthetic workload plots its training loss alone.
   const std::string plain = dir.file("mlp.svg");

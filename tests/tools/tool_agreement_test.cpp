@@ -49,11 +49,28 @@ TEST(ToolAgreement, EveryWayOfNamingReplicateRunsDdpInBothTools) {
       EXPECT_EQ(code, 0) << tool << " " << flags << ": " << out;
     }
   }
+  // ddp-bench's result line names the style and --tp it measured.
+  const auto [bench, bench_code] =
+      run_command(kTools[0].second + " --nproc 2 --timeout-s 60 --style replicate");
+  ASSERT_EQ(bench_code, 0) << bench;
+  EXPECT_NE(bench.find(" repeat=1 style=replicate tp=0\n"), std::string::npos) << bench;
   // ddp-train's header names DDP's buckets (a sharded style names its units instead).
   const auto [out, code] =
       run_command(kTools[1].second + " --nproc 2 --timeout-s 60 --style replicate");
   ASSERT_EQ(code, 0) << out;
   EXPECT_NE(out.find(" buckets, world size 2,"), std::string::npos) << out;
+}
+
+// ddp-train's header counts the whole model's parameters whatever splits it (under --tp it
+// printed a rank's share).
+TEST(ToolAgreement, TheParameterCountIsTheWholeModelsUnderEveryStyleAndTp) {
+  for (const std::string flags : {"--ddp", "--fsdp", "--ddp --tp 2", "--fsdp --tp 2"}) {
+    const auto [out, code] = run_command(kTools[1].second + " --nproc 2 --timeout-s 60 " + flags);
+    ASSERT_EQ(code, 0) << flags << ": " << out;
+    // Net(2000): four Linear(2000, 2000), 4 x (2000 x 2000 + 2000).
+    EXPECT_NE(out.find("ddp-train: model net, 16008000 parameters in "), std::string::npos)
+        << flags << ": " << out;
+  }
 }
 
 // The runtime stats name the style that produced them (a FULLY_SHARD run printed "DDP runtime

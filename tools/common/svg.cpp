@@ -113,8 +113,15 @@ std::string legend_items(const std::vector<LegendEntry>& entries, const LegendLa
   std::ostringstream s;
   for (size_t i = 0; i < layout.at.size() && i < entries.size(); ++i) {
     const auto [x, y] = layout.at[i];
-    s << "<rect x=\"" << number(x) << "\" y=\"" << number(y) << "\" width=\"" << number(kSwatch)
-      << "\" height=\"" << number(kSwatch) << "\" fill=\"" << entries[i].colour << "\"/>\n";
+    if (entries[i].dash.empty()) {
+      s << "<rect x=\"" << number(x) << "\" y=\"" << number(y) << "\" width=\"" << number(kSwatch)
+        << "\" height=\"" << number(kSwatch) << "\" fill=\"" << entries[i].colour << "\"/>\n";
+    } else {
+      s << "<line x1=\"" << number(x) << "\" y1=\"" << number(y + kSwatch / 2) << "\" x2=\""
+        << number(x + kSwatch) << "\" y2=\"" << number(y + kSwatch / 2) << "\" stroke=\""
+        << entries[i].colour << "\" stroke-width=\"2\" stroke-dasharray=\"" << entries[i].dash
+        << "\"/>\n";
+    }
     s << "<text x=\"" << number(x + kSwatch + 6) << "\" y=\"" << number(y + kSwatch - 1) << "\">"
       << escape(entries[i].name) << "</text>\n";
   }

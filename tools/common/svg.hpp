@@ -57,6 +57,9 @@ std::string line(double x1, double y1, double x2, double y2, const std::string& 
 struct LegendEntry {
   std::string name;
   std::string colour;  // "#rrggbb"
+  // The series' stroke-dasharray ("4 3"): its swatch is a dashed line, as the series is drawn;
+  // "" (default): a filled square.
+  std::string dash;
 };
 
 // Where each entry's swatch goes: entries flow left to right from (left, top) and wrap before

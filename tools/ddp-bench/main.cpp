@@ -538,9 +538,11 @@ int run_worker(const Args& args) {
       char text[512];
       std::snprintf(text, sizeof(text),
                     "result model=%s world=%d batch=%lld device=%s side=ours median_ms=%.3f "
-                    "mean_ms=%.3f min_ms=%.3f repeat=%d",
+                    "mean_ms=%.3f min_ms=%.3f repeat=%d style=%s tp=%lld",
                     args.model.c_str(), world, static_cast<long long>(args.batch_size),
-                    args.device.c_str(), s.median, s.mean, s.min, timed);
+                    args.device.c_str(), s.median, s.mean, s.min, timed,
+                    args.shard.chosen ? args.shard.style.c_str() : "none",
+                    static_cast<long long>(args.tp));
       line = text;
     }
     std::cout << line << "\n";

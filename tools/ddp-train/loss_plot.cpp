@@ -24,12 +24,16 @@ constexpr const char* kTrainColour = "#4e79a7";
 constexpr const char* kValidationColour = "#f28e2b";
 constexpr const char* kReferenceColour = "#7f7f7f";
 constexpr const char* kLrColour = "#59a14f";  // Tableau 10's green
+// Dashed series, drawn so in the legend too: the rate and the reference lines.
+constexpr const char* kLrDash = "4 3";
+constexpr const char* kReferenceDash = "6 4";
 // With a learning rate: room for its tick labels and its rotated label on the right.
 constexpr double kPlotRightWithLr = 78;
 
 // A learning rate as a tick label: "6e-04" reads worse than "0.0006", "0.0006" better than
 // "0.000600"; %g picks the short form.
 std::string rate_label(double v) {
+  if (std::fabs(v) < 1e-300) return "0";  // never "-0"
   char buf[32];
   std::snprintf(buf, sizeof buf, "%g", v);
   return buf;
@@ -88,8 +92,21 @@ std::string render_loss_svg(const LossCurve& curve, const LossPlotOptions& optio
     return bottom - std::clamp(lr, 0.0, lr_max) / lr_max * plot_h;
   };
 
+  // The legend first: the picture grows to hold all its rows (they touched the bottom edge).
+  std::vector<svg::LegendEntry> legend = {{options.train_label, kTrainColour, ""}};
+  if (!curve.validation.empty()) {
+    legend.push_back({options.validation_label, kValidationColour, ""});
+  }
+  if (with_lr) legend.push_back({"learning rate", kLrColour, kLrDash});
+  for (const ReferenceLine& r : options.references) {
+    legend.push_back({r.label, kReferenceColour, kReferenceDash});
+  }
+  const svg::LegendLayout layout =
+      svg::layout_legend(legend, legend.size(), kPlotLeft, bottom + 50, options.width - right);
+  const double height = std::max(options.height, layout.bottom + 16);
+
   std::ostringstream s;
-  s << svg::open(options.width, options.height);
+  s << svg::open(options.width, height);
   s << svg::title(options.title);
   if (!options.subtitle.empty()) s << svg::subtitle(options.subtitle);
 
@@ -131,16 +148,12 @@ std::string render_loss_svg(const LossCurve& curve, const LossPlotOptions& optio
   }
   s << "</g>\n";
 
-  std::vector<svg::LegendEntry> legend = {{options.train_label, kTrainColour}};
-  if (!curve.validation.empty()) legend.push_back({options.validation_label, kValidationColour});
-  if (with_lr) legend.push_back({"learning rate", kLrColour});
   s << "<g id=\"references\">\n";
   for (const ReferenceLine& r : options.references) {
     s << "<line x1=\"" << number(kPlotLeft) << "\" y1=\"" << number(y_of(r.value)) << "\" x2=\""
       << number(kPlotLeft + plot_w) << "\" y2=\"" << number(y_of(r.value)) << "\" stroke=\""
-      << kReferenceColour << "\" stroke-width=\"1.2\" stroke-dasharray=\"6 4\"><title>"
-      << svg::escape(r.label) << ": " << number(r.value, 4) << "</title></line>\n";
-    legend.push_back({r.label, kReferenceColour});
+      << kReferenceColour << "\" stroke-width=\"1.2\" stroke-dasharray=\"" << kReferenceDash
+      << "\"><title>" << svg::escape(r.label) << ": " << number(r.value, 4) << "</title></line>\n";
   }
   s << "</g>\n";
 
@@ -166,7 +179,7 @@ std::string render_loss_svg(const LossCurve& curve, const LossPlotOptions& optio
   }
   if (with_lr) {
     s << "<polyline class=\"lr\" fill=\"none\" stroke=\"" << kLrColour
-      << "\" stroke-width=\"1.2\" stroke-dasharray=\"4 3\" points=\"";
+      << "\" stroke-width=\"1.2\" stroke-dasharray=\"" << kLrDash << "\" points=\"";
     for (size_t i = 0; i < curve.lr.size(); ++i) {
       s << (i ? " " : "") << number(x_of(double(curve.lr[i].step))) << ','
         << number(y_of_lr(curve.lr[i].loss));
@@ -175,8 +188,6 @@ std::string render_loss_svg(const LossCurve& curve, const LossPlotOptions& optio
   }
   s << "</g>\n";
 
-  const svg::LegendLayout layout =
-      svg::layout_legend(legend, legend.size(), kPlotLeft, bottom + 50, options.width - right);
   s << "<g id=\"legend\" font-size=\"12\" fill=\"#1f1f1f\">\n";
   s << svg::legend_items(legend, layout);
   s << "</g>\n";

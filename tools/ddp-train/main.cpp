@@ -17,6 +17,7 @@
 #include <iostream>
 #include <map>
 #include <optional>
+#include <unordered_set>
 
 #include "common/ddp_flags.hpp"
 #include "common/flag_parse.hpp"
@@ -213,11 +214,15 @@ int run_worker(const Args& args) {
     opt = make_optimizer(params);
   }
   if (lead) {
+    // The whole model's parameters, by their layouts' whole shapes: a rank holds shards under a
+    // sharded style and --tp (it printed the local count under --tp), a tied one counts once.
+    const ddp::layout::TensorLayouts whole =
+        tensor_parallel ? model.layouts(*tensor_parallel) : model.layouts();
+    std::unordered_set<const void*> seen;
     int64_t numel = 0;
-    if (sharded) {
-      for (const auto& shape : sharded->plan().shapes) numel += c10::multiply_integers(shape.shape);
-    } else {
-      for (const auto& p : params) numel += p.numel();
+    for (const auto& item : w.ptr->named_parameters()) {
+      if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
+      numel += c10::multiply_integers(whole.of(item.key(), item.value().sizes().vec()).shape);
     }
     const std::string layout =
         sharded ? std::to_string(sharded->plan().units.size()) + " units (" + args.shard.style + ")"
@@ -463,8 +468,12 @@ int run_worker(const Args& args) {
     }
     if (!sample.empty()) std::cout << sample << std::endl;
     if (!args.plot.empty() && !curve.train.empty()) {
-      const auto options =
+      auto options =
           text ? text->plot_options(args.model, pg->world_size()) : ddp::tools::LossPlotOptions{};
+      // The run the curve belongs to: the style (and --tp) and the recipe's optimizer.
+      options.title += " (" + args.shard.style +
+                       (args.tp > 0 ? " x tp " + std::to_string(args.tp) : std::string()) + ", " +
+                       args.recipe.optimizer + ")";
       const std::string svg = ddp::tools::render_loss_svg(curve, options);
       ddp::io::AtomicFile file(args.plot);
       file.write(svg.data(), svg.size());

@@ -220,8 +220,10 @@ std::string TextTraining::sample_report(const TokenForward& forward) const {
   std::ostringstream out;
   out << "ddp-train: text sample (" << options.bytes << " bytes, temperature "
       << options.temperature << ", seed " << options.seed
-      << ") after a prompt from the validation text:\n"
-      << printable(start) << printable(bytes);
+      << ") after a prompt from the validation text\n"
+      << "--- prompt ---\n"
+      << printable(start) << "\n--- generated ---\n"
+      << printable(bytes);
   return out.str();
 }
 

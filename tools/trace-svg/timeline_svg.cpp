@@ -109,13 +109,13 @@ std::vector<LegendEntry> assign_colours(const std::vector<Bar>& bars_by_start) {
   std::vector<LegendEntry> out;
   const char* fixed_colour[3] = {kForward, kBackward, kOptimizer};
   for (int k = 0; k < 3; ++k)
-    for (const std::string& n : fixed[k]) out.push_back({n, fixed_colour[k]});
+    for (const std::string& n : fixed[k]) out.push_back({n, fixed_colour[k], ""});
   for (size_t i = 0; i < other.size(); ++i)
-    out.push_back({other[i], kOtherCompute[i % std::size(kOtherCompute)]});
+    out.push_back({other[i], kOtherCompute[i % std::size(kOtherCompute)], ""});
   for (size_t i = 0; i < comm.size(); ++i) {
     const int64_t n = first_number(comm[i]);
     const size_t shade = n >= 0 ? size_t(n) : i;
-    out.push_back({comm[i], kComm[shade % std::size(kComm)]});
+    out.push_back({comm[i], kComm[shade % std::size(kComm)], ""});
   }
   return out;
 }
