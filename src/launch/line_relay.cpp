@@ -7,6 +7,12 @@
 namespace ddp::launch {
 
 void LineRelay::feed(const char* data, size_t size) {
+  if (prefix_.empty()) {
+    // Nothing to put in front: the bytes go on as they come, so that a partial line (a progress
+    // bar redrawn with '\r') shows at once instead of at its newline.
+    (void)io::write_all(out_fd_, data, size);
+    return;
+  }
   while (size > 0) {
     const void* nl = std::memchr(data, '\n', size);
     const size_t take = nl ? static_cast<const char*>(nl) - data : size;

@@ -73,6 +73,35 @@ TEST(ToolAgreement, TheParameterCountIsTheWholeModelsUnderEveryStyleAndTp) {
   }
 }
 
+// ddp-train --nproc on a terminal draws rank 0's progress bar (the workers' own stdout is a pipe,
+// so it never appeared): run under script(1), which gives the launcher a pseudo-terminal.
+TEST(ToolAgreement, DdpTrainDrawsItsProgressBarWhenTheLaunchersOutputIsATerminal) {
+  const auto [out, code] =
+      run_command("script -qec '" + std::string(DDP_TRAIN_PATH) +
+                  " --model net --nproc 2 --steps 3 --timeout-s 60' /dev/null");
+  EXPECT_EQ(code, 0) << out;
+  // 30 columns, a third done after step 1 of 3; redrawn in place.
+  EXPECT_NE(out.find("\r[##########....................] step 1/3  loss "), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("\r[##############################] step 3/3  loss "), std::string::npos)
+      << out;
+}
+
+// --verbose prints the bucket table once per job (under --tp every dp group has a rank 0).
+TEST(ToolAgreement, VerboseTablesOncePerJobUnderTp) {
+  for (const auto& [tool, command] : kTools) {
+    const auto [out, code] =
+        run_command(command + " --ddp --nproc 4 --tp 2 --timeout-s 60 --verbose");
+    ASSERT_EQ(code, 0) << tool << ": " << out;
+    size_t tables = 0;
+    for (size_t at = out.find("DDP bucket assignment"); at != std::string::npos;
+         at = out.find("DDP bucket assignment", at + 1)) {
+      ++tables;
+    }
+    EXPECT_EQ(tables, 1u) << tool << ": " << out;
+  }
+}
+
 // The runtime stats name the style that produced them (a FULLY_SHARD run printed "DDP runtime
 // stats").
 TEST(ToolAgreement, RuntimeStatsNameTheStyle) {

@@ -258,6 +258,8 @@ int run_worker(const Args& args) {
   if (args.shard.chosen) {
     ddp::DataParallelOptions dp_options;
     dp_options.ddp = args.options;
+    // The table once per job: under --tp every dp group has a rank 0 of its own.
+    dp_options.ddp.verbose = args.options.verbose && lead;
     dp_options.shard = args.shard.options;
     if (args.shard.fsdp_wrap) dp_options.shard.units = w.wrap_units;
     wrapped.emplace(w.module, dp_group, ddp::shard::parse_style(args.shard.style),

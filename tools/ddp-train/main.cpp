@@ -176,6 +176,8 @@ int run_worker(const Args& args) {
   // replicate, FullyShardedDataParallel for the sharded styles, around the same AnyModule.
   ddp::DataParallelOptions dp_options;
   dp_options.ddp = args.ddp;
+  // The table once per job: under --tp every dp group has a rank 0 of its own.
+  dp_options.ddp.verbose = args.ddp.verbose && lead;
   dp_options.shard = args.shard.options;
   if (args.shard.fsdp_wrap) dp_options.shard.units = w.wrap_units;
   ddp::DataParallel<torch::nn::AnyModule> model(
@@ -273,7 +275,10 @@ int run_worker(const Args& args) {
   // first step (the batch's shape), destroyed before the process group (declared after it).
   std::unique_ptr<ddp::graphs::CapturedStep> captured;
   torch::Tensor static_x, static_y, static_loss;
-  ddp::tools::Progress progress(args.steps, lead && ::isatty(STDOUT_FILENO), 20, args.json);
+  // A terminal: ours, or the launcher's when it started this worker behind a pipe.
+  const bool terminal =
+      ::isatty(STDOUT_FILENO) || std::getenv("DDP_TRAIN_STDOUT_IS_TERMINAL") != nullptr;
+  ddp::tools::Progress progress(args.steps, lead && terminal, 20, args.json);
   if (text) {
     progress.set_tokens_per_step(text->tokens_per_step() * args.recipe.grad_accum);
     const double peak = args.peak_tflops > 0
@@ -610,6 +615,11 @@ int main(int argc, char** argv) {
     // --json: rank 0's stdout is the JSON lines alone (its other lines go to stderr), unprefixed,
     // so that the launcher's stdout parses line by line.
     spawn.prefix_rank0_stdout = !args.json;
+    // Our stdout a terminal: rank 0 draws its progress bar there (its own stdout is a pipe).
+    if (::isatty(STDOUT_FILENO) && !args.json) {
+      spawn.env["DDP_TRAIN_STDOUT_IS_TERMINAL"] = "1";
+      spawn.prefix_rank0_stdout = false;
+    }
     return ddp::launch::run_self_as_workers(argc, argv, "DDP_TRAIN_WORKER", spawn);
   } catch (const c10::Error& e) {
     std::cerr << ddp::tools::tool_error("ddp-train", e.what_without_backtrace()) << std::endl;

@@ -1,6 +1,7 @@
 #pragma once
 // Relays one worker stream (stdout or stderr, read from a pipe in arbitrary chunks) to the
-// launcher's own stream, a whole line at a time with a prefix such as "[rank 1] ".
+// launcher's own stream, a whole line at a time with a prefix such as "[rank 1] ". Without a
+// prefix the bytes pass as they come (a redrawn progress bar shows without waiting for a newline).
 //
 // Each line goes out in a single write(2), so lines of different workers never interleave
 // mid-line, whatever the pipe's chunking was. A final line without a newline is printed (with
