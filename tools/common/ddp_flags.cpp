@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "common/flag_parse.hpp"
 #include "ddp/buckets/bucket_plan.hpp"
 #include "ddp/hooks/default_hooks.hpp"
 #include "ddp/hooks/powersgd_hook.hpp"
@@ -19,6 +20,7 @@ std::string mib_text(size_t bytes) {
 }  // namespace
 
 void add_ddp_flags(CLI::App& app, parallel::DDPOptions& options) {
+  const FlagGroup group(app, "DistributedDataParallel (--style replicate)");
   auto& caps = options.reducer.buckets;
   app.add_option_function<double>(
          "--bucket-cap-mb", [&caps](double mb) { caps.bucket_cap_bytes = buckets::mib_bytes(mb); },
@@ -55,7 +57,8 @@ void add_ddp_flags(CLI::App& app, parallel::DDPOptions& options) {
       "bucket in reverse order, rebuild after iteration 1 (PyTorch eager's way; the seed's "
       "--dynamo-no-optimize-ddp)");
   app.add_option("--stats-every", options.stats_every, "sample runtime stats every N iterations")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
+      ->check(CLI::PositiveNumber)
+      ->type_name("N")
       ->capture_default_str();
 }
 
@@ -65,6 +68,7 @@ const std::vector<std::string>& comm_hook_names() {
 }
 
 void add_comm_hook_flag(CLI::App& app, std::string& name) {
+  const FlagGroup group(app, "DistributedDataParallel (--style replicate)");
   app.add_option("--comm-hook", name,
                  "allreduce, fp16, bf16, powersgd or noop (no communication: attribution only)")
       ->check(CLI::IsMember(comm_hook_names()))
@@ -82,6 +86,7 @@ hooks::CommHookPtr make_comm_hook(const std::string& name, comm::ProcessGroupPtr
 }
 
 void add_model_flags(CLI::App& app, models::WorkloadOptions& options) {
+  const FlagGroup group(app, "Model");
   app.add_flag("--tie-weights", options.tie_weights,
                "GPT models: lm_head shares the token embedding's weight (wte), as in GPT-2");
   // nanoGPT's names for the GPT's shape (0: the zoo row's own).
@@ -118,6 +123,7 @@ std::string check_model_flags(const std::string& model, const models::WorkloadOp
 }
 
 void add_shard_flags(CLI::App& app, ShardFlags& flags) {
+  const FlagGroup group(app, "Style");
   app.add_option("--style", flags.style,
                  "data-parallel style: replicate (DistributedDataParallel, the default), "
                  "fully_shard or default (docs/sharding.md)")

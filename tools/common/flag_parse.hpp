@@ -12,6 +12,24 @@
 
 namespace ddp::tools {
 
+// While alive, the options added to `app` are listed under `name` in --help (each of the tools'
+// flag sets takes one: the help was one flat list of ~80 options). An option may still name its
+// own group ("" hides it).
+class FlagGroup {
+ public:
+  FlagGroup(CLI::App& app, const std::string& name)
+      : app_(app), saved_(app.option_defaults()->get_group()) {
+    app_.option_defaults()->group(name);
+  }
+  ~FlagGroup() { app_.option_defaults()->group(saved_); }
+  FlagGroup(const FlagGroup&) = delete;
+  FlagGroup& operator=(const FlagGroup&) = delete;
+
+ private:
+  CLI::App& app_;
+  std::string saved_;
+};
+
 // The known long flag (with its "--") within two edits of `given`, the nearest; "" when none.
 std::string nearest_flag(const std::string& given, const std::vector<std::string>& known);
 

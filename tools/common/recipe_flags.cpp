@@ -1,5 +1,6 @@
 #include "common/recipe_flags.hpp"
 
+#include "common/flag_parse.hpp"
 #include "ddp/optim/adam.hpp"
 #include "ddp/optim/device_step.hpp"
 #include "ddp/optim/param_groups.hpp"
@@ -9,6 +10,7 @@ namespace ddp::tools {
 
 void add_recipe_flags(CLI::App& app, RecipeFlags& flags,
                       const std::vector<std::string>& optimizers) {
+  const FlagGroup group(app, "Recipe");
   std::string names;
   for (const auto& name : optimizers) names += (names.empty() ? "" : ", ") + name;
   app.add_option("--optimizer", flags.optimizer, names)

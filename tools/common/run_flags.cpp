@@ -4,6 +4,7 @@
 
 #include <torch/cuda.h>
 
+#include "common/flag_parse.hpp"
 #include "ddp/comm/env.hpp"
 
 #include "ddp/models/registry.hpp"
@@ -20,6 +21,7 @@ constexpr bool kWithNccl = false;
 }  // namespace
 
 void add_run_flags(CLI::App& app, RunFlags& flags, bool& verbose) {
+  const FlagGroup group(app, "Run");
   app.add_option("--model", flags.model, "model from the zoo")
       ->check(CLI::IsMember(models::workload_names()))
       ->capture_default_str();

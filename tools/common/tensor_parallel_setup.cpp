@@ -4,11 +4,13 @@
 
 #include <vector>
 
+#include "common/flag_parse.hpp"
 #include "ddp/parallel/data_parallel.hpp"
 
 namespace ddp::tools {
 
 void add_tp_flag(CLI::App& app, int64_t& tp) {
+  const FlagGroup group(app, "Style");
   app.add_option("--tp", tp,
                  "tensor parallel over N ranks of a (world / N, N) mesh (\"dp\", \"tp\"); the "
                  "data-parallel style runs over \"dp\" (docs/tensor_parallel.md)")

@@ -14,6 +14,7 @@
 #include <torch/nn/functional/loss.h>
 #include <torch/utils.h>
 
+#include "common/flag_parse.hpp"
 #include "ddp/models/gpt.hpp"
 
 namespace ddp::tools {
@@ -48,6 +49,7 @@ std::string prompt_from(const models::ByteText& text) {
 }  // namespace
 
 void add_text_flags(CLI::App& app, TextFlags& flags) {
+  const FlagGroup group(app, "Text (--data)");
   app.add_option("--data", flags.data_file,
                  std::string("train a byte-level GPT on the bytes of FILE (first 90% training, "
                              "last 10% validation); with no FILE: ") +
