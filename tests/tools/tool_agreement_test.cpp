@@ -161,12 +161,17 @@ TEST(ToolAgreement, AnUnknownFlagNamesTheNearestKnownOne) {
   EXPECT_EQ(out, "ddp-train: unknown flag --quux; see --help\n");
 }
 
-// --help shows a user's flags: the restart tests' hooks are hidden, and the NCCL flags appear only
-// in a build that has NCCL.
+// --help shows a user's flags in groups: the restart tests' hooks are hidden, and the NCCL flags
+// appear only in a build that has NCCL.
 TEST(ToolAgreement, HelpHidesTestHooksAndFlagsTheBuildCannotUse) {
   const auto [out, code] = run_command(std::string(DDP_TRAIN_PATH) + " --help");
   EXPECT_EQ(code, 0) << out;
   EXPECT_NE(out.find("--steps"), std::string::npos) << out;
+  // In groups, not one flat list.
+  for (const char* group :
+       {"\nRun:\n", "\nModel:\n", "\nStyle:\n", "\nRecipe:\n", "\nText (--data):\n"}) {
+    EXPECT_NE(out.find(group), std::string::npos) << group << out;
+  }
   EXPECT_EQ(out.find("--fail-at-step"), std::string::npos) << out;
   EXPECT_EQ(out.find("--fail-rank"), std::string::npos) << out;
 #if defined(DDP_WITH_NCCL) && DDP_WITH_NCCL
