@@ -121,11 +121,17 @@ TEST(ToolAgreement, NprocUnderAnotherLauncherIsRefusedByName) {
     const auto [out, code] = run_command(launched + command + " --ddp --nproc 2");
     EXPECT_EQ(code, 2) << tool << ": " << out;
     EXPECT_EQ(out, tool +
-                       ": --nproc 2 under a launcher (torchrun's rank variables are set): the "
-                       "launcher starts the ranks, so each of its processes would start a "
-                       "separate world of 2; drop --nproc\n")
+                       ": --nproc 2 under a launcher (torchrun's rank variables are set, "
+                       "WORLD_SIZE=2): the launcher starts the ranks, so each of its processes "
+                       "would start a separate world of 2; drop --nproc\n")
         << tool;
   }
+  // A launcher of one process (a Slurm batch step has SLURM_PROCID=0, SLURM_NTASKS=1) leaves
+  // --nproc to start the tool's own workers.
+  const auto [out, code] = run_command("env SLURM_PROCID=0 SLURM_NTASKS=1 " + kTools[1].second +
+                                       " --ddp --nproc 2 --timeout-s 60");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("world size 2,"), std::string::npos) << out;
 }
 
 TEST(ToolAgreement, DdpTrainJsonStdoutParsesLineByLineUnderNproc) {

@@ -102,9 +102,16 @@ std::string nested_launch_refusal(const RunFlags& flags, const char* worker_env)
   if (flags.nproc == 0 || std::getenv(worker_env) != nullptr) return "";
   const auto launcher = comm::launcher_from_env(comm::process_env());
   if (!launcher) return "";
+  // One launched process (a Slurm batch step sets SLURM_PROCID too) may start a world of its own.
+  const char* size_var = *launcher == "openmpi" ? "OMPI_COMM_WORLD_SIZE"
+                         : *launcher == "slurm" ? "SLURM_NTASKS"
+                                                : "WORLD_SIZE";
+  const char* size = std::getenv(size_var);
+  if (size == nullptr || std::atoi(size) <= 1) return "";
   return "--nproc " + std::to_string(flags.nproc) + " under a launcher (" + *launcher +
-         "'s rank variables are set): the launcher starts the ranks, so each of its processes "
-         "would start a separate world of " +
+         "'s rank variables are set, " + size_var + "=" + size +
+         "): the launcher starts the ranks, so each of its processes would start a separate "
+         "world of " +
          std::to_string(flags.nproc) + "; drop --nproc";
 }
 

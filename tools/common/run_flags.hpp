@@ -45,9 +45,10 @@ comm::InitOptions init_options(const RunFlags& flags, const std::string& backend
 std::string cuda_graph_refusal(const RunFlags& flags, const reducer::ReducerOptions& reducer);
 
 // Why --nproc cannot be given here ("" when it can): under a launcher (ddp-run, torchrun, mpirun,
-// srun: its rank variables are set) that did not start this process as the tool's own worker
-// (`worker_env` unset), each of the launcher's processes would start a separate world of --nproc
-// workers, silently: refused by name before any worker starts.
+// srun: its rank variables are set) of more than one process that did not start this process as
+// the tool's own worker (`worker_env` unset), each of the launcher's processes would start a
+// separate world of --nproc workers, silently: refused by name before any worker starts. A
+// launcher of one process (a Slurm batch step) leaves the tool free to start its own.
 std::string nested_launch_refusal(const RunFlags& flags, const char* worker_env);
 
 // Why --device cannot run here ("" when it can): --device cuda where libtorch sees no CUDA
