@@ -10,7 +10,8 @@ namespace {
 // only its own shards (a norm too small, a different one per tp rank, so that the replicated
 // parameters drift apart), silently. Refused before any collective, naming the split submodule.
 void refuse_split_without_tp(torch::nn::Module& module) {
-  constexpr std::string_view kTp = "tensor-parallel";
+  constexpr std::string_view kTp = tp::TensorParallel::kKind;
+  if (!unit::any_unit_of(kTp)) return;  // the common case, every step: no tensor parallelism
   bool any = unit::is_unit_of(module, kTp);
   for (const auto& child : module.modules(/*include_self=*/false))
     any |= unit::is_unit_of(*child, kTp);

@@ -64,6 +64,16 @@ bool is_unit_of(const torch::nn::Module& module, std::string_view kind) {
   return false;
 }
 
+bool any_unit_of(std::string_view kind) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  for (const auto& [module, entries] : registry()) {
+    for (const Entry& e : entries) {
+      if (e.listener->kind() == kind) return true;
+    }
+  }
+  return false;
+}
+
 at::Tensor run_unit(const torch::nn::Module& module,
                     const std::function<at::Tensor(const at::Tensor&)>& fn,
                     const at::Tensor& input) {

@@ -72,6 +72,8 @@ using TpPlan = std::vector<std::pair<std::string, ParallelStyle>>;
 
 class TensorParallel : private unit::UnitListener {
  public:
+  // The kind it registers its planned modules under (unit::is_unit_of): the one spelling.
+  static constexpr const char* kKind = "tensor-parallel";
   // Collective over `group`: rank 0's full weights are broadcast, then every rank keeps its
   // shard. Errors name the plan entry: a missing submodule, one that is not a Linear, a sharded
   // dim the group size does not divide.
@@ -136,7 +138,7 @@ class TensorParallel : private unit::UnitListener {
   // group (comm::take_local: the layouts' even split), and its layout and style are recorded.
   void split(const std::string& name, at::Tensor& param, int64_t dim, int64_t packed,
              const std::string& style);
-  const char* kind() const override { return "tensor-parallel"; }
+  const char* kind() const override { return kKind; }
   at::Tensor before_unit_forward(size_t unit, const at::Tensor& input) override;
   at::Tensor after_unit_forward(size_t unit, const at::Tensor& output) override;
 

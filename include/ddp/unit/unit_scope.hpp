@@ -77,6 +77,9 @@ class UnitRegistration {
 // Whether `module` is a unit of a live runtime of `kind` (UnitListener::kind()): lets a caller
 // that needs a runtime's knowledge (a tensor-parallel split) refuse to go on without it.
 bool is_unit_of(const torch::nn::Module& module, std::string_view kind);
+// Whether any module is a unit of a live runtime of `kind`: one look at the registry, so that a
+// per-step check costs nothing in the runs without such a runtime.
+bool any_unit_of(std::string_view kind);
 
 // fn(input) as a unit's forward (see above).
 at::Tensor run_unit(const torch::nn::Module& module,
