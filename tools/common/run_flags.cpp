@@ -121,4 +121,9 @@ std::string device_refusal(const RunFlags& flags) {
          "with --device cpu";
 }
 
+std::string environment_refusal(const RunFlags& flags, const char* worker_env) {
+  if (std::string wrong = device_refusal(flags); !wrong.empty()) return wrong;
+  return nested_launch_refusal(flags, worker_env);
+}
+
 }  // namespace ddp::tools

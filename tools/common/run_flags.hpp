@@ -55,4 +55,8 @@ std::string nested_launch_refusal(const RunFlags& flags, const char* worker_env)
 // device (a CPU build, or no GPU), refused by name before any worker starts.
 std::string device_refusal(const RunFlags& flags);
 
+// The first of device_refusal and nested_launch_refusal: what both tools check of the machine
+// and the environment before any worker starts ("" when nothing).
+std::string environment_refusal(const RunFlags& flags, const char* worker_env);
+
 }  // namespace ddp::tools

@@ -586,11 +586,7 @@ int main(int argc, char** argv) {
     std::cerr << "ddp-train: " << wrong << std::endl;
     return 2;
   }
-  if (const std::string wrong = ddp::tools::device_refusal(args); !wrong.empty()) {
-    std::cerr << "ddp-train: " << wrong << std::endl;
-    return 2;
-  }
-  if (const std::string wrong = ddp::tools::nested_launch_refusal(args, "DDP_TRAIN_WORKER");
+  if (const std::string wrong = ddp::tools::environment_refusal(args, "DDP_TRAIN_WORKER");
       !wrong.empty()) {
     std::cerr << "ddp-train: " << wrong << std::endl;
     return 2;
