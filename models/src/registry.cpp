@@ -16,8 +16,11 @@ namespace {
 
 int64_t pick(int64_t dim, int64_t fallback) { return dim == 0 ? fallback : dim; }
 
+// Net's SGD rate: its loss sums over the features, so its gradient grows with the width. 0.01 at
+// the seed width 2000.
+double net_lr(int64_t dim) { return std::min(0.05, 20.0 / static_cast<double>(dim)); }
+
 void build_net(Workload& w, int64_t dim, uint64_t seed) {
-  w.lr = std::min(0.05, 20.0 / static_cast<double>(dim));  // 0.01 at the seed width 2000
   Net net(dim);
   set_model(w, net);
   w.set_checkpointing = [impl = net.ptr()](bool on) { impl->checkpoint_units = on; };
@@ -64,27 +67,38 @@ struct Entry {
   // layer of its shape (the GPTs).
   bool ties_weights;
   void (*build)(Workload& w, const WorkloadOptions& options);  // options.dim 0 = default
+  // Workload::lr, known without building the model (the tools check a schedule against it
+  // before any worker starts); options.dim 0 = default.
+  double (*lr)(const WorkloadOptions& options);
 };
+
+// Workload::lr's default, for every model whose loss does not grow with its width.
+double default_lr(const WorkloadOptions& /*options*/) { return Workload{}.lr; }
 
 // One row per workload; the order is the order of workload_names().
 const Entry kEntries[] = {
     {"net", false,
-     [](Workload& w, const WorkloadOptions& o) { build_net(w, pick(o.dim, 2000), o.seed); }},
+     [](Workload& w, const WorkloadOptions& o) { build_net(w, pick(o.dim, 2000), o.seed); },
+     [](const WorkloadOptions& o) { return net_lr(pick(o.dim, 2000)); }},
     {"toy", false,
-     [](Workload& w, const WorkloadOptions& o) { build_net(w, pick(o.dim, 2000), o.seed); }},
+     [](Workload& w, const WorkloadOptions& o) { build_net(w, pick(o.dim, 2000), o.seed); },
+     [](const WorkloadOptions& o) { return net_lr(pick(o.dim, 2000)); }},
     {"toy8k", false,
-     [](Workload& w, const WorkloadOptions& o) { build_net(w, pick(o.dim, 8192), o.seed); }},
+     [](Workload& w, const WorkloadOptions& o) { build_net(w, pick(o.dim, 8192), o.seed); },
+     [](const WorkloadOptions& o) { return net_lr(pick(o.dim, 8192)); }},
     {"mlp", false,
      [](Workload& w, const WorkloadOptions& o) {
        const int64_t width = pick(o.dim, 64);
        build_mlp(w, MLPOptions{width, width, width, 4}, o.seed);
-     }},
+     },
+     default_lr},
     {"mlp-deep", false,
      [](Workload& w, const WorkloadOptions& o) {
        MLPOptions options;
        if (o.dim != 0) options.in = options.hidden = options.out = o.dim;
        build_mlp(w, options, o.seed);
-     }},
+     },
+     default_lr},
     {"gpt", true,
      [](Workload& w, const WorkloadOptions& o) {
        // Small enough that 100 CPU steps take seconds.
@@ -94,13 +108,15 @@ const Entry kEntries[] = {
        config.d_model = pick(o.dim, 64);
        config.n_layers = 2;
        build_gpt(w, config, o);
-     }},
+     },
+     default_lr},
     {"gpt-tiny", true,
      [](Workload& w, const WorkloadOptions& o) {
        GPTConfig config;
        config.d_model = pick(o.dim, config.d_model);
        build_gpt(w, config, o);
-     }},
+     },
+     default_lr},
     {"gpt2-small", true,
      [](Workload& w, const WorkloadOptions& o) {
        // GPT-2 small's shape (124 M parameters untied), vocab padded to 50304 as in nanoGPT.
@@ -111,7 +127,8 @@ const Entry kEntries[] = {
        config.n_heads = 12;
        config.n_layers = 12;
        build_gpt(w, config, o);
-     }},
+     },
+     default_lr},
     {"gpt2-medium", true,
      [](Workload& w, const WorkloadOptions& o) {
        GPTConfig config;
@@ -121,7 +138,8 @@ const Entry kEntries[] = {
        config.n_heads = 16;
        config.n_layers = 24;
        build_gpt(w, config, o);
-     }},
+     },
+     default_lr},
     {"gpt-char", true,
      [](Workload& w, const WorkloadOptions& o) {
        // A small character-level GPT (nanoGPT's shakespeare_char shape: 6 layers, 384 wide, 6
@@ -134,15 +152,16 @@ const Entry kEntries[] = {
        config.n_heads = 6;
        config.n_layers = 6;
        build_gpt(w, config, o);
-     }},
+     },
+     default_lr},
     {"resnet-small", false,
      [](Workload& w, const WorkloadOptions& o) {
        const int64_t classes = 10;
        set_model(w, ResNetSmall(classes, pick(o.dim, 64)));
        w.wrap_units = {"layer1", "layer2", "layer3", "layer4"};
        add_image_class_task(w, classes, o.seed);
-       w.lr = 0.05;
-     }},
+     },
+     default_lr},
 };
 
 std::string joined(const std::vector<std::string>& names) {
@@ -182,9 +201,18 @@ Workload make_workload(const std::string& name, const WorkloadOptions& options) 
     // every process build the same initial model without a broadcast.
     torch::manual_seed(options.seed);
     entry.build(w, options);
+    w.lr = entry.lr(options);
     return w;
   }
   TORCH_CHECK(false, "make_workload: unknown workload '", name,
+              "'; valid names: ", joined(workload_names()));
+}
+
+double workload_lr(const std::string& name, const WorkloadOptions& options) {
+  for (const auto& entry : kEntries) {
+    if (name == entry.name) return entry.lr(options);
+  }
+  TORCH_CHECK(false, "workload_lr: unknown workload '", name,
               "'; valid names: ", joined(workload_names()));
 }
 

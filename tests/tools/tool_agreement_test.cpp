@@ -154,6 +154,17 @@ TEST(ToolAgreement, TpThatCannotSplitTheWorldIsRefusedBeforeAnyWorker) {
   }
 }
 
+// A schedule checked against the model's own rate (no --lr) is refused once, before any worker
+// starts: the rate comes from the registry without building the model (it was checked in each
+// worker, once per rank, behind the launcher's summary).
+TEST(ToolAgreement, AScheduleAboveTheModelsRateIsRefusedBeforeAnyWorker) {
+  for (const auto& [tool, command] : kTools) {
+    const auto [out, code] = run_command(command + " --ddp --nproc 2 --min-lr 1");
+    EXPECT_EQ(code, 2) << tool << ": " << out;
+    EXPECT_EQ(out, tool + ": --min-lr must be between 0 and --lr (0.01), got 1\n");
+  }
+}
+
 // A mistyped flag gets the nearest known one, in both tools, and nothing runs.
 TEST(ToolAgreement, AnUnknownFlagNamesTheNearestKnownOne) {
   auto [out, code] = run_command(std::string(DDP_TRAIN_PATH) + " --stpes 10");

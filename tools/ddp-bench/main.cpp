@@ -162,6 +162,12 @@ constexpr int kKernelTraceSteps = 3;
 std::string kernel_trace_path(const std::string& path, int rank) {
   return rank == 0 ? path : path + ".rank" + std::to_string(rank);
 }
+// The peak learning rate: --lr, else the model's own (run_flags.hpp); known before any worker
+// starts, so a schedule is checked against it there.
+double peak_lr(const Args& args) {
+  return args.lr > 0 ? args.lr : ddp::models::workload_lr(args.model, args.workload);
+}
+
 // Why --cuda-graph cannot run with these flags, or "": each refused flag needs something a
 // captured step cannot do (a host-side timer per phase, a host copy per step, a step-1 graph).
 std::string cuda_graph_refusal(const Args& args) {
@@ -275,14 +281,11 @@ int run_worker(const Args& args) {
   }
   std::vector<torch::Tensor> params;
   for (auto& [name, p] : named_params(*w.ptr)) params.push_back(p);
-  const double lr = args.lr > 0 ? args.lr : w.lr;  // --lr 0: the model's own (run_flags.hpp)
+  const double lr = peak_lr(args);
   // One optimizer for eager and captured steps (optim/sgd.hpp, optim/adam.hpp): its rate and step
   // count on the device, fused kernels on CUDA.
   const auto opt = ddp::tools::make_optimizer(args.recipe, params, lr, /*sgd_momentum=*/0.0);
   const ddp::optim::LrScheduleOptions schedule = ddp::tools::schedule_of(args.recipe, lr);
-  const std::string bad_schedule =
-      ddp::optim::schedule_error(schedule, ddp::tools::schedule_flag_names());
-  TORCH_CHECK(bad_schedule.empty(), "ddp-bench: ", bad_schedule);
   const bool scheduled = ddp::tools::has_schedule(args.recipe);
   // The clip's norm and skip flag stay on the device; the optimizer drops a non-finite step there.
   std::optional<ddp::optim::GradClipper> clipper =
@@ -623,8 +626,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   {
-    // The peak rate is known here only with --lr (else the model's, checked in the worker).
-    const double lr = args.lr > 0 ? args.lr : std::max(1.0, args.recipe.min_lr);
+    const double lr = peak_lr(args);
     const std::string wrong =
         ddp::tools::check_recipe_flags(app, args.recipe, lr, args.optimizer_overlap);
     if (!wrong.empty()) {

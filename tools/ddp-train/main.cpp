@@ -125,12 +125,19 @@ std::string cuda_graph_refusal(const Args& args) {
   return "";
 }
 
-// The recipe flags against each other and the run's other flags ("" when they fit). The peak
-// rate is known here only with --lr (else the model's, checked again in the worker).
+// The peak learning rate: SGD's the model's own (or --lr); Adam's a tenth of it (as before
+// --optimizer adamw existed); AdamW takes --lr as given, else a tenth of the model's SGD rate.
+double peak_lr(const Args& args) {
+  const double own = args.lr > 0 ? args.lr : ddp::models::workload_lr(args.model, args.workload);
+  const std::string& kind = args.recipe.optimizer;
+  if (kind == "adam") return own / 10;
+  if (kind == "adamw" && args.lr <= 0) return own / 10;
+  return own;
+}
+
+// The recipe flags against each other and the run's other flags ("" when they fit).
 std::string check_recipe(const CLI::App& app, const Args& args) {
-  const double lr = args.lr > 0 ? (args.recipe.optimizer == "adam" ? args.lr / 10 : args.lr)
-                                : std::max(1.0, args.recipe.min_lr);
-  return ddp::tools::check_recipe_flags(app, args.recipe, lr, args.optimizer_overlap);
+  return ddp::tools::check_recipe_flags(app, args.recipe, peak_lr(args), args.optimizer_overlap);
 }
 
 int run_worker(const Args& args) {
@@ -191,16 +198,8 @@ int run_worker(const Args& args) {
   const auto forward = [&](const torch::Tensor& x) { return model(x); };
   // The parameters once each (a tied weight has two names): what the optimizer steps.
   const std::vector<torch::Tensor> params = ddp::unit::take_in(*w.ptr).params;
-  // The peak rate: SGD's the model's own (or --lr); Adam's a tenth of it (as before --optimizer
-  // adamw existed); AdamW takes --lr as given, else a tenth of the model's SGD rate.
-  const std::string& kind = args.recipe.optimizer;
-  const double lr = kind == "sgd"    ? (args.lr > 0 ? args.lr : w.lr)
-                    : kind == "adam" ? (args.lr > 0 ? args.lr : w.lr) / 10
-                                     : (args.lr > 0 ? args.lr : w.lr / 10);
+  const double lr = peak_lr(args);
   const ddp::optim::LrScheduleOptions schedule = ddp::tools::schedule_of(args.recipe, lr);
-  const std::string bad_schedule =
-      ddp::optim::schedule_error(schedule, ddp::tools::schedule_flag_names());
-  TORCH_CHECK(bad_schedule.empty(), bad_schedule);
   const bool scheduled = ddp::tools::has_schedule(args.recipe);
   auto make_optimizer = [&](const std::vector<torch::Tensor>& params) {
     return ddp::tools::make_optimizer(args.recipe, params, lr, /*sgd_momentum=*/0.9);

@@ -95,6 +95,11 @@ struct WorkloadOptions {
 // Calls torch::manual_seed(options.seed), so it resets the global generator.
 Workload make_workload(const std::string& name, const WorkloadOptions& options = {});
 
+// The Workload::lr that make_workload(name, options) would give, without building the model (a
+// GPT2-medium takes seconds): the tools check a learning-rate schedule against it before any
+// worker starts. Throws for a name make_workload refuses.
+double workload_lr(const std::string& name, const WorkloadOptions& options = {});
+
 // The names make_workload accepts, in the order of the table above.
 std::vector<std::string> workload_names();
 

@@ -1,0 +1,48 @@
+// The registry's learning rate, known before any model is built (the tools check a schedule
+// against it before their workers start): the rate make_workload gives, in closed form.
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "ddp/models/registry.hpp"
+#include "support/error_text.hpp"
+
+namespace ddp::models {
+namespace {
+
+// Net's loss sums over its features, so its rate falls as 20 / width, at most 0.05; every other
+// model keeps Workload's 0.05.
+TEST(WorkloadRegistry, LearningRateInClosedForm) {
+  EXPECT_DOUBLE_EQ(workload_lr("net"), 0.01);
+  EXPECT_DOUBLE_EQ(workload_lr("toy"), 0.01);
+  EXPECT_DOUBLE_EQ(workload_lr("toy8k"), 20.0 / 8192);
+  WorkloadOptions narrow;
+  narrow.dim = 100;
+  EXPECT_DOUBLE_EQ(workload_lr("net", narrow), 0.05);
+  for (const char* name : {"mlp", "mlp-deep", "gpt", "gpt-tiny", "gpt2-small", "gpt2-medium",
+                           "gpt-char", "resnet-small"}) {
+    EXPECT_DOUBLE_EQ(workload_lr(name), 0.05) << name;
+  }
+}
+
+// The rate without a model is the built model's, for the widths that change it.
+TEST(WorkloadRegistry, LearningRateIsTheBuiltModels) {
+  for (const int64_t dim : {0, 100, 800}) {
+    WorkloadOptions options;
+    options.dim = dim;
+    for (const char* name : {"net", "toy", "mlp", "gpt"}) {
+      EXPECT_DOUBLE_EQ(workload_lr(name, options), make_workload(name, options).lr)
+          << name << " dim " << dim;
+    }
+  }
+}
+
+TEST(WorkloadRegistry, AnUnknownNameIsRefusedWithTheValidOnes) {
+  EXPECT_EQ(ddp::testing::error_of([] { workload_lr("gpt3"); }),
+            "workload_lr: unknown workload 'gpt3'; valid names: net, toy, toy8k, mlp, mlp-deep, "
+            "gpt, gpt-tiny, gpt2-small, gpt2-medium, gpt-char, resnet-small");
+}
+
+}  // namespace
+}  // namespace ddp::models
