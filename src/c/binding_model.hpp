@@ -3,11 +3,15 @@
 // runs itself: the C ABI calls begin_forward before it and end_forward with its outputs, the two
 // halves of what DistributedDataParallel<M>::forward does around a C++ module's forward.
 
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "ddp/parallel/distributed_data_parallel.hpp"
+#include "ddp/planner/reachability.hpp"
 #include "ddp/reducer/no_sync_guard.hpp"
 
 namespace ddp::c_abi {
@@ -25,8 +29,21 @@ class BindingModel : public parallel::DistributedDataParallelBase {
     pre_forward();
     phase_ = Phase::kInForward;
   }
+  // Refuses outputs from which no trainable parameter is reachable (a detached tensor, the
+  // input): the next backward would reduce nothing, silently. One walk of the outputs' graph per
+  // forward under grad mode, as find_unused_parameters makes anyway; with that option such a
+  // forward is allowed (every parameter counts as unused, its gradient as zero).
   void end_forward(const std::vector<torch::Tensor>& outputs) {
     phase_ = Phase::kIdle;
+    if (torch::GradMode::is_enabled() && !options().reducer.find_unused_parameters) {
+      const std::vector<bool> reached = planner::reachable_params(outputs, parameters());
+      TORCH_CHECK(std::find(reached.begin(), reached.end(), true) != reached.end(),
+                  "none of the model's ", parameters().size(),
+                  " trainable parameters is reachable from the ", outputs.size(),
+                  " output(s) (a detached tensor, or one the model's parameters did not "
+                  "compute): the next backward would reduce no gradient. Pass the forward's "
+                  "outputs, or set find_unused_parameters for a forward that may use none");
+    }
     post_forward(outputs);
   }
   Phase phase() const { return phase_; }

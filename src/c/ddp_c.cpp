@@ -2,6 +2,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -26,6 +27,13 @@ std::string& last_error() {
 }
 
 namespace {
+std::atomic<uintptr_t> serials{0};
+}  // namespace
+
+uintptr_t next_handle_serial() { return serials++; }
+uintptr_t handle_serials_issued() { return serials.load(); }
+
+namespace {
 
 struct Group {
   comm::ProcessGroupPtr pg;
@@ -35,11 +43,11 @@ struct Model {
 };
 
 HandleTable<Group, ddp_group>& groups() {
-  static HandleTable<Group, ddp_group> table("the group");
+  static HandleTable<Group, ddp_group> table(HandleKind::kGroup);
   return table;
 }
 HandleTable<Model, ddp_model>& models() {
-  static HandleTable<Model, ddp_model> table("the model");
+  static HandleTable<Model, ddp_model> table(HandleKind::kModel);
   return table;
 }
 
@@ -210,8 +218,7 @@ ddp_status ddp_model_create(ddp_group* group, void* const* params, const char* c
     ddp.reducer.gradient_as_bucket_view = o.gradient_as_bucket_view != 0;
     const std::string hook = o.comm_hook == nullptr ? "allreduce" : o.comm_hook;
     auto hook_ptr = hook_named(hook, g->pg);  // refused before anything collective
-    auto ddp_model =
-        std::make_shared<BindingModel>(param_tree(tensors, list, "ddp_model_create"), g->pg, ddp);
+    auto ddp_model = std::make_shared<BindingModel>(param_tree(tensors, list), g->pg, ddp);
     if (hook_ptr) ddp_model->register_comm_hook(hook_ptr);
     *model = models().add(std::make_shared<Model>(Model{std::move(ddp_model)}));
   });
@@ -295,8 +302,7 @@ ddp_status ddp_checkpoint_save(ddp_group* group, const char* root, void* const* 
     require(root != nullptr && *root != '\0', "root is NULL or empty");
     require(step >= 0, "step " + std::to_string(step) + " is negative");
     const auto list = names_of(names, count);
-    const auto tree =
-        param_tree(tensors_of(tensors, count, "tensors"), list, "ddp_checkpoint_save");
+    const auto tree = param_tree(tensors_of(tensors, count, "tensors"), list);
     ddp::io::TrainingState state;
     state.model = tree.get();
     state.step = step;
@@ -313,8 +319,7 @@ ddp_status ddp_checkpoint_load(ddp_group* group, const char* root, void* const* 
     require(root != nullptr && *root != '\0', "root is NULL or empty");
     require(step != nullptr, "step is NULL");
     const auto list = names_of(names, count);
-    const auto tree =
-        param_tree(tensors_of(tensors, count, "tensors"), list, "ddp_checkpoint_load");
+    const auto tree = param_tree(tensors_of(tensors, count, "tensors"), list);
     ddp::io::TrainingState state;
     state.model = tree.get();
     ddp::io::CoordinatorOptions options;

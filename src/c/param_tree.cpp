@@ -8,14 +8,14 @@ namespace ddp::c_abi {
 
 namespace {
 
-std::vector<std::string> split_name(const std::string& name, const std::string& what) {
+std::vector<std::string> split_name(const std::string& name) {
   std::vector<std::string> parts;
   std::stringstream in(name);
   std::string part;
   while (std::getline(in, part, '.')) parts.push_back(part);
   bool valid = !name.empty() && name.back() != '.';
   for (const auto& p : parts) valid = valid && !p.empty();
-  TORCH_CHECK(valid, what, ": the name '", name,
+  TORCH_CHECK(valid, "the name '", name,
               "' is not a qualified parameter name (dot-separated, no empty part)");
   return parts;
 }
@@ -23,16 +23,15 @@ std::vector<std::string> split_name(const std::string& name, const std::string& 
 }  // namespace
 
 std::shared_ptr<torch::nn::Module> param_tree(const std::vector<at::Tensor>& tensors,
-                                              const std::vector<std::string>& names,
-                                              const std::string& what) {
-  TORCH_CHECK(tensors.size() == names.size(), what, ": ", tensors.size(), " tensors but ",
-              names.size(), " names");
+                                              const std::vector<std::string>& names) {
+  TORCH_CHECK(tensors.size() == names.size(), tensors.size(), " tensors but ", names.size(),
+              " names");
   auto root = std::make_shared<torch::nn::Module>("BindingParameters");
   for (size_t i = 0; i < tensors.size(); ++i) {
-    const std::vector<std::string> parts = split_name(names[i], what);
+    const std::vector<std::string> parts = split_name(names[i]);
     torch::nn::Module* owner = root.get();
     for (size_t k = 0; k + 1 < parts.size(); ++k) {
-      TORCH_CHECK(owner->named_parameters(/*recurse=*/false).find(parts[k]) == nullptr, what, ": '",
+      TORCH_CHECK(owner->named_parameters(/*recurse=*/false).find(parts[k]) == nullptr, "'",
                   names[i], "' lies under '", parts[k], "', which is also a parameter's name");
       std::shared_ptr<torch::nn::Module> child;
       for (const auto& item : owner->named_children()) {
@@ -44,11 +43,11 @@ std::shared_ptr<torch::nn::Module> param_tree(const std::vector<at::Tensor>& ten
       owner = child.get();
     }
     const std::string& leaf = parts.back();
-    TORCH_CHECK(owner->named_parameters(/*recurse=*/false).find(leaf) == nullptr, what, ": '",
-                names[i], "' is given twice");
+    TORCH_CHECK(owner->named_parameters(/*recurse=*/false).find(leaf) == nullptr, "'", names[i],
+                "' is given twice");
     bool is_module = false;
     for (const auto& item : owner->named_children()) is_module |= item.key() == leaf;
-    TORCH_CHECK(!is_module, what, ": '", names[i], "' is also the prefix of another name");
+    TORCH_CHECK(!is_module, "'", names[i], "' is also the prefix of another name");
     // The same tensor object: register_parameter keeps its requires_grad as passed here.
     owner->register_parameter(leaf, tensors[i], tensors[i].requires_grad());
   }

@@ -13,10 +13,10 @@
 
 namespace ddp::c_abi {
 
-// `what` names the calling function in errors: an empty name, an empty dotted component, a name
-// given twice, or one that is both a parameter and a prefix of another ("fc" and "fc.weight").
+// Refused by name (the boundary adds the calling function): an empty name, an empty dotted
+// component, a name given twice, or one that is both a parameter and a prefix of another ("fc"
+// and "fc.weight").
 std::shared_ptr<torch::nn::Module> param_tree(const std::vector<at::Tensor>& tensors,
-                                              const std::vector<std::string>& names,
-                                              const std::string& what);
+                                              const std::vector<std::string>& names);
 
 }  // namespace ddp::c_abi

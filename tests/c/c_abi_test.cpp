@@ -28,11 +28,16 @@ void ok(ddp_status status, const char* what) {
   require(status == DDP_OK, std::string(what) + " failed: " + ddp_last_error());
 }
 
+// The status and the exact message; and the message names its function once ("f: f: ..." was a
+// defect: the boundary and a check inside both added the name).
 void refused(ddp_status status, ddp_status want, const std::string& message) {
   require(status == want, "status " + std::to_string(status) + ", expected " +
                               std::to_string(want) + " (" + ddp_last_error() + ")");
-  require(message == ddp_last_error(),
-          "message '" + std::string(ddp_last_error()) + "', expected '" + message + "'");
+  const std::string got = ddp_last_error();
+  require(message == got, "message '" + got + "', expected '" + message + "'");
+  const std::string function = got.substr(0, got.find(':'));
+  require(got.find(function, function.size()) == std::string::npos,
+          "message '" + got + "' names " + function + " twice");
 }
 
 torch::nn::Sequential make_net() {
@@ -165,11 +170,11 @@ DDP_TEST_WORKER(c_abi_training) {
   ok(ddp_model_free(model), "ddp_model_free");
   ok(ddp_group_free(group), "ddp_group_free");
   refused(ddp_group_rank(group, &rank), DDP_ERROR_INVALID_ARGUMENT,
-          "ddp_group_rank: the group is not a live handle (freed already, or not one of "
-          "libddp's)");
+          "ddp_group_rank: the group was freed already (a ddp_group* comes from "
+          "ddp_group_create)");
   refused(ddp_model_forward_begin(model), DDP_ERROR_INVALID_ARGUMENT,
-          "ddp_model_forward_begin: the model is not a live handle (freed already, or not one of "
-          "libddp's)");
+          "ddp_model_forward_begin: the model was freed already (a ddp_model* comes from "
+          "ddp_model_create)");
 }
 
 DDP_TEST_WORKER(c_abi_bad_input) {
@@ -196,8 +201,8 @@ DDP_TEST_WORKER(c_abi_bad_input) {
           "ddp_model_create: comm_hook 'powersgd' is not one of none (or allreduce), fp16, bf16");
   const char* dotted[] = {"fc..weight"};
   refused(ddp_model_create(group, h.pointers.data(), dotted, 1, nullptr, &model), DDP_ERROR_RUNTIME,
-          "ddp_model_create: ddp_model_create: the name 'fc..weight' is not a qualified parameter "
-          "name (dot-separated, no empty part)");
+          "ddp_model_create: the name 'fc..weight' is not a qualified parameter name "
+          "(dot-separated, no empty part)");
   // Rank 1 passes one parameter fewer: the replica check refuses on every rank, within the
   // collective timeout.
   const size_t count = h.params.size() - (rank == 1 ? 1 : 0);
@@ -232,14 +237,73 @@ DDP_TEST_WORKER(c_abi_bad_input) {
           "from which the gradient-ready order is predicted and unused parameters are found");
   refused(ddp_model_forward_end(model, null_output, 1), DDP_ERROR_INVALID_ARGUMENT,
           "ddp_model_forward_end: outputs[0] is NULL");
+  // Outputs no trainable parameter reaches (a detached tensor): the backward would reduce
+  // nothing. Refused (the forward begun above ends there); the model stays usable.
+  torch::Tensor detached = net->forward(torch::randn({2, 6})).detach();
+  void* detached_output[] = {&detached};
+  refused(ddp_model_forward_end(model, detached_output, 1), DDP_ERROR_RUNTIME,
+          "ddp_model_forward_end: none of the model's 4 trainable parameters is reachable from "
+          "the 1 output(s) (a detached tensor, or one the model's parameters did not compute): "
+          "the next backward would reduce no gradient. Pass the forward's outputs, or set "
+          "find_unused_parameters for a forward that may use none");
+  ok(ddp_model_forward_begin(model), "ddp_model_forward_begin after a refused forward_end");
+  torch::Tensor out = net->forward(torch::randn({2, 6}));
+  void* output[] = {&out};
+  ok(ddp_model_forward_end(model, output, 1), "ddp_model_forward_end");
+  out.sum().backward();
+  ok(ddp_model_zero_grad(model), "ddp_model_zero_grad");
   refused(ddp_model_clip_grad_norm(model, 0, nullptr), DDP_ERROR_INVALID_ARGUMENT,
           "ddp_model_clip_grad_norm: max_norm 0.000000 must be positive");
+  // A handle of the other kind, as an FFI that declares both void* can pass it: refused by kind
+  // in every function that takes a handle.
+  auto* model_as_group = reinterpret_cast<ddp_group*>(model);
+  auto* group_as_model = reinterpret_cast<ddp_model*>(group);
+  const std::string not_a_group =
+      ": the group is a model handle (ddp_model*), not a group (a ddp_group* comes from "
+      "ddp_group_create)";
+  const std::string not_a_model =
+      ": the model is a group handle (ddp_group*), not a model (a ddp_model* comes from "
+      "ddp_model_create)";
+  const auto bad = DDP_ERROR_INVALID_ARGUMENT;
+  int64_t no_step = 0;
+  refused(ddp_group_rank(model_as_group, &rank), bad, "ddp_group_rank" + not_a_group);
+  refused(ddp_group_world_size(model_as_group, &rank), bad, "ddp_group_world_size" + not_a_group);
+  refused(ddp_broadcast(model_as_group, nullptr, 0, 0), bad, "ddp_broadcast" + not_a_group);
+  refused(ddp_model_create(model_as_group, h.pointers.data(), h.name_pointers.data(),
+                           h.params.size(), nullptr, &model),
+          bad, "ddp_model_create" + not_a_group);
+  refused(ddp_checkpoint_save(model_as_group, "ckpt", nullptr, nullptr, 0, 0), bad,
+          "ddp_checkpoint_save" + not_a_group);
+  refused(ddp_checkpoint_load(model_as_group, "ckpt", nullptr, nullptr, 0, &no_step), bad,
+          "ddp_checkpoint_load" + not_a_group);
+  refused(ddp_group_free(model_as_group), bad, "ddp_group_free" + not_a_group);
+  refused(ddp_model_forward_begin(group_as_model), bad, "ddp_model_forward_begin" + not_a_model);
+  refused(ddp_model_forward_end(group_as_model, output, 1), bad,
+          "ddp_model_forward_end" + not_a_model);
+  refused(ddp_model_no_sync_begin(group_as_model), bad, "ddp_model_no_sync_begin" + not_a_model);
+  refused(ddp_model_no_sync_end(group_as_model), bad, "ddp_model_no_sync_end" + not_a_model);
+  refused(ddp_model_zero_grad(group_as_model), bad, "ddp_model_zero_grad" + not_a_model);
+  refused(ddp_model_clip_grad_norm(group_as_model, 1.0, nullptr), bad,
+          "ddp_model_clip_grad_norm" + not_a_model);
+  refused(ddp_model_stats(group_as_model, nullptr, 0, nullptr), bad,
+          "ddp_model_stats" + not_a_model);
+  refused(ddp_model_free(group_as_model), bad, "ddp_model_free" + not_a_model);
   refused(ddp_broadcast(group, nullptr, 0, 5), DDP_ERROR_INVALID_ARGUMENT,
           "ddp_broadcast: root 5 is not a rank of a group of 2");
   ok(ddp_model_free(model), "ddp_model_free");
   refused(ddp_model_free(model), DDP_ERROR_INVALID_ARGUMENT,
-          "ddp_model_free: the model is not a live handle (freed already, or not one of "
-          "libddp's)");
+          "ddp_model_free: the model was freed already (a ddp_model* comes from "
+          "ddp_model_create)");
+  // find_unused_parameters allows a forward that uses no parameter (each counts as unused).
+  ddp_options_init(&options);
+  options.find_unused_parameters = 1;
+  ok(ddp_model_create(group, h.pointers.data(), h.name_pointers.data(), h.params.size(), &options,
+                      &model),
+     "ddp_model_create with find_unused_parameters");
+  ok(ddp_model_forward_begin(model), "ddp_model_forward_begin");
+  ok(ddp_model_forward_end(model, detached_output, 1),
+     "ddp_model_forward_end of a detached output with find_unused_parameters");
+  ok(ddp_model_free(model), "ddp_model_free");
   ok(ddp_group_free(group), "ddp_group_free");
 }
 

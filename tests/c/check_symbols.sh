@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The C ABI's exported functions (every defined text symbol of libddp named ddp_*: only extern "C"
-# names are unmangled) against the committed list tests/c/abi_symbols.txt, so that an accidental
-# change of the ABI shows. Usage: check_symbols.sh LIBDDP_ARCHIVE LIST
+# The shared C ABI library's exported symbols (every defined symbol of its dynamic table) against
+# the committed list tests/c/abi_symbols.txt: the ddp_* functions and nothing else (no C++ symbol
+# of libddp or of what it links statically), so that an accidental change of the ABI shows.
+# Usage: check_symbols.sh LIBDDP_C_SO LIST
 set -euo pipefail
-got="$(nm -g --defined-only "$1" | awk '$2 == "T" && $3 ~ /^ddp_/ {print $3}' | sort -u)"
+got="$(nm -D --defined-only "$1" | awk '{print $NF}' | sed 's/@.*//' | sort -u)"
 if ! diff <(echo "$got") <(sort -u "$2"); then
   echo "the C ABI's symbols differ from $2 (< built, > listed): change the list, and"
   echo "DDP_ABI_VERSION when a function's signature or meaning changed"

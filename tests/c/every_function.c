@@ -59,15 +59,15 @@ int main(void) {
       expect(ddp_group_create(NULL, NULL), bad, "ddp_group_create: the group out-pointer is NULL");
   failed |= expect(ddp_group_rank(NULL, &value), bad, "ddp_group_rank: the group is NULL");
   failed |= expect(ddp_group_world_size(foreign_group, &value), bad,
-                   "ddp_group_world_size: the group is not a live handle (freed already, or not "
-                   "one of libddp's)");
+                   "ddp_group_world_size: the group is not a handle libddp made (a ddp_group* "
+                   "comes from ddp_group_create)");
   failed |= expect(ddp_group_free(NULL), bad, "ddp_group_free: the group is NULL");
   failed |= expect(ddp_broadcast(NULL, NULL, 0, 0), bad, "ddp_broadcast: the group is NULL");
   failed |= expect(ddp_model_create(NULL, NULL, NULL, 0, NULL, &model), bad,
                    "ddp_model_create: the group is NULL");
   failed |= expect(ddp_model_free(foreign_model), bad,
-                   "ddp_model_free: the model is not a live handle (freed already, or not one "
-                   "of libddp's)");
+                   "ddp_model_free: the model is not a handle libddp made (a ddp_model* comes "
+                   "from ddp_model_create)");
   failed |=
       expect(ddp_model_forward_begin(NULL), bad, "ddp_model_forward_begin: the model is NULL");
   failed |=
