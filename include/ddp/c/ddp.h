@@ -5,12 +5,17 @@
  * gradients over the ranks in buckets, overlapped with the rest of backward, exactly as for a C++
  * user of ddp::DistributedDataParallel. docs/bindings.md shows each binding's few lines.
  *
+ * Load it as the shared library libddp_c.so.1 (pkg-config --libs ddp, CMake's ddp::ddp_c, or a
+ * dlopen): it exports these functions only.
+ *
  * Rules: every call returns a ddp_status; on failure ddp_last_error() (per thread) says what is
  * wrong and nothing has changed that the call did not say it changes. No C++ exception crosses
- * this boundary. Handles are entries in a table, never reused: a NULL, freed or foreign handle is
- * DDP_ERROR_INVALID_ARGUMENT, not a crash. Keep a model's handle alive while training (it holds
- * the hooks), call its functions from the thread that runs forward and backward, one handle per
- * model. Plain C11: no C++ type appears here. */
+ * this boundary. Handles are numbers that carry their kind, never reused and never dereferenced:
+ * a handle of the other kind, a freed, forged or NULL one is DDP_ERROR_INVALID_ARGUMENT naming
+ * what it is, not a crash. Pointers passed in (tensors, names, options) need to live for the call
+ * only: libddp keeps its own references. Keep a model's handle alive while training (it holds the
+ * hooks), call its functions from the thread that runs forward and backward, one handle per model.
+ * Plain C11: no C++ type appears here. */
 #ifndef DDP_C_DDP_H
 #define DDP_C_DDP_H
 
@@ -84,8 +89,9 @@ ddp_status ddp_model_create(ddp_group* group, void* const* params, const char* c
                             size_t count, const ddp_options* options, ddp_model** model);
 ddp_status ddp_model_free(ddp_model* model);
 /* Around the binding's forward: begin before it, end after it with the forward's outputs
- * (at::Tensor*, at least one; the graph is walked from them on the first step to predict the
- * order gradients become ready, and every step with find_unused_parameters). The next backward,
+ * (at::Tensor*, at least one; their graph is walked to predict the order gradients become ready
+ * and to find the parameters they reach). Outputs that reach no trainable parameter (a detached
+ * tensor) are refused, DDP_ERROR_RUNTIME, unless find_unused_parameters is set. The next backward,
  * from a loss computed from those outputs, then reduces the gradients. */
 ddp_status ddp_model_forward_begin(ddp_model* model);
 ddp_status ddp_model_forward_end(ddp_model* model, void* const* outputs, size_t count);
