@@ -71,6 +71,16 @@ if has tests; then
     --checkpoint-dir "$OUT/ckpt" --checkpoint-every 5 --keep-checkpoints 2 --resume --verbose >>"$OUT/train-ckpt.log" 2>&1
   note "ddp-train checkpoint+resume nccl rc=$rc,$?: $(grep -m1 'resumed from' "$OUT/train-ckpt.log"); left: $(ls "$OUT/ckpt" | tr '\n' ' ')"
   rm -rf "$OUT/ckpt"  # 64 MB per checkpoint: too big to bring back
+  # The C ABI's shared library from a second language (issue 47): Python's ctypes over this
+  # machine's torch dlopens build-gpu/libddp_c.so.1 and trains on NCCL, one GPU per rank.
+  for world in $(printf '%s\n' 1 "$NP" | sort -u); do
+    rm -rf "$OUT/ctypes-ckpt"
+    DDP_TEST_DEVICE=cuda timeout 300 build-gpu/ddp-run --nproc-per-node "$world" -- $PY \
+      tests/c/ctypes_binding.py "$PWD/build-gpu/libddp_c.so.1" tests/c/abi_symbols.txt \
+      "$OUT/ctypes-ckpt" >"$OUT/ctypes-$world.log" 2>&1
+    note "ctypes binding nccl world $world rc=$?: $(tail -1 "$OUT/ctypes-$world.log")"
+  done
+  rm -rf "$OUT/ctypes-ckpt"
 fi
 
 if has text; then

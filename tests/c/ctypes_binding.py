@@ -14,8 +14,11 @@ handle of the wrong kind, freed, forged or NULL is refused with its exact text, 
 its function twice, and every function of the ABI list has been called.
 
 Usage: ddp-run --nproc-per-node N -- python3 ctypes_binding.py LIBDDP_C_SO ABI_SYMBOLS CKPT_ROOT
+DDP_TEST_DEVICE=cuda runs it on NCCL with one GPU per rank (LOCAL_RANK), as scripts/gpu-check.sh
+does with the GPU machine's torch.
 """
 import ctypes
+import os
 import sys
 
 import torch
@@ -118,9 +121,12 @@ def make_net():
 
 def main():
     assert call("ddp_abi_version") == 1 and call("ddp_version")
+    cuda = os.environ.get("DDP_TEST_DEVICE", "cpu") == "cuda"
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else "cpu"
     group_options = GroupOptions()
     call("ddp_group_options_init", ctypes.byref(group_options))
     group_options.timeout_ms = 60000
+    group_options.backend = b"nccl" if cuda else b"gloo"
     group = ctypes.c_void_p()
     ok(call("ddp_group_create", ctypes.byref(group_options), ctypes.byref(group)),
        "ddp_group_create")
@@ -130,7 +136,7 @@ def main():
     rank, world = rank.value, world.value
 
     torch.manual_seed(rank)  # rank 0's values are broadcast: seed 0, the oracle's
-    net = make_net()
+    net = make_net().to(device)
     named = sorted(net.named_parameters())  # the same order on every rank
     names = [n for n, _ in named]
     params = Tensors(p for _, p in named)
@@ -141,14 +147,15 @@ def main():
     ok(call("ddp_model_create", group, params.array, names_array(names), params.count,
             ctypes.byref(options), ctypes.byref(model)), "ddp_model_create")
     torch.manual_seed(0)
-    oracle = make_net()
+    oracle = make_net().to(device)
     opt = torch.optim.SGD([p for _, p in named], lr=0.1, momentum=0.9)
     oracle_opt = torch.optim.SGD(oracle.parameters(), lr=0.1, momentum=0.9)
 
     torch.manual_seed(1)
     per_rank = 4  # two micro-batches of 2 per step
     for _ in range(3):
-        x, y = torch.randn(world * per_rank, 6), torch.randn(world * per_rank, 5)
+        x = torch.randn(world * per_rank, 6).to(device)
+        y = torch.randn(world * per_rank, 5).to(device)
         mine = [slice(rank * per_rank + m * 2, rank * per_rank + m * 2 + 2) for m in (0, 1)]
         ok(call("ddp_model_no_sync_begin", model), "ddp_model_no_sync_begin")
         for micro in (0, 1):
@@ -182,10 +189,10 @@ def main():
     ok(call("ddp_model_stats", model, text, needed.value, None), "ddp_model_stats")
     assert "3 iterations" in text.value.decode(), text.value
 
-    mine_value = torch.full((3,), float(rank))
+    mine_value = torch.full((3,), float(rank), device=device)
     cell = Tensors([mine_value])
     ok(call("ddp_broadcast", group, cell.array, 1, world - 1), "ddp_broadcast")
-    assert torch.equal(mine_value, torch.full((3,), float(world - 1))), mine_value
+    assert torch.equal(mine_value.cpu(), torch.full((3,), float(world - 1))), mine_value
 
     root = CKPT_ROOT.encode()
     ok(call("ddp_checkpoint_save", group, root, params.array, names_array(names), params.count, 3),
@@ -203,7 +210,7 @@ def main():
 
     # Outputs no trainable parameter reaches: refused, the model stays usable.
     ok(call("ddp_model_forward_begin", model), "ddp_model_forward_begin")
-    detached = Tensors([net(torch.randn(2, 6)).detach()])
+    detached = Tensors([net(torch.randn(2, 6).to(device)).detach()])
     refused(call("ddp_model_forward_end", model, detached.array, 1), RUNTIME,
             "ddp_model_forward_end: none of the model's 4 trainable parameters is reachable "
             "from the 1 output(s) (a detached tensor, or one the model's parameters did not "
