@@ -1,7 +1,8 @@
 #pragma once
 // BindingModel: DistributedDataParallel over a binding's parameters, whose forward the binding
-// runs itself: the C ABI calls begin_forward before it and end_forward with its outputs, the two
-// halves of what DistributedDataParallel<M>::forward does around a C++ module's forward.
+// runs itself: the C ABI calls open_forward before it and close_forward with its outputs, the two
+// halves of the forward protocol (wrap/wrapped_model.hpp) that DistributedDataParallel<M>::forward
+// runs around a C++ module's forward.
 
 #include <torch/csrc/autograd/grad_mode.h>
 
@@ -25,7 +26,7 @@ class BindingModel : public parallel::DistributedDataParallelBase {
                parallel::DDPOptions options)
       : DistributedDataParallelBase(std::move(tree), std::move(group), std::move(options)) {}
 
-  void begin_forward() {
+  void open_forward() {
     pre_forward();
     phase_ = Phase::kInForward;
   }
@@ -33,7 +34,7 @@ class BindingModel : public parallel::DistributedDataParallelBase {
   // input): the next backward would reduce nothing, silently. One walk of the outputs' graph per
   // forward under grad mode, as find_unused_parameters makes anyway; with that option such a
   // forward is allowed (every parameter counts as unused, its gradient as zero).
-  void end_forward(const std::vector<torch::Tensor>& outputs) {
+  void close_forward(const std::vector<torch::Tensor>& outputs) {
     phase_ = Phase::kIdle;
     if (torch::GradMode::is_enabled() && !options().reducer.find_unused_parameters) {
       const std::vector<bool> reached = planner::reachable_params(outputs, parameters());
@@ -44,7 +45,7 @@ class BindingModel : public parallel::DistributedDataParallelBase {
                   "compute): the next backward would reduce no gradient. Pass the forward's "
                   "outputs, or set find_unused_parameters for a forward that may use none");
     }
-    post_forward(outputs);
+    end_forward(outputs);
   }
   Phase phase() const { return phase_; }
 

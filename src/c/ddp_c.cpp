@@ -233,7 +233,7 @@ ddp_status ddp_model_forward_begin(ddp_model* model) {
     const auto m = models().get(model);
     require_state(m->ddp->phase() == BindingModel::Phase::kIdle,
                   "ddp_model_forward_begin was called twice without ddp_model_forward_end");
-    m->ddp->begin_forward();
+    m->ddp->open_forward();
   });
 }
 
@@ -245,7 +245,7 @@ ddp_status ddp_model_forward_end(ddp_model* model, void* const* outputs, size_t 
     require(count > 0,
             "no outputs (count is 0): pass the forward's output tensors, from which the "
             "gradient-ready order is predicted and unused parameters are found");
-    m->ddp->end_forward(tensors_of(outputs, count, "outputs"));
+    m->ddp->close_forward(tensors_of(outputs, count, "outputs"));
   });
 }
 

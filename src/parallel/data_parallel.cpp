@@ -23,6 +23,22 @@ layout::TensorLayouts over_tensor_parallel(const layout::TensorLayouts& dp,
   return layout::nest(tp.layouts(), dp);
 }
 
+std::unique_ptr<wrap::WrappedModel> make_wrapped(std::shared_ptr<torch::nn::Module> module,
+                                                 comm::ProcessGroupPtr group,
+                                                 DataParallelStyle style,
+                                                 DataParallelOptions options) {
+  const std::string conflict = style_conflict(style, options.shard.style);
+  TORCH_CHECK(conflict.empty(), conflict);
+  TORCH_CHECK(group, "ddp::data_parallel needs a process group");
+  if (style == DataParallelStyle::kReplicate) {
+    return std::make_unique<DistributedDataParallelBase>(std::move(module), std::move(group),
+                                                         std::move(options.ddp));
+  }
+  options.shard.style = style;
+  return std::make_unique<shard::ShardedModule>(std::move(module), std::move(group),
+                                                std::move(options.shard));
+}
+
 std::string style_conflict(DataParallelStyle style, DataParallelStyle in_options) {
   // shard.style's default is kFullyShard, indistinguishable from a deliberate kFullyShard: only
   // another value can be told apart, and is.

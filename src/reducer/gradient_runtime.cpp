@@ -78,6 +78,11 @@ bool GradientRuntime::backward_ran() const {
   return hooks_frozen_;
 }
 
+void GradientRuntime::require_not_in_backward(const char* what) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  check_not_in_backward(what);
+}
+
 std::string GradientRuntime::comm_hook_name() const {
   if (hook_) return hook_->name();
   return units_ ? "reduce_scatter" : "allreduce";

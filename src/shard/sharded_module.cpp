@@ -15,22 +15,20 @@
 
 namespace ddp::shard {
 
-ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module, comm::ProcessGroupPtr group,
-                             ShardOptions options)
-    : module_(std::move(module)),
-      pg_(std::move(group)),
-      options_(std::move(options)),
-      stats_(options_.stats_every) {
-  TORCH_CHECK(module_, "ddp: ShardedModule needs a module");
-  TORCH_CHECK(pg_, "ddp: ShardedModule needs a process group");
+ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module,
+                             comm::ProcessGroupPtr process_group, ShardOptions options)
+    : WrappedModel(std::move(module), std::move(process_group), options.stats_every,
+                   "ShardedModule"),
+      options_(std::move(options)) {
+  const comm::ProcessGroupPtr& pg = group();
   TORCH_CHECK(options_.style != DataParallelStyle::kReplicate,
               "ddp: style replicate is DistributedDataParallel's; ShardedModule takes "
               "fully_shard or default");
   // Tied weights are registered under several names: the first names the parameter, every name
   // decides its unit (the plan puts it where all its users are). Every rank starts from rank 0's
   // parameters and buffers, before they are split (unit/module_intake.hpp).
-  const unit::ModuleIntake intake = unit::take_in(*module_);
-  unit::synchronize_replicas(*pg_, intake, "ShardedModule");
+  const unit::ModuleIntake intake = unit::take_in(*module_ptr());
+  unit::synchronize_replicas(*pg, intake, "ShardedModule");
   params_ = intake.params;
   names_ = intake.names;
   std::vector<ParamShape> shapes;
@@ -39,15 +37,15 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module, comm::Pr
                         intake.aliases[i]);
     shapes.back().trainable = params_[i].requires_grad();
   }
-  plan_ = plan_shards(shapes, options_.units, pg_->world_size(), options_.style);
-  layouts_.mesh = {pg_->world_size()};
-  layouts_.coordinate = {pg_->rank()};
+  plan_ = plan_shards(shapes, options_.units, pg->world_size(), options_.style);
+  layouts_.mesh = {pg->world_size()};
+  layouts_.coordinate = {pg->rank()};
   for (size_t i = 0; i < plan_.shapes.size(); ++i) {
     layouts_.by_name[plan_.shapes[i].name] = plan_.params[i].layout;
     for (const auto& alias : plan_.shapes[i].aliases)
       layouts_.by_name[alias] = plan_.params[i].layout;
   }
-  schedule_ = std::make_unique<UnitSchedule>(plan_, params_, pg_, options_);
+  schedule_ = std::make_unique<UnitSchedule>(plan_, params_, pg, options_);
   const auto& groups = schedule_->groups();
   if (options_.param_dtype) {
     TORCH_CHECK(at::isFloatingType(*options_.param_dtype), "ddp: param_dtype ",
@@ -61,7 +59,7 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module, comm::Pr
       TORCH_CHECK(plan_.params[i].sharded(), "ddp: param_dtype ", *options_.param_dtype,
                   " with style default: parameter '", names_[i], "' is replicated (dim 0 of ",
                   plan_.shapes[i].shape.empty() ? 1 : plan_.shapes[i].shape[0],
-                  " does not divide by ", pg_->world_size(),
+                  " does not divide by ", pg->world_size(),
                   " ranks) and would keep its dtype beside cast ones; use style fully_shard");
     }
   }
@@ -94,17 +92,16 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module, comm::Pr
     replicated.names.push_back(names_[i]);
   }
   if (!units.empty() || !replicated.params.empty()) {
-    gradients_ = std::make_unique<reducer::GradientRuntime>(
-        pg_, std::move(units), static_cast<reducer::UnitObserver*>(this), std::move(replicated));
-    gradients_->add_listener(stats_.listener(), "the stats timeline");
-    schedule_->attach(gradients_.get());
+    set_gradients(std::make_unique<reducer::GradientRuntime>(
+        pg, std::move(units), static_cast<reducer::UnitObserver*>(this), std::move(replicated)));
+    schedule_->attach(gradients());
   }
   // Named units become run_unit targets.
   std::unordered_map<std::string, size_t> unit_by_name;
   for (size_t u = 0; u < plan_.units.size(); ++u) {
     if (!plan_.units[u].name.empty()) unit_by_name[plan_.units[u].name] = u;
   }
-  for (const auto& item : module_->named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
+  for (const auto& item : module_ptr()->named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
     const auto it = unit_by_name.find(item.key());
     if (it == unit_by_name.end()) continue;
     registrations_.push_back(std::make_unique<unit::UnitRegistration>(
@@ -112,7 +109,8 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module, comm::Pr
   }
 }
 
-ShardedModule::~ShardedModule() = default;
+// The gradient runtime's hooks and observer calls use the schedule's groups: it goes first.
+ShardedModule::~ShardedModule() { drop_gradients(); }
 
 void ShardedModule::warn_units_not_run() const {
   // A named unit the model never ran through run_unit is gathered with the root by pre_forward
@@ -121,7 +119,7 @@ void ShardedModule::warn_units_not_run() const {
   for (size_t g = 0; g < schedule_->num_groups(); ++g) {
     const size_t u = schedule_->unit_of_group(g);
     if (plan_.units[u].name.empty() || schedule_->run_by_model(u)) continue;
-    obs::log(obs::LogLevel::kWarn, pg_->rank(),
+    obs::log(obs::LogLevel::kWarn, group()->rank(),
              "ddp: warning: unit '" + plan_.units[u].name +
                  "' did not run through ddp::unit::run_unit in the first forward, so it is "
                  "gathered for the whole step (" +
@@ -139,16 +137,16 @@ void ShardedModule::check_reduce_dtype(c10::ScalarType dtype, bool from_param_dt
   // before communicating (Gloo 1.13 with bf16: "Invalid scalar type"), the same on every rank, so
   // the error comes now and names the dtype instead of coming from the first backward.
   const at::Tensor probe =
-      at::zeros({pg_->world_size()},
+      at::zeros({group()->world_size()},
                 params_.empty() ? at::TensorOptions(dtype) : params_[0].options().dtype(dtype));
   try {
-    pg_->reduce_scatter(probe, comm::ReduceOp::kAvg, "reduce_dtype probe");
+    group()->reduce_scatter(probe, comm::ReduceOp::kAvg, "reduce_dtype probe");
   } catch (const c10::Error& e) {
     TORCH_CHECK(false, "ddp: reduce_dtype ", dtype,
                 from_param_dtype
                     ? " (param_dtype's, the default; set reduce_dtype to reduce in another)"
                     : "",
-                ": the ", pg_->backend_name(), " backend cannot reduce it (",
+                ": the ", group()->backend_name(), " backend cannot reduce it (",
                 e.what_without_backtrace(), ")");
   }
 }
@@ -195,31 +193,31 @@ void ShardedModule::pre_forward() {
     }
   }
   phase_ = Phase::kForward;
-  stats_.collect(gradients_ ? gradients_->num_synchronized_backwards() : 0);
-  stats_.forward_started();
+  stats().collect(num_synchronized_backwards());
+  stats().forward_started();
   schedule_->begin_forward();
-  // The gradient runtime is ready from here, so a backward of the module's own forward (a caller
-  // driving the protocol by hand) is reduced as the wrapper's is.
-  if (gradients_ && at::GradMode::is_enabled()) {
-    if (require_sync_) {
+  // The gradient runtime is ready from here, so a backward of the module's own forward is reduced
+  // as the wrapper's is.
+  if (gradients() && at::GradMode::is_enabled()) {
+    if (require_sync()) {
       // Gradients complete in the reverse of the forward's unit order (the last forward's; the
       // units not run through run_unit, the root among them, go last).
-      gradients_->prepare_for_backward({}, schedule_->expected_backward_order());
+      gradients()->prepare_for_backward({}, schedule_->expected_backward_order());
     } else {
-      gradients_->prepare_for_local_backward();
+      gradients()->prepare_for_local_backward();
     }
   }
 }
 
-void ShardedModule::end_forward() {
+void ShardedModule::end_forward(const std::vector<at::Tensor>& /*outputs: nodes go on each*/) {
   if (phase_ == Phase::kForward && schedule_->end_forward()) warn_units_not_run();
   if (!at::GradMode::is_enabled()) {
     reshard();  // an evaluation forward: no backward will come to put the shards back
     return;
   }
-  if (gradients_ && require_sync_) {
-    gradients_->note_forward_end();
-    stats_.forward_ended();
+  if (gradients() && require_sync()) {
+    gradients()->note_forward_end();
+    stats().forward_ended();
   }
 }
 
@@ -264,13 +262,13 @@ void ShardedModule::begin_backward() {
   finish_queued_ = true;
   // The gradient runtime's end of backward first (every reduction finished, shards written),
   // then this one's ([Note: one end-of-backward callback]).
-  if (gradients_) gradients_->begin_backward();
+  if (gradients()) gradients()->begin_backward();
   unit::at_end_of_backward([this] { finish_backward(); });
 }
 
 void ShardedModule::unit_done(size_t g) {
   begin_backward();
-  schedule_->unit_reduced(g, require_sync_);
+  schedule_->unit_reduced(g, require_sync());
 }
 
 void ShardedModule::finish_backward() {
@@ -280,53 +278,20 @@ void ShardedModule::finish_backward() {
   schedule_->end_step();
 }
 
-void ShardedModule::register_comm_hook(const hooks::CommHookPtr& hook) {
-  TORCH_CHECK(gradients_, "ddp: register_comm_hook: the module has no parameter to reduce");
-  gradients_->register_comm_hook(hook);
-}
-
-void ShardedModule::set_optimizer_in_backward(const optim::ParamOptimizerFactory& factory) {
-  TORCH_CHECK(optimizers_in_backward_.empty(), "ddp: the optimizer in backward is already set");
-  if (!gradients_) return;
-  optimizers_in_backward_.push_back(
-      std::make_unique<optim::OptimizerInBackward>(gradients_->params(), factory));
-  gradients_->add_listener(optimizers_in_backward_.back().get(), "set_optimizer_in_backward");
-}
-
-void ShardedModule::zero_grad() {
-  TORCH_CHECK(phase_ != Phase::kBackward, "ddp: zero_grad() while a backward is running");
-  at::NoGradGuard no_grad;
-  for (auto& p : params_) {
-    if (p.grad().defined()) p.mutable_grad().zero_();
-  }
-}
-
-obs::LoggingData ShardedModule::logging_data() {
-  const int64_t done = gradients_ ? gradients_->num_synchronized_backwards() : 0;
-  stats_.collect(done);
-  obs::LoggingData d;
-  d.rank = pg_->rank();
-  d.world_size = pg_->world_size();
-  d.backend = pg_->backend_name();
-  d.comm_hook = gradients_ ? gradients_->comm_hook_name() : "reduce_scatter";
+std::vector<std::pair<std::string, std::string>> ShardedModule::describe_options() const {
   std::vector<std::pair<std::string, std::string>> options;
   describe(options_, "", options);
-  for (const auto& [name, value] : options) d.options[name] = value;
-  for (const auto& b : bucket_plan().buckets) {
-    d.bucket_sizes.push_back(b.bytes);
-    d.bucket_reductions.push_back(b.reduction);
-  }
-  if (gradients_) d.param_names = gradients_->names();
-  d.iterations = done;
-  stats_.fill(d);
-  return d;
+  return options;
 }
 
-obs::IterationTimeline ShardedModule::last_timeline() const { return stats_.last_timeline(); }
+std::string ShardedModule::plan_summary() const {
+  const size_t n = plan_.units.size();
+  return std::to_string(n) + (n == 1 ? " unit (" : " units (") + style_name(options_.style) + ")";
+}
 
-const buckets::BucketPlan& ShardedModule::bucket_plan() const {
-  static const buckets::BucketPlan kNone;
-  return gradients_ ? gradients_->plan() : kNone;
+const layout::TensorLayouts& ShardedModule::layouts() const {
+  require_between_steps("layouts");
+  return layouts_;
 }
 
 layout::Layout ShardedModule::layout(const std::string& name) const {
@@ -354,7 +319,7 @@ std::vector<std::pair<std::string, at::Tensor>> ShardedModule::full_parameters()
 
 void ShardedModule::reshard() {
   schedule_->reshard_all();
-  if (gradients_) gradients_->reset();
+  if (gradients()) gradients()->reset();
   phase_ = Phase::kIdle;
 }
 

@@ -323,12 +323,12 @@ DDP_TEST_WORKER(sharded_checkpoint_refusals) {
   auto pg = worker_process_group(std::chrono::seconds(60));
   const int w = pg->world_size(), r = pg->rank();
   const std::string dir = io::checkpoint_dir(worker_env("CKPT_ROOT"), kSteps);
-  const auto load = [&](torch::nn::Sequential net, shard::ShardedModule& model,
+  const auto load = [&](torch::nn::Sequential net,
+                        shard::FullyShardedDataParallel<torch::nn::Sequential>& model,
                         const std::string& from) {
     auto opt = make_optimizer("sgd", net->parameters());
     // One step, so that the optimizer has state that a refused load must keep.
-    model.pre_forward();
-    net->forward(torch::ones({1, 5})).sum().backward();
+    model(torch::ones({1, 5})).sum().backward();
     opt->step();
     const io::TensorMap before = snapshot(*net, *opt);
     const layout::TensorLayouts layouts = model.layouts();

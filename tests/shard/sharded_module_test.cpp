@@ -10,6 +10,7 @@
 
 #include "support/oracle.hpp"
 #include "support/param_names.hpp"
+#include "support/regression_steps.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::testing {
@@ -83,9 +84,7 @@ DDP_TEST_WORKER(sharded_module_training) {
   require(held == model.local_param_bytes(), "parameter bytes held: " + std::to_string(held) +
                                                  ", planned " +
                                                  std::to_string(model.local_param_bytes()));
-  model.pre_forward();  // gathered, to compare whole parameters
-  require_close(names_of(*net), net->parameters(), oracle->parameters(), 1e-5, "sharded training");
-  model.reshard();
+  require_close_by_name(model.full_parameters(), *oracle, 1e-5, "sharded training");
 }
 
 // no_sync: 3 micro-batches accumulate locally, the 4th reduces the sum; the oracle accumulates the
@@ -123,9 +122,7 @@ DDP_TEST_WORKER(sharded_module_no_sync) {
     oracle_opt.step();
     oracle_opt.zero_grad();
   }
-  model.pre_forward();
-  require_close(names_of(*net), net->parameters(), oracle->parameters(), 1e-5,
-                "no_sync then a synchronized step");
+  require_close_by_name(model.full_parameters(), *oracle, 1e-5, "no_sync then a synchronized step");
 }
 
 class ShardedNoSyncTest : public ::testing::TestWithParam<int> {};

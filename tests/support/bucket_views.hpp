@@ -5,6 +5,7 @@
 #include <cstddef>
 
 #include "ddp/parallel/distributed_data_parallel.hpp"
+#include "ddp/reducer/gradient_runtime.hpp"
 
 namespace ddp::testing {
 

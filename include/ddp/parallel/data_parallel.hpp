@@ -15,8 +15,9 @@
 // mesh.
 //
 // One interface for every style: the calls below (layouts, comm hook, optimizer in backward,
-// zero_grad, no_sync, stats) answer alike whichever runtime is behind, so a training loop or a
-// tool never asks which style it runs.
+// zero_grad, no_sync, stats) and wrapped() (the plan, memory) answer alike whichever runtime is
+// behind (wrap::WrappedModel, the base of both), so a training loop or a tool never asks which
+// style it runs.
 
 #include <memory>
 #include <string>
@@ -27,6 +28,7 @@
 #include "ddp/parallel/distributed_data_parallel.hpp"
 #include "ddp/shard/data_parallel_style.hpp"
 #include "ddp/shard/sharded_module.hpp"
+#include "ddp/wrap/wrapped_model.hpp"
 
 namespace ddp::tp {
 class TensorParallel;
@@ -59,112 +61,82 @@ struct DataParallelOptions {
 // The data-parallel group of `mesh`: dim "dp", or the only dim. Throws naming the mesh's dims.
 comm::ProcessGroupPtr data_parallel_group(const comm::DeviceMesh& mesh);
 
+// The runtime of `style` around `module` over `group`: DistributedDataParallel for kReplicate,
+// ShardedModule for the sharded styles. The one place a style picks its runtime.
+std::unique_ptr<wrap::WrappedModel> make_wrapped(std::shared_ptr<torch::nn::Module> module,
+                                                 comm::ProcessGroupPtr group,
+                                                 DataParallelStyle style,
+                                                 DataParallelOptions options);
+
 template <typename ModuleType>
 class DataParallel {
  public:
   DataParallel(ModuleType module, comm::ProcessGroupPtr group, DataParallelStyle style,
                DataParallelOptions options = {})
-      : style_(style) {
-    const std::string conflict = style_conflict(style, options.shard.style);
-    TORCH_CHECK(conflict.empty(), conflict);
-    TORCH_CHECK(group, "ddp::data_parallel needs a process group");
-    if (style == DataParallelStyle::kReplicate) {
-      replicated_layouts_ = layout::replicated_over({group->world_size()}, {group->rank()});
-      replicated_ = std::make_unique<DistributedDataParallel<ModuleType>>(
-          std::move(module), std::move(group), std::move(options.ddp));
-    } else {
-      options.shard.style = style;
-      sharded_ = std::make_unique<shard::FullyShardedDataParallel<ModuleType>>(
-          std::move(module), std::move(group), std::move(options.shard));
-    }
-  }
+      : style_(style),
+        wrapped_(
+            make_wrapped(unit::as_module_ptr(module), std::move(group), style, std::move(options))),
+        module_(std::move(module)) {}
 
+  // The module's own forward, inside the style's forward protocol (wrap/wrapped_model.hpp).
   template <typename... Args>
   auto forward(Args&&... args) {
-    if (replicated_) return replicated_->forward(std::forward<Args>(args)...);
-    return sharded_->forward(std::forward<Args>(args)...);
+    return wrap::WrappedForward::run(*wrapped_, module_, std::forward<Args>(args)...);
   }
   template <typename... Args>
   auto operator()(Args&&... args) {
     return forward(std::forward<Args>(args)...);
   }
 
-  // As DistributedDataParallel::no_sync, for every style.
-  [[nodiscard]] reducer::NoSyncGuard no_sync() {
-    return replicated_ ? replicated_->no_sync() : sharded_->no_sync();
-  }
-
   DataParallelStyle style() const { return style_; }
+  // The runtime behind the style, as every style's base: what a training loop or a tool asks
+  // (wrap/wrapped_model.hpp: the plan, the stats, memory), whichever style it holds.
+  wrap::WrappedModel& wrapped() { return *wrapped_; }
+  const wrap::WrappedModel& wrapped() const { return *wrapped_; }
+
+  // As DistributedDataParallel::no_sync, for every style.
+  [[nodiscard]] wrap::WrappedModel::NoSyncGuard no_sync() { return wrapped_->no_sync(); }
   // The data-parallel group and the wrapped module.
-  const comm::ProcessGroupPtr& group() const {
-    return replicated_ ? replicated_->group() : sharded_->group();
-  }
-  std::shared_ptr<torch::nn::Module> module_ptr() const {
-    return replicated_ ? replicated_->module_ptr() : sharded_->module_ptr();
-  }
+  const comm::ProcessGroupPtr& group() const { return wrapped_->group(); }
+  std::shared_ptr<torch::nn::Module> module_ptr() const { return wrapped_->module_ptr(); }
   // What this rank holds of each parameter, over the data-parallel group (mesh {world}): under
   // kReplicate no parameter is named (whole on every rank), under the sharded styles the shard
   // plan's. What io::TrainingState::layouts, io::whole_state and the gradient clip read.
-  const layout::TensorLayouts& layouts() const {
-    if (sharded_) sharded_->require_between_steps("layouts");
-    return sharded_ ? sharded_->layouts() : replicated_layouts_;
-  }
+  const layout::TensorLayouts& layouts() const { return wrapped_->layouts(); }
   // The same over tensor parallelism (mesh {dp, tp}): over_tensor_parallel(layouts(), tp).
   layout::TensorLayouts layouts(const tp::TensorParallel& tp) const {
     return over_tensor_parallel(layouts(), tp);
   }
-  // The gradient reduction's comm hook: DDP's buckets and the sharded units' reduce-scatters
-  // (DistributedDataParallel::register_comm_hook, ShardedModule::register_comm_hook).
+  // The gradient reduction's comm hook: DDP's buckets and the sharded units' reduce-scatters.
   void register_comm_hook(hooks::CommHookPtr hook) {
-    if (replicated_) {
-      replicated_->register_comm_hook(std::move(hook));
-    } else {
-      sharded_->register_comm_hook(hook);
-    }
+    wrapped_->register_comm_hook(std::move(hook));
   }
   // Each parameter's optimizer step inside backward, once its gradient is reduced.
   void set_optimizer_in_backward(const optim::ParamOptimizerFactory& factory) {
-    if (replicated_) {
-      replicated_->set_optimizer_in_backward(factory);
-    } else {
-      sharded_->set_optimizer_in_backward(factory);
-    }
+    wrapped_->set_optimizer_in_backward(factory);
   }
   // After a forward with grad mode on whose backward never runs (an evaluation without
   // torch::NoGradGuard): the sharded styles put every unit back on its shards and drop what that
-  // forward prepared (ShardedModule::reshard), so that training goes on as if it never ran; DDP
-  // has nothing to undo. Between steps.
-  void reshard() {
-    if (sharded_) sharded_->reshard();
-  }
+  // forward prepared, so that training goes on as if it never ran; DDP has nothing to undo.
+  // Between steps.
+  void reshard() { wrapped_->reshard(); }
   // Zeroes the gradients the runtime owns (DDP's bucket views, the sharded styles' shards).
-  void zero_grad() {
-    if (replicated_) {
-      replicated_->zero_grad();
-    } else {
-      sharded_->zero_grad();
-    }
-  }
+  void zero_grad() { wrapped_->zero_grad(); }
   // Runtime stats and configuration (PyTorch's _get_ddp_logging_data), and the timeline of the
   // last synchronized backward.
-  obs::LoggingData logging_data() {
-    return replicated_ ? replicated_->logging_data() : sharded_->logging_data();
+  obs::LoggingData logging_data() { return wrapped_->logging_data(); }
+  obs::IterationTimeline last_timeline() const { return wrapped_->last_timeline(); }
+  // The runtime of one style (null under the other): for what only that style has (DDP's join
+  // and bucket storage; the sharded styles' per-parameter layout and full_parameters).
+  DistributedDataParallelBase* replicated() {
+    return dynamic_cast<DistributedDataParallelBase*>(wrapped_.get());
   }
-  obs::IterationTimeline last_timeline() const {
-    return replicated_ ? replicated_->last_timeline() : sharded_->last_timeline();
-  }
-  // The runtime behind the style (the other is null): for what only one style has (the bucket
-  // table, the unit table, memory, full_parameters).
-  DistributedDataParallel<ModuleType>* replicated() { return replicated_.get(); }
-  shard::FullyShardedDataParallel<ModuleType>* sharded() { return sharded_.get(); }
+  shard::ShardedModule* sharded() { return dynamic_cast<shard::ShardedModule*>(wrapped_.get()); }
 
  private:
   DataParallelStyle style_;
-  // kReplicate's layouts (no parameter named: whole on every rank); the sharded styles answer with
-  // their runtime's.
-  layout::TensorLayouts replicated_layouts_;
-  std::unique_ptr<DistributedDataParallel<ModuleType>> replicated_;
-  std::unique_ptr<shard::FullyShardedDataParallel<ModuleType>> sharded_;
+  std::unique_ptr<wrap::WrappedModel> wrapped_;  // before module_: made from its pointer first
+  ModuleType module_;
 };
 
 template <typename ModuleType>

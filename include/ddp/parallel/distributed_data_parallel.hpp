@@ -22,14 +22,10 @@
 #include <vector>
 
 #include "ddp/comm/process_group.hpp"
-#include "ddp/hooks/comm_hook.hpp"
-#include "ddp/obs/gradient_stats.hpp"
-#include "ddp/obs/runtime_stats.hpp"
-#include "ddp/optim/optimizer_in_backward.hpp"
+#include "ddp/layout/tensor_layouts.hpp"
 #include "ddp/parallel/ddp_options.hpp"
-#include "ddp/reducer/gradient_runtime.hpp"
-#include "ddp/reducer/no_sync_guard.hpp"
 #include "ddp/unit/module_call.hpp"
+#include "ddp/wrap/wrapped_model.hpp"
 
 namespace ddp::parallel {
 
@@ -41,75 +37,51 @@ namespace detail {
 reducer::GradientRuntime& reducer_of(DistributedDataParallelBase& model);
 }  // namespace detail
 
-class DistributedDataParallelBase {
+class DistributedDataParallelBase : public wrap::WrappedModel {
  public:
   DistributedDataParallelBase(std::shared_ptr<torch::nn::Module> module,
                               comm::ProcessGroupPtr process_group, DDPOptions options);
-  virtual ~DistributedDataParallelBase();
-
-  // Scoped: forwards and backwards inside accumulate gradients locally, with no communication; the
-  // next synchronized backward reduces the accumulated sum.
-  using NoSyncGuard = reducer::NoSyncGuard;
-  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(require_sync_); }
+  ~DistributedDataParallelBase() override;
 
   // The distinct parameters that require grad (tied weights appear once), registration order.
-  const std::vector<torch::Tensor>& parameters() const { return reducer_->params(); }
+  const std::vector<torch::Tensor>& parameters() const;
   const std::vector<std::string>& parameter_names() const { return param_names_; }
-  // The bucket plan (a plain, pure plan: buckets/bucket_plan.hpp) and its table.
-  const buckets::BucketPlan& bucket_plan() const { return reducer_->plan(); }
   std::string bucket_table() const;
   // How often the bucket plan changed (graph planning, the rebuild after iteration 1).
   int64_t num_plan_changes() const;
-  // Synchronized backward passes completed so far.
-  int64_t num_synchronized_backwards() const;
-  comm::ProcessGroup& process_group() { return *pg_; }
-  const comm::ProcessGroupPtr& group() const { return pg_; }
+  comm::ProcessGroup& process_group() { return *group(); }
   const DDPOptions& options() const { return options_; }
-  std::shared_ptr<torch::nn::Module> module_ptr() const { return module_; }
 
   // Broadcasts rank 0's buffers to every rank (done before each synchronized forward when
   // DDPOptions::broadcast_buffers is set).
   void sync_buffers();
-
-  // Replaces the built-in average (hooks/default_hooks.hpp, hooks/powersgd_hook.hpp, or your own).
-  // Once, before the first backward.
-  void register_comm_hook(hooks::CommHookPtr hook);
-  // Optimizer overlap: each parameter's optimizer steps as soon as its bucket is reduced, inside
-  // backward. `factory` makes the optimizer of one parameter (e.g. SGD over {p}). Once, before the
-  // first backward; then do not call step() on an optimizer of your own.
-  void set_optimizer_in_backward(const optim::ParamOptimizerFactory& factory);
-  // Zeroes every parameter's gradient in place (keeps bucket views).
-  void zero_grad();
 
   // Uneven inputs: runs `train_loop` (this rank's loop over its batches); a rank whose loop ends
   // first keeps shadowing the collectives of the ranks still training, until every rank is done.
   // Then all ranks take the state of the rank that trained longest (highest rank on ties).
   void join(const std::function<void()>& train_loop, JoinOptions options = {});
 
-  // Runtime stats and configuration (PyTorch's _get_ddp_logging_data).
-  obs::LoggingData logging_data();
-  // The last synchronized backward's timeline (gradient-ready, launch and finish times).
-  obs::IterationTimeline last_timeline() const { return stats_->last_timeline(); }
+  // WrappedModel: whole on every rank (no parameter named in the layouts), nothing to reshard;
+  // the bucket plan is the plan.
+  const layout::TensorLayouts& layouts() const override { return layouts_; }
+  void reshard() override {}
+  std::string plan_summary() const override;
+  std::string plan_table() const override { return bucket_table(); }
 
  protected:
-  void pre_forward();
-  void post_forward(const std::vector<torch::Tensor>& outputs);
+  void pre_forward() override;
+  void end_forward(const std::vector<torch::Tensor>& outputs) override;
+  std::vector<std::pair<std::string, std::string>> describe_options() const override;
 
  private:
   friend reducer::GradientRuntime& detail::reducer_of(DistributedDataParallelBase& model);
 
-  std::shared_ptr<torch::nn::Module> module_;
-  comm::ProcessGroupPtr pg_;
   DDPOptions options_;
+  layout::TensorLayouts layouts_;  // replicated over {world}: no parameter named
   std::vector<std::string> param_names_;
   std::vector<torch::Tensor> all_params_;  // every distinct parameter not ignored (broadcast set)
   std::vector<torch::Tensor> buffers_;
   std::vector<std::string> buffer_names_;
-  // Listeners on the reducer's events; declared before reducer_ so they outlive it.
-  std::unique_ptr<obs::GradientStats> stats_;
-  std::unique_ptr<optim::OptimizerInBackward> optimizer_in_backward_;
-  std::unique_ptr<reducer::GradientRuntime> reducer_;
-  bool require_sync_ = true;  // false inside no_sync()
   // Join state: inside join(), every synchronized forward first all-reduces "still training".
   bool joining_ = false;
   JoinOptions join_options_;
@@ -126,12 +98,7 @@ class DistributedDataParallel : public DistributedDataParallelBase {
 
   template <typename... Args>
   auto forward(Args&&... args) {
-    pre_forward();
-    auto output = unit::call_forward(module_, std::forward<Args>(args)...);
-    std::vector<torch::Tensor> tensors;
-    unit::collect(output, tensors);
-    post_forward(tensors);
-    return output;
+    return wrap::WrappedForward::run(*this, module_, std::forward<Args>(args)...);
   }
   template <typename... Args>
   auto operator()(Args&&... args) {

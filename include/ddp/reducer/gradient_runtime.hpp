@@ -68,6 +68,8 @@ class GradientRuntime {
   void remove_listener(ReducerListener* listener);
   // A synchronized or local backward has run: hooks and listeners can no longer change.
   bool backward_ran() const;
+  // Throws naming `what` ("zero_grad()") while a backward runs.
+  void require_not_in_backward(const char* what) const;
   std::string comm_hook_name() const;
 
   // Start of a forward: the replicated parameters' accumulator hooks move to the current stream

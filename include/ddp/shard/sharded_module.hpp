@@ -39,13 +39,8 @@
 #include <vector>
 
 #include "ddp/comm/process_group.hpp"
-#include "ddp/hooks/comm_hook.hpp"
 #include "ddp/layout/layout.hpp"
 #include "ddp/layout/tensor_layouts.hpp"
-#include "ddp/obs/gradient_stats.hpp"
-#include "ddp/obs/runtime_stats.hpp"
-#include "ddp/optim/optimizer_in_backward.hpp"
-#include "ddp/reducer/no_sync_guard.hpp"
 #include "ddp/reducer/reducer_options.hpp"
 #include "ddp/reducer/unit_storage.hpp"
 #include "ddp/shard/flat_param_group.hpp"
@@ -54,10 +49,7 @@
 #include "ddp/shard/unit_schedule.hpp"
 #include "ddp/unit/module_call.hpp"
 #include "ddp/unit/unit_scope.hpp"
-
-namespace ddp::reducer {
-class GradientRuntime;
-}  // namespace ddp::reducer
+#include "ddp/wrap/wrapped_model.hpp"
 
 namespace ddp::shard {
 
@@ -70,50 +62,21 @@ struct ShardMemory {
   GatheredBytes peak_by_owner;      // each owner's own peak over the same steps
 };
 
-class ShardedModule : private unit::UnitListener, private reducer::UnitObserver {
+class ShardedModule : public wrap::WrappedModel,
+                      private unit::UnitListener,
+                      private reducer::UnitObserver {
  public:
   ShardedModule(std::shared_ptr<torch::nn::Module> module, comm::ProcessGroupPtr group,
                 ShardOptions options = {});
   ~ShardedModule() override;
-  ShardedModule(const ShardedModule&) = delete;
-  ShardedModule& operator=(const ShardedModule&) = delete;
-
-  // Before the module's forward (the template wrapper calls both): gathers what run_unit will not.
-  void pre_forward();
-  // A floating-point forward input in param_dtype (unchanged without one, or not floating).
-  at::Tensor cast_input(const at::Tensor& input) const;
-  // After it, once: with grad mode off (an evaluation forward) every unit goes back to its shards
-  // at once; with it on, the replicated parameters' reducer is prepared. Then every tensor the
-  // forward returned goes through backward_start: a node on it starts the backward's bookkeeping
-  // (prefetching the last unit) when a gradient reaches it, whichever output backward starts from.
-  void end_forward();
-  at::Tensor backward_start(const at::Tensor& output);
-  // Both, for a forward that returns one tensor.
-  at::Tensor post_forward(const at::Tensor& output) {
-    end_forward();
-    return backward_start(output);
-  }
-  // Back to shards without reducing (e.g. after a forward whose backward never runs).
-  void reshard();
-
-  // Scoped, as DistributedDataParallel::no_sync: backwards inside communicate nothing; the
-  // full gradients accumulate locally, and the next synchronized backward reduce-scatters (and
-  // all-reduces) the accumulated sum.
-  using NoSyncGuard = reducer::NoSyncGuard;
-  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(require_sync_); }
 
   const ShardPlan& plan() const { return plan_; }
-  // The data-parallel group the parameters are sharded over, and the wrapped module.
-  const comm::ProcessGroupPtr& group() const { return pg_; }
-  const std::shared_ptr<torch::nn::Module>& module_ptr() const { return module_; }
   // Parameter `name` (any of a tied parameter's names) as a layout over this module's group
   // (mesh {world}): its whole shape, Shard(0) when the plan shards it (the even split with
   // padding: a rank's real rows are layout::local_shape's, its storage padded_local_shape's), no
   // placement when replicated. Over tensor parallelism, nest it on TensorParallel::layout
   // (layout::nest): FULLY_SHARD appends its placement. Throws naming `name` when unknown.
   layout::Layout layout(const std::string& name) const;
-  // Every parameter's layout under each of its names, over mesh {world} at coordinate {rank}.
-  const layout::TensorLayouts& layouts() const { return layouts_; }
   // [Note: a forward whose backward never runs] Throws naming `operation` and the fix while the
   // parameters are gathered by a forward under grad mode whose backward has not run: then they
   // have their full shapes and no gradients, so a checkpoint, a norm or an optimizer step would
@@ -127,35 +90,38 @@ class ShardedModule : private unit::UnitListener, private reducer::UnitObserver 
   // Every distinct parameter, whole (registration order, the first of a tied parameter's names
   // with it), gathered into new tensors: for comparisons and export. Between steps; collective.
   std::vector<std::pair<std::string, at::Tensor>> full_parameters() const;
-  void reset_peak_memory() { schedule_->reset_peak(); }
   // Unit indices (into plan().units) in the order the last forward ran them through run_unit.
   const std::vector<size_t>& unit_order() const { return schedule_->last_order(); }
 
-  // The gradient runtime's features, as DistributedDataParallel's
-  // (reducer/gradient_runtime.hpp): Replaces the units' built-in averaged reduce-scatter (and,
-  // under DEFAULT, the replicated parameters' all-reduce) by `hook` (allreduce, fp16_compress,
-  // bf16_compress, noop, or your own that handles GradBucket::reduce_scatter). Once, before the
-  // first backward.
-  void register_comm_hook(const hooks::CommHookPtr& hook);
-  // Each parameter's optimizer (made by `factory` from the sharded parameter) steps on its shard
-  // once its unit's gradient shard is written: at the end of backward, after every reduce-scatter
-  // finished (parameters move back to their shards only then: [Note: releasing without set_]);
-  // DEFAULT's replicated parameters step inside backward as under DDP. Once, before the first
-  // backward; then do not call step() on an optimizer of your own.
-  void set_optimizer_in_backward(const optim::ParamOptimizerFactory& factory);
-  // Zeroes every gradient this rank holds in place (the shards' and the replicated ones'), as
-  // DistributedDataParallel::zero_grad: with the optimizer in backward there is no optimizer of
-  // the user's to do it. Between steps.
-  void zero_grad();
-  // Runtime stats of every bucket (one reduce-scattered bucket per unit, then DEFAULT's
-  // all-reduced ones; PyTorch's _get_ddp_logging_data fields), and the last synchronized
-  // backward's timeline.
-  obs::LoggingData logging_data();
-  obs::IterationTimeline last_timeline() const;
-  // Every bucket: the units in launch order (the reverse of the forward's unit order), then
-  // DEFAULT's replicated buckets; the table the timeline's bucket indices refer to. Empty when
-  // nothing is reduced.
-  const buckets::BucketPlan& bucket_plan() const;
+  // WrappedModel. layouts(): every parameter's layout under each of its names, over mesh {world}
+  // at coordinate {rank} (refused between a forward and its backward: require_between_steps).
+  // reshard(): back to shards without reducing (after a forward whose backward never runs).
+  // The comm hook (register_comm_hook) also handles GradBucket::reduce_scatter; the optimizer in
+  // backward (set_optimizer_in_backward) steps each shard at the end of backward, after every
+  // reduce-scatter finished (parameters move back to their shards only then: [Note: releasing
+  // without set_]), DEFAULT's replicated parameters inside backward as under DDP. The bucket plan:
+  // the units in launch order (the reverse of the forward's unit order), then DEFAULT's
+  // replicated buckets.
+  const layout::TensorLayouts& layouts() const override;
+  void reshard() override;
+  std::string plan_summary() const override;
+  std::string plan_table() const override { return unit_table(); }
+  int64_t peak_gathered_bytes() const override { return schedule_->peak_gathered_bytes(); }
+  GatheredBytes peak_gathered_by_owner() const override { return schedule_->peak_by_owner(); }
+  void reset_peak_memory() override { schedule_->reset_peak(); }
+
+ protected:
+  // The forward protocol (wrap/wrapped_model.hpp). pre_forward: gathers what run_unit will not.
+  // cast_input: a floating-point input in param_dtype. end_forward: with grad mode off (an
+  // evaluation forward) every unit goes back to its shards at once; with it on, the replicated
+  // parameters' reducer is prepared. backward_start: a node on each output starts the backward's
+  // bookkeeping (prefetching the last unit) when a gradient reaches it, whichever output backward
+  // starts from.
+  void pre_forward() override;
+  at::Tensor cast_input(const at::Tensor& input) const override;
+  void end_forward(const std::vector<at::Tensor>& outputs) override;
+  at::Tensor backward_start(const at::Tensor& output) override;
+  std::vector<std::pair<std::string, std::string>> describe_options() const override;
 
  private:
   // What the runtime is doing; checked where a step moves on. kForward lasts from a forward under
@@ -174,8 +140,6 @@ class ShardedModule : private unit::UnitListener, private reducer::UnitObserver 
   void warn_units_not_run() const;
   void check_reduce_dtype(c10::ScalarType dtype, bool from_param_dtype);
 
-  std::shared_ptr<torch::nn::Module> module_;
-  comm::ProcessGroupPtr pg_;
   ShardOptions options_;
   std::vector<at::Tensor> params_;  // distinct, registration order; parallel to plan_.shapes
   std::vector<std::string> names_;  // their qualified names
@@ -187,14 +151,8 @@ class ShardedModule : private unit::UnitListener, private reducer::UnitObserver 
 
   Phase phase_ = Phase::kIdle;
   bool finish_queued_ = false;  // the end-of-backward callback of this backward is queued
-  bool require_sync_ = true;    // false inside no_sync(): backward reduces nothing
-  // Listeners on the gradient runtimes; declared before them so they outlive them.
-  obs::GradientStats stats_;
-  std::vector<std::unique_ptr<optim::OptimizerInBackward>> optimizers_in_backward_;
-  // The gradient runtime, last: its hooks go before anything they use. The units' buckets (one
-  // each, reduce-scattered) and DEFAULT's replicated parameters' (all-reduced), one path.
-  std::unique_ptr<reducer::GradientRuntime> gradients_;
 };
+
 // The wrapper a training loop holds: the module (a holder, a shared_ptr to an Impl, or an
 // AnyModule, as DistributedDataParallel takes) with ShardedModule's protocol around its forward.
 // Any output structure is returned as it came (tensor, vector, pair, tuple), every tensor in it
@@ -209,11 +167,7 @@ class FullyShardedDataParallel : public ShardedModule {
 
   template <typename... Args>
   auto forward(Args&&... args) {
-    pre_forward();
-    auto output = unit::call_forward(module_, cast_forward_input(std::forward<Args>(args))...);
-    end_forward();
-    auto start = [this](const at::Tensor& t) { return backward_start(t); };
-    return unit::map_tensors(output, start);
+    return wrap::WrappedForward::run(*this, module_, std::forward<Args>(args)...);
   }
   template <typename... Args>
   auto operator()(Args&&... args) {
@@ -222,15 +176,6 @@ class FullyShardedDataParallel : public ShardedModule {
   ModuleType& module() { return module_; }
 
  private:
-  template <typename Arg>
-  decltype(auto) cast_forward_input(Arg&& arg) {
-    if constexpr (std::is_same_v<std::decay_t<Arg>, at::Tensor>) {
-      return cast_input(arg);
-    } else {
-      return std::forward<Arg>(arg);
-    }
-  }
-
   ModuleType module_;
 };
 

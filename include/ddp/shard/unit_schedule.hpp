@@ -25,6 +25,7 @@
 #include "ddp/shard/gather_pool.hpp"
 #include "ddp/shard/shard_options.hpp"
 #include "ddp/shard/shard_plan.hpp"
+#include "ddp/wrap/gathered_bytes.hpp"
 
 namespace ddp::reducer {
 class GradientRuntime;
@@ -32,12 +33,8 @@ class GradientRuntime;
 
 namespace ddp::shard {
 
-// What a sharded step holds beyond the shards, by owner (bytes).
-struct GatheredBytes {
-  int64_t full_params = 0;    // units' full parameter buffers with memory
-  int64_t gather_output = 0;  // all-gather outputs: the gather pool's buffer and any of their own
-  int64_t reduce_input = 0;   // reduce-scatter inputs alive
-};
+// What a sharded step holds beyond the shards, by owner (bytes): wrap/gathered_bytes.hpp.
+using wrap::GatheredBytes;
 
 class UnitSchedule {
  public:

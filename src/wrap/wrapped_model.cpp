@@ -1,0 +1,95 @@
+#include "ddp/wrap/wrapped_model.hpp"
+
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include "ddp/reducer/gradient_runtime.hpp"
+
+namespace ddp::wrap {
+
+namespace {
+
+int64_t checked_stats_every(int64_t every, const char* wrapper) {
+  TORCH_CHECK(every >= 1, "ddp: ", wrapper, ": stats_every must be at least 1, got ", every);
+  return every;
+}
+
+}  // namespace
+
+WrappedModel::WrappedModel(std::shared_ptr<torch::nn::Module> module, comm::ProcessGroupPtr group,
+                           int64_t stats_every, const char* wrapper)
+    : module_(std::move(module)),
+      pg_(std::move(group)),
+      stats_(checked_stats_every(stats_every, wrapper)) {
+  TORCH_CHECK(module_, "ddp: ", wrapper, " needs a module");
+  TORCH_CHECK(pg_, "ddp: ", wrapper, " needs a process group");
+}
+
+WrappedModel::~WrappedModel() = default;
+
+void WrappedModel::set_gradients(std::unique_ptr<reducer::GradientRuntime> gradients) {
+  TORCH_CHECK(!gradients_, "ddp: the gradient runtime is set once");
+  gradients_ = std::move(gradients);
+  if (gradients_) gradients_->add_listener(stats_.listener(), "the stats timeline");
+}
+
+void WrappedModel::drop_gradients() {
+  optimizer_in_backward_.reset();
+  gradients_.reset();
+}
+
+void WrappedModel::register_comm_hook(hooks::CommHookPtr hook) {
+  TORCH_CHECK(gradients_, "ddp: register_comm_hook: the module has no parameter to reduce");
+  gradients_->register_comm_hook(std::move(hook));
+}
+
+void WrappedModel::set_optimizer_in_backward(const optim::ParamOptimizerFactory& factory) {
+  TORCH_CHECK(!optimizer_in_backward_, "ddp: the optimizer in backward is already set");
+  if (!gradients_) return;  // nothing is reduced, so nothing steps inside backward
+  TORCH_CHECK(!gradients_->backward_ran(),
+              "ddp: set_optimizer_in_backward must be called before the first backward");
+  auto listener = std::make_unique<optim::OptimizerInBackward>(gradients_->params(), factory);
+  gradients_->add_listener(listener.get(), "set_optimizer_in_backward");
+  optimizer_in_backward_ = std::move(listener);
+}
+
+void WrappedModel::zero_grad() {
+  if (!gradients_) return;
+  gradients_->require_not_in_backward("zero_grad()");
+  torch::NoGradGuard no_grad;
+  for (const at::Tensor& p : gradients_->params()) {
+    if (p.grad().defined()) const_cast<at::Tensor&>(p).mutable_grad().zero_();
+  }
+}
+
+obs::LoggingData WrappedModel::logging_data() {
+  const int64_t done = num_synchronized_backwards();
+  stats_.collect(done);
+  obs::LoggingData d;
+  d.rank = pg_->rank();
+  d.world_size = pg_->world_size();
+  d.backend = pg_->backend_name();
+  d.comm_hook = gradients_ ? gradients_->comm_hook_name() : "none";
+  for (const auto& [name, value] : describe_options()) d.options[name] = value;
+  for (const auto& b : bucket_plan().buckets) {
+    d.bucket_sizes.push_back(b.bytes);
+    d.bucket_reductions.push_back(b.reduction);
+  }
+  if (gradients_) d.param_names = gradients_->names();
+  d.iterations = done;
+  stats_.fill(d);
+  return d;
+}
+
+obs::IterationTimeline WrappedModel::last_timeline() const { return stats_.last_timeline(); }
+
+const buckets::BucketPlan& WrappedModel::bucket_plan() const {
+  static const buckets::BucketPlan kNone;
+  return gradients_ ? gradients_->plan() : kNone;
+}
+
+int64_t WrappedModel::num_synchronized_backwards() const {
+  return gradients_ ? gradients_->num_synchronized_backwards() : 0;
+}
+
+}  // namespace ddp::wrap
