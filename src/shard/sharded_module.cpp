@@ -96,6 +96,9 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module,
         pg, std::move(units), static_cast<reducer::UnitObserver*>(this), std::move(replicated)));
     schedule_->attach(gradients());
   }
+  if (pg->rank() == 0 && (options_.verbose || obs::log_level() >= obs::LogLevel::kInfo)) {
+    obs::log(obs::LogLevel::kError, 0, unit_table());
+  }
   // Named units become run_unit targets.
   std::unordered_map<std::string, size_t> unit_by_name;
   for (size_t u = 0; u < plan_.units.size(); ++u) {

@@ -264,8 +264,11 @@ TEST(DdpBench, JsonReportsMemoryPerRank) {
   // (Whose backward peaks lower is the memory tests' question, on a model whose units outweigh
   // the activations: tests/shard/backward_memory_test.cpp.)
   EXPECT_LT(fsdp["between_steps_bytes"], ddp["between_steps_bytes"]);
-  // By owner (sharded only): each owner's peak is within the total's, and together they cover it.
-  EXPECT_EQ(ddp["full_params_bytes"], -1) << "DDP gathers nothing: no gathered_by_owner";
+  // By owner: DDP gathers nothing (every style reports it); the sharded style's owners each peak
+  // within the total's, and together they cover it.
+  for (const char* owner : {"full_params_bytes", "gather_output_bytes", "reduce_input_bytes"}) {
+    EXPECT_EQ(ddp[owner], 0) << owner;
+  }
   for (const char* owner : {"full_params_bytes", "gather_output_bytes", "reduce_input_bytes"}) {
     EXPECT_GT(fsdp[owner], 0) << owner;
     EXPECT_LE(fsdp[owner], fsdp["peak_gathered_bytes"]) << owner;

@@ -6,6 +6,7 @@
 
 #include "common/flag_parse.hpp"
 #include "ddp/parallel/data_parallel.hpp"
+#include "ddp/wrap/wrapped_model.hpp"
 
 namespace ddp::tools {
 
@@ -43,19 +44,14 @@ TensorParallelSetup setup_tensor_parallel(const std::string& tool, int64_t tp,
   return out;
 }
 
-io::TensorMap whole_weights(const torch::nn::Module& model, const shard::ShardedModule* sharded,
+io::TensorMap whole_weights(const torch::nn::Module& model, const wrap::WrappedModel* wrapped,
                             const TensorParallelSetup& split) {
-  const tp::TensorParallel* tensor_parallel = split.tensor_parallel.get();
-  if (sharded && tensor_parallel) {
-    return io::whole_state(model,
-                           parallel::over_tensor_parallel(sharded->layouts(), *tensor_parallel),
+  const layout::TensorLayouts dp = wrapped ? wrapped->layouts() : layout::TensorLayouts{};
+  if (const tp::TensorParallel* tensor_parallel = split.tensor_parallel.get()) {
+    return io::whole_state(model, parallel::over_tensor_parallel(dp, *tensor_parallel),
                            split.mesh->parent().get());
   }
-  if (sharded) return io::whole_state(model, sharded->layouts(), split.dp_group.get());
-  if (tensor_parallel) {
-    return io::whole_state(model, tensor_parallel->layouts(), (*split.mesh)["tp"].get());
-  }
-  return io::whole_state(model, layout::TensorLayouts{}, nullptr);
+  return io::whole_state(model, dp, split.dp_group.get());
 }
 
 }  // namespace ddp::tools

@@ -12,6 +12,10 @@
 #include "ddp/models/registry.hpp"
 #include "ddp/tp/parallelize.hpp"
 
+namespace ddp::wrap {
+class WrappedModel;
+}  // namespace ddp::wrap
+
 namespace ddp::tools {
 
 // --tp N (0, the default: no tensor parallelism).
@@ -35,10 +39,10 @@ TensorParallelSetup setup_tensor_parallel(const std::string& tool, int64_t tp,
                                           const models::Workload& workload,
                                           const std::string& model);
 
-// The run's weights whole on every rank (io::whole_state, collective): the layouts of the sharded
-// style (`sharded`, over `split.dp_group`), of --tp (over "tp"), or both nested (over the mesh's
-// parent group); neither: the model's own tensors.
-io::TensorMap whole_weights(const torch::nn::Module& model, const shard::ShardedModule* sharded,
+// The run's weights whole on every rank (io::whole_state, collective): the layouts of the
+// data-parallel runtime (`wrapped`, over `split.dp_group`; null: no wrapper), nested on --tp's
+// (over the mesh's parent group).
+io::TensorMap whole_weights(const torch::nn::Module& model, const wrap::WrappedModel* wrapped,
                             const TensorParallelSetup& split);
 
 }  // namespace ddp::tools

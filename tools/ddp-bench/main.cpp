@@ -124,8 +124,8 @@ void load_params(torch::nn::Module& m, const std::string& path) {
 // What a rank holds after the last step (storage bytes), and the peaks of the timed steps.
 struct Memory {
   int64_t params = 0, grads = 0, optimizer_state = 0;
-  int64_t peak_gathered = 0;                // sharded styles: gathered units and collective buffers
-  ddp::shard::GatheredBytes peak_by_owner;  // sharded styles: the same by owner
+  int64_t peak_gathered = 0;               // gathered units and collective buffers (0: DDP)
+  ddp::wrap::GatheredBytes peak_by_owner;  // the same by owner
   // The caching allocator's peak on CUDA, the counted tensor storages' on the CPU; -1: none.
   // --cuda-graph: that of the step captured (its replays allocate nothing), if larger.
   int64_t device_peak = -1;
@@ -133,7 +133,7 @@ struct Memory {
 };
 
 Memory measure_memory(torch::nn::Module& module, torch::optim::Optimizer& opt,
-                      const ddp::shard::ShardedModule* sharded_model, const torch::Device& device,
+                      const ddp::wrap::WrappedModel* wrapped, const torch::Device& device,
                       const ddp::obs::StepMemory& phases) {
   Memory m;
   for (auto& [name, p] : named_params(module)) {
@@ -143,9 +143,9 @@ Memory measure_memory(torch::nn::Module& module, torch::optim::Optimizer& opt,
   for (const auto& [key, t] : ddp::io::optimizer_tensors(opt, module)) {
     m.optimizer_state += static_cast<int64_t>(t.nbytes());
   }
-  if (sharded_model) {
-    m.peak_gathered = sharded_model->memory().peak_gathered_bytes;
-    m.peak_by_owner = sharded_model->memory().peak_by_owner;
+  if (wrapped) {
+    m.peak_gathered = wrapped->peak_gathered_bytes();
+    m.peak_by_owner = wrapped->peak_gathered_by_owner();
   }
   m.phases = phases;
   // Eager steps reset the peak per phase: the step's peak is the largest phase's.
@@ -267,13 +267,14 @@ int run_worker(const Args& args) {
     // The table once per job: under --tp every dp group has a rank 0 of its own.
     dp_options.ddp.verbose = args.options.verbose && lead;
     dp_options.shard = args.shard.options;
+    dp_options.shard.verbose = dp_options.ddp.verbose;
     if (args.shard.fsdp_wrap) dp_options.shard.units = w.wrap_units;
     wrapped.emplace(w.module, dp_group, ddp::shard::parse_style(args.shard.style),
                     std::move(dp_options));
   }
-  auto* const model = wrapped ? wrapped->replicated() : nullptr;
-  auto* const sharded_model = wrapped ? wrapped->sharded() : nullptr;
-  if (sharded_model && lead && args.options.verbose) std::cout << sharded_model->unit_table();
+  // The style's runtime, asked as every style's base (wrap/wrapped_model.hpp); null: none.
+  ddp::wrap::WrappedModel* const runtime = wrapped ? &wrapped->wrapped() : nullptr;
+
   // Every style's gradients go through one runtime: the hook reduces DDP's buckets and the
   // sharded units alike (reduce-scatter).
   if (auto hook = ddp::tools::make_comm_hook(args.comm_hook, dp_group)) {
@@ -390,7 +391,7 @@ int run_worker(const Args& args) {
                 "); lower --lr");
     if (i >= untimed && i < untimed + timed) step_ms.push_back(static_cast<double>(t3 - t0) / 1e6);
     if (i + 1 == untimed) {
-      if (sharded_model) sharded_model->reset_peak_memory();
+      if (runtime) runtime->reset_peak_memory();
       ddp::obs::reset_device_peak(device);
     }
   }
@@ -469,16 +470,13 @@ int run_worker(const Args& args) {
     if (i + 1 == warmup || (warmup == 0 && i == 0)) {
       // Peaks of the timed steps only: the first sharded step gathers everything to learn the
       // order in which the model runs its units. (The device's peak is the meter's, per phase.)
-      if (sharded_model) sharded_model->reset_peak_memory();
+      if (runtime) runtime->reset_peak_memory();
     }
     if (args.profile) {
       trace.add({"forward", "compute", 0, t0, t1, i, -1});
       trace.add({"backward", "compute", 0, t1, t2, i, -1});
       trace.add({"optimizer", "compute", 0, t2, t3, i, -1});
-      if (model) trace.add_buckets(model->last_timeline(), model->bucket_plan(), i);
-      if (sharded_model) {
-        trace.add_buckets(sharded_model->last_timeline(), sharded_model->bucket_plan(), i);
-      }
+      if (runtime) trace.add_buckets(runtime->last_timeline(), runtime->bucket_plan(), i);
     }
   }
 
@@ -496,12 +494,12 @@ int run_worker(const Args& args) {
     }
     if (lead) std::cerr << "ddp-bench: wrote trace " << args.trace_file << std::endl;
   }
-  Memory memory = measure_memory(*w.ptr, *opt, sharded_model, device, meter.result());
+  Memory memory = measure_memory(*w.ptr, *opt, runtime, device, meter.result());
   memory.device_peak = std::max(memory.device_peak, capture_peak);
   if (!args.save_params.empty()) {
     ddp::io::TensorMap out;
     // Collective: every parameter gathered by its layout (sharded, --tp, or both nested).
-    const ddp::io::TensorMap whole = ddp::tools::whole_weights(*w.ptr, sharded_model, split);
+    const ddp::io::TensorMap whole = ddp::tools::whole_weights(*w.ptr, runtime, split);
     for (auto& [name, p] : named_params(*w.ptr)) out[name] = whole.at(name);
     if (lead) ddp::io::save_safetensors(args.save_params, out);
   }
@@ -532,7 +530,7 @@ int run_worker(const Args& args) {
                             {"backward_peak_bytes", memory.phases.backward_peak},
                             {"optimizer_peak_bytes", memory.phases.optimizer_peak},
                             {"between_steps_bytes", memory.phases.between_steps}}}};
-      if (sharded_model) {
+      if (runtime) {
         result["memory"]["gathered_by_owner"] = {
             {"full_params_bytes", memory.peak_by_owner.full_params},
             {"gather_output_bytes", memory.peak_by_owner.gather_output},
@@ -568,7 +566,7 @@ int run_worker(const Args& args) {
           static_cast<long long>(memory.phases.backward_peak),
           static_cast<long long>(memory.phases.optimizer_peak),
           static_cast<long long>(memory.phases.between_steps));
-      if (sharded_model) {
+      if (runtime) {
         std::printf(
             "gathered memory by owner (bytes, each its own peak): full parameter buffers %lld, "
             "all-gather outputs %lld, reduce-scatter inputs %lld\n",

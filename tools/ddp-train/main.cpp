@@ -180,17 +180,17 @@ int run_worker(const Args& args) {
     }
   }
   // One entry point for every style (parallel/data_parallel.hpp): DistributedDataParallel for
-  // replicate, FullyShardedDataParallel for the sharded styles, around the same AnyModule.
+  // replicate, the sharded module for the sharded styles, around the same AnyModule; asked only
+  // as their common base (wrap/wrapped_model.hpp).
   ddp::DataParallelOptions dp_options;
   dp_options.ddp = args.ddp;
   // The table once per job: under --tp every dp group has a rank 0 of its own.
   dp_options.ddp.verbose = args.ddp.verbose && lead;
   dp_options.shard = args.shard.options;
+  dp_options.shard.verbose = dp_options.ddp.verbose;
   if (args.shard.fsdp_wrap) dp_options.shard.units = w.wrap_units;
   ddp::DataParallel<torch::nn::AnyModule> model(
       w.module, dp_group, ddp::shard::parse_style(args.shard.style), std::move(dp_options));
-  auto* const ddp_model = model.replicated();  // the style's runtime; the other is null
-  auto* const sharded = model.sharded();
   // One gradient runtime for every style: the hook reduces DDP's buckets and the sharded units.
   if (auto hook = ddp::tools::make_comm_hook(args.comm_hook, dp_group)) {
     model.register_comm_hook(hook);
@@ -225,14 +225,11 @@ int run_worker(const Args& args) {
       if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
       numel += c10::multiply_integers(whole.of(item.key(), item.value().sizes().vec()).shape);
     }
-    const std::string layout =
-        sharded ? std::to_string(sharded->plan().units.size()) + " units (" + args.shard.style + ")"
-                : std::to_string(ddp_model->bucket_plan().buckets.size()) + " buckets";
-    if (sharded && args.ddp.verbose) std::cout << sharded->unit_table();
     if (tensor_parallel && args.ddp.verbose) std::cout << tensor_parallel->table();
-    std::cout << "ddp-train: model " << args.model << ", " << numel << " parameters in " << layout
-              << ", world size " << pg->world_size() << ", backend " << pg->backend_name()
-              << ", batch " << args.batch_size << " per worker" << std::endl;
+    std::cout << "ddp-train: model " << args.model << ", " << numel << " parameters in "
+              << model.wrapped().plan_summary() << ", world size " << pg->world_size()
+              << ", backend " << pg->backend_name() << ", batch " << args.batch_size
+              << " per worker" << std::endl;
   }
 
   const int64_t global_batch = args.batch_size * args.recipe.grad_accum * dp_group->world_size();
@@ -445,7 +442,7 @@ int run_worker(const Args& args) {
   // Whole weights to write: the sharded styles gather them on every rank (collective).
   ddp::io::TensorMap weights;
   if (!args.save_weights.empty()) {
-    weights = ddp::tools::whole_weights(*w.ptr, sharded, split);  // by layouts (collective)
+    weights = ddp::tools::whole_weights(*w.ptr, &model.wrapped(), split);  // by layouts
   }
   // Every rank samples: the forward is collective under the sharded styles and --tp.
   const auto sampling = std::chrono::steady_clock::now();

@@ -53,6 +53,10 @@ struct ShardOptions {
   // Default 100, as DDPOptions::stats_every (PyTorch's logger): the units' reduce-scatters are
   // sampled in iterations 1-10, then every N-th, for logging_data().
   int64_t stats_every = 100;
+  // Default false: when true, rank 0 prints the unit table (unit, parameter, shape, placement) at
+  // construction, as DDPOptions::verbose prints the bucket table (DDP_LOG_LEVEL=info does the
+  // same).
+  bool verbose = false;
 };
 
 // Every option of `options` as (dotted name, value) in declaration order, `prefix` before each
