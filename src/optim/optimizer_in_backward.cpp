@@ -1,5 +1,6 @@
 #include "ddp/optim/optimizer_in_backward.hpp"
 
+#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 #include <torch/optim/optimizer.h>
 
@@ -18,6 +19,7 @@ OptimizerInBackward::OptimizerInBackward(const std::vector<at::Tensor>& params,
 OptimizerInBackward::~OptimizerInBackward() = default;
 
 void OptimizerInBackward::bucket_finished(const reducer::BucketFinished& event) {
+  RECORD_USER_SCOPE("ddp::optimizer_in_backward");
   for (size_t p : *event.params) {
     if (params_[p].grad().defined()) optimizers_[p]->step();
   }

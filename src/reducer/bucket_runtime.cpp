@@ -1,6 +1,7 @@
 #include "ddp/reducer/bucket_runtime.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 
 #include <chrono>
@@ -142,6 +143,7 @@ hooks::GradBucket BucketRuntime::grad_bucket(size_t b) const {
 }
 
 void BucketRuntime::launch(size_t b) {
+  RECORD_USER_SCOPE("ddp::reduce_bucket");
   BucketState& bucket = buckets_[b];
   const int64_t divisor = divisor_ > 0 ? divisor_ : pg_->world_size();
   const bool dense = !plan_.buckets[b].sparse;

@@ -1,5 +1,6 @@
 #include "ddp/reducer/gradient_runtime.hpp"
 
+#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 
 #include "ddp/buckets/bucket_table.hpp"
@@ -268,6 +269,7 @@ void GradientRuntime::end_local_backward() {
 }
 
 void GradientRuntime::finalize_backward() {
+  RECORD_USER_SCOPE("ddp::finalize_backward");
   std::lock_guard<std::mutex> lock(mutex_);
   TORCH_CHECK(state_ == State::kBackwardSync, "ddp: end of backward in unexpected state ",
               iteration_state_name(state_));

@@ -1,5 +1,7 @@
 #include "ddp/shard/unit_schedule.hpp"
 
+#include <ATen/record_function.h>
+
 #include <algorithm>
 
 #include "ddp/reducer/gradient_runtime.hpp"
@@ -114,6 +116,7 @@ void UnitSchedule::note_memory() {
 }
 
 void UnitSchedule::gather(size_t g) {
+  RECORD_USER_SCOPE("ddp::gather_unit");
   // The parameters' tensor hooks stay through unshard's set_() ([Note: hooks that survive set_]
   // in reducer/unit_buckets.hpp): nothing to install per step.
   groups_[g]->unshard();

@@ -23,12 +23,6 @@ torch::nn::Sequential make_net() {
                                torch::nn::Linear(3, 2));
 }
 
-std::vector<std::string> names_of(torch::nn::Module& m) {
-  std::vector<std::string> out;
-  for (const auto& item : m.named_parameters()) out.push_back(item.key());
-  return out;
-}
-
 std::vector<std::string> split(const std::string& text) {
   std::vector<std::string> out;
   size_t start = 0;

@@ -13,8 +13,14 @@
 //   DDP: prepare the buckets, walk the graph when asked; the sharded styles: gather what run_unit
 //   will not, cast inputs to param_dtype, put a node on each output that starts the backward's
 //   bookkeeping.
+//
+// Profiler ranges (torch's RecordFunction, USER_SCOPE: Kineto, Nsight via NVTX, torch.profiler)
+// name the runtime's phases: ddp::pre_forward, ddp::post_forward, ddp::reduce_bucket (a bucket's
+// reduction launched), ddp::finalize_backward (the end of backward's wait and write-back),
+// ddp::gather_unit (a sharded unit's all-gather) and ddp::optimizer_in_backward.
 
 #include <ATen/core/Tensor.h>
+#include <ATen/record_function.h>
 #include <torch/nn/module.h>
 
 #include <cstdint>
@@ -137,10 +143,14 @@ class WrappedForward {
  public:
   template <typename ModuleType, typename... Args>
   static auto run(WrappedModel& model, ModuleType& module, Args&&... args) {
-    model.pre_forward();
+    {
+      RECORD_USER_SCOPE("ddp::pre_forward");
+      model.pre_forward();
+    }
     auto output = unit::call_forward(module, cast(model, std::forward<Args>(args))...);
     std::vector<at::Tensor> tensors;
     unit::collect(output, tensors);
+    RECORD_USER_SCOPE("ddp::post_forward");
     model.end_forward(tensors);
     auto start = [&model](const at::Tensor& t) { return model.backward_start(t); };
     return unit::map_tensors(output, start);
