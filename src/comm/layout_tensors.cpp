@@ -67,7 +67,10 @@ at::Tensor gather_whole(const Layout& layout, const at::Tensor& local, ProcessGr
               at::IntArrayRef(layout::coordinate_of(group.rank(), layout.mesh)), " (",
               layout::describe(layout), ")");
   at::NoGradGuard no_grad;
-  if (ranks == 1) return local.clone(at::MemoryFormat::Contiguous);
+  // Replicated (no placement): every rank holds the whole tensor already, and every rank of the
+  // group skips the collective alike (the layout is the same everywhere), so an export of a DDP
+  // model is local, as rank 0 alone may ask it.
+  if (ranks == 1 || layout.placements.empty()) return local.clone(at::MemoryFormat::Contiguous);
 
   // [Note: one all-gather per whole tensor]: every shard padded to the largest local numel.
   const int64_t chunk = product(layout::padded_local_shape(layout));

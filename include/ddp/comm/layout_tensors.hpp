@@ -55,8 +55,9 @@ at::Tensor padded_local(const layout::Layout& layout, const at::Tensor& local);
 // coordinate layout::coordinate_of(r, layout.mesh) (row-major, as DeviceMesh): group.world_size()
 // must equal the mesh's product, and `local` must have this rank's layout::local_shape. Replicated
 // mesh dims are read at coordinate 0 (the replicas are assumed equal). One all-gather: [Note: one
-// all-gather per whole tensor]; a group of one rank copies `local` without communicating. `what`
-// names the collective in errors.
+// all-gather per whole tensor]; a group of one rank, or a layout without placements (replicated:
+// `local` is already whole), copies `local` without communicating. `what` names the collective in
+// errors.
 at::Tensor gather_whole(const layout::Layout& layout, const at::Tensor& local, ProcessGroup& group,
                         const std::string& what);
 
