@@ -1,5 +1,6 @@
 #include "ddp/io/checkpoint_manifest.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -8,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "c10_errors.hpp"
+#include "checkpoint_dir.hpp"
 #include "ddp/io/sha256.hpp"
 
 namespace ddp::io {
@@ -17,23 +19,51 @@ using json = nlohmann::json;
 namespace fs = std::filesystem;
 
 constexpr const char* kFormatName = "ddp-checkpoint";
+using detail::kRngFile;
+// CUDA generators are not saved: their draws in a training step are a function of (seed, step)
+// through graphs::StepRng, which a resumed run sets as the saved one did (a captured step's
+// replays move the generator, so a saved offset would not do).
+constexpr const char* kCudaRngNotSaved = "not saved";
 
 std::string manifest_path(const std::string& dir) {
   return (fs::path(dir) / "manifest.json").string();
 }
 
 // The field `key` of `j`, of JSON type `T`; a missing or mistyped field names itself.
+// Field `key` of object `j`, named in errors as `prefix` + key ("rng.cpu").
 template <typename T>
-T field(const json& j, const char* key, const std::string& path) {
+T field(const json& j, const char* key, const std::string& path, const std::string& prefix = "") {
   const auto it = j.find(key);
-  TORCH_CHECK(it != j.end(), "ddp: checkpoint manifest ", path, " is invalid: field \"", key,
-              "\" is missing");
+  TORCH_CHECK(it != j.end(), "ddp: checkpoint manifest ", path, " is invalid: field \"", prefix,
+              key, "\" is missing");
   try {
     return it->get<T>();
   } catch (const json::exception&) {
-    TORCH_CHECK(false, "ddp: checkpoint manifest ", path, " is invalid: field \"", key,
+    TORCH_CHECK(false, "ddp: checkpoint manifest ", path, " is invalid: field \"", prefix, key,
                 "\" has the wrong type (", it->type_name(), "): ", it->dump());
   }
+}
+
+// "rng": which file holds the CPU generator (the one a resume restores: kRngFile, listed in
+// "files") and what was done with CUDA's ("not saved"). Checked like every other field a resume
+// needs: a manifest that names another file, or none, is refused naming the field (the
+// coordinator then falls back to an older checkpoint) instead of loading without its RNG state.
+void check_rng_field(const json& j, const std::string& path,
+                     const std::vector<ManifestFile>& files) {
+  const json rng = field<json>(j, "rng", path);
+  TORCH_CHECK(rng.is_object(), "ddp: checkpoint manifest ", path,
+              " is invalid: field \"rng\" is not an object: ", rng.dump());
+  const std::string cpu = field<std::string>(rng, "cpu", path, "rng.");
+  TORCH_CHECK(cpu == kRngFile, "ddp: checkpoint manifest ", path,
+              " is invalid: field \"rng.cpu\" is \"", cpu, "\", expected \"", kRngFile, "\"");
+  const bool listed =
+      std::any_of(files.begin(), files.end(), [&](const ManifestFile& f) { return f.name == cpu; });
+  TORCH_CHECK(listed, "ddp: checkpoint manifest ", path, " is invalid: field \"rng.cpu\" names ",
+              cpu, ", which \"files\" does not list");
+  const std::string cuda = field<std::string>(rng, "cuda", path, "rng.");
+  TORCH_CHECK(cuda == kCudaRngNotSaved, "ddp: checkpoint manifest ", path,
+              " is invalid: field \"rng.cuda\" is \"", cuda, "\", expected \"", kCudaRngNotSaved,
+              "\"");
 }
 
 // Version 1's rows per rank, read as the layout they were: Shard(0) over a mesh of the writing
@@ -151,10 +181,7 @@ std::string manifest_to_json(const Manifest& m) {
             {"data_position", m.data_position},
             {"world_size", m.world_size},
             {"optimizer", m.optimizer},
-            // CUDA generators are not saved: their draws in a training step are a function of
-            // (seed, step) through graphs::StepRng, which a resumed run sets as the saved one did
-            // (a captured step's replays move the generator, so a saved offset would not do).
-            {"rng", {{"cpu", "rng.safetensors"}, {"cuda", "not saved"}}},
+            {"rng", {{"cpu", kRngFile}, {"cuda", kCudaRngNotSaved}}},
             {"files", files}};
   if (m.global_batch > 0) j["global_batch"] = m.global_batch;
   if (!m.sharded.empty()) {
@@ -224,6 +251,7 @@ Manifest read_manifest(const std::string& dir) {
                 "' is not a plain file name");
     m.files.push_back(std::move(file));
   }
+  check_rng_field(j, path, m.files);
   if (j.contains("sharded")) m.sharded = read_sharded(field<json>(j, "sharded", path), m, path);
   return m;
 }

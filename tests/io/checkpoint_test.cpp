@@ -19,6 +19,7 @@
 #include <torch/optim/lbfgs.h>
 #include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
+#include <nlohmann/json.hpp>
 
 #include "ddp/io/checkpoint_state.hpp"
 #include "ddp/io/posix_file.hpp"
@@ -288,6 +289,70 @@ TEST(Checkpoint, MissingManifestIsIncomplete) {
             std::string::npos)
       << warning;
   EXPECT_FALSE(ddp::io::find_latest_checkpoint((root.path / "absent").string()).has_value());
+}
+
+// Every manifest field a resume needs is checked, named when wrong (issue 49: a FULLY_SHARD
+// manifest fuzzed with "rng.cpu" set to 0 or [] loaded as if valid). One checkpoint per case, its
+// manifest.json changed in one place: load refuses with the exact text, and the newest-valid
+// search falls back to the intact older checkpoint.
+TEST(Checkpoint, EveryManifestFieldTheResumeNeedsIsChecked) {
+  using json = nlohmann::json;
+  struct Case {
+    const char* pointer;  // JSON pointer of the field; "" with `remove`: the field below
+    json value;
+    bool remove;
+    std::string error;  // after "ddp: checkpoint manifest <path> is invalid: "
+  };
+  const std::vector<Case> cases = {
+      {"/format", "other", false, "format is not \"ddp-checkpoint\""},
+      {"/format_version", "2", false,
+       "field \"format_version\" has the wrong type (string): \"2\""},
+      {"/step", json::array(), false, "field \"step\" has the wrong type (array): []"},
+      {"/step", nullptr, true, "field \"step\" is missing"},
+      {"/data_position", nullptr, false, "field \"data_position\" has the wrong type (null): null"},
+      {"/world_size", "x", false, "field \"world_size\" has the wrong type (string): \"x\""},
+      {"/optimizer", 0, false, "field \"optimizer\" has the wrong type (number): 0"},
+      {"/global_batch", "8", false, "field \"global_batch\" has the wrong type (string): \"8\""},
+      {"/rng", 0, false, "field \"rng\" is not an object: 0"},
+      {"/rng", nullptr, true, "field \"rng\" is missing"},
+      {"/rng/cpu", 0, false, "field \"rng.cpu\" has the wrong type (number): 0"},
+      {"/rng/cpu", json::array(), false, "field \"rng.cpu\" has the wrong type (array): []"},
+      {"/rng/cpu", nullptr, true, "field \"rng.cpu\" is missing"},
+      {"/rng/cpu", "model.safetensors", false,
+       "field \"rng.cpu\" is \"model.safetensors\", expected \"rng.safetensors\""},
+      {"/rng/cuda", 1, false, "field \"rng.cuda\" has the wrong type (number): 1"},
+      {"/rng/cuda", "saved", false, "field \"rng.cuda\" is \"saved\", expected \"not saved\""},
+      {"/files", json::object(), false, "\"files\" is not a list"},
+      {"/files/0/bytes", "1", false, "field \"bytes\" has the wrong type (string): \"1\""},
+      {"/files/0/sha256", 5, false, "field \"sha256\" has the wrong type (number): 5"},
+      {"/files/0/name", "../x", false, "file name '../x' is not a plain file name"},
+  };
+  for (const Case& c : cases) {
+    TempDir root;
+    Trainer a("sgd");
+    CheckpointOptions options;
+    options.root = root.str();
+    ddp::io::save_checkpoint(options, a.state(4));
+    const std::string dir = ddp::io::save_checkpoint(options, a.state(8));
+    const std::string path = (fs::path(dir) / "manifest.json").string();
+    json j = json::parse(std::ifstream(path));
+    const json::json_pointer at(c.pointer);
+    if (c.remove) {
+      j.at(at.parent_pointer()).erase(at.back());
+    } else {
+      j[at] = c.value;
+    }
+    std::ofstream(path, std::ios::trunc) << j.dump();
+    TrainingState state = a.state();
+    EXPECT_EQ(error_of([&] { ddp::io::load_checkpoint(dir, 1, state); }),
+              "ddp: checkpoint manifest " + path + " is invalid: " + c.error)
+        << c.pointer;
+    ::testing::internal::CaptureStderr();
+    const auto latest = ddp::io::find_latest_checkpoint(root.str());
+    ::testing::internal::GetCapturedStderr();
+    ASSERT_TRUE(latest.has_value()) << c.pointer;
+    EXPECT_EQ(latest->step, 4) << c.pointer << ": the intact older checkpoint";
+  }
 }
 
 // keep=K deletes only older checkpoints, only after the new one is complete; a higher step (from a
