@@ -57,8 +57,8 @@ void WrappedModel::zero_grad() {
   if (!gradients_) return;
   gradients_->require_not_in_backward("zero_grad()");
   torch::NoGradGuard no_grad;
-  for (const at::Tensor& p : gradients_->params()) {
-    if (p.grad().defined()) const_cast<at::Tensor&>(p).mutable_grad().zero_();
+  for (at::Tensor p : gradients_->params()) {  // a handle: its gradient is the parameter's
+    if (p.grad().defined()) p.mutable_grad().zero_();
   }
 }
 
