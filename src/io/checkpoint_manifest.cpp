@@ -101,16 +101,16 @@ json placement_to_json(const layout::Placement& p) {
 }
 
 layout::Placement placement_from_json(const json& j, const std::string& name,
-                                      const std::string& path) {
+                                      const std::string& path, const std::string& prefix) {
   TORCH_CHECK(j.is_object(), "ddp: checkpoint manifest ", path, " is invalid: parameter '", name,
               "' has a placement that is not an object: ", j.dump());
-  const int mesh_dim = field<int>(j, "mesh_dim", path);
-  const std::string kind = field<std::string>(j, "kind", path);
+  const int mesh_dim = field<int>(j, "mesh_dim", path, prefix);
+  const std::string kind = field<std::string>(j, "kind", path, prefix);
   if (kind == "replicate") return layout::Placement::replicate(mesh_dim);
   TORCH_CHECK(kind == "shard", "ddp: checkpoint manifest ", path, " is invalid: parameter '", name,
               "' has a placement of kind \"", kind, "\" (not \"shard\" or \"replicate\")");
-  return layout::Placement::shard(mesh_dim, field<int64_t>(j, "dim", path),
-                                  field<int64_t>(j, "packed", path));
+  return layout::Placement::shard(mesh_dim, field<int64_t>(j, "dim", path, prefix),
+                                  field<int64_t>(j, "packed", path, prefix));
 }
 
 // The "sharded" list, checked: every tensor once, a valid layout (version 2) or rows of the even
@@ -123,26 +123,30 @@ std::vector<ShardedTensor> read_sharded(const json& list, const Manifest& m,
   for (const json& e : list) {
     TORCH_CHECK(e.is_object(), "ddp: checkpoint manifest ", path,
                 " is invalid: an entry of \"sharded\" is not an object: ", e.dump());
+    const std::string at = "sharded[" + std::to_string(out.size()) + "].";  // names in errors
     ShardedTensor t;
-    t.name = field<std::string>(e, "name", path);
-    const auto shape = field<std::vector<int64_t>>(e, "shape", path);
-    t.optimizer_state = field<std::vector<std::string>>(e, "optimizer_state", path);
+    t.name = field<std::string>(e, "name", path, at);
+    const auto shape = field<std::vector<int64_t>>(e, "shape", path, at);
+    t.optimizer_state = field<std::vector<std::string>>(e, "optimizer_state", path, at);
     for (const ShardedTensor& seen : out) {
       TORCH_CHECK(seen.name != t.name, "ddp: checkpoint manifest ", path,
                   " is invalid: sharded parameter '", t.name, "' is listed twice");
     }
     if (m.format_version == 1) {
-      t.layout =
-          layout_of_rows(t.name, shape, field<std::vector<std::vector<int64_t>>>(e, "rows", path),
-                         m.world_size, path);
+      t.layout = layout_of_rows(t.name, shape,
+                                field<std::vector<std::vector<int64_t>>>(e, "rows", path, at),
+                                m.world_size, path);
     } else {
       t.layout.shape = shape;
-      t.layout.mesh = field<std::vector<int64_t>>(e, "mesh", path);
-      const json placements = field<json>(e, "placements", path);
+      t.layout.mesh = field<std::vector<int64_t>>(e, "mesh", path, at);
+      const json placements = field<json>(e, "placements", path, at);
       TORCH_CHECK(placements.is_array(), "ddp: checkpoint manifest ", path,
                   " is invalid: parameter '", t.name, "' has placements that are not a list");
-      for (const json& p : placements)
-        t.layout.placements.push_back(placement_from_json(p, t.name, path));
+      for (const json& p : placements) {
+        const std::string placement_at =
+            at + "placements[" + std::to_string(t.layout.placements.size()) + "].";
+        t.layout.placements.push_back(placement_from_json(p, t.name, path, placement_at));
+      }
       try {
         layout::validate(t.layout);
       } catch (const c10::Error& err) {
@@ -237,11 +241,12 @@ Manifest read_manifest(const std::string& dir) {
   for (const json& f : files) {
     TORCH_CHECK(f.is_object(), "ddp: checkpoint manifest ", path,
                 " is invalid: an entry of \"files\" is not an object: ", f.dump());
+    const std::string at = "files[" + std::to_string(m.files.size()) + "].";  // names in errors
     ManifestFile file;
-    file.name = field<std::string>(f, "name", path);
-    file.bytes = field<uint64_t>(f, "bytes", path);
-    file.sha256 = field<std::string>(f, "sha256", path);
-    if (f.contains("rank")) file.rank = field<int>(f, "rank", path);
+    file.name = field<std::string>(f, "name", path, at);
+    file.bytes = field<uint64_t>(f, "bytes", path, at);
+    file.sha256 = field<std::string>(f, "sha256", path, at);
+    if (f.contains("rank")) file.rank = field<int>(f, "rank", path, at);
     TORCH_CHECK(file.rank >= kReplicated, "ddp: checkpoint manifest ", path, " is invalid: file '",
                 file.name, "' has rank ", file.rank);
     // A name with a separator could point outside the checkpoint directory.

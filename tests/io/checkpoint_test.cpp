@@ -323,8 +323,8 @@ TEST(Checkpoint, EveryManifestFieldTheResumeNeedsIsChecked) {
       {"/rng/cuda", 1, false, "field \"rng.cuda\" has the wrong type (number): 1"},
       {"/rng/cuda", "saved", false, "field \"rng.cuda\" is \"saved\", expected \"not saved\""},
       {"/files", json::object(), false, "\"files\" is not a list"},
-      {"/files/0/bytes", "1", false, "field \"bytes\" has the wrong type (string): \"1\""},
-      {"/files/0/sha256", 5, false, "field \"sha256\" has the wrong type (number): 5"},
+      {"/files/0/bytes", "1", false, "field \"files[0].bytes\" has the wrong type (string): \"1\""},
+      {"/files/1/sha256", 5, false, "field \"files[1].sha256\" has the wrong type (number): 5"},
       {"/files/0/name", "../x", false, "file name '../x' is not a plain file name"},
   };
   for (const Case& c : cases) {

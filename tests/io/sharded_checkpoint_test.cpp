@@ -16,6 +16,7 @@
 #include <fstream>
 #include <set>
 #include <string>
+#include <tuple>
 
 #include "ddp/io/checkpoint_coordinator.hpp"
 #include "ddp/io/checkpoint_state.hpp"
@@ -240,6 +241,40 @@ TEST_P(ShardedCheckpointResume, SavedAtThreeResumesAtTwoAndOneAsAnUninterruptedR
   env.erase("DDP_TEST_EXPORT");
   result = run_workers("sharded_checkpoint_train", 1, env);
   ASSERT_TRUE(result.ok()) << result.describe();
+
+  // Every field of a "sharded" entry is checked and named (issue 49): one change at a time, each
+  // refused by read_manifest with its exact text, then the manifest restored.
+  {
+    const std::string path = dir + "/manifest.json";
+    const std::string original = read_file(path);
+    const nlohmann::json intact = nlohmann::json::parse(original);
+    const std::string name = intact["sharded"][0]["name"];
+    const std::string invalid = "ddp: checkpoint manifest " + path + " is invalid: ";
+    const std::vector<std::tuple<const char*, nlohmann::json, std::string>> cases = {
+        {"/sharded", nlohmann::json::object(), "\"sharded\" is not a list"},
+        {"/sharded/0/name", 1, "field \"sharded[0].name\" has the wrong type (number): 1"},
+        {"/sharded/0/shape", "x", "field \"sharded[0].shape\" has the wrong type (string): \"x\""},
+        {"/sharded/0/optimizer_state", 0,
+         "field \"sharded[0].optimizer_state\" has the wrong type (number): 0"},
+        {"/sharded/0/mesh", nlohmann::json::array({2, 2}),
+         "parameter '" + name + "' has a layout over 4 ranks in a run of world size 3"},
+        {"/sharded/0/placements", nlohmann::json::object(),
+         "parameter '" + name + "' has placements that are not a list"},
+        {"/sharded/0/placements/0/kind", "split",
+         "parameter '" + name +
+             "' has a placement of kind \"split\" (not \"shard\" or \"replicate\")"},
+        {"/sharded/0/placements/0/dim", "0",
+         "field \"sharded[0].placements[0].dim\" has the wrong type (string): \"0\""},
+    };
+    for (const auto& [pointer, value, error] : cases) {
+      nlohmann::json j = intact;
+      j[nlohmann::json::json_pointer(pointer)] = value;
+      std::ofstream(path, std::ios::trunc) << j.dump();
+      EXPECT_EQ(error_of([&] { io::read_manifest(dir); }), invalid + error) << pointer;
+    }
+    std::ofstream(path, std::ios::trunc) << original;
+    EXPECT_EQ(io::read_manifest(dir).sharded.size(), m.sharded.size());
+  }
 
   // Version 1 still loads: the same checkpoint with its manifest as version 1 wrote it (each
   // rank's rows instead of a layout) resumes at world 2 as well.
