@@ -6,9 +6,6 @@
 #include <c10/util/Exception.h>
 
 #include "ddp/comm/layout_tensors.hpp"
-#include "ddp/io/sharded_checkpoint.hpp"
-#include "ddp/io/torch_save.hpp"
-#include "every_rank.hpp"
 
 namespace ddp::io {
 
@@ -43,23 +40,6 @@ TensorMap whole_state(const torch::nn::Module& model, const layout::TensorLayout
   }
   for (const auto& item : model.named_buffers()) out[item.key()] = item.value().detach().cpu();
   return out;
-}
-
-TensorMap gather_full_state(comm::ProcessGroup& group, const shard::ShardedModule& sharded,
-                            const torch::nn::Module& model) {
-  TORCH_CHECK(
-      sharded.plan().world == group.world_size(),
-      wrong_group_for_layouts("gather_full_state", sharded.plan().world, group.world_size()));
-  sharded.require_between_steps("gather_full_state");
-  return whole_state(model, sharded.layouts(), &group);
-}
-
-void export_full_state(comm::ProcessGroup& group, const shard::ShardedModule& sharded,
-                       const torch::nn::Module& model, const std::string& path) {
-  const TensorMap state = gather_full_state(group, sharded, model);
-  detail::on_every_rank(group, "full state export check", "export to " + path + " failed", [&] {
-    if (group.rank() == 0) save_weights(path, state);
-  });
 }
 
 }  // namespace ddp::io

@@ -6,7 +6,7 @@
 //
 // They replace the three ways whole parameters were assembled, each with its own row rule:
 // ShardedModule::full_parameters (FSDP's padded dim-0 shards), TensorParallel::full (packed
-// q,k,v rows, column splits) and io::gather_full_state (the whole checkpoint). A nested layout
+// q,k,v rows, column splits) and a sharded-only export (the whole checkpoint). A nested layout
 // (TP, then FSDP over what TP left) had no way at all.
 //
 // [Note: one all-gather per whole tensor] gather_whole issues ONE all-gather over the mesh's
