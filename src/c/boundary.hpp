@@ -68,7 +68,7 @@ struct HandleKindNames {
   const char* ctype;  // "ddp_group*"
   const char* maker;  // "ddp_group_create"
 };
-inline HandleKindNames names_of(HandleKind kind) {
+inline HandleKindNames kind_names(HandleKind kind) {
   return kind == HandleKind::kGroup ? HandleKindNames{"group", "ddp_group*", "ddp_group_create"}
                                     : HandleKindNames{"model", "ddp_model*", "ddp_model_create"};
 }
@@ -108,7 +108,7 @@ class HandleTable {
     return reinterpret_cast<Handle*>(id);
   }
   std::shared_ptr<Object> get(const Handle* handle) const {
-    const HandleKindNames want = names_of(kind_);
+    const HandleKindNames want = kind_names(kind_);
     const std::string role = std::string("the ") + want.noun;
     if (handle == nullptr) throw AbiError(DDP_ERROR_INVALID_ARGUMENT, role + " is NULL");
     const auto number = reinterpret_cast<uintptr_t>(handle);
@@ -137,7 +137,7 @@ class HandleTable {
     }
     for (const HandleKind other : {HandleKind::kGroup, HandleKind::kModel}) {
       if (other != kind_ && kind_bits(number) == static_cast<uintptr_t>(other)) {
-        const HandleKindNames got = names_of(other);
+        const HandleKindNames got = kind_names(other);
         return std::string(" is a ") + got.noun + " handle (" + got.ctype + "), not a " +
                want.noun + made_by;
       }
