@@ -20,6 +20,7 @@ at::Tensor run_recipe_step(const RecipeStep& step, const std::vector<MicroBatch>
       if (step.autocast_bf16) autocast.emplace(step.device.type(), at::kBFloat16);
       l = step.loss(step.forward(micro[k].x), micro[k].y);
     }
+    if (k + 1 == n && step.on_phase) step.on_phase(RecipePhase::kForwardEnd, l);
     if (n == 1) {  // the step's loss as it is, as before accumulation existed
       l.backward();
       total = l.detach();
@@ -39,6 +40,7 @@ at::Tensor run_recipe_step(const RecipeStep& step, const std::vector<MicroBatch>
     }
   }
   if (step.clipper != nullptr) step.clipper->clip(step.grad_shards());
+  if (step.on_phase) step.on_phase(RecipePhase::kBackwardEnd, total);
   if (step.optimizer != nullptr) step.optimizer->step();
   return total;
 }

@@ -27,6 +27,13 @@ struct MicroBatch {
   at::Tensor x, y;
 };
 
+// Where a step is when RecipeStep::on_phase is told: ddp-bench's per-phase timestamps and memory.
+enum class RecipePhase {
+  kForwardEnd,   // the last micro-batch's loss is computed (the others' backward ran); its
+                 // backward is next
+  kBackwardEnd,  // the last backward and the clip ran; the optimizer step is next
+};
+
 struct RecipeStep {
   // The wrapped model, for no_sync between micro-batches; null: a bare model (one process).
   DataParallel<torch::nn::AnyModule>* wrapped = nullptr;
@@ -39,6 +46,10 @@ struct RecipeStep {
   std::function<optim::GradShards()> grad_shards;
   // Null: the optimizer steps inside backward (--optimizer-overlap).
   torch::optim::Optimizer* optimizer = nullptr;
+  // Told at each phase's end with a loss: at kForwardEnd the last micro-batch's as computed
+  // (before the division by N), at kBackwardEnd the step's. Null: nobody listens. It must not
+  // read the device on a captured step.
+  std::function<void(RecipePhase, const at::Tensor& loss)> on_phase;
 };
 
 // Runs the step over `micro` (the caller has zeroed the gradients) and returns its loss: the mean

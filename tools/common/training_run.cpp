@@ -1,0 +1,176 @@
+#include "common/training_run.hpp"
+
+#include <c10/util/Exception.h>
+#include <c10/util/accumulate.h>
+#include <torch/optim/optimizer.h>
+
+#include <unordered_set>
+
+#include "ddp/comm/env.hpp"
+#include "ddp/comm/init.hpp"
+#include "ddp/io/safetensors.hpp"
+#include "ddp/obs/cpu_memory.hpp"
+#include "ddp/optim/device_step.hpp"
+#include "ddp/parallel/grad_clip.hpp"
+#include "ddp/unit/module_intake.hpp"
+
+namespace ddp::tools {
+
+namespace {
+
+// One GPU per worker, chosen by the launcher's LOCAL_RANK (0 without a launcher).
+c10::Device device_of(const TrainingFlags& flags) {
+  if (flags.device != "cuda") return c10::Device(c10::kCPU);
+  const auto env = comm::process_env();
+  const int local_rank =
+      comm::launcher_from_env(env) ? comm::world_info_from_env(env).local_rank : 0;
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
+}
+
+// --init-params: every parameter by name, of its shape.
+void load_params(const std::string& tool, const std::string& path,
+                 const std::vector<std::string>& names, const std::vector<at::Tensor>& params) {
+  const auto tensors = io::load_safetensors(path);
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto it = tensors.find(names[i]);
+    TORCH_CHECK(it != tensors.end(), tool, ": --init-params file '", path,
+                "' has no tensor for parameter '", names[i], "'");
+    TORCH_CHECK(it->second.sizes() == params[i].sizes(), tool, ": --init-params: parameter '",
+                names[i], "' has shape ", params[i].sizes(), " but the file holds ",
+                it->second.sizes());
+    params[i].copy_(it->second);
+  }
+}
+
+}  // namespace
+
+TrainingRun::TrainingRun(const TrainingFlags& flags, TrainingRunOptions options)
+    : flags_(flags),
+      options_(std::move(options)),
+      device_(device_of(flags)),
+      timeout_(flags.timeout_s) {
+  if (!options_.backend.empty()) {
+    world_ = comm::init_process_group(init_options(flags, options_.backend));
+  }
+  // On the CPU the device peak counts tensor storages, the model's included: from here on.
+  if (options_.count_cpu_memory && !device_.is_cuda()) obs::count_cpu_memory();
+  workload_ = models::make_workload(flags.model, flags.workload);
+  if (flags.shard.checkpoint) {
+    TORCH_CHECK(workload_.set_checkpointing, "--fsdp-checkpoint: model ", flags.model,
+                " has no activation checkpointing");
+    workload_.set_checkpointing(true);
+  }
+  if (!options_.init_params.empty()) {
+    const unit::ModuleIntake intake = unit::take_in(*workload_.ptr);
+    load_params(options_.tool, options_.init_params, intake.names, intake.params);
+  }
+  workload_.ptr->to(device_);
+  // --tp: the model is split over the mesh's "tp" dim first; data parallelism runs over "dp", and
+  // the ranks of one tp group read the same samples (their dp coordinate's).
+  TORCH_CHECK(flags.tp == 0 || options_.wrap || world_size() == flags.tp, options_.tool, ": --tp ",
+              flags.tp, " at world size ", world_size(), " leaves ",
+              world_size() / std::max<int64_t>(flags.tp, 1),
+              " data-parallel ranks: add --ddp or a sharded --style");
+  split_ = setup_tensor_parallel(options_.tool, flags.tp, world_, workload_, flags.model);
+  if (options_.wrap) {
+    // One entry point for every style (parallel/data_parallel.hpp) around the same AnyModule.
+    DataParallelOptions dp_options;
+    dp_options.ddp = flags.ddp;
+    // The table once per job: under --tp every dp group has a rank 0 of its own.
+    dp_options.ddp.verbose = flags.ddp.verbose && lead();
+    dp_options.shard = flags.shard.options;
+    dp_options.shard.verbose = dp_options.ddp.verbose;
+    if (flags.shard.fsdp_wrap) dp_options.shard.units = workload_.wrap_units;
+    model_.emplace(workload_.module, split_.dp_group,
+                   shard::parse_style(flags.shard.style.empty() ? "replicate" : flags.shard.style),
+                   std::move(dp_options));
+    // One gradient runtime for every style: the hook reduces DDP's buckets and the sharded units.
+    if (auto hook = make_comm_hook(flags.comm_hook, split_.dp_group)) {
+      model_->register_comm_hook(hook);
+    }
+  }
+  {
+    // After the style: a sharded one replaced the parameters by this rank's shards, which are
+    // what the optimizer steps.
+    const unit::ModuleIntake intake = unit::take_in(*workload_.ptr);
+    params_ = intake.params;
+    param_names_ = intake.names;
+  }
+  lr_ = options_.lr;
+  schedule_ = schedule_of(flags.recipe, lr_);
+  scheduled_ = has_schedule(flags.recipe);
+  const auto make = [this](const std::vector<at::Tensor>& params) {
+    return make_optimizer(flags_.recipe, params, lr_, options_.sgd_momentum);
+  };
+  if (flags.optimizer_overlap) {
+    // Each parameter's optimizer steps inside backward, once its gradient is reduced; there is
+    // then no optimizer step after backward.
+    TORCH_CHECK(model_, options_.tool, ": --optimizer-overlap needs --ddp or --fsdp");
+    model_->set_optimizer_in_backward([make](const at::Tensor& p) { return make({p}); });
+  } else {
+    // One optimizer for eager and captured steps (optim/sgd.hpp, optim/adam.hpp): its rate and
+    // step count on the device, fused kernels on CUDA.
+    optimizer_ = make(params_);
+  }
+}
+
+double TrainingRun::lr_at(int64_t index) const {
+  return scheduled_ ? optim::lr_at(schedule_, index) : lr_;
+}
+
+void TrainingRun::start_clip(int64_t first_step) {
+  // Its norm and skip flag stay on the device; the optimizer drops a non-finite step there.
+  clipper_ = make_clipper(flags_.recipe, device_, first_step, optimizer_.get());
+}
+
+at::Tensor TrainingRun::forward(const at::Tensor& x) {
+  return model_ ? (*model_)(x) : workload_.module.forward(x);
+}
+
+optim::GradShards TrainingRun::grad_shards() {
+  if (model_) return parallel::grad_shards(*model_, split_.tensor_parallel.get());
+  return parallel::split_grad_shards(*workload_.ptr, nullptr, split_.tensor_parallel.get(),
+                                     nullptr);
+}
+
+layout::TensorLayouts TrainingRun::layouts() const {
+  const layout::TensorLayouts dp = model_ ? model_->layouts() : layout::TensorLayouts{};
+  return split_.tensor_parallel ? parallel::over_tensor_parallel(dp, *split_.tensor_parallel) : dp;
+}
+
+io::TensorMap TrainingRun::whole_weights() {
+  return tools::whole_weights(*workload_.ptr, model_ ? &model_->wrapped() : nullptr, split_);
+}
+
+int64_t TrainingRun::whole_numel() const {
+  const layout::TensorLayouts whole = layouts();
+  int64_t numel = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    numel += c10::multiply_integers(whole.of(param_names_[i], params_[i].sizes().vec()).shape);
+  }
+  return numel;
+}
+
+RecipeStep TrainingRun::recipe() {
+  RecipeStep step;
+  step.wrapped = model();
+  step.forward = [this](const at::Tensor& x) { return forward(x); };
+  step.loss = [this](const at::Tensor& out, const at::Tensor& y) { return workload_.loss(out, y); };
+  step.autocast_bf16 = flags_.autocast_bf16;
+  step.device = device_;
+  step.clipper = clipper();
+  step.grad_shards = [this] { return grad_shards(); };
+  step.optimizer = optimizer_.get();
+  return step;
+}
+
+void TrainingRun::zero_grad() {
+  if (model_) {
+    model_->zero_grad();  // in place, every style (DDP keeps its bucket views)
+  } else if (optimizer_) {
+    optimizer_->zero_grad();
+  }
+}
+
+}  // namespace ddp::tools
