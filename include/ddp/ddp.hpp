@@ -13,7 +13,7 @@
 //               for any function), ddp::activation_checkpoint
 //   data        ddp::DistributedSampler, ddp::LoaderSampler
 //   checkpoints ddp::save_and_barrier, ddp::resume_latest over an io::TrainingState
-//   export      ddp::whole_state(module, layouts, group) (every style and mesh), ddp::save_weights
+//   export      ddp::whole_state(module, model.sharding()) (every style and mesh), ddp::save_weights
 //   recipe      ddp::Sgd, ddp::Adam, ddp::AdamW (one per algorithm, eager and captured: rate and
 //               step count on the device), ddp::weight_decay_groups (AdamW's groups), ddp::lr_at
 //               and ddp::LrDecay (warmup, cosine), ddp::set_lr, ddp::clip_grad_norm(model[, tp],

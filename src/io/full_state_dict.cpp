@@ -9,6 +9,16 @@
 
 namespace ddp::io {
 
+TensorMap whole_state(const torch::nn::Module& model, const comm::Sharding& sharding) {
+  comm::check_sharding(sharding, "whole_state");
+  TORCH_CHECK(sharding.mesh_group || sharding.layouts.mesh.size() < 2,
+              "ddp: whole_state: the sharding is over the ", sharding.layouts.mesh.size(),
+              "-D mesh ", at::IntArrayRef(sharding.layouts.mesh),
+              " without that mesh's group; take it with the mesh's parent group, e.g. "
+              "model.sharding(*tp, mesh.parent())");
+  return whole_state(model, sharding.layouts, sharding.mesh_group.get());
+}
+
 TensorMap whole_state(const torch::nn::Module& model, const layout::TensorLayouts& layouts,
                       comm::ProcessGroup* group) {
   int64_t ranks = 1;

@@ -133,6 +133,11 @@ GradShards grad_shards(torch::nn::Module& module, const layout::TensorLayouts* l
   return out;
 }
 
+GradShards grad_shards(torch::nn::Module& module, const comm::Sharding& sharding) {
+  comm::check_sharding(sharding, "grad_shards");
+  return grad_shards(module, &sharding.layouts, sharding.groups);
+}
+
 at::Tensor total_grad_norm(const GradShards& grads, double norm_type) {
   const bool inf = is_inf_norm(norm_type);
   TORCH_CHECK(inf || norm_type == 2.0, "ddp: total_grad_norm: norm type ", norm_type,

@@ -18,9 +18,9 @@ comm::ProcessGroupPtr data_parallel_group(const comm::DeviceMesh& mesh) {
               "-D mesh needs a mesh dim named 'dp'; this mesh's dims are ", dims);
 }
 
-layout::TensorLayouts over_tensor_parallel(const layout::TensorLayouts& dp,
-                                           const tp::TensorParallel& tp) {
-  return layout::nest(tp.layouts(), dp);
+comm::Sharding over_tensor_parallel(const comm::Sharding& dp, const tp::TensorParallel& tp,
+                                    comm::ProcessGroupPtr mesh_group) {
+  return comm::nest(tp.sharding(), dp, std::move(mesh_group));
 }
 
 std::unique_ptr<wrap::WrappedModel> make_wrapped(std::shared_ptr<torch::nn::Module> module,

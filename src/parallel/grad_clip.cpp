@@ -31,29 +31,15 @@ void refuse_split_without_tp(torch::nn::Module& module) {
 
 }  // namespace
 
-optim::GradShards split_grad_shards(torch::nn::Module& module, const shard::ShardedModule* sharded,
-                                    const tp::TensorParallel* tp,
-                                    const comm::ProcessGroupPtr& dp_group) {
-  if (tp == nullptr) {
-    refuse_split_without_tp(module);
-    if (sharded == nullptr) return optim::grad_shards(module);  // DDP: whole everywhere
-    sharded->require_between_steps("clip_grad_norm");
-    return optim::grad_shards(module, &sharded->layouts(), {sharded->group()});
-  }
-  if (sharded == nullptr && !dp_group)
-    return optim::grad_shards(module, &tp->layouts(), {tp->group()});
-  if (sharded != nullptr) sharded->require_between_steps("clip_grad_norm");
-  const comm::ProcessGroupPtr& outer = sharded != nullptr ? sharded->group() : dp_group;
-  const layout::TensorLayouts layouts = over_tensor_parallel(
-      sharded != nullptr ? sharded->layouts()
-                         : layout::replicated_over({outer->world_size()}, {outer->rank()}),
-      *tp);
-  return optim::grad_shards(module, &layouts, {outer, tp->group()});
+optim::GradShards grad_shards(torch::nn::Module& module, const comm::Sharding& sharding,
+                              bool nests_tensor_parallel) {
+  if (!nests_tensor_parallel) refuse_split_without_tp(module);
+  return optim::grad_shards(module, sharding);
 }
 
 optim::ClipResult clip_grad_norm(torch::nn::Module& module, const tp::TensorParallel& tp,
                                  const optim::ClipOptions& options, int64_t step) {
-  return optim::clip_grad_norm(split_grad_shards(module, nullptr, &tp, nullptr), options, step);
+  return optim::clip_grad_norm(grad_shards(module, tp.sharding(), true), options, step);
 }
 
 optim::ClipResult clip_grad_norm(torch::nn::Module& module, const tp::TensorParallel& tp,

@@ -108,11 +108,11 @@ FlatParamGroup::FlatParamGroup(const ShardPlan& plan, size_t unit,
     }
     Member m;
     m.param = p;
-    m.rows = s.rows;
-    m.chunk = s.chunk;
-    m.row_numel = s.row_numel;
-    m.full_sizes = with_dim0(plan.shapes[i].shape, s.rows);
-    m.shard_sizes = with_dim0(plan.shapes[i].shape, s.chunk);
+    m.rows = s.rows();
+    m.chunk = s.chunk();
+    m.row_numel = s.row_numel();
+    m.full_sizes = with_dim0(plan.shapes[i].shape, m.rows);
+    m.shard_sizes = with_dim0(plan.shapes[i].shape, m.chunk);
     m.offset = shard_numel_;
     shard_numel_ += s.local_numel();
     members_.push_back(i);

@@ -48,14 +48,24 @@ std::string shape_text(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
-int64_t ParamShard::rows_on(int rank, int world) const {
-  if (!sharded()) return rows;
-  return comm::FlatShards{rows, world}.length(rank);
+int64_t ParamShard::rows() const { return layout.shape.empty() ? 1 : layout.shape[0]; }
+
+int64_t ParamShard::row_numel() const {
+  int64_t numel = 1;
+  for (size_t d = 1; d < layout.shape.size(); ++d) numel *= layout.shape[d];
+  return numel;
 }
 
-int64_t ParamShard::padding_rows(int world) const {
-  if (!sharded()) return 0;
-  return comm::FlatShards{rows, world}.padded_numel() - rows;
+int64_t ParamShard::chunk() const {
+  return sharded() ? layout::padded_local_shape(layout)[0] : rows();
+}
+
+int64_t ParamShard::rows_on(int rank) const {
+  return sharded() ? layout::local_shape(layout, {rank})[0] : rows();
+}
+
+int64_t ParamShard::padding_rows() const {
+  return sharded() ? chunk() * layout.mesh[0] - rows() : 0;
 }
 
 int64_t ShardPlan::local_param_bytes() const {
@@ -90,10 +100,6 @@ ShardPlan plan_shards(const std::vector<ParamShape>& params,
     s.layout.shape = p.shape;
     s.layout.mesh = {world};
     if (shards(p, world, style)) s.layout.placements.push_back(layout::Placement::shard(0, 0));
-    s.rows = p.shape.empty() ? 1 : p.shape[0];
-    s.row_numel = 1;
-    for (size_t d = 1; d < p.shape.size(); ++d) s.row_numel *= p.shape[d];
-    s.chunk = s.sharded() ? comm::FlatShards{s.rows, world}.chunk() : s.rows;
     members[owner_of(p, unit_names, root)].push_back(i);
   }
   for (size_t u = 0; u < unit_names.size(); ++u) {
@@ -129,8 +135,8 @@ std::string format_unit_table(const ShardPlan& plan) {
           s.local_numel() * static_cast<int64_t>(c10::elementSize(plan.shapes[i].dtype));
       std::string style = s.sharded() ? "shard" : "replicate";
       if (!plan.shapes[i].trainable) style += " (frozen)";
-      if (s.padding_rows(plan.world) > 0) {
-        style += " (+" + std::to_string(s.padding_rows(plan.world)) + " pad rows)";
+      if (s.padding_rows() > 0) {
+        style += " (+" + std::to_string(s.padding_rows()) + " pad rows)";
       }
       rows.push_back({k == 0 ? (unit.name.empty() ? "<root>" : unit.name) : "", plan.shapes[i].name,
                       shape_text(plan.shapes[i].shape), style, std::to_string(bytes)});

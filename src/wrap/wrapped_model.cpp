@@ -81,6 +81,8 @@ obs::LoggingData WrappedModel::logging_data() {
   return d;
 }
 
+comm::Sharding WrappedModel::sharding() const { return {layouts(), {group()}, group()}; }
+
 obs::IterationTimeline WrappedModel::last_timeline() const { return stats_.last_timeline(); }
 
 const buckets::BucketPlan& WrappedModel::bucket_plan() const {

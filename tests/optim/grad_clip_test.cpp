@@ -363,7 +363,7 @@ DDP_TEST_WORKER(clip_meshes) {
       sharded ? mesh.coordinate() : std::vector<int64_t>{mesh.coordinate()[1]};
   const optim::GradShards grads =
       model ? parallel::grad_shards(*model, tensor_parallel.get())
-            : parallel::split_grad_shards(*net, nullptr, tensor_parallel.get(), nullptr);
+            : parallel::grad_shards(*net, tensor_parallel->sharding(), true);
   require_same_grads(grads, *oracle, layout_of, coordinate, context);
 }
 

@@ -103,12 +103,12 @@ DDP_TEST_WORKER(flat_param_group_closed_form) {
   require(group.state() == ShardedState::kSharded, "starts sharded");
   for (size_t i = 0; i < params.size(); ++i) {
     const auto& s = plan.params[i];
-    require(params[i].size(0) == s.chunk, "shard rows of " + plan.shapes[i].name);
-    const int64_t here = s.rows_on(r, w);
-    const int64_t first = std::min<int64_t>(s.rows, r * s.chunk);
+    require(params[i].size(0) == s.chunk(), "shard rows of " + plan.shapes[i].name);
+    const int64_t here = s.rows_on(r);
+    const int64_t first = std::min<int64_t>(s.rows(), r * s.chunk());
     require(torch::equal(params[i].narrow(0, 0, here), original[i].narrow(0, first, here)),
             "shard values of " + plan.shapes[i].name);
-    require(params[i].narrow(0, here, s.chunk - here).eq(0).all().item<bool>(),
+    require(params[i].narrow(0, here, s.chunk() - here).eq(0).all().item<bool>(),
             "zero padding of " + plan.shapes[i].name);
   }
   const std::string wrong = error_of([&] { group.finish_reduce_scatter(torch::Tensor()); });
@@ -148,13 +148,13 @@ DDP_TEST_WORKER(flat_param_group_closed_form) {
     const auto full =
         ((w + 1) / 2.0f) *
         (1 + torch::arange(original[i].numel(), torch::kFloat)).view(original[i].sizes());
-    const int64_t here = s.rows_on(r, w);
-    const int64_t first = std::min<int64_t>(s.rows, r * s.chunk);
+    const int64_t here = s.rows_on(r);
+    const int64_t first = std::min<int64_t>(s.rows(), r * s.chunk());
     const auto& g = params[i].grad();
     require(g.sizes() == params[i].sizes(), "gradient shard shape of " + plan.shapes[i].name);
     require(torch::allclose(g.narrow(0, 0, here), full.narrow(0, first, here), 1e-6, 1e-6),
             "averaged gradient rows of " + plan.shapes[i].name);
-    require(g.narrow(0, here, s.chunk - here).eq(0).all().item<bool>(),
+    require(g.narrow(0, here, s.chunk() - here).eq(0).all().item<bool>(),
             "gradient padding of " + plan.shapes[i].name);
   }
   // An evaluation pass (unshard, reshard) keeps the sharded gradients; a second backward without

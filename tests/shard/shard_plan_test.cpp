@@ -32,16 +32,16 @@ TEST(ShardPlan, FullyShardPadsDimZeroByTheEvenSplitRule) {
   // The layout every runtime reads: Shard(0) over {3}, rank 2 the 666 rows left after 2 x 667.
   EXPECT_EQ(w1.layout.mesh, std::vector<int64_t>{3});
   EXPECT_EQ(layout::local_shape(w1.layout, {2}), (std::vector<int64_t>{666, 2000}));
-  EXPECT_EQ(w1.chunk, 667);  // ceil(2000 / 3)
-  EXPECT_EQ(w1.row_numel, 2000);
-  EXPECT_EQ(w1.rows_on(0, 3), 667);
-  EXPECT_EQ(w1.rows_on(1, 3), 667);
-  EXPECT_EQ(w1.rows_on(2, 3), 666);
-  EXPECT_EQ(w1.padding_rows(3), 1);
+  EXPECT_EQ(w1.chunk(), 667);  // ceil(2000 / 3)
+  EXPECT_EQ(w1.row_numel(), 2000);
+  EXPECT_EQ(w1.rows_on(0), 667);
+  EXPECT_EQ(w1.rows_on(1), 667);
+  EXPECT_EQ(w1.rows_on(2), 666);
+  EXPECT_EQ(w1.padding_rows(), 1);
   EXPECT_EQ(w1.local_numel(), 667 * 2000);
   const ParamShard& b2 = plan.params[3];
-  EXPECT_EQ(b2.chunk, 1);
-  EXPECT_EQ(b2.padding_rows(3), 0);
+  EXPECT_EQ(b2.chunk(), 1);
+  EXPECT_EQ(b2.padding_rows(), 0);
   // Every rank keeps the padded shards: (667 * 2000 + 667 + 1 * 2000 + 1) floats.
   EXPECT_EQ(plan.local_param_bytes(), (667 * 2000 + 667 + 2000 + 1) * 4);
   ASSERT_EQ(plan.units.size(), 1u);  // no policy: the whole model is the root unit
@@ -52,10 +52,10 @@ TEST(ShardPlan, FullyShardPadsDimZeroByTheEvenSplitRule) {
 TEST(ShardPlan, FewerRowsThanRanksLeavesTheLastShardsEmpty) {
   const ShardPlan plan =
       plan_shards({{"w", {2, 5}}, {"scale", {}}}, {}, 3, DataParallelStyle::kFullyShard);
-  EXPECT_EQ(plan.params[0].rows_on(0, 3), 1);
-  EXPECT_EQ(plan.params[0].rows_on(1, 3), 1);
-  EXPECT_EQ(plan.params[0].rows_on(2, 3), 0);
-  EXPECT_EQ(plan.params[0].padding_rows(3), 1);
+  EXPECT_EQ(plan.params[0].rows_on(0), 1);
+  EXPECT_EQ(plan.params[0].rows_on(1), 1);
+  EXPECT_EQ(plan.params[0].rows_on(2), 0);
+  EXPECT_EQ(plan.params[0].padding_rows(), 1);
   // A 0-dim parameter has no dim 0 to shard.
   EXPECT_FALSE(plan.params[1].sharded());
   EXPECT_EQ(plan.params[1].local_numel(), 1);

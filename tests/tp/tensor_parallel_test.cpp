@@ -16,6 +16,7 @@
 #include "ddp/io/full_state_dict.hpp"
 #include "ddp/models/gpt.hpp"
 #include "ddp/models/net.hpp"
+#include "ddp/parallel/data_parallel.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
 #include "ddp/shard/sharded_module.hpp"
 #include "ddp/tp/parallelize.hpp"
@@ -110,11 +111,17 @@ DDP_TEST_WORKER(tp_seed_net) {
     }
     require(torch::equal(again, t), "parameter '" + name + "' gathered by its layout differs");
   }
-  // The export's one path (io::whole_state): the registered layouts, nested under FULLY_SHARD.
-  const io::TensorMap exported =
-      sharded ? io::whole_state(*net, layout::nest(tensor_parallel->layouts(), sharded->layouts()),
-                                mesh.parent().get())
-              : io::whole_state(*net, tensor_parallel->layouts(), mesh["tp"].get());
+  // The export's one path (io::whole_state) by the wrapper's sharding nested on TP's, the same
+  // call for both styles: its layouts with the mesh's parent group.
+  const wrap::WrappedModel& wrapper =
+      sharded ? static_cast<const wrap::WrappedModel&>(*sharded) : *ddp;
+  const comm::Sharding sharding =
+      parallel::over_tensor_parallel(wrapper.sharding(), *tensor_parallel, mesh.parent());
+  require(sharding.groups == std::vector<comm::ProcessGroupPtr>{mesh["dp"], mesh["tp"]} &&
+              sharding.layouts.mesh == mesh.shape() &&
+              sharding.layouts.coordinate == mesh.coordinate(),
+          "the nested sharding is over the mesh {dp, tp} with its groups");
+  const io::TensorMap exported = io::whole_state(*net, sharding);
   for (const auto& [name, t] : whole) {
     require(torch::equal(exported.at(name), t.cpu()), "exported '" + name + "' differs");
   }

@@ -5,8 +5,6 @@
 #include <vector>
 
 #include "common/flag_parse.hpp"
-#include "ddp/parallel/data_parallel.hpp"
-#include "ddp/wrap/wrapped_model.hpp"
 
 namespace ddp::tools {
 
@@ -42,16 +40,6 @@ TensorParallelSetup setup_tensor_parallel(const std::string& tool, int64_t tp,
   out.dp_group = (*out.mesh)["dp"];
   out.data_rank = static_cast<int>(out.mesh->coordinate()[0]);
   return out;
-}
-
-io::TensorMap whole_weights(const torch::nn::Module& model, const wrap::WrappedModel* wrapped,
-                            const TensorParallelSetup& split) {
-  const layout::TensorLayouts dp = wrapped ? wrapped->layouts() : layout::TensorLayouts{};
-  if (const tp::TensorParallel* tensor_parallel = split.tensor_parallel.get()) {
-    return io::whole_state(model, parallel::over_tensor_parallel(dp, *tensor_parallel),
-                           split.mesh->parent().get());
-  }
-  return io::whole_state(model, dp, split.dp_group.get());
 }
 
 }  // namespace ddp::tools

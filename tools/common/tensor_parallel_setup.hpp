@@ -8,13 +8,8 @@
 #include <string>
 
 #include "ddp/comm/device_mesh.hpp"
-#include "ddp/io/full_state_dict.hpp"
 #include "ddp/models/registry.hpp"
 #include "ddp/tp/parallelize.hpp"
-
-namespace ddp::wrap {
-class WrappedModel;
-}  // namespace ddp::wrap
 
 namespace ddp::tools {
 
@@ -38,11 +33,5 @@ TensorParallelSetup setup_tensor_parallel(const std::string& tool, int64_t tp,
                                           const comm::ProcessGroupPtr& world,
                                           const models::Workload& workload,
                                           const std::string& model);
-
-// The run's weights whole on every rank (io::whole_state, collective): the layouts of the
-// data-parallel runtime (`wrapped`, over `split.dp_group`; null: no wrapper), nested on --tp's
-// (over the mesh's parent group).
-io::TensorMap whole_weights(const torch::nn::Module& model, const wrap::WrappedModel* wrapped,
-                            const TensorParallelSetup& split);
 
 }  // namespace ddp::tools

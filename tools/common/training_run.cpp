@@ -128,23 +128,23 @@ at::Tensor TrainingRun::forward(const at::Tensor& x) {
   return model_ ? (*model_)(x) : workload_.module.forward(x);
 }
 
+comm::Sharding TrainingRun::sharding() const {
+  const tp::TensorParallel* tensor_parallel = split_.tensor_parallel.get();
+  if (!tensor_parallel) return model_ ? model_->sharding() : comm::whole_over(world_);
+  // Nested on --tp over the mesh {dp, tp}, whose parent group an export gathers over. The bare
+  // model under --tp is tensor parallelism's alone (ddp-bench: the world is the tp group).
+  if (!model_) return tensor_parallel->sharding();
+  return model_->sharding(*tensor_parallel, split_.mesh->parent());
+}
+
 optim::GradShards TrainingRun::grad_shards() {
-  if (model_) return parallel::grad_shards(*model_, split_.tensor_parallel.get());
-  return parallel::split_grad_shards(*workload_.ptr, nullptr, split_.tensor_parallel.get(),
-                                     nullptr);
+  return parallel::grad_shards(*workload_.ptr, sharding(), split_.tensor_parallel != nullptr);
 }
 
-layout::TensorLayouts TrainingRun::layouts() const {
-  const layout::TensorLayouts dp = model_ ? model_->layouts() : layout::TensorLayouts{};
-  return split_.tensor_parallel ? parallel::over_tensor_parallel(dp, *split_.tensor_parallel) : dp;
-}
-
-io::TensorMap TrainingRun::whole_weights() {
-  return tools::whole_weights(*workload_.ptr, model_ ? &model_->wrapped() : nullptr, split_);
-}
+io::TensorMap TrainingRun::whole_weights() { return io::whole_state(*workload_.ptr, sharding()); }
 
 int64_t TrainingRun::whole_numel() const {
-  const layout::TensorLayouts whole = layouts();
+  const layout::TensorLayouts whole = sharding().layouts;
   int64_t numel = 0;
   for (size_t i = 0; i < params_.size(); ++i) {
     numel += c10::multiply_integers(whole.of(param_names_[i], params_[i].sizes().vec()).shape);

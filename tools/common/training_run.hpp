@@ -111,10 +111,11 @@ class TrainingRun {
 
   // The model's output for `x`, through the style when there is one.
   at::Tensor forward(const at::Tensor& x);
-  // The gradients as this rank holds them, split by the style and --tp (for the clip's norm).
+  // What this rank holds of each parameter and over which groups: the style's sharding, nested on
+  // --tp's (comm/sharding.hpp). What the clip, the export and the checkpoints take.
+  comm::Sharding sharding() const;
+  // The gradients as this rank holds them, split by the sharding (for the clip's norm).
   optim::GradShards grad_shards();
-  // What this rank holds of each parameter: the style's layouts, nested on --tp's.
-  layout::TensorLayouts layouts() const;
   // The whole weights on every rank, gathered by their layouts (collective).
   io::TensorMap whole_weights();
   // The whole model's parameter count: by the layouts' whole shapes, a tied weight once.

@@ -303,7 +303,7 @@ int run_worker(const Args& args) {
   state.model = run.workload().ptr.get();
   state.optimizer = run.optimizer();
   state.global_batch = global_batch;
-  state.layouts = run.layouts();
+  state.layouts = run.sharding().layouts;
   ddp::io::CoordinatorOptions ckpt;
   ckpt.root = args.checkpoint_dir;
   ckpt.keep = args.keep_checkpoints;

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "ddp/comm/process_group.hpp"
+#include "ddp/comm/sharding.hpp"
 #include "ddp/layout/tensor_layouts.hpp"
 
 namespace torch::nn {
@@ -81,6 +82,9 @@ struct GradShards {
 // step: a split parameter must be its stored shard (comm::real_local's check names it otherwise).
 GradShards grad_shards(torch::nn::Module& module, const layout::TensorLayouts* layouts = nullptr,
                        std::vector<comm::ProcessGroupPtr> groups = {});
+// The same as `sharding` splits them over its groups (comm/sharding.hpp): what every wrapper and
+// tensor parallelism answer, so the caller never picks groups by style.
+GradShards grad_shards(torch::nn::Module& module, const comm::Sharding& sharding);
 
 // The total norm of the whole gradients (a 0-d float tensor on the gradients' device; 0 with no
 // gradients), norm_type 2 or infinity. Collective: one per mesh dim in some set ([Note: a norm

@@ -38,11 +38,13 @@ namespace ddp::parallel {
 
 using shard::DataParallelStyle;
 
-// A data-parallel runtime's layouts `dp` (over mesh {dp}) under tensor parallelism: tp's split
-// inside, `dp`'s outside, over the mesh {dp, tp}. The one place the DP x TP nesting is written
-// (checkpoints, the whole-weights export and the gradient clip read it).
-layout::TensorLayouts over_tensor_parallel(const layout::TensorLayouts& dp,
-                                           const tp::TensorParallel& tp);
+// A data-parallel runtime's sharding `dp` (over mesh {dp}) under tensor parallelism: tp's split
+// inside, `dp`'s outside, over the mesh {dp, tp} with the groups {dp, tp}; `mesh_group` that
+// mesh's group (DeviceMesh::parent(): what an export gathers over; null leaves the sharding good
+// for a gradient norm only). The one place the DP x TP nesting is written (checkpoints, the
+// whole-weights export and the gradient clip read it).
+comm::Sharding over_tensor_parallel(const comm::Sharding& dp, const tp::TensorParallel& tp,
+                                    comm::ProcessGroupPtr mesh_group = nullptr);
 
 // The refusal of DataParallelOptions::shard.style set to another style than the call's; "" when
 // they agree (or shard.style is left at its default).
@@ -103,9 +105,15 @@ class DataParallel {
   // kReplicate no parameter is named (whole on every rank), under the sharded styles the shard
   // plan's. What io::TrainingState::layouts, io::whole_state and the gradient clip read.
   const layout::TensorLayouts& layouts() const { return wrapped_->layouts(); }
-  // The same over tensor parallelism (mesh {dp, tp}): over_tensor_parallel(layouts(), tp).
-  layout::TensorLayouts layouts(const tp::TensorParallel& tp) const {
-    return over_tensor_parallel(layouts(), tp);
+  // The same over tensor parallelism (mesh {dp, tp}): over_tensor_parallel's.
+  layout::TensorLayouts layouts(const tp::TensorParallel& tp) const { return sharding(tp).layouts; }
+  // The layouts with their groups (comm/sharding.hpp): what clip_grad_norm and io::whole_state
+  // take, the same call for every style. Over tensor parallelism the groups {dp, tp}, and
+  // `mesh_group` the mesh's parent (an export needs it; a norm does not).
+  comm::Sharding sharding() const { return wrapped_->sharding(); }
+  comm::Sharding sharding(const tp::TensorParallel& tp,
+                          comm::ProcessGroupPtr mesh_group = nullptr) const {
+    return over_tensor_parallel(sharding(), tp, std::move(mesh_group));
   }
   // The gradient reduction's comm hook: DDP's buckets and the sharded units' reduce-scatters.
   void register_comm_hook(hooks::CommHookPtr hook) {

@@ -20,20 +20,19 @@
 
 namespace ddp::parallel {
 
-// `module`'s gradients split by the wrappers around it: `sharded` (FULLY_SHARD or DEFAULT over
-// its group; null: DDP or none), over `tp` (null: none). `dp_group` is the data-parallel group
-// of a DDP wrapper over TP (the outer mesh dim); ignored otherwise.
-optim::GradShards split_grad_shards(torch::nn::Module& module, const shard::ShardedModule* sharded,
-                                    const tp::TensorParallel* tp,
-                                    const comm::ProcessGroupPtr& dp_group);
+// `module`'s gradients as `sharding` splits them (the wrapper's, tensor parallelism's, or the two
+// nested: comm/sharding.hpp). `nests_tensor_parallel`: whether `sharding` includes tensor
+// parallelism's split; a module split by it that is normed without it is refused by name.
+optim::GradShards grad_shards(torch::nn::Module& module, const comm::Sharding& sharding,
+                              bool nests_tensor_parallel);
 
+// The wrapped model's gradients as this rank holds them, over `tp` too when given: the same call
+// for every style (the wrapper answers its sharding).
 template <typename ModuleType>
 optim::GradShards grad_shards(DataParallel<ModuleType>& model,
                               const tp::TensorParallel* tp = nullptr) {
-  if (auto* replicated = model.replicated()) {
-    return split_grad_shards(*replicated->module_ptr(), nullptr, tp, replicated->group());
-  }
-  return split_grad_shards(*model.sharded()->module_ptr(), model.sharded(), tp, nullptr);
+  if (tp == nullptr) return grad_shards(*model.module_ptr(), model.sharding(), false);
+  return grad_shards(*model.module_ptr(), model.sharding(*tp), true);
 }
 
 template <typename ModuleType>

@@ -62,19 +62,22 @@ struct ParamShard {
   // runtime and ShardedModule::layout() read.
   layout::Layout layout;
   bool sharded() const { return !layout.placements.empty(); }
-  int64_t rows = 0;       // dim 0 (1 for a 0-dim parameter)
-  int64_t row_numel = 0;  // elements per row: the product of the other sizes
-  int64_t chunk = 0;      // rows a full shard holds: ceil(rows / world) when sharded, else rows
-  size_t unit = 0;        // index into ShardPlan::units
+  size_t unit = 0;  // index into ShardPlan::units
 
-  // Rows rank r holds between steps: chunk for the first ranks, fewer or 0 at the end when
-  // sharded with padding; all of them when replicated.
-  int64_t rows_on(int rank, int world) const;
-  // Elements of this parameter's local storage on every rank: chunk * row_numel (the padded
+  // Derived from `layout`, never kept beside it (two descriptions would agree only by luck):
+  // dim 0 (1 for a 0-dim parameter); the elements per row (the product of the other sizes); the
+  // rows a full shard holds (the layout's padded local dim 0 when sharded, else every row).
+  int64_t rows() const;
+  int64_t row_numel() const;
+  int64_t chunk() const;
+  // Rows rank r (of the layout's mesh {world}) holds between steps: chunk() for the first ranks,
+  // fewer or 0 at the end when sharded with padding; all of them when replicated.
+  int64_t rows_on(int rank) const;
+  // Elements of this parameter's local storage on every rank: chunk() * row_numel() (the padded
   // shard; equal on every rank, so a unit's flat shard has one size everywhere).
-  int64_t local_numel() const { return chunk * row_numel; }
-  // Padding rows added to reach world * chunk (0 when dim 0 divides, or when replicated).
-  int64_t padding_rows(int world) const;
+  int64_t local_numel() const { return chunk() * row_numel(); }
+  // Padding rows added to reach world * chunk() (0 when dim 0 divides, or when replicated).
+  int64_t padding_rows() const;
 };
 
 struct Unit {

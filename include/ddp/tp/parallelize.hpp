@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "ddp/comm/process_group.hpp"
+#include "ddp/comm/sharding.hpp"
 #include "ddp/layout/layout.hpp"
 #include "ddp/layout/tensor_layouts.hpp"
 #include "ddp/unit/unit_scope.hpp"
@@ -94,6 +95,8 @@ class TensorParallel : private unit::UnitListener {
   // Every parameter's layout (as layout(name)) and this rank's coordinate {tp rank}: what the
   // checkpoints and the export read (layout/tensor_layouts.hpp).
   const layout::TensorLayouts& layouts() const { return layouts_; }
+  // The same with its group (comm/sharding.hpp): mesh {tp}, over group().
+  comm::Sharding sharding() const { return {layouts_, {group_}, group_}; }
   // `local` (parameter `name`'s local shard, or a tensor shaped like it, e.g. its gradient) made
   // whole; a replicated parameter's tensor comes back as a copy. Collective over the tp group.
   at::Tensor full(const std::string& name, const at::Tensor& local) const;

@@ -33,6 +33,7 @@
 #include "ddp/buckets/bucket_plan.hpp"
 #include "ddp/comm/process_group.hpp"
 #include "ddp/hooks/comm_hook.hpp"
+#include "ddp/comm/sharding.hpp"
 #include "ddp/layout/tensor_layouts.hpp"
 #include "ddp/obs/gradient_stats.hpp"
 #include "ddp/obs/runtime_stats.hpp"
@@ -87,6 +88,9 @@ class WrappedModel {
   // named under DDP (whole on every rank), the shard plan's under the sharded styles. Refused
   // while a forward's parameters are gathered ([Note: a forward whose backward never runs]).
   virtual const layout::TensorLayouts& layouts() const = 0;
+  // The layouts with the group they are over (comm/sharding.hpp): mesh {world} over group(). What
+  // the gradient norm and the export take, whichever style answers.
+  comm::Sharding sharding() const;
   // After a forward under grad mode whose backward never runs: back to the state before it (the
   // sharded styles put every unit back on its shards; DDP has nothing to undo). Between steps.
   virtual void reshard() = 0;
