@@ -53,7 +53,7 @@ KERNEL_CLASSES = (
     ("layernorm", re.compile(r"layer_?norm", re.I)),
     ("loss", re.compile(r"softmax|cross_entropy|nll_loss", re.I)),
     ("embedding", re.compile(r"embedding|index|scatter|gather", re.I)),
-    # A multi-tensor copy: DDP's gradients staged into their buckets (GradLayout::fill).
+    # A multi-tensor copy: DDP's gradients staged into their buckets (BucketStorage::fill).
     ("foreach copy", re.compile(r"multi_tensor_apply.*Copy<", re.I)),
     ("optimizer", re.compile(r"foreach|multi_tensor|sgd|adam", re.I)),
     ("reduction", re.compile(r"reduce", re.I)),

@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "ddp/gradients/no_sync_guard.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
 #include "ddp/planner/reachability.hpp"
-#include "ddp/reducer/no_sync_guard.hpp"
 
 namespace ddp::c_abi {
 
@@ -36,7 +36,7 @@ class BindingModel : public parallel::DistributedDataParallelBase {
   // forward is allowed (every parameter counts as unused, its gradient as zero).
   void close_forward(const std::vector<torch::Tensor>& outputs) {
     phase_ = Phase::kIdle;
-    if (torch::GradMode::is_enabled() && !options().reducer.find_unused_parameters) {
+    if (torch::GradMode::is_enabled() && !options().gradients.find_unused_parameters) {
       const std::vector<bool> reached = planner::reachable_params(outputs, parameters());
       TORCH_CHECK(std::find(reached.begin(), reached.end(), true) != reached.end(),
                   "none of the model's ", parameters().size(),

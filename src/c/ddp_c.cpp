@@ -211,11 +211,11 @@ ddp_status ddp_model_create(ddp_group* group, void* const* params, const char* c
     if (options != nullptr) o = *options;
     require(o.first_bucket_cap_mb > 0 && o.bucket_cap_mb > 0, "bucket caps must be positive");
     ddp::parallel::DDPOptions ddp;
-    ddp.reducer.buckets.first_bucket_cap_bytes = ddp::buckets::mib_bytes(o.first_bucket_cap_mb);
-    ddp.reducer.buckets.bucket_cap_bytes = ddp::buckets::mib_bytes(o.bucket_cap_mb);
-    ddp.reducer.find_unused_parameters = o.find_unused_parameters != 0;
-    ddp.reducer.static_graph = o.static_graph != 0;
-    ddp.reducer.gradient_as_bucket_view = o.gradient_as_bucket_view != 0;
+    ddp.gradients.buckets.first_bucket_cap_bytes = ddp::buckets::mib_bytes(o.first_bucket_cap_mb);
+    ddp.gradients.buckets.bucket_cap_bytes = ddp::buckets::mib_bytes(o.bucket_cap_mb);
+    ddp.gradients.find_unused_parameters = o.find_unused_parameters != 0;
+    ddp.gradients.static_graph = o.static_graph != 0;
+    ddp.gradients.gradient_as_bucket_view = o.gradient_as_bucket_view != 0;
     const std::string hook = o.comm_hook == nullptr ? "allreduce" : o.comm_hook;
     auto hook_ptr = hook_named(hook, g->pg);  // refused before anything collective
     auto ddp_model = std::make_shared<BindingModel>(param_tree(tensors, list), g->pg, ddp);

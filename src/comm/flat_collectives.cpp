@@ -6,6 +6,11 @@
 
 #include "ddp/comm/process_group.hpp"
 
+#include "ddp/comm/collective_progress.hpp"
+#include "ddp/comm/collective_watchdog.hpp"
+#include "ddp/comm/flat_shards.hpp"
+#include "ddp/comm/made_backend.hpp"
+
 namespace ddp::comm {
 
 namespace {
@@ -76,7 +81,7 @@ PendingCollective ProcessGroup::reduce_scatter_async(const at::Tensor& input, Re
     const bool sum = op == ReduceOp::kSum || world_size() == 1;
     opts.reduceOp = sum ? c10d::ReduceOp::SUM : c10d::ReduceOp::AVG;
     opts.timeout = timeout_;
-    auto work = issued(made_.backend->_reduce_scatter_base(out, in, opts),
+    auto work = issued(made_->backend->_reduce_scatter_base(out, in, opts),
                        {kind, layout.numel, input.scalar_type()});
     return pending(std::move(work), out.narrow(0, 0, length));
   }
@@ -94,7 +99,7 @@ PendingCollective ProcessGroup::reduce_scatter_async(const at::Tensor& input, Re
   opts.reduceOp = c10d::ReduceOp::SUM;
   opts.timeout = timeout_;
   auto work =
-      issued(made_.backend->allreduce(tensors, opts), {kind, layout.numel, input.scalar_type()});
+      issued(made_->backend->allreduce(tensors, opts), {kind, layout.numel, input.scalar_type()});
   return pending(std::move(work), temp.narrow(0, offset, length));
 }
 
@@ -122,7 +127,7 @@ PendingCollective ProcessGroup::all_gather_async(const at::Tensor& shard, at::Te
   opts.timeout = timeout_;
   c10::intrusive_ptr<c10d::Work> work;
   if (traits_.flat_collectives) {
-    work = made_.backend->_allgather_base(gathered, in, opts);
+    work = made_->backend->_allgather_base(gathered, in, opts);
   } else {
     // Gloo has no flat all-gather, and its list all-gather gathers into a flat tensor of its own
     // that its worker thread drops only some time after the wait returned: one output more alive
@@ -135,7 +140,7 @@ PendingCollective ProcessGroup::all_gather_async(const at::Tensor& shard, at::Te
     c10d::AllreduceOptions sum;
     sum.reduceOp = c10d::ReduceOp::SUM;
     sum.timeout = timeout_;
-    work = made_.backend->allreduce(tensors, sum);
+    work = made_->backend->allreduce(tensors, sum);
   }
   work = issued(std::move(work), {"all-gather (flat)", layout.numel, output.scalar_type()});
   std::function<void()> finish;

@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 
+#include "ddp/comm/made_backend.hpp"
 #include "ddp/comm/rendezvous.hpp"
 #include "ddp/detail/torch_compat.hpp"
 

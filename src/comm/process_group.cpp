@@ -1,5 +1,10 @@
 #include "ddp/comm/process_group.hpp"
 
+#include "ddp/comm/collective_progress.hpp"
+#include "ddp/comm/collective_watchdog.hpp"
+#include "ddp/comm/flat_shards.hpp"
+#include "ddp/comm/made_backend.hpp"
+
 #include <c10/core/Event.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
@@ -46,13 +51,13 @@ ProcessGroupPtr ProcessGroup::create(Config config, c10::intrusive_ptr<c10d::Sto
 ProcessGroup::ProcessGroup(MadeBackend backend, Config config,
                            c10::intrusive_ptr<c10d::Store> root_store,
                            c10::intrusive_ptr<c10d::Store> progress_root)
-    : made_(std::move(backend)),
+    : made_(std::make_unique<MadeBackend>(std::move(backend))),
       config_(std::move(config)),
       traits_(traits(config_.backend)),
       root_store_(std::move(root_store)),
       progress_root_(std::move(progress_root)),
       timeout_(config_.timeout) {
-  TORCH_CHECK(made_.backend, "ddp: ProcessGroup needs a c10d backend");
+  TORCH_CHECK(made_->backend, "ddp: ProcessGroup needs a c10d backend");
   if (traits_.device_type == c10::DeviceType::CPU) {
     config_.device = c10::Device(c10::kCPU);
   } else if (config_.device.type() != traits_.device_type) {
@@ -141,6 +146,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::issued(c10::intrusive_ptr<c10d::Wor
   return work;
 }
 
+void ProcessGroup::set_shutdown(std::function<void()> shutdown) {
+  made_->shutdown = std::move(shutdown);
+}
+
+std::string ProcessGroup::progress_report() const { return progress_->report(nullptr); }
+
+int64_t ProcessGroup::collectives_issued() const { return progress_->count(); }
+
 ProcessGroup::~ProcessGroup() {
   if (watchdog_) {
     // A communicator shut down under a running collective hangs: let the watched ones finish
@@ -149,9 +162,9 @@ ProcessGroup::~ProcessGroup() {
     watchdog_.reset();  // before the heartbeat: its expiry reads the progress report
   }
   progress_.reset();  // stop the heartbeat before the backend goes
-  if (!made_.shutdown) return;
+  if (!made_->shutdown) return;
   try {
-    made_.shutdown();
+    made_->shutdown();
   } catch (const std::exception& e) {
     // A destructor must not throw; the process is ending its use of the group anyway.
     obs::log(obs::LogLevel::kWarn, global_rank(),
@@ -182,7 +195,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce_sum_async(at::Tensor& ten
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d::ReduceOp::SUM;
   opts.timeout = timeout_;
-  return issued(made_.backend->allreduce(tensors, opts),
+  return issued(made_->backend->allreduce(tensors, opts),
                 {"all-reduce (sum)", tensor.numel(), tensor.scalar_type()});
 }
 
@@ -200,7 +213,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce_avg_async(at::Tensor& ten
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d::ReduceOp::AVG;
   opts.timeout = timeout_;
-  return issued(made_.backend->allreduce(tensors, opts),
+  return issued(made_->backend->allreduce(tensors, opts),
                 {"all-reduce (average)", tensor.numel(), tensor.scalar_type()});
 }
 
@@ -219,7 +232,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce_avg_coalesced_async(
   }
   const char* what = opts.reduceOp == c10d::ReduceOp::AVG ? "all-reduce coalesced (average)"
                                                           : "all-reduce coalesced (sum)";
-  return issued(made_.backend->allreduce_coalesced(tensors, opts),
+  return issued(made_->backend->allreduce_coalesced(tensors, opts),
                 {what, numel, tensors[0].scalar_type()});
 }
 
@@ -283,7 +296,7 @@ void ProcessGroup::broadcast(at::Tensor& tensor, int root, const std::string& wh
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
   opts.timeout = timeout_;
-  wait(issued(made_.backend->broadcast(tensors, opts),
+  wait(issued(made_->backend->broadcast(tensors, opts),
               {"broadcast", tensor.numel(), tensor.scalar_type(), root}),
        what);
 }
@@ -295,7 +308,7 @@ std::vector<at::Tensor> ProcessGroup::all_gather_each(const at::Tensor& tensor,
   std::vector<at::Tensor> inputs{tensor};
   c10d::AllgatherOptions opts;
   opts.timeout = timeout_;
-  wait(issued(made_.backend->allgather(outputs, inputs, opts),
+  wait(issued(made_->backend->allgather(outputs, inputs, opts),
               {"all-gather", tensor.numel(), tensor.scalar_type()}),
        what);
   return outputs[0];
@@ -304,7 +317,7 @@ std::vector<at::Tensor> ProcessGroup::all_gather_each(const at::Tensor& tensor,
 void ProcessGroup::barrier(const std::string& what) {
   c10d::BarrierOptions opts;
   opts.timeout = timeout_;
-  wait(issued(made_.backend->barrier(opts), {"barrier"}), what);
+  wait(issued(made_->backend->barrier(opts), {"barrier"}), what);
 }
 
 ProcessGroupPtr ProcessGroup::new_group(const std::vector<int>& members, const std::string& name) {

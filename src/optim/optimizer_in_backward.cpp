@@ -18,7 +18,7 @@ OptimizerInBackward::OptimizerInBackward(const std::vector<at::Tensor>& params,
 
 OptimizerInBackward::~OptimizerInBackward() = default;
 
-void OptimizerInBackward::bucket_finished(const reducer::BucketFinished& event) {
+void OptimizerInBackward::bucket_finished(const gradients::BucketFinished& event) {
   RECORD_USER_SCOPE("ddp::optimizer_in_backward");
   for (size_t p : *event.params) {
     if (params_[p].grad().defined()) optimizers_[p]->step();

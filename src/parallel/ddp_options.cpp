@@ -12,7 +12,7 @@ std::vector<std::pair<std::string, std::string>> describe(const DDPOptions& opti
   out.emplace_back("params_to_ignore", "[" + ignored + "]");
   out.emplace_back("stats_every", std::to_string(options.stats_every));
   out.emplace_back("verbose", flag(options.verbose));
-  reducer::describe(options.reducer, "reducer.", out);
+  gradients::describe(options.gradients, "gradients.", out);
   return out;
 }
 

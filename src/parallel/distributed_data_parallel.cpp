@@ -12,12 +12,12 @@
 #include "ddp/buckets/bucket_table.hpp"
 #include "ddp/comm/broadcast_coalesced.hpp"
 #include "ddp/comm/control_scalars.hpp"
+#include "ddp/gradients/gradient_runtime.hpp"
+#include "ddp/intake/module_intake.hpp"
 #include "ddp/obs/log.hpp"
 #include "ddp/obs/timeline.hpp"
 #include "ddp/planner/reachability.hpp"
 #include "ddp/planner/ready_order.hpp"
-#include "ddp/reducer/gradient_runtime.hpp"
-#include "ddp/unit/module_intake.hpp"
 
 namespace ddp::parallel {
 
@@ -46,8 +46,8 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
       options_(std::move(options)),
       layouts_(layout::replicated_over({group()->world_size()}, {group()->rank()})) {
   // Tied weights once (the first name wins, the tensor is reduced once), frozen parameters in the
-  // replica and the broadcast but not the reducer, buffers broadcast: unit/module_intake.hpp.
-  const unit::ModuleIntake intake = unit::take_in(*module_ptr(), options_.params_to_ignore);
+  // replica and the broadcast but not the reducer, buffers broadcast: intake/module_intake.hpp.
+  const intake::ModuleIntake intake = intake::take_in(*module_ptr(), options_.params_to_ignore);
   all_params_ = intake.params;
   buffers_ = intake.buffers;
   buffer_names_ = intake.buffer_names;
@@ -58,11 +58,11 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
   for (const auto& p : grad_params) {
     expect_sparse.push_back(sparse.count(p.unsafeGetTensorImpl()) > 0);
   }
-  unit::synchronize_replicas(*group(), intake, "DistributedDataParallel");
+  intake::synchronize_replicas(*group(), intake, "DistributedDataParallel");
 
-  set_gradients(std::make_unique<reducer::GradientRuntime>(
-      group(), std::vector<reducer::ReduceUnit>{}, nullptr,
-      reducer::ReplicaParams{grad_params, param_names_, options_.reducer, expect_sparse}));
+  set_gradients(std::make_unique<gradients::GradientRuntime>(
+      group(), std::vector<gradients::ReduceUnit>{}, nullptr,
+      gradients::ReplicaParams{grad_params, param_names_, options_.gradients, expect_sparse}));
   const int rank = group()->rank();
   if (rank == 0 && (options_.verbose || obs::log_level() >= obs::LogLevel::kInfo)) {
     obs::log(obs::LogLevel::kError, rank, bucket_table());
@@ -74,7 +74,7 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
 
 DistributedDataParallelBase::~DistributedDataParallelBase() { drop_gradients(); }
 
-reducer::GradientRuntime& detail::reducer_of(DistributedDataParallelBase& model) {
+gradients::GradientRuntime& detail::gradients_of(DistributedDataParallelBase& model) {
   return *model.gradients();
 }
 
@@ -108,7 +108,7 @@ void DistributedDataParallelBase::pre_forward() {
   stats().collect(num_synchronized_backwards());
   stats().forward_started();
   if (!torch::GradMode::is_enabled()) return;  // inference: nothing to synchronize
-  reducer::GradientRuntime& runtime = *gradients();
+  gradients::GradientRuntime& runtime = *gradients();
   runtime.follow_current_stream();
   if (joining_) {
     TORCH_CHECK(require_sync(), "ddp: no_sync() inside join() is not supported");
@@ -123,12 +123,12 @@ void DistributedDataParallelBase::pre_forward() {
 
 void DistributedDataParallelBase::end_forward(const std::vector<torch::Tensor>& outputs) {
   if (!torch::GradMode::is_enabled()) return;  // inference: no backward will follow
-  reducer::GradientRuntime& runtime = *gradients();
+  gradients::GradientRuntime& runtime = *gradients();
   if (!require_sync()) {
     runtime.prepare_for_local_backward();
     return;
   }
-  const bool walk = options_.reducer.find_unused_parameters || options_.reducer.static_graph ||
+  const bool walk = options_.gradients.find_unused_parameters || options_.gradients.static_graph ||
                     (options_.graph_planning && runtime.awaiting_plan());
   TORCH_CHECK(!walk || !outputs.empty(),
               "ddp: find_unused_parameters, static_graph and graph planning need the forward to "

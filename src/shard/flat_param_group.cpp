@@ -33,9 +33,9 @@ void point(at::Tensor& param, const at::Tensor& source, int64_t offset,
 
 }  // namespace
 
-void copy_into_layout(at::Tensor out, const std::vector<at::Tensor>& grads,
-                      const std::vector<LayoutBlock>& blocks, int world, bool fused) {
-  TORCH_CHECK(grads.size() == blocks.size(), "ddp: copy_into_layout: ", grads.size(),
+void copy_into_reduce_input(at::Tensor out, const std::vector<at::Tensor>& grads,
+                            const std::vector<ReduceInputBlock>& blocks, int world, bool fused) {
+  TORCH_CHECK(grads.size() == blocks.size(), "ddp: copy_into_reduce_input: ", grads.size(),
               " gradients for ", blocks.size(), " blocks");
   at::NoGradGuard no_grad;
 #if DDP_HAVE_CHUNK_CAT
@@ -52,7 +52,7 @@ void copy_into_layout(at::Tensor out, const std::vector<at::Tensor>& grads,
 #endif
   int64_t offset = 0;
   for (size_t i = 0; i < grads.size(); ++i) {
-    const LayoutBlock& m = blocks[i];
+    const ReduceInputBlock& m = blocks[i];
     const at::Tensor block = out.narrow(1, offset, m.chunk * m.row_numel);  // (world, ...)
     offset += m.chunk * m.row_numel;
     const at::Tensor& grad = grads[i];
@@ -331,10 +331,10 @@ void FlatParamGroup::fill_reduce_input(const at::Tensor& input, int64_t member,
     }
     grads.push_back(std::move(grad));
   }
-  std::vector<LayoutBlock> blocks;
+  std::vector<ReduceInputBlock> blocks;
   blocks.reserve(params_.size());
   for (const Member& m : params_) blocks.push_back({m.rows, m.chunk, m.row_numel});
-  copy_into_layout(by_rank, grads, blocks, world_);
+  copy_into_reduce_input(by_rank, grads, blocks, world_);
   free_full();
   reducing_ = true;
 }

@@ -23,7 +23,7 @@ void describe(const ShardOptions& options, const std::string& prefix,
   out.emplace_back(prefix + "reduce_dtype", dtype(options.reduce_dtype));
   out.emplace_back(prefix + "stats_every", std::to_string(options.stats_every));
   out.emplace_back(prefix + "verbose", flag(options.verbose));
-  reducer::describe(options.replicated, prefix + "replicated.", out);
+  gradients::describe(options.replicated, prefix + "replicated.", out);
 }
 
 }  // namespace ddp::shard

@@ -8,12 +8,23 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "ddp/autograd/backward_node.hpp"
+#include "ddp/autograd/end_of_backward.hpp"
+#include "ddp/gradients/gradient_runtime.hpp"
+#include "ddp/gradients/unit_storage.hpp"
+#include "ddp/intake/module_intake.hpp"
 #include "ddp/obs/log.hpp"
-#include "ddp/reducer/gradient_runtime.hpp"
-#include "ddp/unit/end_of_backward.hpp"
-#include "ddp/unit/module_intake.hpp"
+#include "ddp/shard/flat_param_group.hpp"
+#include "ddp/shard/unit_schedule.hpp"
 
 namespace ddp::shard {
+
+struct ShardedModule::Observer : gradients::UnitObserver {
+  explicit Observer(ShardedModule& module) : module(module) {}
+  void backward_started() override { module.start_backward(); }
+  void unit_done(size_t group) override { module.unit_done(group); }
+  ShardedModule& module;
+};
 
 ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module,
                              comm::ProcessGroupPtr process_group, ShardOptions options)
@@ -26,9 +37,9 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module,
               "fully_shard or default");
   // Tied weights are registered under several names: the first names the parameter, every name
   // decides its unit (the plan puts it where all its users are). Every rank starts from rank 0's
-  // parameters and buffers, before they are split (unit/module_intake.hpp).
-  const unit::ModuleIntake intake = unit::take_in(*module_ptr());
-  unit::synchronize_replicas(*pg, intake, "ShardedModule");
+  // parameters and buffers, before they are split (intake/module_intake.hpp).
+  const intake::ModuleIntake intake = intake::take_in(*module_ptr());
+  intake::synchronize_replicas(*pg, intake, "ShardedModule");
   params_ = intake.params;
   names_ = intake.names;
   std::vector<ParamShape> shapes;
@@ -46,6 +57,7 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module,
       layouts_.by_name[alias] = plan_.params[i].layout;
   }
   schedule_ = std::make_unique<UnitSchedule>(plan_, params_, pg, options_);
+  observer_ = std::make_unique<Observer>(*this);
   const auto& groups = schedule_->groups();
   if (options_.param_dtype) {
     TORCH_CHECK(at::isFloatingType(*options_.param_dtype), "ddp: param_dtype ",
@@ -71,9 +83,9 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module,
     if (reduce_dtype) group->set_reduce_dtype(*reduce_dtype);
     if (options_.param_dtype) group->set_param_dtype(*options_.param_dtype);
   }
-  std::vector<reducer::ReduceUnit> units;
+  std::vector<gradients::ReduceUnit> units;
   for (auto& group : groups) {
-    reducer::ReduceUnit unit;
+    gradients::ReduceUnit unit;
     unit.name = group->unit_name();
     unit.params = group->params();
     for (size_t i : group->members()) unit.names.push_back(names_[i]);
@@ -84,7 +96,7 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module,
     units.push_back(std::move(unit));
   }
   // DEFAULT's replicated parameters: all-reduced in buckets, in the same gradient path.
-  reducer::ReplicaParams replicated{{}, {}, options_.replicated, {}};
+  gradients::ReplicaParams replicated{{}, {}, options_.replicated, {}};
   for (size_t i = 0; i < params_.size(); ++i) {
     // A frozen parameter gets no gradient: nothing to reduce, no hook (left alone).
     if (plan_.params[i].sharded() || !plan_.shapes[i].trainable) continue;
@@ -92,8 +104,8 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module,
     replicated.names.push_back(names_[i]);
   }
   if (!units.empty() || !replicated.params.empty()) {
-    set_gradients(std::make_unique<reducer::GradientRuntime>(
-        pg, std::move(units), static_cast<reducer::UnitObserver*>(this), std::move(replicated)));
+    set_gradients(std::make_unique<gradients::GradientRuntime>(
+        pg, std::move(units), observer_.get(), std::move(replicated)));
     schedule_->attach(gradients());
   }
   if (pg->rank() == 0 && (options_.verbose || obs::log_level() >= obs::LogLevel::kInfo)) {
@@ -114,6 +126,14 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module,
 
 // The gradient runtime's hooks and observer calls use the schedule's groups: it goes first.
 ShardedModule::~ShardedModule() { drop_gradients(); }
+
+const std::vector<size_t>& ShardedModule::unit_order() const { return schedule_->last_order(); }
+
+int64_t ShardedModule::peak_gathered_bytes() const { return schedule_->peak_gathered_bytes(); }
+
+GatheredBytes ShardedModule::peak_gathered_by_owner() const { return schedule_->peak_by_owner(); }
+
+void ShardedModule::reset_peak_memory() { schedule_->reset_peak(); }
 
 void ShardedModule::warn_units_not_run() const {
   // A named unit the model never ran through run_unit is gathered with the root by pre_forward
@@ -224,12 +244,12 @@ void ShardedModule::end_forward(const std::vector<at::Tensor>& /*outputs: nodes 
   }
 }
 
-at::Tensor ShardedModule::backward_start(const at::Tensor& output) {
+at::Tensor ShardedModule::attach_start_backward(const at::Tensor& output) {
   if (!output.defined() || !at::GradMode::is_enabled()) return output;
-  return unit::on_backward(output, [this] {
-    begin_backward();
+  return autograd::on_backward(output, [this] {
+    start_backward();
     // The last unit of the forward runs its backward first (a no-op when already gathering).
-    schedule_->backward_begins();
+    schedule_->start_backward();
   });
 }
 
@@ -249,28 +269,28 @@ at::Tensor ShardedModule::before_unit_forward(size_t unit, const at::Tensor& inp
 at::Tensor ShardedModule::after_unit_forward(size_t unit, const at::Tensor& output) {
   // A recompute inside backward (activation checkpointing) keeps the unit: its backward is next.
   if (phase_ != Phase::kForward) return output;
-  at::Tensor out = unit::on_backward(output, [this, unit] { before_unit_backward(unit); });
+  at::Tensor out = autograd::on_backward(output, [this, unit] { before_unit_backward(unit); });
   schedule_->after_unit_forward(unit, at::GradMode::is_enabled());
   return out;
 }
 
 void ShardedModule::before_unit_backward(size_t unit) {
-  begin_backward();
+  start_backward();
   schedule_->before_unit_backward(unit);
 }
 
-void ShardedModule::begin_backward() {
+void ShardedModule::start_backward() {
   phase_ = Phase::kBackward;
   if (finish_queued_) return;
   finish_queued_ = true;
   // The gradient runtime's end of backward first (every reduction finished, shards written),
   // then this one's ([Note: one end-of-backward callback]).
-  if (gradients()) gradients()->begin_backward();
-  unit::at_end_of_backward([this] { finish_backward(); });
+  if (gradients()) gradients()->start_backward();
+  autograd::at_end_of_backward([this] { finish_backward(); });
 }
 
 void ShardedModule::unit_done(size_t g) {
-  begin_backward();
+  start_backward();
   schedule_->unit_reduced(g, require_sync());
 }
 

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "ddp/reducer/gradient_runtime.hpp"
+#include "ddp/gradients/gradient_runtime.hpp"
 
 namespace ddp::shard {
 
@@ -72,7 +72,7 @@ void UnitSchedule::after_unit_forward(size_t unit, bool grad_enabled) {
   }
 }
 
-void UnitSchedule::backward_begins() {
+void UnitSchedule::start_backward() {
   if (!prefetch_ || last_order_.empty()) return;
   const int g = group_of_unit_[last_order_.back()];
   if (g >= 0) groups_[static_cast<size_t>(g)]->start_unshard();
@@ -118,7 +118,7 @@ void UnitSchedule::note_memory() {
 void UnitSchedule::gather(size_t g) {
   RECORD_USER_SCOPE("ddp::gather_unit");
   // The parameters' tensor hooks stay through unshard's set_() ([Note: hooks that survive set_]
-  // in reducer/unit_buckets.hpp): nothing to install per step.
+  // in gradients/unit_buckets.hpp): nothing to install per step.
   groups_[g]->unshard();
   note_memory();
 }

@@ -8,11 +8,11 @@
 #include <algorithm>
 #include <sstream>
 
+#include "ddp/autograd/end_of_backward.hpp"
 #include "ddp/buckets/bucket_table.hpp"
 #include "ddp/comm/layout_tensors.hpp"
+#include "ddp/intake/module_intake.hpp"
 #include "ddp/tp/region_ops.hpp"
-#include "ddp/unit/end_of_backward.hpp"
-#include "ddp/unit/module_intake.hpp"
 
 namespace ddp::tp {
 namespace {}  // namespace
@@ -48,7 +48,7 @@ TensorParallel::TensorParallel(std::shared_ptr<torch::nn::Module> module,
   for (const auto& [name, spec] : plan) targets.push_back(&check_entry(modules, name, spec));
   // Every tp rank starts from rank 0's values: the planned weights are sliced from the same full
   // tensors, and the replicated parameters must be equal for their gradients to be.
-  unit::synchronize_replicas(*group_, unit::take_in(*module_), "parallelize_module");
+  intake::synchronize_replicas(*group_, intake::take_in(*module_), "parallelize_module");
   for (size_t i = 0; i < plan.size(); ++i) apply_entry(plan[i].first, plan[i].second, *targets[i]);
   // The parameters the plan does not split are replicated, from their shapes now (a runtime that
   // splits the shards again, FULLY_SHARD, changes the shapes the parameters have between steps
@@ -160,7 +160,7 @@ void TensorParallel::watch_gradients(size_t unit) {
   for (const at::Tensor& param : p.params) {
     if (!param.requires_grad()) continue;  // frozen: no gradient to check
     // A tensor hook, installed once: it stays through a sharded wrapper's set_() of the
-    // parameter ([Note: hooks that survive set_], reducer/unit_buckets.hpp).
+    // parameter ([Note: hooks that survive set_], gradients/unit_buckets.hpp).
     p.hook_ids.emplace_back(
         param, param.register_hook([this, unit](const at::Tensor&) { on_gradient(unit); }));
   }
@@ -176,7 +176,7 @@ void TensorParallel::on_gradient(size_t unit) {
               "at::Tensor& x) { return module->forward(x); }, input) in the model's forward");
   if (end_queued_) return;
   end_queued_ = true;
-  unit::at_end_of_backward([this] {
+  autograd::at_end_of_backward([this] {
     end_queued_ = false;
     for (Planned& q : planned_) q.forwards = std::max(0, q.forwards - 1);
   });

@@ -3,7 +3,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
-#include "ddp/unit/backward_node.hpp"
+#include "ddp/autograd/backward_node.hpp"
 
 namespace ddp::tp {
 namespace {
@@ -36,7 +36,7 @@ at::Tensor gather_along(const at::Tensor& piece, int64_t dim, const comm::Proces
 }
 
 at::Tensor copy_to_region(const at::Tensor& x, const comm::ProcessGroupPtr& group) {
-  return unit::attach_backward(
+  return autograd::attach_backward(
       x.detach(), x,
       [group](const at::Tensor& g) {
         return g.defined() ? all_reduced(g, group, "tp copy_to_region backward") : g;
@@ -45,20 +45,20 @@ at::Tensor copy_to_region(const at::Tensor& x, const comm::ProcessGroupPtr& grou
 }
 
 at::Tensor reduce_from_region(const at::Tensor& x, const comm::ProcessGroupPtr& group) {
-  return unit::attach_backward(
+  return autograd::attach_backward(
       all_reduced(x, group, "tp reduce_from_region"), x, [](const at::Tensor& g) { return g; },
       "ddp::tp::ReduceFromRegion");
 }
 
 at::Tensor scatter_last_dim(const at::Tensor& x, const comm::ProcessGroupPtr& group) {
-  return unit::attach_backward(
+  return autograd::attach_backward(
       my_slice(x.detach(), group), x,
       [group](const at::Tensor& g) { return g.defined() ? gather_along(g, -1, group) : g; },
       "ddp::tp::ScatterLastDim");
 }
 
 at::Tensor gather_last_dim(const at::Tensor& x, const comm::ProcessGroupPtr& group) {
-  return unit::attach_backward(
+  return autograd::attach_backward(
       gather_along(x, -1, group), x,
       [group](const at::Tensor& g) { return g.defined() ? my_slice(g, group) : g; },
       "ddp::tp::GatherLastDim");

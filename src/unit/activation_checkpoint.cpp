@@ -15,7 +15,7 @@
 #include <unordered_set>
 
 #include "ddp/detail/autocast_compat.hpp"
-#include "ddp/unit/module_intake.hpp"
+#include "ddp/intake/module_intake.hpp"
 
 namespace ddp::unit {
 
@@ -242,7 +242,7 @@ std::vector<at::Tensor> activation_checkpoint(torch::nn::Module& module,
                                               const std::vector<at::Tensor>& inputs) {
   // A parameter listed twice (tied weights: libtorch does not deduplicate) would get its
   // gradient twice; frozen parameters need no slot.
-  const std::vector<at::Tensor> params = unit::take_in(module).trainable_params();
+  const std::vector<at::Tensor> params = intake::take_in(module).trainable_params();
   bool any_requires_grad = !params.empty();
   for (const auto& t : inputs) any_requires_grad |= t.defined() && t.requires_grad();
   if (!c10::GradMode::is_enabled() || !any_requires_grad) return fn(inputs);

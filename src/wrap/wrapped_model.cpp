@@ -3,7 +3,7 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
-#include "ddp/reducer/gradient_runtime.hpp"
+#include "ddp/gradients/gradient_runtime.hpp"
 
 namespace ddp::wrap {
 
@@ -27,7 +27,7 @@ WrappedModel::WrappedModel(std::shared_ptr<torch::nn::Module> module, comm::Proc
 
 WrappedModel::~WrappedModel() = default;
 
-void WrappedModel::set_gradients(std::unique_ptr<reducer::GradientRuntime> gradients) {
+void WrappedModel::set_gradients(std::unique_ptr<gradients::GradientRuntime> gradients) {
   TORCH_CHECK(!gradients_, "ddp: the gradient runtime is set once");
   gradients_ = std::move(gradients);
   if (gradients_) gradients_->add_listener(stats_.listener(), "the stats timeline");

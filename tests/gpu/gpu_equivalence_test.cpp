@@ -61,8 +61,8 @@ DDP_TEST_WORKER(gpu_equivalence) {
   };
   for (const Variant v : {Variant{true, false}, Variant{false, false}, Variant{true, true}}) {
     parallel::DDPOptions options;
-    options.reducer.gradient_as_bucket_view = v.view;
-    options.reducer.reduce_in_place = v.in_place;
+    options.gradients.gradient_as_bucket_view = v.view;
+    options.gradients.reduce_in_place = v.in_place;
     const TrainResult got = train_ddp(spec, pg, options);
     std::ostringstream ctx;
     ctx << spec.model << (spec.autocast_bf16 ? " bf16-autocast" : " fp32") << " view=" << v.view

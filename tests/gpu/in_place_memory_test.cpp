@@ -62,7 +62,7 @@ DDP_TEST_WORKER(in_place_memory) {
   models::Net net(kWidth);
   net->to(device);
   parallel::DDPOptions options;
-  options.reducer.reduce_in_place = true;
+  options.gradients.reduce_in_place = true;
   parallel::DistributedDataParallel<models::Net> model(net, pg, options);
   const StepMemory ddp = measure(device, *net, [&](const torch::Tensor& x) { return model(x); });
   const std::string ctx = "rank " + std::to_string(pg->rank()) + "/" +

@@ -403,7 +403,7 @@ DDP_TEST_WORKER(captured_step_refusals) {
   models::Workload w = models::make_workload("net", wo);
   w.ptr->to(torch::kCUDA);
   DataParallelOptions options;
-  options.ddp.reducer.find_unused_parameters = true;
+  options.ddp.gradients.find_unused_parameters = true;
   DataParallel<torch::nn::AnyModule> wrapped(w.module, pg, DataParallelStyle::kReplicate, options);
   const auto opt = make_optimizer("sgd", w.ptr->parameters());
   const auto batch = w.batch(0, 8);

@@ -19,7 +19,7 @@ using Model = parallel::DistributedDataParallel<torch::nn::AnyModule>;
 std::vector<torch::Tensor> grads_with(comm::ProcessGroupPtr pg, hooks::CommHookPtr hook) {
   auto w = models::make_workload("net", {32});
   parallel::DDPOptions options;
-  options.reducer.buckets.first_bucket_cap_bytes = options.reducer.buckets.bucket_cap_bytes =
+  options.gradients.buckets.first_bucket_cap_bytes = options.gradients.buckets.bucket_cap_bytes =
       buckets::mib_bytes(0.002);  // several buckets
   Model model(w.module, pg, options);
   if (hook) model.register_comm_hook(hook);

@@ -1,4 +1,5 @@
 #include "ddp/io/checkpoint.hpp"
+#include "ddp/io/checkpoint_manifest.hpp"
 
 #include <gtest/gtest.h>
 

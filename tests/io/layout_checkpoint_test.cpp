@@ -14,6 +14,7 @@
 
 #include "ddp/comm/device_mesh.hpp"
 #include "ddp/io/checkpoint_coordinator.hpp"
+#include "ddp/io/checkpoint_manifest.hpp"
 #include "ddp/io/full_state_dict.hpp"
 #include "ddp/models/net.hpp"
 #include "ddp/optim/param_groups.hpp"

@@ -40,7 +40,7 @@ DDP_TEST_WORKER(logging_data) {
   models::Net net(64);
   parallel::DDPOptions options;
   options.stats_every = 4;
-  options.reducer.buckets.first_bucket_cap_bytes = options.reducer.buckets.bucket_cap_bytes =
+  options.gradients.buckets.first_bucket_cap_bytes = options.gradients.buckets.bucket_cap_bytes =
       buckets::mib_bytes(0.02);
   parallel::DistributedDataParallel<models::Net> model(net, pg, options);
   auto x = torch::randn({8, 64});

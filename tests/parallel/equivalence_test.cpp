@@ -27,10 +27,10 @@ DDP_TEST_WORKER(equivalence) {
     for (bool view : {true, false}) {
       for (bool tiny : {true, false}) {
         parallel::DDPOptions options;
-        options.reducer.gradient_as_bucket_view = view;
+        options.gradients.gradient_as_bucket_view = view;
         if (tiny)
-          options.reducer.buckets.first_bucket_cap_bytes =
-              options.reducer.buckets.bucket_cap_bytes = buckets::mib_bytes(1e-6);
+          options.gradients.buckets.first_bucket_cap_bytes =
+              options.gradients.buckets.bucket_cap_bytes = buckets::mib_bytes(1e-6);
         const TrainResult got = train_ddp(spec, pg, options);
         std::ostringstream ctx;
         ctx << spec.model << " " << optimizer << " view=" << view << " tiny_caps=" << tiny

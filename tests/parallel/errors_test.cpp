@@ -99,7 +99,7 @@ DDP_TEST_WORKER(bad_options) {
   auto pg = worker_process_group();
   auto w = models::make_workload("net", {16});
   parallel::DDPOptions options;
-  options.reducer.buckets.bucket_cap_bytes = 0;
+  options.gradients.buckets.bucket_cap_bytes = 0;
   const std::string error = message_of(
       [&] { parallel::DistributedDataParallel<torch::nn::AnyModule> m(w.module, pg, options); });
   require_contains(error, "bucket caps must be positive (first 1048576 B, later 0 B)",

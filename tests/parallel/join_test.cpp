@@ -41,7 +41,7 @@ DDP_TEST_WORKER(join) {
 
     auto w = models::make_workload("mlp", {16});
     parallel::DDPOptions options;
-    options.reducer.buckets.first_bucket_cap_bytes = options.reducer.buckets.bucket_cap_bytes =
+    options.gradients.buckets.first_bucket_cap_bytes = options.gradients.buckets.bucket_cap_bytes =
         buckets::mib_bytes(0.002);
     Model model(w.module, pg, options);
     torch::optim::SGD opt(model.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));

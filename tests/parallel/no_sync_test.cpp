@@ -20,8 +20,8 @@ DDP_TEST_WORKER(no_sync) {
   const TrainResult oracle = train_single(spec, pg->world_size());
   for (bool view : {true, false}) {
     parallel::DDPOptions options;
-    options.reducer.gradient_as_bucket_view = view;
-    options.reducer.buckets.first_bucket_cap_bytes = options.reducer.buckets.bucket_cap_bytes =
+    options.gradients.gradient_as_bucket_view = view;
+    options.gradients.buckets.first_bucket_cap_bytes = options.gradients.buckets.bucket_cap_bytes =
         buckets::mib_bytes(1e-3);
     const TrainResult got = train_ddp(spec, pg, options);
     std::ostringstream ctx;

@@ -17,18 +17,18 @@ namespace {
 
 TEST(Options, DescribeReachesNestedFields) {
   parallel::DDPOptions options;
-  options.reducer.static_graph = true;
-  options.reducer.buckets.bucket_cap_bytes = 12345;
+  options.gradients.static_graph = true;
+  options.gradients.buckets.bucket_cap_bytes = 12345;
   options.params_to_ignore = {"a.weight", "b"};
   std::map<std::string, std::string> d;
   for (const auto& [name, value] : parallel::describe(options)) {
     EXPECT_TRUE(d.emplace(name, value).second) << "duplicate option name " << name;
   }
   EXPECT_EQ(d.size(), 12u);
-  EXPECT_EQ(d.at("reducer.static_graph"), "true");
-  EXPECT_EQ(d.at("reducer.find_unused_parameters"), "false");
-  EXPECT_EQ(d.at("reducer.buckets.bucket_cap_bytes"), "12345");
-  EXPECT_EQ(d.at("reducer.buckets.first_bucket_cap_bytes"), "1048576");
+  EXPECT_EQ(d.at("gradients.static_graph"), "true");
+  EXPECT_EQ(d.at("gradients.find_unused_parameters"), "false");
+  EXPECT_EQ(d.at("gradients.buckets.bucket_cap_bytes"), "12345");
+  EXPECT_EQ(d.at("gradients.buckets.first_bucket_cap_bytes"), "1048576");
   EXPECT_EQ(d.at("params_to_ignore"), "[a.weight,b]");
   EXPECT_EQ(d.at("stats_every"), "100");
 }

@@ -49,7 +49,7 @@ DDP_TEST_WORKER(planning) {
     auto w = make_test_workload("out-of-order");
     parallel::DDPOptions options;
     options.graph_planning = planning;
-    options.reducer.buckets.first_bucket_cap_bytes = options.reducer.buckets.bucket_cap_bytes =
+    options.gradients.buckets.first_bucket_cap_bytes = options.gradients.buckets.bucket_cap_bytes =
         buckets::mib_bytes(1e-6);  // a bucket per parameter
     Model model(w.module, pg, options);
     require(plan_names(model) == kReverse, "the initial plan must be reverse registration order");
@@ -95,7 +95,7 @@ DDP_TEST_WORKER(planning_equivalence) {
   for (bool planning : {true, false}) {
     parallel::DDPOptions options;
     options.graph_planning = planning;
-    options.reducer.buckets.first_bucket_cap_bytes = options.reducer.buckets.bucket_cap_bytes =
+    options.gradients.buckets.first_bucket_cap_bytes = options.gradients.buckets.bucket_cap_bytes =
         buckets::mib_bytes(1e-3);
     const TrainResult got = train_ddp(spec, pg, options);
     require_close(got.names, got.params, oracle.params, 1e-5,

@@ -40,14 +40,14 @@ torch::nn::Sequential make_net() {
 // zeros. The fused path (one at::_chunk_cat kernel, torch >= 2.4) writes the same bytes as the
 // copy per gradient, on CPU and, where there is one, on the GPU; rows 7, 3, 2 and 1 are uneven at
 // worlds 2-4 and fewer than the ranks.
-TEST(CopyIntoLayout, EqualsTheClosedFormFusedOrNot) {
+TEST(CopyIntoReduceInput, EqualsTheClosedFormFusedOrNot) {
   std::vector<torch::Device> devices{torch::kCPU};
   if (torch::cuda::is_available()) devices.emplace_back(torch::kCUDA);
   for (const auto& device : devices) {
     for (int world = 1; world <= 4; ++world) {
       const std::vector<std::vector<int64_t>> shapes{{7, 5}, {3}, {2, 4}, {1, 3}};
       std::vector<torch::Tensor> grads;
-      std::vector<shard::LayoutBlock> blocks;
+      std::vector<shard::ReduceInputBlock> blocks;
       int64_t s = 0;
       for (const auto& shape : shapes) {
         grads.push_back(torch::randn(shape, torch::TensorOptions().device(device)));
@@ -62,7 +62,7 @@ TEST(CopyIntoLayout, EqualsTheClosedFormFusedOrNot) {
           std::vector<torch::Tensor> given = grads;
           if (with_hole) given[1] = torch::Tensor();  // a member without a gradient: zeros
           auto out = torch::full({world, s}, 7.0, torch::TensorOptions().device(device));
-          shard::copy_into_layout(out, given, blocks, world, fused);
+          shard::copy_into_reduce_input(out, given, blocks, world, fused);
           auto want = torch::zeros({world, s});
           int64_t offset = 0;
           for (size_t i = 0; i < given.size(); ++i) {

@@ -1,4 +1,4 @@
-// FULLY_SHARD and DEFAULT through the one gradient runtime (reducer/gradient_runtime.hpp: one
+// FULLY_SHARD and DEFAULT through the one gradient runtime (gradients/gradient_runtime.hpp: one
 // bucket per unit, reduce-scattered; DEFAULT's replicated parameters in all-reduced buckets of the
 // same runtime) at world 1, 2 and 3 on Gloo: training equals the single-process oracle (rel. err
 // < 1e-5); the runtime stats and the trace's comm lane show one reduce-scatter per unit per step

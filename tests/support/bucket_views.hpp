@@ -4,8 +4,8 @@
 
 #include <cstddef>
 
+#include "ddp/gradients/gradient_runtime.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
-#include "ddp/reducer/gradient_runtime.hpp"
 
 namespace ddp::testing {
 
@@ -15,7 +15,7 @@ template <typename Model>
 bool grad_in_its_bucket(Model& model, size_t p) {
   const auto& grad = model.parameters()[p].grad();
   const auto& buffer =
-      parallel::detail::reducer_of(model).replica_bucket_buffer(model.bucket_plan().bucket_of[p]);
+      parallel::detail::gradients_of(model).replica_bucket_buffer(model.bucket_plan().bucket_of[p]);
   if (!buffer.defined()) return false;
   const auto* begin = buffer.template data_ptr<float>();
   const auto* at = grad.template data_ptr<float>();

@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include "ddp/io/checkpoint.hpp"
+#include "ddp/io/checkpoint_manifest.hpp"
 #include "ddp/io/torch_save.hpp"
 #include "ddp/launch/spawn.hpp"
 #include "support/pytorch_required.hpp"

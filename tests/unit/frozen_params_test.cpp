@@ -1,4 +1,4 @@
-// Frozen parameters (requires_grad false) are taken in once (unit/module_intake.hpp) and left
+// Frozen parameters (requires_grad false) are taken in once (intake/module_intake.hpp) and left
 // alone in every style: after 3 SGD steps at world 1, 2 and 3 they still hold rank 0's initial
 // values on every rank (each rank built its model from another seed, so the broadcast is what
 // makes them equal), have no gradient, and the trainable parameters equal single-process
@@ -8,10 +8,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "ddp/intake/module_intake.hpp"
 #include "ddp/models/mlp.hpp"
 #include "ddp/parallel/data_parallel.hpp"
 #include "ddp/tp/parallelize.hpp"
-#include "ddp/unit/module_intake.hpp"
 #include "support/error_text.hpp"
 #include "support/regression_steps.hpp"
 #include "support/workers.hpp"
@@ -151,7 +151,7 @@ struct SharedTwiceImpl : torch::nn::Module {
 
 TEST(ModuleIntake, TiedWeightsOnceWithTheirAliasesFrozenAndBuffersListed) {
   SharedTwiceImpl module;
-  const auto intake = unit::take_in(module);
+  const auto intake = intake::take_in(module);
   using Names = std::vector<std::string>;
   EXPECT_EQ(intake.names,
             (Names{"a.weight", "a.bias", "c.weight", "c.bias", "bn.weight", "bn.bias"}));
@@ -161,10 +161,10 @@ TEST(ModuleIntake, TiedWeightsOnceWithTheirAliasesFrozenAndBuffersListed) {
   EXPECT_EQ(intake.buffer_names,
             (Names{"bn.running_mean", "bn.running_var", "bn.num_batches_tracked"}));
   EXPECT_TRUE(intake.params[0].is_same(module.b->weight));
-  const auto ignored = unit::take_in(module, {"c.weight", "bn.running_var"});
+  const auto ignored = intake::take_in(module, {"c.weight", "bn.running_var"});
   EXPECT_EQ(ignored.names, (Names{"a.weight", "a.bias", "c.bias", "bn.weight", "bn.bias"}));
   EXPECT_EQ(ignored.buffer_names, (Names{"bn.running_mean", "bn.num_batches_tracked"}));
-  EXPECT_EQ(error_of([&] { unit::take_in(module, {"c.weigth"}); }),
+  EXPECT_EQ(error_of([&] { intake::take_in(module, {"c.weigth"}); }),
             "ddp: params_to_ignore names 'c.weigth', which is not a parameter or buffer of the "
             "module");
 }

@@ -11,9 +11,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "ddp/autograd/backward_node.hpp"
 #include "ddp/shard/sharded_module.hpp"
 #include "ddp/tp/parallelize.hpp"
-#include "ddp/unit/backward_node.hpp"
 #include "ddp/unit/unit_scope.hpp"
 #include "support/error_text.hpp"
 #include "support/workers.hpp"
@@ -23,7 +23,7 @@ namespace {
 
 TEST(BackwardNode, TheFunctionMapsTheOutputsGradientToTheInputs) {
   const auto x = torch::ones({3}, torch::requires_grad());
-  const auto y = unit::attach_backward(
+  const auto y = autograd::attach_backward(
       (x * 1).detach(), x, [](const torch::Tensor& g) { return g * 3; }, "test::Triple");
   ASSERT_TRUE(y.requires_grad());
   EXPECT_EQ(y.grad_fn()->name(), "test::Triple");
@@ -39,14 +39,15 @@ TEST(BackwardNode, OnBackwardRunsBeforeTheGradientFlowsFurtherBack) {
     order.push_back("upstream");
     return g;
   });
-  const auto out = unit::on_backward(square, [&] { order.push_back("callback"); });
+  const auto out = autograd::on_backward(square, [&] { order.push_back("callback"); });
   out.sum().backward();
   EXPECT_EQ(order, (std::vector<std::string>{"callback", "upstream"}));
   EXPECT_TRUE(w.grad().equal(torch::full({2}, 4.0)));  // d(w^2)/dw = 2w, unchanged by the node
   torch::NoGradGuard no_grad;
   const auto plain = torch::ones({2});
-  EXPECT_TRUE(
-      unit::on_backward(plain, [] { FAIL() << "no backward without grad mode"; }).is_same(plain));
+  EXPECT_TRUE(autograd::on_backward(plain, [] {
+                FAIL() << "no backward without grad mode";
+              }).is_same(plain));
 }
 
 constexpr int64_t kWidth = 12;  // divides by 1, 2, 3 and 4

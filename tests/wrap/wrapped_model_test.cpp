@@ -76,7 +76,7 @@ DDP_TEST_WORKER(wrapped_model_styles) {
           "zero_grad inside backward: '" + inside + "'");
   // Every phase the style runs shows as a range.
   std::set<std::string> want = {"ddp::pre_forward", "ddp::post_forward", "ddp::reduce_bucket",
-                                "ddp::finalize_backward", "ddp::optimizer_in_backward"};
+                                "ddp::finish_backward", "ddp::optimizer_in_backward"};
   if (style != DataParallelStyle::kReplicate) want.insert("ddp::gather_unit");
   for (const auto& name : want) {
     require(ranges.count(name) == 1, "no profiler range " + name);

@@ -21,7 +21,7 @@ std::string mib_text(size_t bytes) {
 
 void add_ddp_flags(CLI::App& app, parallel::DDPOptions& options) {
   const FlagGroup group(app, "DistributedDataParallel (--style replicate)");
-  auto& caps = options.reducer.buckets;
+  auto& caps = options.gradients.buckets;
   app.add_option_function<double>(
          "--bucket-cap-mb", [&caps](double mb) { caps.bucket_cap_bytes = buckets::mib_bytes(mb); },
          "bucket cap (MiB)")
@@ -34,23 +34,23 @@ void add_ddp_flags(CLI::App& app, parallel::DDPOptions& options) {
       ->check(CLI::PositiveNumber)
       ->default_str(mib_text(caps.first_bucket_cap_bytes));
   app.add_flag_callback(
-      "--no-bucket-view", [&options] { options.reducer.gradient_as_bucket_view = false; },
+      "--no-bucket-view", [&options] { options.gradients.gradient_as_bucket_view = false; },
       "copy gradients instead of bucket views");
   app.add_flag_callback(
-      "--find-unused-parameters", [&options] { options.reducer.find_unused_parameters = true; },
+      "--find-unused-parameters", [&options] { options.gradients.find_unused_parameters = true; },
       "allow parameters without gradients");
   app.add_flag_callback(
-      "--static-graph", [&options] { options.reducer.static_graph = true; },
+      "--static-graph", [&options] { options.gradients.static_graph = true; },
       "the set of used parameters never changes");
   app.add_flag_callback(
-      "--reduce-in-place", [&options] { options.reducer.reduce_in_place = true; },
+      "--reduce-in-place", [&options] { options.gradients.reduce_in_place = true; },
       "reduce gradients that arrive in tensors of their own where they are (one grouped "
       "all-reduce per bucket) instead of copying them into the bucket first (default on NCCL)");
   app.add_flag_callback(
-      "--no-reduce-in-place", [&options] { options.reducer.reduce_in_place = false; },
+      "--no-reduce-in-place", [&options] { options.gradients.reduce_in_place = false; },
       "copy every gradient into its bucket before reducing it (the default on Gloo)");
   app.add_flag_callback(
-      "--no-overlap", [&options] { options.reducer.overlap = false; },
+      "--no-overlap", [&options] { options.gradients.overlap = false; },
       "launch every bucket after backward (attribution: what overlap hides)");
   app.add_flag_callback(
       "--no-graph-planning", [&options] { options.graph_planning = false; },

@@ -81,7 +81,7 @@ comm::InitOptions init_options(const RunFlags& flags, const std::string& backend
   return init;
 }
 
-std::string cuda_graph_refusal(const RunFlags& flags, const reducer::ReducerOptions& reducer) {
+std::string cuda_graph_refusal(const RunFlags& flags, const gradients::GradientOptions& gradients) {
   if (!flags.cuda_graph) return "";
   if (flags.device != "cuda") {
     return "--cuda-graph needs --device cuda, not --device " + flags.device +
@@ -91,7 +91,7 @@ std::string cuda_graph_refusal(const RunFlags& flags, const reducer::ReducerOpti
     return "--cuda-graph cannot be combined with --optimizer-overlap (torch::optim inside "
            "backward bakes its learning rate into the graph)";
   }
-  if (reducer.find_unused_parameters && !reducer.static_graph) {
+  if (gradients.find_unused_parameters && !gradients.static_graph) {
     return "--cuda-graph cannot be combined with --find-unused-parameters without "
            "--static-graph (the used-parameter map is read on the host every step)";
   }

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "ddp/comm/init.hpp"
-#include "ddp/reducer/reducer_options.hpp"
+#include "ddp/gradients/gradient_options.hpp"
 
 namespace ddp::tools {
 
@@ -42,7 +42,7 @@ void add_run_flags(CLI::App& app, RunFlags& flags, bool& verbose);
 // The process group's options from these flags: `backend`, --timeout-s, the NCCL options.
 comm::InitOptions init_options(const RunFlags& flags, const std::string& backend);
 
-std::string cuda_graph_refusal(const RunFlags& flags, const reducer::ReducerOptions& reducer);
+std::string cuda_graph_refusal(const RunFlags& flags, const gradients::GradientOptions& gradients);
 
 // Why --nproc cannot be given here ("" when it can): under a launcher (ddp-run, torchrun, mpirun,
 // srun: its rank variables are set) of more than one process that did not start this process as

@@ -8,11 +8,11 @@
 
 #include "ddp/comm/env.hpp"
 #include "ddp/comm/init.hpp"
+#include "ddp/intake/module_intake.hpp"
 #include "ddp/io/safetensors.hpp"
 #include "ddp/obs/cpu_memory.hpp"
 #include "ddp/optim/device_step.hpp"
 #include "ddp/parallel/grad_clip.hpp"
-#include "ddp/unit/module_intake.hpp"
 
 namespace ddp::tools {
 
@@ -62,7 +62,7 @@ TrainingRun::TrainingRun(const TrainingFlags& flags, TrainingRunOptions options)
     workload_.set_checkpointing(true);
   }
   if (!options_.init_params.empty()) {
-    const unit::ModuleIntake intake = unit::take_in(*workload_.ptr);
+    const intake::ModuleIntake intake = intake::take_in(*workload_.ptr);
     load_params(options_.tool, options_.init_params, intake.names, intake.params);
   }
   workload_.ptr->to(device_);
@@ -93,7 +93,7 @@ TrainingRun::TrainingRun(const TrainingFlags& flags, TrainingRunOptions options)
   {
     // After the style: a sharded one replaced the parameters by this rank's shards, which are
     // what the optimizer steps.
-    const unit::ModuleIntake intake = unit::take_in(*workload_.ptr);
+    const intake::ModuleIntake intake = intake::take_in(*workload_.ptr);
     params_ = intake.params;
     param_names_ = intake.names;
   }

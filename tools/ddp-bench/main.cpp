@@ -132,7 +132,8 @@ double peak_lr(const Args& args) {
 // captured step cannot do (a host-side timer per phase, a host copy per step, a step-1 graph).
 std::string cuda_graph_refusal(const Args& args) {
   if (!args.cuda_graph) return "";
-  if (std::string common = ddp::tools::cuda_graph_refusal(args, args.ddp.reducer); !common.empty())
+  if (std::string common = ddp::tools::cuda_graph_refusal(args, args.ddp.gradients);
+      !common.empty())
     return common;
   if (args.profile) return "--cuda-graph cannot be combined with --profile (per-phase timers)";
   if (!args.inputs.empty()) return "--cuda-graph cannot be combined with --inputs (parity runs)";

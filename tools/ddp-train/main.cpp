@@ -91,7 +91,8 @@ void check_checkpoint_flags(const Args& args) {
 // (run_flags.hpp), what the captured step does not carry yet.
 std::string cuda_graph_refusal(const Args& args) {
   if (!args.cuda_graph) return "";
-  if (std::string common = ddp::tools::cuda_graph_refusal(args, args.ddp.reducer); !common.empty())
+  if (std::string common = ddp::tools::cuda_graph_refusal(args, args.ddp.gradients);
+      !common.empty())
     return common;
   if (args.tp > 0) {
     return "--cuda-graph cannot be combined with --tp (its collectives inside forward and "

@@ -1,8 +1,8 @@
 #pragma once
 // BucketBuffers: where a bucket runtime finds the flat tensor of each bucket it reduces. DDP's
-// GradLayout keeps one per bucket for the whole plan (gradients accumulate straight into them);
+// BucketStorage keeps one per bucket for the whole plan (gradients accumulate straight into them);
 // FULLY_SHARD's unit buffers exist only from a unit's last gradient to its reduce-scatter's end
-// (reducer/unit_buckets.hpp), so that backward never holds the whole model's gradients at
+// (gradients/unit_buckets.hpp), so that backward never holds the whole model's gradients at
 // once.
 
 #include <ATen/core/Tensor.h>

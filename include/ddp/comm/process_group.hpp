@@ -38,13 +38,19 @@
 #include <string>
 #include <vector>
 
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
 #include "ddp/comm/backend.hpp"
-#include "ddp/comm/collective_progress.hpp"
-#include "ddp/comm/collective_watchdog.hpp"
-#include "ddp/comm/flat_shards.hpp"
-#include "ddp/detail/torch_compat.hpp"
 
 namespace ddp::comm {
+
+// Internal (comm/made_backend.hpp, comm/collective_progress.hpp, comm/collective_watchdog.hpp):
+// declared here so that this public header includes none of them.
+struct MadeBackend;
+struct CollectiveOp;
+class CollectiveProgress;
+class CollectiveWatchdog;
 
 class ProcessGroup;
 using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
@@ -82,12 +88,8 @@ class PendingCollective {
   at::Tensor finish_after_wait();
 };
 
-// Makes the c10d backend of a group over `store` (already under the group's prefix). `shutdown`
-// (may be empty) runs when the group is destroyed.
-struct MadeBackend {
-  c10::intrusive_ptr<detail::CollectiveBackend> backend;
-  std::function<void()> shutdown;
-};
+// Makes the c10d backend of a group over `store` (already under the group's prefix):
+// comm/made_backend.hpp.
 using BackendFactory =
     std::function<MadeBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size)>;
 
@@ -218,13 +220,13 @@ class ProcessGroup {
   ProcessGroupPtr new_group(const std::vector<int>& members, const std::string& name);
 
   // Replaces the backend's shutdown (run once by the destructor).
-  void set_shutdown(std::function<void()> shutdown) { made_.shutdown = std::move(shutdown); }
+  void set_shutdown(std::function<void()> shutdown);
 
   // Desync detection (see [Note: sequence numbers]): who is behind, for an error about the
   // newest collective (a comm hook's future timed out).
-  std::string progress_report() const { return progress_->report(nullptr); }
+  std::string progress_report() const;
   // Collectives this rank has issued on this group so far (each counted once, when issued).
-  int64_t collectives_issued() const { return progress_->count(); }
+  int64_t collectives_issued() const;
 
   // With Config::watch_collectives: bounds `finished` (polled from the watchdog's thread) by the
   // collective timeout like a collective, and returns true; without: false, nothing is watched.
@@ -245,7 +247,7 @@ class ProcessGroup {
   int64_t next_exchange_id() { return exchange_id_++; }
 
  private:
-  MadeBackend made_;
+  std::unique_ptr<MadeBackend> made_;  // never null
   Config config_;
   BackendTraits traits_;
   c10::intrusive_ptr<c10d::Store> root_store_;     // unprefixed: sub-groups prefix it themselves

@@ -1,8 +1,8 @@
 #pragma once
 // Comm hooks: how a full bucket's gradients are reduced. One interface: the gradient runtime
-// (reducer/gradient_runtime.hpp) hands a GradBucket to the hook when the bucket is full (in bucket
-// order, on every rank) and waits on the returned future at the end of backward. The default is
-// allreduce (average over the world). PyTorch's register_comm_hook, natively.
+// (gradients/gradient_runtime.hpp) hands a GradBucket to the hook when the bucket is full (in
+// bucket order, on every rank) and waits on the returned future at the end of backward. The default
+// is allreduce (average over the world). PyTorch's register_comm_hook, natively.
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>

@@ -34,10 +34,13 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
-#include "ddp/io/checkpoint_manifest.hpp"
 #include "ddp/layout/tensor_layouts.hpp"
 
 namespace ddp::io {
+
+// What a checkpoint's manifest.json says (internal: io/checkpoint_manifest.hpp; include it to read
+// the fields of what verify_checkpoint and load_checkpoint return).
+struct Manifest;
 
 struct CheckpointOptions {
   // Directory holding the step-<N> directories; created on the first save. Required.

@@ -1,7 +1,7 @@
 #pragma once
 // What happened in one synchronized backward, in steady-clock nanoseconds relative to the end of
 // its forward (backward_start_ns, absolute). A plain type on the ground floor: the recorder fills
-// it from the reducer's events (reducer/timeline_recorder.hpp), stats and traces read it.
+// it from the reducer's events (gradients/timeline_recorder.hpp), stats and traces read it.
 
 #include <chrono>
 #include <cstdint>

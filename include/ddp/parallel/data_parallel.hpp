@@ -76,8 +76,8 @@ class DataParallel {
   DataParallel(ModuleType module, comm::ProcessGroupPtr group, DataParallelStyle style,
                DataParallelOptions options = {})
       : style_(style),
-        wrapped_(
-            make_wrapped(unit::as_module_ptr(module), std::move(group), style, std::move(options))),
+        wrapped_(make_wrapped(intake::as_module_ptr(module), std::move(group), style,
+                              std::move(options))),
         module_(std::move(module)) {}
 
   // The module's own forward, inside the style's forward protocol (wrap/wrapped_model.hpp).

@@ -5,11 +5,11 @@
 #include <utility>
 #include <vector>
 
-#include "ddp/reducer/reducer_options.hpp"
+#include "ddp/gradients/gradient_options.hpp"
 
 namespace ddp::parallel {
 
-// One options model: DDPOptions holds ReducerOptions, which holds buckets::PlanOptions; nothing is
+// One options model: DDPOptions holds GradientOptions, which holds buckets::PlanOptions; nothing is
 // copied between layers. describe() lists every field (dotted name -> value text) for
 // logging_data(), --verbose and docs/options.md (a test keeps the page and this list in step).
 struct DDPOptions {
@@ -29,13 +29,13 @@ struct DDPOptions {
   // (DDP_LOG_LEVEL=info does the same).
   bool verbose = false;
   // The gradient path: bucket views, unused parameters, static graph and the bucket caps
-  // (reducer.buckets.first_bucket_cap_bytes 1 MiB, reducer.buckets.bucket_cap_bytes 25 MiB, as
-  // PyTorch). See reducer/reducer_options.hpp.
-  reducer::ReducerOptions reducer;
+  // (gradients.buckets.first_bucket_cap_bytes 1 MiB, gradients.buckets.bucket_cap_bytes 25 MiB,
+  // as PyTorch). See gradients/gradient_options.hpp.
+  gradients::GradientOptions gradients;
 };
 
 // Every option of `options` as (dotted name, value), in declaration order, nested options
-// included: "broadcast_buffers" -> "true", "reducer.buckets.bucket_cap_bytes" -> "26214400".
+// included: "broadcast_buffers" -> "true", "gradients.buckets.bucket_cap_bytes" -> "26214400".
 std::vector<std::pair<std::string, std::string>> describe(const DDPOptions& options);
 
 struct JoinOptions {

@@ -2,7 +2,7 @@
 // DistributedDataParallel: wraps any torch::nn::Module; forward keeps the module's own signature.
 // Construction verifies that every rank holds the same model and broadcasts rank 0's parameters
 // and buffers; every synchronized backward then averages gradients over the ranks, overlapped with
-// backward compute (see reducer/gradient_runtime.hpp).
+// backward compute (see gradients/gradient_runtime.hpp).
 //
 //   auto pg = ddp::comm::init_process_group();          // RANK, WORLD_SIZE, ... from the env
 //   ddp::DistributedDataParallel<Net> model(Net(), pg);
@@ -22,9 +22,9 @@
 #include <vector>
 
 #include "ddp/comm/process_group.hpp"
+#include "ddp/intake/module_call.hpp"
 #include "ddp/layout/tensor_layouts.hpp"
 #include "ddp/parallel/ddp_options.hpp"
-#include "ddp/unit/module_call.hpp"
 #include "ddp/wrap/wrapped_model.hpp"
 
 namespace ddp::parallel {
@@ -34,7 +34,7 @@ class DistributedDataParallelBase;
 namespace detail {
 // Internal: the gradient runtime behind `model` (its bucket storage), for the library's own tests;
 // not part of the public API (docs/api.md): the public class answers with public types only.
-reducer::GradientRuntime& reducer_of(DistributedDataParallelBase& model);
+gradients::GradientRuntime& gradients_of(DistributedDataParallelBase& model);
 }  // namespace detail
 
 class DistributedDataParallelBase : public wrap::WrappedModel {
@@ -74,7 +74,7 @@ class DistributedDataParallelBase : public wrap::WrappedModel {
   std::vector<std::pair<std::string, std::string>> describe_options() const override;
 
  private:
-  friend reducer::GradientRuntime& detail::reducer_of(DistributedDataParallelBase& model);
+  friend gradients::GradientRuntime& detail::gradients_of(DistributedDataParallelBase& model);
 
   DDPOptions options_;
   layout::TensorLayouts layouts_;  // replicated over {world}: no parameter named
@@ -93,7 +93,8 @@ class DistributedDataParallel : public DistributedDataParallelBase {
  public:
   DistributedDataParallel(ModuleType module, comm::ProcessGroupPtr process_group,
                           DDPOptions options = {})
-      : DistributedDataParallelBase(unit::as_module_ptr(module), std::move(process_group), options),
+      : DistributedDataParallelBase(intake::as_module_ptr(module), std::move(process_group),
+                                    options),
         module_(std::move(module)) {}
 
   template <typename... Args>

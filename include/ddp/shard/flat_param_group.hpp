@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "ddp/comm/process_group.hpp"
-#include "ddp/reducer/unit_storage.hpp"
+#include "ddp/gradients/unit_storage.hpp"
 #include "ddp/shard/gather_pool.hpp"
 #include "ddp/shard/shard_plan.hpp"
 
@@ -61,7 +61,7 @@ const char* state_name(ShardedState state);
 
 // One member's part of [Note: flat shard layout]: `rows` of dim 0, `chunk` rows per rank,
 // `row_numel` elements per row; it fills chunk * row_numel columns of each rank's row.
-struct LayoutBlock {
+struct ReduceInputBlock {
   int64_t rows = 0;
   int64_t chunk = 0;
   int64_t row_numel = 0;
@@ -73,10 +73,11 @@ struct LayoutBlock {
 // device, one at::_chunk_cat kernel (FSDP2's copy-in; torch >= 2.4, whose chunks are torch.chunk's
 // even split, FlatShards' rule); otherwise one copy per gradient. Both write the same bytes
 // (tests/shard check it at worlds 1-4 with uneven rows).
-void copy_into_layout(at::Tensor out, const std::vector<at::Tensor>& grads,
-                      const std::vector<LayoutBlock>& blocks, int world, bool fused = true);
+void copy_into_reduce_input(at::Tensor out, const std::vector<at::Tensor>& grads,
+                            const std::vector<ReduceInputBlock>& blocks, int world,
+                            bool fused = true);
 
-class FlatParamGroup : public reducer::UnitStorage {
+class FlatParamGroup : public gradients::UnitStorage {
  public:
   // `params`: every distinct parameter of the model, parallel to plan.shapes, holding the same
   // full values on every rank (after the initial broadcast). The group takes the sharded
@@ -112,7 +113,7 @@ class FlatParamGroup : public reducer::UnitStorage {
   // layout of [Note: flat shard layout] (padding rows zeros, a member without a gradient zeros),
   // drops the full gradients and the full buffer's memory. `member` (or -1): the member whose
   // gradient of this backward is `incoming`, not yet accumulated into its .grad (a tensor hook's
-  // view: reducer/unit_buckets.hpp); its .grad, if any, is added. From kSharded (not
+  // view: gradients/unit_buckets.hpp); its .grad, if any, is added. From kSharded (not
   // gathered in this step) the sharded .grad is set aside first, as unshard() does. The reduction
   // itself is the caller's (the gradient runtime's UnitBuckets).
   void fill_reduce_input(const at::Tensor& input, int64_t member,

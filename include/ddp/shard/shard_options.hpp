@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "ddp/reducer/reducer_options.hpp"
+#include "ddp/gradients/gradient_options.hpp"
 #include "ddp/shard/shard_plan.hpp"
 
 namespace ddp::shard {
@@ -35,7 +35,7 @@ struct ShardOptions {
   // DEFAULT's replicated parameters (dim 0 does not divide) are averaged by DDP's reducer:
   // buckets, each all-reduced as soon as its gradients are ready, overlapping the rest of backward.
   // Its defaults (PyTorch's caps, gradients as bucket views) for the same reasons as DDP's.
-  reducer::ReducerOptions replicated;
+  gradients::GradientOptions replicated;
   // FSDP2's mixed-precision policy, the gather side: the dtype of the gathered parameters, so the
   // forward and backward compute in it ([Note: gathering in param_dtype]). Default none: the
   // parameters' own dtype. kBFloat16 halves the all-gather bytes and the gathered memory and makes

@@ -11,7 +11,7 @@
 //                  after it, release it (reshard_after_forward) and put a node on its output
 //   backward       the output's node gathers the unit again (prefetch the one before); when the
 //                  unit's last gradient arrives, the gradient runtime
-//                  (reducer/gradient_runtime.hpp: one reduce-scattered bucket per unit, beside
+//                  (gradients/gradient_runtime.hpp: one reduce-scattered bucket per unit, beside
 //                  DEFAULT's all-reduced ones; comm hooks and listeners) fills its reduce input
 //                  and issues its reduce-scatter; the unit's full parameters are released
 //   end of backward  the gradient runtime reduces what is left (unused: zeros) and finishes every
@@ -39,19 +39,18 @@
 #include <vector>
 
 #include "ddp/comm/process_group.hpp"
+#include "ddp/gradients/gradient_options.hpp"
+#include "ddp/intake/module_call.hpp"
 #include "ddp/layout/layout.hpp"
 #include "ddp/layout/tensor_layouts.hpp"
-#include "ddp/reducer/reducer_options.hpp"
-#include "ddp/reducer/unit_storage.hpp"
-#include "ddp/shard/flat_param_group.hpp"
 #include "ddp/shard/shard_options.hpp"
 #include "ddp/shard/shard_plan.hpp"
-#include "ddp/shard/unit_schedule.hpp"
-#include "ddp/unit/module_call.hpp"
 #include "ddp/unit/unit_scope.hpp"
 #include "ddp/wrap/wrapped_model.hpp"
 
 namespace ddp::shard {
+
+using wrap::GatheredBytes;
 
 // Memory this rank holds, in bytes (CPU: tensor storage; the same numbers on CUDA).
 struct ShardMemory {
@@ -62,9 +61,9 @@ struct ShardMemory {
   GatheredBytes peak_by_owner;      // each owner's own peak over the same steps
 };
 
-class ShardedModule : public wrap::WrappedModel,
-                      private unit::UnitListener,
-                      private reducer::UnitObserver {
+class UnitSchedule;  // internal (shard/unit_schedule.hpp): declared, not included
+
+class ShardedModule : public wrap::WrappedModel, private unit::UnitListener {
  public:
   ShardedModule(std::shared_ptr<torch::nn::Module> module, comm::ProcessGroupPtr group,
                 ShardOptions options = {});
@@ -91,7 +90,7 @@ class ShardedModule : public wrap::WrappedModel,
   // with it), gathered into new tensors: for comparisons and export. Between steps; collective.
   std::vector<std::pair<std::string, at::Tensor>> full_parameters() const;
   // Unit indices (into plan().units) in the order the last forward ran them through run_unit.
-  const std::vector<size_t>& unit_order() const { return schedule_->last_order(); }
+  const std::vector<size_t>& unit_order() const;
 
   // WrappedModel. layouts(): every parameter's layout under each of its names, over mesh {world}
   // at coordinate {rank} (refused between a forward and its backward: require_between_steps).
@@ -106,21 +105,21 @@ class ShardedModule : public wrap::WrappedModel,
   void reshard() override;
   std::string plan_summary() const override;
   std::string plan_table() const override { return unit_table(); }
-  int64_t peak_gathered_bytes() const override { return schedule_->peak_gathered_bytes(); }
-  GatheredBytes peak_gathered_by_owner() const override { return schedule_->peak_by_owner(); }
-  void reset_peak_memory() override { schedule_->reset_peak(); }
+  int64_t peak_gathered_bytes() const override;
+  GatheredBytes peak_gathered_by_owner() const override;
+  void reset_peak_memory() override;
 
  protected:
   // The forward protocol (wrap/wrapped_model.hpp). pre_forward: gathers what run_unit will not.
   // cast_input: a floating-point input in param_dtype. end_forward: with grad mode off (an
   // evaluation forward) every unit goes back to its shards at once; with it on, the replicated
-  // parameters' reducer is prepared. backward_start: a node on each output starts the backward's
-  // bookkeeping (prefetching the last unit) when a gradient reaches it, whichever output backward
-  // starts from.
+  // parameters' reducer is prepared. attach_start_backward: a node on each output starts the
+  // backward's bookkeeping (prefetching the last unit) when a gradient reaches it, whichever output
+  // backward starts from.
   void pre_forward() override;
   at::Tensor cast_input(const at::Tensor& input) const override;
   void end_forward(const std::vector<at::Tensor>& outputs) override;
-  at::Tensor backward_start(const at::Tensor& output) override;
+  at::Tensor attach_start_backward(const at::Tensor& output) override;
   std::vector<std::pair<std::string, std::string>> describe_options() const override;
 
  private:
@@ -132,10 +131,9 @@ class ShardedModule : public wrap::WrappedModel,
   at::Tensor before_unit_forward(size_t unit, const at::Tensor& input) override;
   at::Tensor after_unit_forward(size_t unit, const at::Tensor& output) override;
   void before_unit_backward(size_t unit);
-  void begin_backward();
-  // reducer::UnitObserver: the units' gradient path tells the schedule.
-  void backward_began() override { begin_backward(); }
-  void unit_done(size_t group) override;
+  void start_backward();
+  // What the units' gradient path tells the schedule (through observer_).
+  void unit_done(size_t group);
   void finish_backward();
   void warn_units_not_run() const;
   void check_reduce_dtype(c10::ScalarType dtype, bool from_param_dtype);
@@ -147,6 +145,10 @@ class ShardedModule : public wrap::WrappedModel,
   layout::TensorLayouts layouts_;  // plan_ as layouts, made with it (neither changes afterwards)
   // Gathers, prefetches and releases of the units' parameters (owns their flat groups).
   std::unique_ptr<UnitSchedule> schedule_;
+  // The gradient path's gradients::UnitObserver (internal, gradients/unit_storage.hpp): forwards
+  // to start_backward and unit_done. Made with the runtime; never null after the constructor.
+  struct Observer;
+  std::unique_ptr<Observer> observer_;
   std::vector<std::unique_ptr<unit::UnitRegistration>> registrations_;
 
   Phase phase_ = Phase::kIdle;
@@ -162,7 +164,7 @@ class FullyShardedDataParallel : public ShardedModule {
  public:
   FullyShardedDataParallel(ModuleType module, comm::ProcessGroupPtr group,
                            ShardOptions options = {})
-      : ShardedModule(unit::as_module_ptr(module), std::move(group), std::move(options)),
+      : ShardedModule(intake::as_module_ptr(module), std::move(group), std::move(options)),
         module_(std::move(module)) {}
 
   template <typename... Args>

@@ -4,13 +4,13 @@
 // It owns the flat parameter groups of the units that shard something, records the forward's unit
 // order (a backward runs the reverse; prefetch follows the last complete forward's), and keeps
 // the peak of gathered memory. ShardedModule drives it from the forward protocol and the autograd
-// nodes; the gradients themselves go through reducer::GradientRuntime, whose filled() tells the
+// nodes; the gradients themselves go through gradients::GradientRuntime, whose filled() tells the
 // schedule not to gather a unit that was already reduced.
 //
 //   forward    begin_forward: gather the units the model does not run through run_unit (the
 //              root); per unit: before_unit_forward (gather it, prefetch the next of the last
 //              forward), after_unit_forward (release it under reshard_after_forward)
-//   backward   backward_begins: prefetch the forward's last unit; per unit: before_unit_backward
+//   backward   start_backward: prefetch the forward's last unit; per unit: before_unit_backward
 //              (gather unless reduced, prefetch the one before); unit_reduced: release (no_sync)
 
 #include <ATen/core/Tensor.h>
@@ -27,7 +27,7 @@
 #include "ddp/shard/shard_plan.hpp"
 #include "ddp/wrap/gathered_bytes.hpp"
 
-namespace ddp::reducer {
+namespace ddp::gradients {
 class GradientRuntime;
 }
 
@@ -47,7 +47,7 @@ class UnitSchedule {
 
   // The gradient path of the groups (made after them, from them): its filled() units are not
   // gathered again in backward, and its reduce inputs count as gathered memory.
-  void attach(const reducer::GradientRuntime* reducer) { reducer_ = reducer; }
+  void attach(const gradients::GradientRuntime* reducer) { reducer_ = reducer; }
 
   size_t num_groups() const { return groups_.size(); }
   FlatParamGroup& group(size_t g) { return *groups_[g]; }
@@ -76,7 +76,7 @@ class UnitSchedule {
   // backward follows (`grad_enabled` false).
   void after_unit_forward(size_t unit, bool grad_enabled);
   // The backward starts: the forward's last unit runs its backward first, so it is prefetched.
-  void backward_begins();
+  void start_backward();
   // Unit `unit`'s backward starts: gathered unless already reduced, the one before prefetched.
   void before_unit_backward(size_t unit);
   // Group `g`'s gradients are complete: synchronized, its reduce input holds them (memory noted);
@@ -107,7 +107,7 @@ class UnitSchedule {
 
   bool reshard_after_forward_;
   bool prefetch_;
-  const reducer::GradientRuntime* reducer_ = nullptr;
+  const gradients::GradientRuntime* reducer_ = nullptr;
   // Where every group's all-gathers land (one unit's bytes); declared before the groups, which
   // point at it.
   GatherPool gather_pool_;

@@ -31,8 +31,6 @@
 #include <string_view>
 #include <vector>
 
-#include "ddp/unit/backward_node.hpp"
-
 namespace torch::nn {
 class Module;
 }

@@ -1,7 +1,7 @@
 #pragma once
 // WrappedModel: what every data-parallel wrapper is, written once (Megatron's _BaseDataParallel in
 // C++): the module and its data-parallel group, the gradient runtime that reduces its gradients
-// (reducer/gradient_runtime.hpp), the stats listening to it, the optimizer stepping inside
+// (gradients/gradient_runtime.hpp), the stats listening to it, the optimizer stepping inside
 // backward, no_sync, zero_grad, the comm hook, the runtime stats and the bucket plan.
 // DistributedDataParallel (parallel/) and ShardedModule (shard/) derive from it and add their
 // forward protocol and what only their style has; DataParallel<M> runs its forward through this
@@ -9,14 +9,14 @@
 //
 //   forward protocol (protected; WrappedForward drives it around the module's own forward):
 //     pre_forward  ->  the module's forward on cast_input(args)  ->  end_forward(outputs)
-//     -> every output tensor through backward_start
+//     -> every output tensor through attach_start_backward
 //   DDP: prepare the buckets, walk the graph when asked; the sharded styles: gather what run_unit
 //   will not, cast inputs to param_dtype, put a node on each output that starts the backward's
 //   bookkeeping.
 //
 // Profiler ranges (torch's RecordFunction, USER_SCOPE: Kineto, Nsight via NVTX, torch.profiler)
 // name the runtime's phases: ddp::pre_forward, ddp::post_forward, ddp::reduce_bucket (a bucket's
-// reduction launched), ddp::finalize_backward (the end of backward's wait and write-back),
+// reduction launched), ddp::finish_backward (the end of backward's wait and write-back),
 // ddp::gather_unit (a sharded unit's all-gather) and ddp::optimizer_in_backward.
 
 #include <ATen/core/Tensor.h>
@@ -32,19 +32,19 @@
 
 #include "ddp/buckets/bucket_plan.hpp"
 #include "ddp/comm/process_group.hpp"
-#include "ddp/hooks/comm_hook.hpp"
 #include "ddp/comm/sharding.hpp"
+#include "ddp/gradients/no_sync_guard.hpp"
+#include "ddp/hooks/comm_hook.hpp"
+#include "ddp/intake/module_call.hpp"
 #include "ddp/layout/tensor_layouts.hpp"
 #include "ddp/obs/gradient_stats.hpp"
 #include "ddp/obs/runtime_stats.hpp"
 #include "ddp/optim/optimizer_in_backward.hpp"
-#include "ddp/reducer/no_sync_guard.hpp"
-#include "ddp/unit/module_call.hpp"
 #include "ddp/wrap/gathered_bytes.hpp"
 
-namespace ddp::reducer {
+namespace ddp::gradients {
 class GradientRuntime;
-}  // namespace ddp::reducer
+}  // namespace ddp::gradients
 
 namespace ddp::wrap {
 
@@ -56,7 +56,7 @@ class WrappedModel {
 
   // Scoped: backwards inside communicate nothing and the gradients accumulate locally; the next
   // synchronized backward reduces the accumulated sum.
-  using NoSyncGuard = reducer::NoSyncGuard;
+  using NoSyncGuard = gradients::NoSyncGuard;
   [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(require_sync_); }
 
   // The data-parallel group and the wrapped module.
@@ -110,8 +110,8 @@ class WrappedModel {
 
   // The runtime reducing this model's gradients (null: nothing to reduce), once, from the
   // derived constructor; the stats listen to it from then on.
-  void set_gradients(std::unique_ptr<reducer::GradientRuntime> gradients);
-  reducer::GradientRuntime* gradients() const { return gradients_.get(); }
+  void set_gradients(std::unique_ptr<gradients::GradientRuntime> gradients);
+  gradients::GradientRuntime* gradients() const { return gradients_.get(); }
   // Drops the gradient runtime (its autograd hooks) first, from a derived destructor, before the
   // derived members its hooks and observers use.
   void drop_gradients();
@@ -123,7 +123,7 @@ class WrappedModel {
   virtual void pre_forward() = 0;
   virtual at::Tensor cast_input(const at::Tensor& input) const { return input; }
   virtual void end_forward(const std::vector<at::Tensor>& outputs) = 0;
-  virtual at::Tensor backward_start(const at::Tensor& output) { return output; }
+  virtual at::Tensor attach_start_backward(const at::Tensor& output) { return output; }
   // The style's options, as (dotted name, value), for logging_data.
   virtual std::vector<std::pair<std::string, std::string>> describe_options() const = 0;
 
@@ -136,13 +136,13 @@ class WrappedModel {
   // Listeners on the gradient runtime; declared before it so they outlive it.
   obs::GradientStats stats_;
   std::unique_ptr<optim::OptimizerInBackward> optimizer_in_backward_;
-  std::unique_ptr<reducer::GradientRuntime> gradients_;
+  std::unique_ptr<gradients::GradientRuntime> gradients_;
 };
 
 // The forward protocol around a module's own forward, for the typed wrappers
 // (DistributedDataParallel<M>, FullyShardedDataParallel<M>, DataParallel<M>): any signature, any
 // output structure returned as it came (tensor, vector, pair, tuple), each tensor in it through
-// backward_start.
+// attach_start_backward.
 class WrappedForward {
  public:
   template <typename ModuleType, typename... Args>
@@ -151,13 +151,13 @@ class WrappedForward {
       RECORD_USER_SCOPE("ddp::pre_forward");
       model.pre_forward();
     }
-    auto output = unit::call_forward(module, cast(model, std::forward<Args>(args))...);
+    auto output = intake::call_forward(module, cast(model, std::forward<Args>(args))...);
     std::vector<at::Tensor> tensors;
-    unit::collect(output, tensors);
+    intake::collect(output, tensors);
     RECORD_USER_SCOPE("ddp::post_forward");
     model.end_forward(tensors);
-    auto start = [&model](const at::Tensor& t) { return model.backward_start(t); };
-    return unit::map_tensors(output, start);
+    auto start = [&model](const at::Tensor& t) { return model.attach_start_backward(t); };
+    return intake::map_tensors(output, start);
   }
 
  private:

@@ -3,7 +3,7 @@
 // at::scaled_dot_product_attention where it exists (torch >= 2.0: flash or memory-efficient
 // kernels on CUDA), the written-out masked softmax on 1.13, which has no public fused op. A GPT
 // with written-out attention is about 2.7x slower on a GPU and hides communication that a real
-// model exposes (DESIGN.md, Performance). bench/reference/zoo.py makes the same choice on the
+// model exposes (docs/benchmarks.md). bench/reference/zoo.py makes the same choice on the
 // PyTorch side, so both sides of a comparison run the same attention.
 
 #include <torch/types.h>

@@ -1,0 +1,115 @@
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include <algorithm>
+
+#include "ddp/models/net.hpp"
+#include "ddp/parallel/distributed_data_parallel.hpp"
+#include "support/bucket_views.hpp"
+#include "support/oracle.hpp"
+#include "support/param_names.hpp"
+#include "support/workers.hpp"
+
+namespace ddp::testing {
+namespace {
+
+// Net(1024) with 2 MiB caps: four buckets, one per layer. The first bucket's all-reduce must be
+// launched while backward still has gradients to compute (timestamps, not durations), buckets
+// launch in plan order, and every grad is a view into its bucket.
+DDP_TEST_WORKER(overlap) {
+  auto pg = worker_process_group();
+  models::Net net(1024);
+  parallel::DDPOptions options;
+  options.gradients.buckets.first_bucket_cap_bytes = options.gradients.buckets.bucket_cap_bytes =
+      buckets::mib_bytes(2);
+  parallel::DistributedDataParallel<models::Net> model(net, pg, options);
+  require(model.bucket_plan().buckets.size() == 4, "expected one bucket per layer");
+  auto x = torch::randn({32, 1024});
+  for (int step = 0; step < 2; ++step) {
+    model(x).pow(2).mean().backward();
+    const auto tl = model.last_timeline();
+    const int64_t last_ready =
+        *std::max_element(tl.param_ready_ns.begin(), tl.param_ready_ns.end());
+    require(tl.bucket_launch_ns[0] >= 0, "bucket 0 was not launched");
+    require(tl.bucket_launch_ns[0] < last_ready,
+            "bucket 0 was launched only after the last gradient was ready: no overlap");
+    for (size_t b = 1; b < tl.bucket_launch_ns.size(); ++b) {
+      require(tl.bucket_launch_ns[b - 1] <= tl.bucket_launch_ns[b],
+              "buckets launched out of order");
+    }
+    // A bucket launches when its last parameter is ready, never earlier.
+    const auto& plan = model.bucket_plan();
+    for (size_t b = 0; b < plan.buckets.size(); ++b) {
+      for (size_t p : plan.buckets[b].params) {
+        require(tl.param_ready_ns[p] <= tl.bucket_launch_ns[b], "bucket launched before its grads");
+      }
+    }
+    for (size_t p = 0; p < model.parameters().size(); ++p) {
+      require(grad_in_its_bucket(model, p),
+              "grad of " + model.parameter_names()[p] + " is not a view into its bucket");
+    }
+  }
+  require(model.num_synchronized_backwards() == 2, "two synchronized backwards expected");
+}
+
+class Overlap : public ::testing::TestWithParam<int> {};
+
+TEST_P(Overlap, FirstBucketLaunchesBeforeTheLastGradient) {
+  const auto result = run_workers("overlap", GetParam());
+  EXPECT_TRUE(result.ok()) << result.describe();
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, Overlap, ::testing::Values(2, 3), ddp::testing::world_name);
+
+// overlap = false (attribution only): every bucket is launched after the last gradient, in plan
+// order, and the gradients still equal the single-process gradient of the global batch.
+DDP_TEST_WORKER(no_overlap) {
+  auto pg = worker_process_group();
+  const int w = pg->world_size(), r = pg->rank();
+  torch::manual_seed(0);
+  models::Net net(64);
+  torch::manual_seed(0);
+  models::Net oracle(64);
+  parallel::DDPOptions options;
+  options.gradients.overlap = false;
+  options.gradients.buckets.first_bucket_cap_bytes = options.gradients.buckets.bucket_cap_bytes =
+      64 * 65 * 4;  // one bucket per layer
+  parallel::DistributedDataParallel<models::Net> model(net, pg, options);
+  require(model.bucket_plan().buckets.size() == 4, "expected one bucket per layer");
+  torch::manual_seed(1);
+  const auto x = torch::randn({4 * w, 64});
+  for (int step = 0; step < 2; ++step) {
+    for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();
+    model(x.narrow(0, 4 * r, 4)).pow(2).mean().backward();
+    const auto tl = model.last_timeline();
+    const int64_t last_ready =
+        *std::max_element(tl.param_ready_ns.begin(), tl.param_ready_ns.end());
+    for (size_t b = 0; b < tl.bucket_launch_ns.size(); ++b) {
+      require(tl.bucket_launch_ns[b] >= last_ready, "a bucket launched before backward ended");
+      if (b > 0) require(tl.bucket_launch_ns[b - 1] <= tl.bucket_launch_ns[b], "out of order");
+    }
+  }
+  oracle->forward(x).pow(2).mean().backward();
+  std::vector<std::string> names;
+  std::vector<torch::Tensor> ours, want;
+  for (const auto& item : net->named_parameters()) {
+    names.push_back(item.key());
+    ours.push_back(item.value().grad());
+    want.push_back(oracle->named_parameters()[item.key()].grad());
+  }
+  require_close(names, ours, want, 1e-5, "overlap = false");
+}
+
+class NoOverlap : public ::testing::TestWithParam<int> {};
+
+TEST_P(NoOverlap, LaunchesEveryBucketAfterBackwardWithTheSameGradients) {
+  const auto result = run_workers("no_overlap", GetParam());
+  EXPECT_TRUE(result.ok()) << result.describe();
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, NoOverlap, ::testing::Values(1, 2, 3),
+                         ddp::testing::world_name);
+
+}  // namespace
+}  // namespace ddp::testing

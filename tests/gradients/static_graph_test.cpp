@@ -1,0 +1,73 @@
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include "ddp/parallel/distributed_data_parallel.hpp"
+#include "support/oracle.hpp"
+#include "support/param_names.hpp"
+#include "support/workers.hpp"
+
+namespace ddp::testing {
+namespace {
+
+// static_graph on the unused-branch model: the first iteration records the unused set, later ones
+// reuse it; the result equals the oracle.
+DDP_TEST_WORKER(static_graph) {
+  auto pg = worker_process_group();
+  TrainSpec spec;
+  spec.model = "unused-branch";
+  spec.steps = 4;
+  const TrainResult oracle = train_single(spec, pg->world_size());
+  parallel::DDPOptions options;
+  options.gradients.static_graph = true;
+  const TrainResult got = train_ddp(spec, pg, options);
+  require_close(got.names, got.params, oracle.params, 1e-5, "static_graph");
+}
+
+class StaticGraph : public ::testing::TestWithParam<int> {};
+TEST_P(StaticGraph, MatchesTheOracle) {
+  const auto result = run_workers("static_graph", GetParam());
+  EXPECT_TRUE(result.ok()) << result.describe();
+}
+INSTANTIATE_TEST_SUITE_P(WorldSizes, StaticGraph, ::testing::Values(1, 2, 3),
+                         ddp::testing::world_name);
+
+// A module whose branch is switched on after the first iteration.
+struct Switchable : torch::nn::Module {
+  Switchable() {
+    a = register_module("a", torch::nn::Linear(4, 4));
+    b = register_module("b", torch::nn::Linear(4, 4));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return use_b ? b(a(x)) : a(x); }
+  torch::nn::Linear a{nullptr}, b{nullptr};
+  bool use_b = false;
+};
+
+DDP_TEST_WORKER(static_graph_changes) {
+  auto pg = worker_process_group();
+  auto module = std::make_shared<Switchable>();
+  parallel::DDPOptions options;
+  options.gradients.static_graph = true;
+  parallel::DistributedDataParallel<std::shared_ptr<Switchable>> model(module, pg, options);
+  auto x = torch::randn({2, 4});
+  model(x).sum().backward();  // iteration 1: b unused, recorded
+  module->use_b = true;
+  std::string error;
+  try {
+    model(x).sum().backward();
+  } catch (const c10::Error& e) {
+    error = e.what_without_backtrace();
+  }
+  require(error.find("static_graph is set, but parameter 'b.") != std::string::npos &&
+              error.find("although it was unused in the first iteration: the graph changed") !=
+                  std::string::npos,
+          "got: " + error);
+}
+
+TEST(StaticGraph, AChangedGraphIsAnError) {
+  const auto result = run_workers("static_graph_changes", 2);
+  EXPECT_TRUE(result.ok()) << result.describe();
+}
+
+}  // namespace
+}  // namespace ddp::testing
