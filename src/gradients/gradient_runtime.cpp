@@ -233,17 +233,21 @@ void GradientRuntime::start_backward() {
 }
 
 void GradientRuntime::on_replica_grad(size_t index) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(mutex_);
   TORCH_CHECK(state_ != State::kIdle, "ddp: a gradient for parameter '", replicas_->names()[index],
               "' was computed, but no forward of the DistributedDataParallel module ran since "
               "the last backward. Each backward needs its own forward (backward twice through "
               "one graph, e.g. with retain_graph, is not supported).");
-  start_backward_once();
+  const bool first = start_backward_once();
   if (state_ == State::kBackwardLocal) {
     replicas_->mark_local_use(index);
-    return;
+  } else {
+    replicas_->grad_ready(index, num_sync_backwards_, early_finish_, replica_events_);
   }
-  replicas_->grad_ready(index, num_sync_backwards_, early_finish_, replica_events_);
+  // DEFAULT: a replicated parameter's gradient may be the backward's first; the sharded runtime
+  // hears of it as of a unit's (UnitObserver::backward_started: the first gradient of a backward).
+  lock.unlock();
+  if (first && observer_ != nullptr) observer_->backward_started();
 }
 
 void GradientRuntime::on_unit_grad(size_t p, const at::Tensor& incoming) {
