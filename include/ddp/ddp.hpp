@@ -21,11 +21,12 @@
 //               device), ddp::StepRng (dropout per step)
 //   captured    ddp::CapturedStep (a whole step as one CUDA graph)
 //
-// The public headers are the ones included here and what they name in their own comments as
-// user-facing (options structs, the layout and its gather). The rest (reducer/, buckets/,
-// planner/, hooks/ internals, shard/flat_param_group, comm's collectives, io's file formats) is
-// installed because the public headers include it, and is internal: it may change without notice
-// (docs/api.md draws the line).
+// The public headers are every header under include/ddp but the internal ones listed in
+// DDP_INTERNAL_HEADERS (CMakeLists.txt: the gradient runtime, the autograd plumbing, the graph
+// walker, the sharded runtime's flat groups and schedule, comm's collective helpers, io's file
+// formats, detail/). No public header includes an internal one (a test preprocesses this header
+// and each public one without them); an install puts them apart, under include/ddp-internal, and
+// they may change without notice (docs/api.md draws the line).
 
 #include "ddp/comm/device_mesh.hpp"
 #include "ddp/comm/env.hpp"

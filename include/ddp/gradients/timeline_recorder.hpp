@@ -1,5 +1,5 @@
 #pragma once
-// TimelineRecorder: a listener on the reducer's own events (it lives with them in reducer/, below
+// TimelineRecorder: a listener on the reducer's own events (it lives with them in gradients/, below
 // obs/stats and obs/trace, which read what it records) that keeps the last synchronized
 // backward's IterationTimeline, for runtime stats (logging_data), Chrome traces and tests of
 // overlap. The host timestamps are taken here, not on the reducer's path: without a recorder the

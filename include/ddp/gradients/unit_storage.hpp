@@ -3,7 +3,7 @@
 // GradientRuntime)
 // and the sharded runtime above it (shard/): what the reducer asks of a unit's storage and what it
 // tells the runtime. Interfaces instead of callbacks, so that a reader (and a tool) follows each
-// call from reducer/ into shard/: FlatParamGroup implements UnitStorage, ShardedModule
+// call from gradients/ into shard/: FlatParamGroup implements UnitStorage, ShardedModule
 // UnitObserver.
 
 #include <ATen/core/Tensor.h>
