@@ -97,6 +97,9 @@ TrainingRun::TrainingRun(const TrainingFlags& flags, TrainingRunOptions options)
     params_ = intake.params;
     param_names_ = intake.names;
   }
+  // Once: neither the style's layouts nor --tp's change after construction, and the clip reads it
+  // every step (under --tp a nest over every parameter name).
+  sharding_ = make_sharding();
   lr_ = options_.lr;
   schedule_ = schedule_of(flags.recipe, lr_);
   scheduled_ = has_schedule(flags.recipe);
@@ -128,7 +131,7 @@ at::Tensor TrainingRun::forward(const at::Tensor& x) {
   return model_ ? (*model_)(x) : workload_.module.forward(x);
 }
 
-comm::Sharding TrainingRun::sharding() const {
+comm::Sharding TrainingRun::make_sharding() const {
   const tp::TensorParallel* tensor_parallel = split_.tensor_parallel.get();
   if (!tensor_parallel) return model_ ? model_->sharding() : comm::whole_over(world_);
   // Nested on --tp over the mesh {dp, tp}, whose parent group an export gathers over. The bare

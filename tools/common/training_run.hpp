@@ -113,7 +113,7 @@ class TrainingRun {
   at::Tensor forward(const at::Tensor& x);
   // What this rank holds of each parameter and over which groups: the style's sharding, nested on
   // --tp's (comm/sharding.hpp). What the clip, the export and the checkpoints take.
-  comm::Sharding sharding() const;
+  const comm::Sharding& sharding() const { return sharding_; }
   // The gradients as this rank holds them, split by the sharding (for the clip's norm).
   optim::GradShards grad_shards();
   // The whole weights on every rank, gathered by their layouts (collective).
@@ -129,6 +129,8 @@ class TrainingRun {
   std::chrono::seconds timeout() const { return timeout_; }
 
  private:
+  comm::Sharding make_sharding() const;
+
   const TrainingFlags& flags_;
   TrainingRunOptions options_;
   comm::ProcessGroupPtr world_;
@@ -143,6 +145,7 @@ class TrainingRun {
   bool scheduled_ = false;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::optional<optim::GradClipper> clipper_;
+  comm::Sharding sharding_;  // made once by the constructor (make_sharding)
   std::chrono::seconds timeout_;
 };
 
