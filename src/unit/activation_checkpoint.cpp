@@ -14,6 +14,7 @@
 #include <sstream>
 #include <unordered_set>
 
+#include "ddp/autograd/end_of_backward.hpp"
 #include "ddp/detail/autocast_compat.hpp"
 #include "ddp/intake/module_intake.hpp"
 
@@ -228,8 +229,14 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     variable_list result(1 + inputs.size() + st->params.size());
     if (roots.empty()) return result;
     check_no_undeclared_leaf(roots, wrt);
-    const auto grads = torch::autograd::grad(roots, wrt, root_grads, /*retain_graph=*/false,
-                                             /*create_graph=*/false, /*allow_unused=*/true);
+    // The recompute's backward is part of this one: what its hooks ask for at the end of backward
+    // (a sharded unit's reshard, TP's forward count) waits for the end of the outer backward.
+    variable_list grads;
+    {
+      ddp::autograd::NestedBackward nested;
+      grads = torch::autograd::grad(roots, wrt, root_grads, /*retain_graph=*/false,
+                                    /*create_graph=*/false, /*allow_unused=*/true);
+    }
     for (size_t k = 0; k < grads.size(); ++k) result[wrt_index[k]] = grads[k];
     return result;
   }
