@@ -30,6 +30,7 @@
 
 #include "ddp/comm/device_mesh.hpp"
 #include "ddp/comm/env.hpp"
+#include "ddp/comm/flight_recorder.hpp"
 #include "ddp/comm/init.hpp"
 #include "ddp/comm/process_group.hpp"
 #include "ddp/data/distributed_sampler.hpp"
@@ -56,8 +57,11 @@
 
 namespace ddp {
 using comm::DeviceMesh;
+using comm::dump_flight_recorder;
+using comm::FlightRecorderOptions;
 using comm::init_process_group;
 using comm::InitOptions;
+using comm::note_step;
 using comm::ProcessGroupPtr;
 using comm::world_info_from_env;
 using data::DistributedSampler;

@@ -19,9 +19,27 @@ int64_t unix_ms() {
 
 }  // namespace
 
+namespace {
+
+std::vector<int> identity_if_empty(std::vector<int> global_ranks, int world_size) {
+  if (global_ranks.empty()) {
+    for (int r = 0; r < world_size; ++r) global_ranks.push_back(r);
+  }
+  return global_ranks;
+}
+
+}  // namespace
+
 CollectiveProgress::CollectiveProgress(c10::intrusive_ptr<c10d::Store> store, int rank,
-                                       int world_size, std::chrono::milliseconds interval)
-    : store_(std::move(store)), rank_(rank), world_size_(world_size), interval_(interval) {
+                                       int world_size, std::chrono::milliseconds interval,
+                                       std::string name, std::vector<int> global_ranks,
+                                       int64_t capacity)
+    : store_(std::move(store)),
+      rank_(rank),
+      world_size_(world_size),
+      interval_(interval),
+      ring_(std::move(name), rank, identity_if_empty(std::move(global_ranks), world_size),
+            capacity) {
   if (world_size_ > 1 && store_) heartbeat_ = std::thread([this] { heartbeat_loop(); });
 }
 
@@ -34,45 +52,16 @@ CollectiveProgress::~CollectiveProgress() {
   if (heartbeat_.joinable()) heartbeat_.join();
 }
 
-std::string CollectiveOp::describe() const {
-  std::string text = kind;
-  if (root >= 0) text += " from rank " + std::to_string(root);
-  if (numel >= 0) {
-    text += " of " + std::to_string(numel) + " " + c10::toString(dtype) + " elements";
-  }
-  return text;
-}
-
 int64_t CollectiveProgress::issued(const c10d::Work* work, const CollectiveOp& op) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  const int64_t seq = ++issued_;
-  pending_[seq] = {work, op};
-  if (pending_.size() > kMaxPending) pending_.erase(pending_.begin());
-  return seq;
+  return ring_.record(work, op);
 }
 
-void CollectiveProgress::done(const c10d::Work* work) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  // Newest first: the work waited for is almost always among the last few issued.
-  for (auto it = pending_.rbegin(); it != pending_.rend(); ++it) {
-    if (it->second.first == work) {
-      pending_.erase(std::next(it).base());
-      return;
-    }
-  }
-}
+void CollectiveProgress::done(const c10d::Work* work, FlightState state) { ring_.end(work, state); }
 
-int64_t CollectiveProgress::count() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return issued_;
-}
+int64_t CollectiveProgress::count() const { return ring_.issued(); }
 
 void CollectiveProgress::publish() {
-  int64_t issued;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    issued = issued_;
-  }
+  const int64_t issued = ring_.issued();
   const std::string value = std::to_string(issued) + " " + std::to_string(unix_ms());
   store_->set(key_of(rank_), std::vector<uint8_t>(value.begin(), value.end()));
 }
@@ -128,18 +117,11 @@ std::string CollectiveProgress::describe(int64_t waiting_on, const std::string& 
 }
 
 std::string CollectiveProgress::report(const c10d::Work* work) {
-  int64_t seq = 0;
+  int64_t seq = ring_.issued();
   std::string op;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    seq = issued_;
-    for (auto it = pending_.rbegin(); it != pending_.rend(); ++it) {
-      if (work == nullptr || it->second.first == work) {
-        seq = it->first;
-        op = it->second.second.describe();
-        break;
-      }
-    }
+  if (const std::optional<FlightEntry> entry = ring_.pending(work)) {
+    seq = entry->seq;
+    op = entry->op.describe();
   }
   if (world_size_ == 1 || !store_) return "; collective #" + std::to_string(seq);
   std::vector<std::string> states(static_cast<size_t>(world_size_));

@@ -126,6 +126,9 @@ ProcessGroupPtr init_process_group(const InitOptions& options) {
   TORCH_CHECK(rendezvous_timeout.count() > 0,
               "ddp: InitOptions::rendezvous_timeout must be positive, got ",
               rendezvous_timeout.count(), " ms");
+  const FlightRecorderOptions recorder =
+      options.flight_recorder.value_or(flight_recorder_options());
+  if (options.flight_recorder || !recorder.dir.empty()) set_flight_recorder(recorder);
   ProcessGroup::Config config;
   config.backend = backend;
   config.rank = world.rank;

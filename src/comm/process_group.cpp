@@ -3,6 +3,7 @@
 #include "ddp/comm/collective_progress.hpp"
 #include "ddp/comm/collective_watchdog.hpp"
 #include "ddp/comm/flat_shards.hpp"
+#include "ddp/comm/flight_recorder.hpp"
 #include "ddp/comm/made_backend.hpp"
 
 #include <c10/core/Event.h>
@@ -24,6 +25,11 @@
 namespace ddp::comm {
 
 namespace {
+
+// "; flight recorder dump: <path>" for an error, or "" when none was written.
+std::string dump_note(const std::string& path) {
+  return path.empty() ? "" : "; flight recorder dump: " + path;
+}
 
 // How long a process that ends after a timeout waits for the store to say who is behind.
 constexpr std::chrono::seconds kReportBound{2};
@@ -77,8 +83,9 @@ ProcessGroup::ProcessGroup(MadeBackend backend, Config config,
   if (progress_root_) {
     progress_store = c10::make_intrusive<c10d::PrefixStore>(config_.prefix, progress_root_);
   }
-  progress_ = std::make_unique<CollectiveProgress>(std::move(progress_store), config_.rank,
-                                                   config_.size, heartbeat_interval());
+  progress_ = std::make_unique<CollectiveProgress>(
+      std::move(progress_store), config_.rank, config_.size, heartbeat_interval(), config_.prefix,
+      global_ranks(), flight_recorder_options().capacity);
   if (config_.watch_collectives.value_or(traits_.waits_on_stream)) {
     // Polled 10 times per timeout, at most every 100 ms: the error comes within a tenth of the
     // timeout after it, and a poll (one event query) costs nothing next to a collective.
@@ -119,16 +126,31 @@ void ProcessGroup::end_process_after_timeout(const std::string& what, const c10d
           ? report.get()
           : "; the store did not answer within " + std::to_string(kReportBound.count()) +
                 " s to say which rank is behind (rank 0 serves it: it may be the one stopped)";
+  if (work != nullptr) {
+    progress_->done(work, error.empty() ? FlightState::kTimedOut : FlightState::kFailed);
+  }
+  const std::string dumped = dump_note(dump_flight_recorder(what + " timed out"));
   const std::string verdict = error.empty() ? " did not finish within " : " failed after ";
-  const std::string text =
-      "ddp: rank " + std::to_string(global_rank()) + ": " + what + verdict +
-      std::to_string(waited.count()) + " ms (collective timeout " +
-      std::to_string(timeout_.count()) + " ms" + who + ")" + (error.empty() ? "" : ": " + error) +
-      "; ending the process with exit code " + std::to_string(kCollectiveTimeoutExitCode) + "\n";
+  const std::string text = "ddp: rank " + std::to_string(global_rank()) + ": " + what + verdict +
+                           std::to_string(waited.count()) + " ms (collective timeout " +
+                           std::to_string(timeout_.count()) + " ms" + who + ")" +
+                           (error.empty() ? "" : ": " + error) + dumped +
+                           "; ending the process with exit code " +
+                           std::to_string(kCollectiveTimeoutExitCode) + "\n";
   std::fputs(text.c_str(), stderr);
   std::fflush(stderr);
   std::fflush(stdout);
   std::_Exit(kCollectiveTimeoutExitCode);
+}
+
+std::string ProcessGroup::failed(const c10d::Work* work, const std::string& what,
+                                 const std::string& error) const {
+  // c10d says "Timed out" (Gloo) or "timed out" / "Watchdog caught collective operation timeout"
+  // (NCCL) for a wait that ran out; anything else is the collective's own failure.
+  const bool timed_out =
+      error.find("imed out") != std::string::npos || error.find("timeout") != std::string::npos;
+  progress_->done(work, timed_out ? FlightState::kTimedOut : FlightState::kFailed);
+  return dump_note(dump_flight_recorder(what + " failed: " + error));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::issued(c10::intrusive_ptr<c10d::Work> work,
@@ -245,9 +267,10 @@ void ProcessGroup::wait_on_stream(const c10::intrusive_ptr<c10d::Work>& work,
   try {
     work->wait();  // no timeout argument: a stream dependency, not a host wait
   } catch (const std::exception& e) {
+    const std::string report = progress_->report(work.get());
     TORCH_CHECK(false, "ddp: ", what, " failed on rank ", rank(), " of ", world_size(),
-                " (collective timeout ", timeout_.count(), " ms", progress_->report(work.get()),
-                "): ", e.what());
+                " (collective timeout ", timeout_.count(), " ms", report, "): ", e.what(),
+                failed(work.get(), what, e.what()));
   }
   if (watchdog_ && !detail::is_capturing(config_.device)) watch_stream_after();
   progress_->done(work.get());
@@ -279,10 +302,11 @@ void ProcessGroup::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::s
   try {
     work->wait(timeout_);
   } catch (const std::exception& e) {
+    const std::string report = progress_->report(work.get());
     TORCH_CHECK(false, "ddp: ", what, " failed on rank ", rank(), " of ", world_size(),
                 " (collective timeout ", timeout_.count(),
-                " ms; another rank may have died, hung, or issued different collectives",
-                progress_->report(work.get()), "): ", e.what());
+                " ms; another rank may have died, hung, or issued different collectives", report,
+                "): ", e.what(), failed(work.get(), what, e.what()));
   }
   progress_->done(work.get());
 }

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <mutex>
 
+#include "ddp/comm/flight_recorder.hpp"
 #include "ddp/obs/timeline.hpp"
 
 namespace ddp::gradients {
@@ -144,6 +145,9 @@ hooks::GradBucket BucketRuntime::grad_bucket(size_t b) const {
 
 void BucketRuntime::launch(size_t b) {
   RECORD_USER_SCOPE("ddp::reduce_bucket");
+  const bool scatter = plan_.buckets[b].reduction == Reduction::kReduceScatter;
+  const comm::ForPurpose purpose({scatter ? comm::Purpose::kUnitReduce : comm::Purpose::kBucket,
+                                  static_cast<int64_t>(first_index_ + b), plan_epoch_});
   BucketState& bucket = buckets_[b];
   const int64_t divisor = divisor_ > 0 ? divisor_ : pg_->world_size();
   const bool dense = !plan_.buckets[b].sparse;

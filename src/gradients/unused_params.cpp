@@ -1,6 +1,7 @@
 #include "ddp/gradients/unused_params.hpp"
 
 #include <ATen/ATen.h>
+#include "ddp/comm/flight_recorder.hpp"
 
 namespace ddp::gradients {
 
@@ -26,6 +27,7 @@ std::vector<bool> UnusedParams::start_backward(bool map, bool recorded, comm::Pr
       if (reachable_[p]) local_.data_ptr<int>()[p] = 1;
     }
     if (on_device_) wire_.copy_(local_, /*non_blocking=*/true);
+    const comm::ForPurpose purpose({comm::Purpose::kControl});
     work_ = pg.allreduce_sum_async(wire_);
     ready_ = false;
   } else {
@@ -65,6 +67,7 @@ void UnusedParams::shadow(bool map, comm::ProcessGroup& pg) {
   if (map) {
     local_.zero_();
     if (on_device_) wire_.zero_();
+    const comm::ForPurpose purpose({comm::Purpose::kControl});
     pg.wait(pg.allreduce_sum_async(wire_), "join: all-reduce of the used-parameter map");
   }
   local_.zero_();

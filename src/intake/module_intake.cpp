@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "ddp/comm/broadcast_coalesced.hpp"
+#include "ddp/comm/flight_recorder.hpp"
 #include "ddp/comm/process_group.hpp"
 #include "ddp/intake/replica_check.hpp"
 
@@ -69,8 +70,12 @@ void synchronize_replicas(comm::ProcessGroup& group, const ModuleIntake& intake,
   auto signature = replica_signature(intake.names, intake.params, "parameter");
   const auto buffers = replica_signature(intake.buffer_names, intake.buffers, "buffer");
   signature.insert(signature.end(), buffers.begin(), buffers.end());
-  verify_replicas(group, signature);
+  {
+    const comm::ForPurpose purpose({comm::Purpose::kCheck});
+    verify_replicas(group, signature);
+  }
   if (group.world_size() == 1) return;
+  const comm::ForPurpose purpose({comm::Purpose::kParamBroadcast});
   // Every rank starts from rank 0's state, as PyTorch's DDP does.
   std::vector<at::Tensor> state = intake.params;
   state.insert(state.end(), intake.buffers.begin(), intake.buffers.end());

@@ -12,6 +12,7 @@
 #include "c10_errors.hpp"
 #include "checkpoint_dir.hpp"
 #include "ddp/comm/control_scalars.hpp"
+#include "ddp/comm/flight_recorder.hpp"
 #include "ddp/io/sharded_checkpoint.hpp"
 #include "every_rank.hpp"
 
@@ -49,6 +50,7 @@ std::vector<ManifestFile> decode_files(const std::string& text) {
 // the temporary directory: the checkpoints saved before are untouched.
 std::string save_sharded(comm::ProcessGroup& group, const CoordinatorOptions& options,
                          const TrainingState& state) {
+  const comm::ForPurpose purpose({comm::Purpose::kCheckpoint});
   check_layouts_group("save_and_barrier", *state.split_layouts(), group.world_size(), group.rank());
   const bool root = group.rank() == 0;
   at::Tensor pid = comm::control_tensor(group, {root ? int64_t(::getpid()) : 0});
@@ -98,6 +100,7 @@ std::string save_sharded(comm::ProcessGroup& group, const CoordinatorOptions& op
 std::optional<CheckpointEntry> resume_latest(comm::ProcessGroup& group,
                                              const CoordinatorOptions& options,
                                              TrainingState& state) {
+  const comm::ForPurpose purpose({comm::Purpose::kCheckpoint});
   TORCH_CHECK(!options.root.empty(), "ddp: resume_latest: CoordinatorOptions::root is empty");
   // Rank 0 picks; a failure to look (an unreadable directory) still reaches the broadcast, so that
   // the other ranks fail with it instead of waiting there until the timeout.
@@ -130,6 +133,7 @@ std::optional<CheckpointEntry> resume_latest(comm::ProcessGroup& group,
 
 std::string save_and_barrier(comm::ProcessGroup& group, const CoordinatorOptions& options,
                              const TrainingState& state) {
+  const comm::ForPurpose purpose({comm::Purpose::kCheckpoint});
   TORCH_CHECK(!options.root.empty(), "ddp: save_and_barrier: CoordinatorOptions::root is empty");
   if (state.split_layouts() != nullptr) return save_sharded(group, options, state);
   CheckpointOptions checkpoint;

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <unordered_set>
 
+#include "ddp/comm/flight_recorder.hpp"
 #include "ddp/comm/layout_tensors.hpp"
 #include "ddp/detail/torch_compat.hpp"
 #include "ddp/obs/log.hpp"
@@ -180,6 +181,7 @@ at::Tensor total_grad_norm(const GradShards& grads, double norm_type) {
     }
     const std::string what = "clip_grad_norm over mesh dim " + std::to_string(d);
     at::Tensor packed = at::stack(parts).to(group->device());
+    const comm::ForPurpose purpose({comm::Purpose::kControl});
     if (inf) {
       // No max all-reduce in comm/: gather every rank's partials (a few scalars) and take the max.
       packed = at::stack(group->all_gather_each(packed, what)).amax(0);

@@ -12,6 +12,7 @@
 #include "ddp/buckets/bucket_table.hpp"
 #include "ddp/comm/broadcast_coalesced.hpp"
 #include "ddp/comm/control_scalars.hpp"
+#include "ddp/comm/flight_recorder.hpp"
 #include "ddp/gradients/gradient_runtime.hpp"
 #include "ddp/intake/module_intake.hpp"
 #include "ddp/obs/log.hpp"
@@ -101,6 +102,7 @@ std::vector<std::pair<std::string, std::string>> DistributedDataParallelBase::de
 }
 
 void DistributedDataParallelBase::sync_buffers() {
+  const comm::ForPurpose purpose({comm::Purpose::kParamBroadcast});
   comm::broadcast_coalesced(*group(), buffers_, 0, "broadcast of rank 0's buffers");
 }
 
@@ -114,6 +116,7 @@ void DistributedDataParallelBase::pre_forward() {
     TORCH_CHECK(require_sync(), "ddp: no_sync() inside join() is not supported");
     // Ranks still training say 1, joined ranks 0: the sum is the divisor's candidate.
     at::Tensor active = comm::control_tensor(*group(), {1}, at::kInt);
+    const comm::ForPurpose purpose({comm::Purpose::kControl});
     group()->allreduce_sum(active, "join: all-reduce of the active-rank count");
     const int64_t n = comm::read_scalar(active);
     if (!join_options_.divide_by_initial_world_size) runtime.set_divisor_for_next_backward(n);
@@ -160,6 +163,7 @@ void DistributedDataParallelBase::join(const std::function<void()>& train_loop,
   // map, buckets]; we answer with 0 and zeros until the count is 0 everywhere.
   while (true) {
     at::Tensor active = comm::control_tensor(*group(), {0}, at::kInt);
+    const comm::ForPurpose purpose({comm::Purpose::kControl});
     group()->allreduce_sum(active, "join: all-reduce of the active-rank count");
     if (comm::read_scalar(active) == 0) break;
     if (options_.broadcast_buffers) sync_buffers();
@@ -167,7 +171,10 @@ void DistributedDataParallelBase::join(const std::function<void()>& train_loop,
   }
   // The rank that trained longest holds the final state (its optimizer saw every step).
   const at::Tensor mine = comm::control_tensor(*group(), {iterations_ - start_iterations});
-  const auto counts = group()->all_gather_each(mine, "join: all-gather of iteration counts");
+  const auto counts = [&] {
+    const comm::ForPurpose purpose({comm::Purpose::kControl});
+    return group()->all_gather_each(mine, "join: all-gather of iteration counts");
+  }();
   int authority = 0;
   int64_t best = -1;
   for (int r = 0; r < group()->world_size(); ++r) {

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "ddp/comm/flat_shards.hpp"
+#include "ddp/comm/flight_recorder.hpp"
 #include "ddp/detail/torch_compat.hpp"
 
 namespace ddp::shard {
@@ -80,7 +81,7 @@ void copy_into_reduce_input(at::Tensor out, const std::vector<at::Tensor>& grads
 
 FlatParamGroup::FlatParamGroup(const ShardPlan& plan, size_t unit,
                                const std::vector<at::Tensor>& params, comm::ProcessGroupPtr pg)
-    : pg_(std::move(pg)), world_(plan.world), gather_dtype_(at::kFloat) {
+    : pg_(std::move(pg)), unit_(unit), world_(plan.world), gather_dtype_(at::kFloat) {
   TORCH_CHECK(pg_, "ddp: FlatParamGroup needs a process group");
   TORCH_CHECK(unit < plan.units.size(), "ddp: FlatParamGroup: unit ", unit, " of ",
               plan.units.size());
@@ -180,6 +181,7 @@ void FlatParamGroup::point_at_shards() {
 void FlatParamGroup::start_unshard() {
   if (state_ == ShardedState::kUnsharded || gathering_) return;
   require_state(!reducing_, "start_unshard");
+  const comm::ForPurpose purpose({comm::Purpose::kUnitGather, static_cast<int64_t>(unit_)});
   if (gather_dtype_ == shard_.scalar_type()) {
     gather_ = pg_->all_gather_async(shard_, gather_output(shard_numel_ * world_, gather_dtype_));
   } else {  // [Note: gathering in param_dtype]
@@ -366,6 +368,7 @@ void FlatParamGroup::finish_reduce_scatter(const at::Tensor& shard) {
 }
 
 std::vector<at::Tensor> FlatParamGroup::gather_full() const {
+  const comm::ForPurpose purpose({comm::Purpose::kUnitGather, static_cast<int64_t>(unit_)});
   const at::Tensor gathered =
       pg_->all_gather(shard_, shard_numel_ * world_, "all-gather of unit '" + unit_name_ + "'");
   const at::Tensor by_rank = gathered.view({world_, shard_numel_});
@@ -383,6 +386,7 @@ void FlatParamGroup::reduce_scatter_grads() {
   const at::Tensor input =
       at::empty({world_ * shard_numel_}, shard_.options().dtype(reduce_dtype()));
   fill_reduce_input(input, -1, at::Tensor());
+  const comm::ForPurpose purpose({comm::Purpose::kUnitReduce, static_cast<int64_t>(unit_)});
   finish_reduce_scatter(pg_->reduce_scatter(input, comm::ReduceOp::kAvg,
                                             "reduce-scatter of unit '" + unit_name_ + "'"));
 }

@@ -16,40 +16,34 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
+#include "ddp/comm/flight_ring.hpp"
 #include "ddp/detail/torch_compat.hpp"
 
 namespace ddp::comm {
-
-// What a collective was, kept cheaply on the hot path and put into words only for an error.
-struct CollectiveOp {
-  const char* kind = "";  // "all-reduce (sum)", "broadcast", ...: a string literal
-  int64_t numel = -1;     // elements of its tensor; -1: none (barrier)
-  c10::ScalarType dtype = c10::ScalarType::Undefined;
-  int root = -1;  // broadcast's source rank; -1: none
-
-  // "all-reduce (sum) of 4 Float elements", "broadcast from rank 0 of 8 Long elements".
-  std::string describe() const;
-};
 
 class CollectiveProgress {
  public:
   // `store`: the group's (prefixed) store; `rank`, `world_size`: in the group.
   // `interval`: how often the heartbeat publishes; default 1 s (DDP_HEARTBEAT_MS overrides it in
-  // init), cheap next to any collective timeout. World size 1 starts no thread.
+  // init), cheap next to any collective timeout. World size 1 starts no thread. `name`,
+  // `global_ranks` (by group rank; empty: the identity) and `capacity`: the group's flight ring.
   CollectiveProgress(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size,
-                     std::chrono::milliseconds interval);
+                     std::chrono::milliseconds interval, std::string name = "ddp/world",
+                     std::vector<int> global_ranks = {},
+                     int64_t capacity = FlightRecorderOptions{}.capacity);
   ~CollectiveProgress();
   CollectiveProgress(const CollectiveProgress&) = delete;
   CollectiveProgress& operator=(const CollectiveProgress&) = delete;
 
-  // Numbers `work` (the next sequence number) and remembers `op` until done() or report().
+  // Numbers `work` (the next sequence number) and records it in the flight ring.
   int64_t issued(const c10d::Work* work, const CollectiveOp& op);
-  void done(const c10d::Work* work);
+  // Its wait returned (completed) or threw (failed, timed out).
+  void done(const c10d::Work* work, FlightState state = FlightState::kCompleted);
   // Collectives issued so far by this rank.
   int64_t count() const;
   // After `work` failed: "; collective #8 of rank 0 (all-reduce ...); rank 1 is behind: ...", to
@@ -71,12 +65,10 @@ class CollectiveProgress {
   int rank_;
   int world_size_;
   std::chrono::milliseconds interval_;
-  mutable std::mutex mutex_;
-  int64_t issued_ = 0;  // collectives issued by this rank; only grows
-  // Issued and not yet waited for, by sequence number: (work, description). Works waited for
-  // elsewhere (a comm hook's future) never call done(): only the newest kMaxPending are kept.
-  static constexpr size_t kMaxPending = 1024;
-  std::map<int64_t, std::pair<const c10d::Work*, CollectiveOp>> pending_;
+  // The numbering and the newest collectives, each with what became of it. Works waited for
+  // elsewhere (a comm hook's future) stay "issued" until the ring overwrites them.
+  FlightRing ring_;
+  std::mutex mutex_;  // guards stop_ (the heartbeat's)
   std::condition_variable stop_cv_;
   bool stop_ = false;
   std::thread heartbeat_;

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "ddp/comm/env.hpp"
+#include "ddp/comm/flight_recorder.hpp"
 #include "ddp/comm/process_group.hpp"
 
 namespace ddp::comm {
@@ -52,6 +53,10 @@ struct InitOptions {
   std::optional<bool> watch_collectives;
   // NCCL's communicator options; every sub-group (new_group, DeviceMesh) gets the same.
   NcclOptions nccl;
+  // The process's flight recorder (flight_recorder.hpp), applied before the group is made. Unset:
+  // the environment's (DDP_FLIGHT_RECORDER_DIR, DDP_FLIGHT_RECORDER_SIZE); a dir from either
+  // installs the dump-on-signal handlers.
+  std::optional<FlightRecorderOptions> flight_recorder;
 };
 
 // Creates the world process group (store prefix "ddp/world"): the rendezvous of rendezvous.hpp,

@@ -265,6 +265,10 @@ class ProcessGroup {
   // Stream-waited backends: watches an event recorded on the caller's stream after the collective
   // just waited for (without holding its work: see the definition).
   void watch_stream_after() const;
+  // After `work`'s wait threw `error`: its flight entry failed or timed out, this rank's flight
+  // recorder dumped; returns "; flight recorder dump: <path>" for the error, or "".
+  std::string failed(const c10d::Work* work, const std::string& what,
+                     const std::string& error) const;
   PendingCollective pending(c10::intrusive_ptr<c10d::Work> work, at::Tensor result,
                             std::function<void()> finish = {}) const;
 };

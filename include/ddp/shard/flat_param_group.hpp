@@ -177,6 +177,7 @@ class FlatParamGroup : public gradients::UnitStorage {
 
   comm::ProcessGroupPtr pg_;
   std::string unit_name_;
+  size_t unit_;  // its unit in the plan: what the flight recorder says its collectives are for
   std::vector<size_t> members_;
   std::vector<Member> params_;
   std::vector<at::Tensor> handles_;

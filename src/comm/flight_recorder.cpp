@@ -1,0 +1,261 @@
+#include "ddp/comm/flight_recorder.hpp"
+
+#include <c10/util/Exception.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "ddp/comm/flight_ring.hpp"
+#include "ddp/io/posix_file.hpp"
+
+namespace ddp::comm {
+
+namespace {
+
+using json = nlohmann::json;
+
+thread_local CollectivePurpose t_purpose;
+std::atomic<int64_t> g_step{-1};
+
+FlightRecorderOptions options_from_env() {
+  FlightRecorderOptions o;
+  if (const char* size = std::getenv("DDP_FLIGHT_RECORDER_SIZE")) {
+    char* end = nullptr;
+    const long long n = std::strtoll(size, &end, 10);
+    TORCH_CHECK(*size != '\0' && *end == '\0' && n >= 1,
+                "ddp: DDP_FLIGHT_RECORDER_SIZE must be a whole number of entries >= 1, got '", size,
+                "'");
+    o.capacity = n;
+  }
+  if (const char* dir = std::getenv("DDP_FLIGHT_RECORDER_DIR")) o.dir = dir;
+  return o;
+}
+
+struct Settings {
+  std::mutex mutex;
+  FlightRecorderOptions options;
+  bool signals_installed = false;
+  Settings() : options(options_from_env()) {}
+};
+
+Settings& settings() {
+  static auto* s = new Settings();  // leaked: dumps run from signal-driven and exiting threads
+  return *s;
+}
+
+int64_t unix_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// The mesh dimension of a DeviceMesh group ("<parent>/mesh<id>/<dim>/<index>"); -1 otherwise.
+int mesh_dim_of(const std::string& name) {
+  const size_t at = name.rfind("/mesh");
+  if (at == std::string::npos) return -1;
+  const size_t slash = name.find('/', at + 5);
+  if (slash == std::string::npos) return -1;
+  return std::atoi(name.c_str() + slash + 1);
+}
+
+json entry_json(const FlightEntry& e) {
+  return {{"seq", e.seq},
+          {"kind", e.op.kind},
+          {"dtype", c10::toString(e.op.dtype)},
+          {"numel", e.op.numel},
+          {"root", e.op.root},
+          {"purpose", purpose_name(e.purpose.what)},
+          {"index", e.purpose.index},
+          {"epoch", e.purpose.epoch},
+          {"step", e.step},
+          {"issued_us", e.issued_us},
+          {"ended_us", e.ended_us},
+          {"state", flight_state_name(e.state)}};
+}
+
+struct Dump {
+  int rank = -1;  // global; -1: no group made yet (then RANK's, or 0)
+  std::string text;
+};
+
+// This rank's dump: every ring of the process.
+Dump make_dump(const std::string& reason) {
+  json groups = json::array();
+  int global_rank = -1;
+  int world_size = 0;
+  for_each_flight_ring([&](const FlightRing& ring) {
+    const FlightGroup g = ring.snapshot();
+    json entries = json::array();
+    for (const FlightEntry& e : g.entries) entries.push_back(entry_json(e));
+    groups.push_back({{"name", g.name},
+                      {"mesh_dim", mesh_dim_of(g.name)},
+                      {"rank", g.rank},
+                      {"global_ranks", g.global_ranks},
+                      {"issued", g.issued},
+                      {"capacity", g.capacity},
+                      {"entries", std::move(entries)}});
+    const int mine = g.global_ranks.at(static_cast<size_t>(g.rank));
+    const int size = static_cast<int>(g.global_ranks.size());
+    // The widest group is the world (its global ranks are every rank).
+    if (size > world_size || global_rank < 0) {
+      world_size = std::max(world_size, size);
+      global_rank = mine;
+    }
+  });
+  if (global_rank < 0) {
+    const char* env_rank = std::getenv("RANK");
+    global_rank = env_rank != nullptr ? std::atoi(env_rank) : 0;
+  }
+  char host[256] = {0};
+  ::gethostname(host, sizeof(host) - 1);
+  const json dump = {{"format", "ddp-flight-recorder"},
+                     {"version", kFlightDumpVersion},
+                     {"rank", global_rank},
+                     {"world_size", world_size},
+                     {"pid", static_cast<int64_t>(::getpid())},
+                     {"host", host},
+                     {"reason", reason},
+                     {"dumped_us", unix_us()},
+                     {"groups", std::move(groups)}};
+  return {global_rank, dump.dump(1) + "\n"};
+}
+
+int g_signal_pipe[2] = {-1, -1};
+
+void on_signal(int signo) {
+  const auto byte = static_cast<unsigned char>(signo);
+  const int saved = errno;  // a handler must leave errno as it found it
+  (void)!::write(g_signal_pipe[1], &byte, 1);
+  errno = saved;
+}
+
+// Dumps outside the handler (nothing a dump does is async-signal-safe), on its own thread.
+void signal_loop() {
+  for (;;) {
+    unsigned char byte = 0;
+    const ssize_t n = ::read(g_signal_pipe[0], &byte, 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    if (byte == SIGUSR1) {
+      dump_flight_recorder("SIGUSR1");
+      continue;
+    }
+    dump_flight_recorder("SIGTERM");
+    ::signal(SIGTERM, SIG_DFL);  // then end as SIGTERM would have: the launcher reads the signal
+    ::raise(SIGTERM);
+  }
+}
+
+void install_signals() {
+  if (::pipe2(g_signal_pipe, O_CLOEXEC) != 0) {
+    TORCH_CHECK(false, "ddp: the flight recorder's signal pipe: ", std::strerror(errno));
+  }
+  struct sigaction action {};
+  action.sa_handler = on_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  ::sigaction(SIGUSR1, &action, nullptr);
+  ::sigaction(SIGTERM, &action, nullptr);
+  std::thread(signal_loop).detach();
+}
+
+}  // namespace
+
+void set_flight_recorder(const FlightRecorderOptions& options) {
+  TORCH_CHECK(options.capacity >= 1,
+              "ddp: the flight recorder keeps at least 1 entry per group, got capacity ",
+              options.capacity);
+  if (!options.dir.empty() && ::mkdir(options.dir.c_str(), 0777) != 0 && errno != EEXIST) {
+    TORCH_CHECK(false, "ddp: the flight recorder's directory '", options.dir,
+                "' cannot be made: ", std::strerror(errno));
+  }
+  Settings& s = settings();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  s.options = options;
+  if (!options.dir.empty() && !s.signals_installed) {
+    install_signals();
+    s.signals_installed = true;
+  }
+}
+
+FlightRecorderOptions flight_recorder_options() {
+  Settings& s = settings();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  return s.options;
+}
+
+const char* purpose_name(Purpose purpose) {
+  switch (purpose) {
+    case Purpose::kUser:
+      return "user";
+    case Purpose::kBucket:
+      return "bucket";
+    case Purpose::kUnitGather:
+      return "unit gather";
+    case Purpose::kUnitReduce:
+      return "unit reduce";
+    case Purpose::kParamBroadcast:
+      return "parameter broadcast";
+    case Purpose::kCheckpoint:
+      return "checkpoint";
+    case Purpose::kControl:
+      return "control";
+    case Purpose::kCheck:
+      return "check";
+  }
+  return "?";
+}
+
+std::string CollectivePurpose::describe() const {
+  switch (what) {
+    case Purpose::kBucket:
+      return "bucket " + std::to_string(index) + " of plan epoch " + std::to_string(epoch);
+    case Purpose::kUnitGather:
+      return "unit " + std::to_string(index) + "'s parameters";
+    case Purpose::kUnitReduce:
+      return "unit " + std::to_string(index) + "'s gradients";
+    case Purpose::kUser:
+      return "the user's own call";
+    default:
+      return purpose_name(what);
+  }
+}
+
+ForPurpose::ForPurpose(CollectivePurpose purpose) : saved_(t_purpose) { t_purpose = purpose; }
+
+ForPurpose::~ForPurpose() { t_purpose = saved_; }
+
+void note_step(int64_t step) { g_step.store(step, std::memory_order_relaxed); }
+
+CollectivePurpose current_purpose() { return t_purpose; }
+
+int64_t current_step() { return g_step.load(std::memory_order_relaxed); }
+
+std::string dump_flight_recorder(const std::string& reason) {
+  const std::string dir = flight_recorder_options().dir;
+  if (dir.empty()) return "";
+  try {
+    const Dump dump = make_dump(reason);
+    const std::string path = dir + "/flight-rank" + std::to_string(dump.rank) + ".json";
+    io::write_file_atomic(path, dump.text);
+    return path;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ddp: the flight recorder could not write its dump to '%s': %s\n",
+                 dir.c_str(), e.what());
+    return "";
+  }
+}
+
+}  // namespace ddp::comm

@@ -1,0 +1,132 @@
+#include "ddp/comm/flight_ring.hpp"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <chrono>
+
+namespace ddp::comm {
+
+namespace {
+
+int64_t unix_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// Every ring alive, in the order made: what a dump writes.
+struct Registry {
+  std::mutex mutex;
+  std::vector<const FlightRing*> rings;
+};
+
+Registry& registry() {
+  static auto* r = new Registry();  // leaked: a dump may run while statics are destroyed
+  return *r;
+}
+
+}  // namespace
+
+std::string CollectiveOp::describe() const {
+  std::string text = kind;
+  if (root >= 0) text += " from rank " + std::to_string(root);
+  if (numel >= 0) {
+    text += " of " + std::to_string(numel) + " " + c10::toString(dtype) + " elements";
+  }
+  return text;
+}
+
+const char* flight_state_name(FlightState state) {
+  switch (state) {
+    case FlightState::kIssued:
+      return "issued";
+    case FlightState::kCompleted:
+      return "completed";
+    case FlightState::kFailed:
+      return "failed";
+    case FlightState::kTimedOut:
+      return "timed out";
+  }
+  return "?";
+}
+
+FlightRing::FlightRing(std::string name, int rank, std::vector<int> global_ranks, int64_t capacity)
+    : name_(std::move(name)), rank_(rank), global_ranks_(std::move(global_ranks)) {
+  TORCH_CHECK(capacity >= 1, "ddp: the flight recorder keeps at least 1 entry per group, got ",
+              capacity);
+  slots_.resize(static_cast<size_t>(capacity));
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.rings.push_back(this);
+}
+
+FlightRing::~FlightRing() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.rings.erase(std::remove(r.rings.begin(), r.rings.end(), this), r.rings.end());
+}
+
+int64_t FlightRing::record(const void* work, const CollectiveOp& op) {
+  const CollectivePurpose purpose = current_purpose();
+  const int64_t step = current_step();
+  const int64_t now = unix_us();
+  std::lock_guard<std::mutex> lock(mutex_);
+  const int64_t seq = ++issued_;
+  FlightEntry& e = slots_[static_cast<size_t>((seq - 1) % static_cast<int64_t>(slots_.size()))];
+  e = FlightEntry{seq, op, purpose, step, now, 0, work, FlightState::kIssued};
+  return seq;
+}
+
+void FlightRing::end(const void* work, FlightState state) {
+  const int64_t now = unix_us();
+  const auto capacity = static_cast<int64_t>(slots_.size());
+  std::lock_guard<std::mutex> lock(mutex_);
+  // Newest first: the work waited for is almost always among the last few issued.
+  for (int64_t seq = issued_; seq > std::max<int64_t>(0, issued_ - capacity); --seq) {
+    FlightEntry& e = slots_[static_cast<size_t>((seq - 1) % capacity)];
+    if (e.work == work && e.state == FlightState::kIssued) {
+      e.state = state;
+      e.ended_us = now;
+      return;
+    }
+  }
+}
+
+int64_t FlightRing::issued() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return issued_;
+}
+
+std::optional<FlightEntry> FlightRing::pending(const void* work) const {
+  const auto capacity = static_cast<int64_t>(slots_.size());
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (int64_t seq = issued_; seq > std::max<int64_t>(0, issued_ - capacity); --seq) {
+    const FlightEntry& e = slots_[static_cast<size_t>((seq - 1) % capacity)];
+    if (e.state == FlightState::kIssued && (work == nullptr || e.work == work)) return e;
+  }
+  return std::nullopt;
+}
+
+FlightGroup FlightRing::snapshot() const {
+  FlightGroup g;
+  g.name = name_;
+  g.rank = rank_;
+  g.global_ranks = global_ranks_;
+  const auto capacity = static_cast<int64_t>(slots_.size());
+  g.capacity = capacity;
+  std::lock_guard<std::mutex> lock(mutex_);
+  g.issued = issued_;
+  for (int64_t seq = std::max<int64_t>(1, issued_ - capacity + 1); seq <= issued_; ++seq) {
+    g.entries.push_back(slots_[static_cast<size_t>((seq - 1) % capacity)]);
+  }
+  return g;
+}
+
+void for_each_flight_ring(const std::function<void(const FlightRing&)>& visit) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  for (const FlightRing* ring : r.rings) visit(*ring);
+}
+
+}  // namespace ddp::comm

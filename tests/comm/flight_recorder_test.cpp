@@ -1,0 +1,226 @@
+// The flight recorder ([Note: flight recorder] in comm/flight_recorder.hpp): the ring keeps the
+// newest collectives with what they were for and what became of them; every rank's dump is
+// written when a collective fails, on SIGUSR1 (the process goes on) and on SIGTERM (it ends as
+// SIGTERM would), as JSON that says who issued what.
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "ddp/comm/flight_recorder.hpp"
+#include "ddp/comm/flight_ring.hpp"
+#include "support/param_names.hpp"
+#include "support/temp_dir.hpp"
+#include "support/workers.hpp"
+
+namespace ddp::testing {
+namespace {
+
+using comm::FlightEntry;
+using comm::FlightRing;
+using comm::FlightState;
+using comm::Purpose;
+using json = nlohmann::json;
+
+json read_dump(const std::string& path) {
+  std::ifstream in(path);
+  EXPECT_TRUE(in.good()) << "no dump at " << path;
+  std::stringstream text;
+  text << in.rdbuf();
+  return json::parse(text.str());
+}
+
+TEST(FlightRing, KeepsTheNewestCollectivesWithWhatTheyWereForAndWhatBecameOfThem) {
+  FlightRing ring("ddp/world/mesh0/1/0", 1, {4, 5}, 3);
+  int works[5];
+  comm::note_step(7);
+  {
+    const comm::ForPurpose bucket({Purpose::kBucket, 2, 0});
+    ring.record(&works[0], {"all-reduce (average)", 100, at::kFloat});
+    {
+      const comm::ForPurpose gather({Purpose::kUnitGather, 4});
+      ring.record(&works[1], {"all-gather (flat)", 60, at::kBFloat16});
+    }
+    ring.record(&works[2], {"all-reduce (average)", 50, at::kFloat});  // the outer purpose again
+  }
+  comm::note_step(8);
+  ring.record(&works[3], {"broadcast", 8, at::kLong, 0});
+  ring.record(&works[4], {"barrier"});
+  comm::note_step(-1);
+  ring.end(&works[0], FlightState::kCompleted);  // overwritten already: left alone
+  ring.end(&works[2], FlightState::kCompleted);
+  ring.end(&works[3], FlightState::kFailed);
+  ring.end(&works[3], FlightState::kCompleted);  // ended once only
+
+  EXPECT_EQ(ring.issued(), 5);
+  const comm::FlightGroup g = ring.snapshot();
+  EXPECT_EQ(g.name, "ddp/world/mesh0/1/0");
+  EXPECT_EQ(g.rank, 1);
+  EXPECT_EQ(g.global_ranks, (std::vector<int>{4, 5}));
+  EXPECT_EQ(g.capacity, 3);
+  ASSERT_EQ(g.entries.size(), 3u);
+  const FlightEntry& third = g.entries[0];
+  EXPECT_EQ(third.seq, 3);
+  EXPECT_EQ(third.op.describe(), "all-reduce (average) of 50 Float elements");
+  EXPECT_EQ(third.purpose.describe(), "bucket 2 of plan epoch 0");
+  EXPECT_EQ(third.step, 7);
+  EXPECT_EQ(third.state, FlightState::kCompleted);
+  EXPECT_GE(third.ended_us, third.issued_us);
+  EXPECT_GT(third.issued_us, 0);
+  EXPECT_EQ(g.entries[1].seq, 4);
+  EXPECT_EQ(g.entries[1].op.describe(), "broadcast from rank 0 of 8 Long elements");
+  EXPECT_EQ(g.entries[1].purpose.describe(), "the user's own call");
+  EXPECT_EQ(g.entries[1].step, 8);
+  EXPECT_EQ(g.entries[1].state, FlightState::kFailed);
+  EXPECT_EQ(g.entries[2].seq, 5);
+  EXPECT_EQ(g.entries[2].state, FlightState::kIssued);
+  EXPECT_EQ(g.entries[2].ended_us, 0);
+  // The newest still issued: #5; of work 1 (overwritten): none.
+  ASSERT_TRUE(ring.pending(nullptr).has_value());
+  EXPECT_EQ(ring.pending(nullptr)->seq, 5);
+  EXPECT_FALSE(ring.pending(&works[1]).has_value());
+  EXPECT_EQ(comm::CollectivePurpose({Purpose::kUnitGather, 4}).describe(), "unit 4's parameters");
+}
+
+TEST(FlightRing, RefusesAnEmptyRing) {
+  EXPECT_THROW(FlightRing("g", 0, {0}, 0), c10::Error);
+  comm::FlightRecorderOptions o;
+  o.capacity = 0;
+  try {
+    comm::set_flight_recorder(o);
+    FAIL() << "capacity 0 accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_EQ(e.what_without_backtrace(),
+              std::string("ddp: the flight recorder keeps at least 1 entry per group, got "
+                          "capacity 0"));
+  }
+}
+
+// Collective #1 (bucket 0 of plan epoch 0, step 7) on every rank; then the last rank stops
+// issuing (it waits on the store, as a rank stuck in its own code) while the others issue #2,
+// which times out: their errors name the dump, which holds #1 completed and #2 timed out. The
+// stopped rank, released, dumps on request: #1 completed, nothing more.
+DDP_TEST_WORKER(flight_dump_on_failure) {
+  auto pg = worker_process_group(std::chrono::seconds(2));
+  const int last = pg->world_size() - 1;
+  auto t = torch::ones({4});
+  comm::note_step(7);
+  {
+    const comm::ForPurpose purpose({Purpose::kBucket, 0, 0});
+    pg->allreduce_sum(t, "first all-reduce");
+  }
+  if (pg->rank() == last) {
+    pg->store().wait({"test/release"}, std::chrono::seconds(60));
+    const std::string path = comm::dump_flight_recorder("asked by the test");
+    require(path == worker_env("DDP_FLIGHT_RECORDER_DIR") + "/flight-rank" + std::to_string(last) +
+                        ".json",
+            "dump path " + path);
+    return;
+  }
+  std::string error;
+  try {
+    pg->allreduce_sum(t, "second all-reduce");
+  } catch (const c10::Error& e) {
+    error = e.what_without_backtrace();
+  }
+  const std::string dump =
+      worker_env("DDP_FLIGHT_RECORDER_DIR") + "/flight-rank" + std::to_string(pg->rank()) + ".json";
+  require(error.find("; flight recorder dump: " + dump) != std::string::npos, "error: " + error);
+  if (pg->rank() == 0) pg->store().set("test/release", std::vector<uint8_t>{1});
+}
+
+class FlightDump : public ::testing::TestWithParam<int> {};
+
+TEST_P(FlightDump, EveryRankDumpsWhatItIssuedAndWhatBecameOfIt) {
+  const int world = GetParam();
+  TempDir dir("flight");
+  const auto result =
+      run_workers("flight_dump_on_failure", world, {{"DDP_FLIGHT_RECORDER_DIR", dir.path.string()}},
+                  std::chrono::seconds(90));
+  ASSERT_TRUE(result.ok()) << result.describe();
+  for (int r = 0; r < world; ++r) {
+    const json d = read_dump(dir.path.string() + "/flight-rank" + std::to_string(r) + ".json");
+    EXPECT_EQ(d.at("format"), "ddp-flight-recorder");
+    EXPECT_EQ(d.at("version"), comm::kFlightDumpVersion);
+    EXPECT_EQ(d.at("rank"), r);
+    EXPECT_EQ(d.at("world_size"), world);
+    const json& g = d.at("groups").at(0);
+    EXPECT_EQ(g.at("name"), "ddp/world");
+    EXPECT_EQ(g.at("mesh_dim"), -1);
+    EXPECT_EQ(g.at("rank"), r);
+    const bool stopped = r == world - 1;
+    EXPECT_EQ(g.at("issued"), stopped ? 1 : 2) << "rank " << r;
+    EXPECT_EQ(d.at("reason").get<std::string>().rfind(
+                  stopped ? "asked by the test" : "second all-reduce failed: ", 0),
+              0u)
+        << d.at("reason");
+    const json& first = g.at("entries").at(0);
+    EXPECT_EQ(first.at("seq"), 1);
+    EXPECT_EQ(first.at("kind"), "all-reduce (sum)");
+    EXPECT_EQ(first.at("dtype"), "Float");
+    EXPECT_EQ(first.at("numel"), 4);
+    EXPECT_EQ(first.at("purpose"), "bucket");
+    EXPECT_EQ(first.at("index"), 0);
+    EXPECT_EQ(first.at("epoch"), 0);
+    EXPECT_EQ(first.at("step"), 7);
+    EXPECT_EQ(first.at("state"), "completed");
+    if (stopped) {
+      EXPECT_EQ(g.at("entries").size(), 1u);
+    } else {
+      const json& second = g.at("entries").at(1);
+      EXPECT_EQ(second.at("seq"), 2);
+      EXPECT_EQ(second.at("purpose"), "user");
+      EXPECT_EQ(second.at("state"), "timed out");
+      EXPECT_GT(second.at("ended_us").get<int64_t>(), second.at("issued_us").get<int64_t>());
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, FlightDump, ::testing::Values(2, 3), ddp::testing::world_name);
+
+// SIGUSR1: a dump, and the process goes on (a second collective after it); then SIGTERM: a dump
+// with both, and the process ends by SIGTERM.
+DDP_TEST_WORKER(flight_dump_on_signals) {
+  auto pg = worker_process_group(std::chrono::seconds(30));
+  const std::string path = worker_env("DDP_FLIGHT_RECORDER_DIR") + "/flight-rank0.json";
+  auto t = torch::ones({2});
+  pg->allreduce_sum(t, "before SIGUSR1");
+  ::raise(SIGUSR1);
+  // The dump is written by the recorder's own thread: bounded wait for the file to appear.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!std::filesystem::exists(path)) {
+    require(std::chrono::steady_clock::now() < deadline, "no dump 20 s after SIGUSR1");
+    std::this_thread::yield();
+  }
+  pg->allreduce_sum(t, "after SIGUSR1");
+  ::raise(SIGTERM);
+  // The recorder's thread dumps, then ends this process by SIGTERM; bounded.
+  pg->store().wait({"test/never-set"}, std::chrono::seconds(20));
+  require(false, "still running 20 s after SIGTERM");
+}
+
+TEST(FlightDumpSignals, SigusrDumpsAndGoesOnSigtermDumpsAndEnds) {
+  TempDir dir("flight");
+  const auto result =
+      run_workers("flight_dump_on_signals", 1, {{"DDP_FLIGHT_RECORDER_DIR", dir.path.string()}},
+                  std::chrono::seconds(60));
+  ASSERT_EQ(result.workers.size(), 1u);
+  EXPECT_TRUE(result.workers[0].signaled) << result.describe();
+  EXPECT_EQ(result.workers[0].signal, SIGTERM) << result.describe();
+  const json d = read_dump(dir.path.string() + "/flight-rank0.json");
+  EXPECT_EQ(d.at("reason"), "SIGTERM");
+  const json& entries = d.at("groups").at(0).at("entries");
+  ASSERT_EQ(entries.size(), 2u);
+  EXPECT_EQ(entries.at(1).at("seq"), 2);
+  EXPECT_EQ(entries.at(1).at("state"), "completed");
+}
+
+}  // namespace
+}  // namespace ddp::testing
