@@ -91,7 +91,12 @@ int run_self_as_workers(int argc, char** argv, const std::string& marker, SpawnO
   options.env[marker] = "1";
   const SpawnResult result = spawn_local_workers(options);
   if (!result.ok()) {
-    const std::string line = options.name + ": workers failed: " + result.describe() + "\n";
+    std::string line = options.name + ": workers failed: " + result.describe();
+    if (!options.flight_recorder_dir.empty()) {
+      line += "; flight recorder dumps in " + options.flight_recorder_dir + " (ddp-forensics " +
+              options.flight_recorder_dir + " names the first divergence)";
+    }
+    line += "\n";
     (void)io::write_all(STDERR_FILENO, line.data(), line.size());
   }
   return result.exit_code();

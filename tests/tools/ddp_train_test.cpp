@@ -2,6 +2,9 @@
 
 #include <array>
 #include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <utility>
 
@@ -23,6 +26,37 @@ namespace {
 using ddp::testing::expect_same_weights;
 using ddp::testing::run_command;
 auto run(const std::string& command) { return run_command(command); }
+
+// --flight-recorder: a rank that crashes at step 5 leaves the others' dumps (each written when
+// its collective failed or when the launcher stopped it), and the launcher says where they are.
+// Every surviving rank's newest collective is of step 5 and never completed.
+TEST(DdpTrain, AFailedJobLeavesTheOtherRanksFlightDumpsAndSaysWhere) {
+  ddp::testing::TempDir dir;
+  const std::string fr = dir.file("fr");
+  const auto [out, code] =
+      run(std::string(DDP_TRAIN_PATH) +
+          " --nproc 3 --model mlp --steps 20 --timeout-s 20 --fail-at-step 5 --fail-rank 1 "
+          "--flight-recorder " +
+          fr + " 2>&1");
+  EXPECT_NE(code, 0) << out;
+  EXPECT_NE(out.find("flight recorder dumps in " + fr + " (ddp-forensics " + fr +
+                     " names the first divergence)"),
+            std::string::npos)
+      << out;
+  for (int rank : {0, 2}) {
+    std::ifstream in(fr + "/flight-rank" + std::to_string(rank) + ".json");
+    ASSERT_TRUE(in.good()) << "no dump of rank " << rank << "\n" << out;
+    std::stringstream text;
+    text << in.rdbuf();
+    const auto dump = nlohmann::json::parse(text.str());
+    EXPECT_EQ(dump.at("rank"), rank);
+    const auto& entries = dump.at("groups").at(0).at("entries");
+    ASSERT_FALSE(entries.empty());
+    EXPECT_EQ(entries.back().at("step"), 5) << entries.back().dump();
+    EXPECT_NE(entries.back().at("state"), "completed") << entries.back().dump();
+  }
+  EXPECT_FALSE(std::ifstream(fr + "/flight-rank1.json").good()) << "the crashed rank dumped";
+}
 
 // The acceptance line of the foundation issue: the seed Net's 3-bucket table, then training.
 TEST(DdpTrain, SeedNetPrintsThreeBucketsAndTrains) {

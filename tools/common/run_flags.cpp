@@ -42,6 +42,9 @@ void add_run_flags(CLI::App& app, RunFlags& flags, bool& verbose) {
   app.add_option("--timeout-s", flags.timeout_s, "collective timeout in seconds")
       ->check(CLI::Range(1, 86400))
       ->capture_default_str();
+  app.add_option("--flight-recorder", flags.flight_recorder,
+                 "directory for every worker's flight recorder dump (written when a collective "
+                 "fails or times out, on SIGTERM and SIGUSR1; read them with ddp-forensics)");
   app.add_flag("--optimizer-overlap", flags.optimizer_overlap,
                "step each parameter's optimizer once its bucket is reduced (inside backward; a "
                "sharded unit's at the end of backward, on its shard)");
@@ -78,6 +81,11 @@ comm::InitOptions init_options(const RunFlags& flags, const std::string& backend
   init.backend = backend;
   init.timeout = std::chrono::seconds(flags.timeout_s);
   init.nccl = flags.nccl;
+  if (!flags.flight_recorder.empty()) {
+    comm::FlightRecorderOptions recorder;
+    recorder.dir = flags.flight_recorder;
+    init.flight_recorder = recorder;
+  }
   return init;
 }
 

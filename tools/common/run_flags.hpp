@@ -26,6 +26,9 @@ struct RunFlags {
   // --cuda-graph: the whole step captured in a CUDA graph after the warm-up and replayed
   // (graphs/captured_step.hpp) with the capturable optimizers (optim/capturable.hpp).
   bool cuda_graph = false;
+  // --flight-recorder DIR: every worker's flight recorder dumps to DIR (comm/flight_recorder.hpp)
+  // when a collective fails or times out, on SIGTERM and SIGUSR1; "" (default): no dumps.
+  std::string flight_recorder;
   // --nccl-high-priority-stream / --no-nccl-high-priority-stream, --nccl-cta-policy,
   // --nccl-max-ctas, --nccl-min-ctas: how NCCL makes its communicators (comm/init.hpp).
   comm::NcclOptions nccl;

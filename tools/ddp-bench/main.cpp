@@ -566,6 +566,7 @@ int main(int argc, char** argv) {
     }
     spawn.timeout = std::chrono::hours(2);
     spawn.name = "ddp-bench";
+    spawn.flight_recorder_dir = args.flight_recorder;
     // Unprefixed: rank 0's result lines are parsed by bench/compare as lines that start with
     // "result " or "{", and only rank 0 prints them.
     spawn.relay_output = false;

@@ -332,6 +332,7 @@ int run_worker(const Args& args) {
   // steps draw alike, and a resumed run draws what the uninterrupted one drew.
   ddp::graphs::StepRng step_rng(run.device(), args.workload.seed);
   for (int step = first_step; step <= args.steps; ++step) {
+    ddp::comm::note_step(step);  // the flight recorder's entries say which step they were
     fail_if_asked(args, step, pg->rank());
     const auto batch = host_batch(args, run, text.get(), step, global_batch);
     step_rng.begin_step(step);
@@ -489,6 +490,7 @@ int main(int argc, char** argv) {
     // Under a restarting launcher, our workers are that launcher's restart too.
     spawn.restart_count = restart_count();
     spawn.name = "ddp-train";
+    spawn.flight_recorder_dir = args.flight_recorder;
     // --json: rank 0's stdout is the JSON lines alone (its other lines go to stderr), unprefixed,
     // so that the launcher's stdout parses line by line.
     spawn.prefix_rank0_stdout = !args.json;

@@ -37,6 +37,9 @@ struct SpawnOptions {
   bool prefix_rank0_stdout = true;  // as WorkerGroupOptions
   bool forward_signals = true;
   std::string name = "ddp";
+  // Where the workers' flight recorder dumps go (--flight-recorder), said when the job fails;
+  // "" (default): nothing said.
+  std::string flight_recorder_dir;
 };
 
 struct SpawnResult {
