@@ -129,17 +129,20 @@ PendingCollective ProcessGroup::all_gather_async(const at::Tensor& shard, at::Te
   if (traits_.flat_collectives) {
     work = made_->backend->_allgather_base(gathered, in, opts);
   } else {
-    // Gloo has no flat all-gather: its list all-gather gathers into a flat temporary of its own
-    // (one output's bytes, alive while the collective runs) and copies each rank's piece into
-    // these views. Chosen over an in-place all-reduce of a zeroed buffer (exact, no temporary, but
-    // twice the bytes on the wire and a sum): that cost the sharded CPU step 20-25% for half a
-    // unit less peak (docs/benchmarks.md, "The sharded styles' CPU step").
-    std::vector<std::vector<at::Tensor>> outputs(1);
-    for (int r = 0; r < world_size(); ++r) {
-      outputs[0].push_back(gathered.narrow(0, r * layout.chunk(), layout.chunk()));
-    }
-    std::vector<at::Tensor> inputs{in};
-    work = made_->backend->allgather(outputs, inputs, opts);
+    // Gloo has no flat all-gather, and its list all-gather gathers into a flat tensor of its own
+    // that its worker thread drops only some time after the wait returned: one output more alive
+    // at moments nobody controls (a sharded unit, measured in tests/shard/backward_memory_test).
+    // An all-reduce (sum) of `gathered` with only this rank's slice non-zero gathers in place,
+    // exactly (x + 0 = x; a -0.0 arrives as +0.0), for twice an all-gather's bytes on the wire.
+    // (Tried back on 2026-11-27: 20-30% faster CPU steps, but the memory test's bound failed under
+    // load; docs/benchmarks.md, "what 8bdd6c9 costs".)
+    gathered.zero_();
+    gathered.narrow(0, rank() * layout.chunk(), layout.chunk()).copy_(in);
+    std::vector<at::Tensor> tensors{gathered};
+    c10d::AllreduceOptions sum;
+    sum.reduceOp = c10d::ReduceOp::SUM;
+    sum.timeout = timeout_;
+    work = made_->backend->allreduce(tensors, sum);
   }
   work = issued(std::move(work), {"all-gather (flat)", layout.numel, output.scalar_type()});
   std::function<void()> finish;

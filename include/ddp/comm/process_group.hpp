@@ -22,11 +22,11 @@
 //     per rank instead of (W-1)/W * N: twice a native reduce-scatter; in memory one N-element
 //     temporary that lives as long as the result (the result is a view into it), or none with
 //     reuse_input (the input itself is reduced; the result is a view into it).
-//   - all-gather is Gloo's list all-gather into views of a W * chunk buffer: Gloo gathers into a
-//     flat temporary of its own (W * chunk elements while it runs) and copies each piece out. An
-//     all-reduce of a zeroed buffer would gather in place but move twice the bytes and sum them
-//     (20-25% of a sharded CPU step, measured). The buffer is the caller's output when the split
-//     is even and the output contiguous; otherwise one more copy of N into the output.
+//   - all-gather is an all-reduce (sum) of a zeroed W * chunk buffer holding only this rank's
+//     slice: exact, in place, twice a native all-gather's bytes on the wire. Gloo's own list
+//     all-gather would gather into a flat tensor that its worker thread frees only some time after
+//     the wait (a whole output more alive at moments nobody controls). The even case with a
+//     contiguous output gathers straight into it; otherwise one more copy of N into the output.
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
