@@ -17,6 +17,7 @@
 #include "ddp/comm/flight_recorder.hpp"
 #include "ddp/comm/flight_ring.hpp"
 #include "support/param_names.hpp"
+#include "support/run_command.hpp"
 #include "support/temp_dir.hpp"
 #include "support/workers.hpp"
 
@@ -181,6 +182,24 @@ TEST_P(FlightDump, EveryRankDumpsWhatItIssuedAndWhatBecameOfIt) {
       EXPECT_GT(second.at("ended_us").get<int64_t>(), second.at("issued_us").get<int64_t>());
     }
   }
+#ifdef DDP_FORENSICS_PATH
+  // ddp-forensics names the stopped rank, what it never issued and that it is stuck outside
+  // collectives (every one it issued completed).
+  const auto [out, code] = run_command(std::string(DDP_FORENSICS_PATH) + " " + dir.path.string());
+  ASSERT_EQ(code, 0) << out;
+  const std::string others = world == 2 ? "rank 0" : "ranks 0 and 1";
+  const std::string head = "rank " + std::to_string(world - 1) +
+                           " never issued collective #2 of group ddp/world (all-reduce (sum) of 4 "
+                           "Float elements for the user's own call), which " +
+                           others + " issued from ";
+  EXPECT_EQ(out.rfind(head, 0), 0u) << out;
+  EXPECT_NE(out.find("; rank " + std::to_string(world - 1) + "'s last collective #1 completed at "),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("(every collective it issued completed: it is stuck outside collectives)\n"),
+            std::string::npos)
+      << out;
+#endif
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, FlightDump, ::testing::Values(2, 3), ddp::testing::world_name);

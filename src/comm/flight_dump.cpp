@@ -1,0 +1,391 @@
+#include "ddp/comm/flight_dump.hpp"
+
+#include <dirent.h>
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+
+#include "ddp/comm/flight_recorder.hpp"
+
+namespace ddp::comm {
+
+namespace {
+
+using json = nlohmann::json;
+
+[[noreturn]] void refuse(const std::string& path, const std::string& what) {
+  throw std::runtime_error(path + ": " + what);
+}
+
+const json& field(const json& j, const char* key, const std::string& path, const std::string& at) {
+  if (!j.is_object() || !j.contains(key)) {
+    refuse(path, "field '" + at + key + "' is missing");
+  }
+  return j.at(key);
+}
+
+int64_t integer(const json& j, const char* key, const std::string& path, const std::string& at) {
+  const json& v = field(j, key, path, at);
+  if (!v.is_number_integer()) refuse(path, "field '" + at + key + "' is not an integer");
+  return v.get<int64_t>();
+}
+
+int small_integer(const json& j, const char* key, const std::string& path, const std::string& at) {
+  const int64_t v = integer(j, key, path, at);
+  if (v < -1 || v > (int64_t(1) << 30)) {
+    refuse(path, "field '" + at + key + "' is " + std::to_string(v) + ", out of range");
+  }
+  return static_cast<int>(v);
+}
+
+std::string text(const json& j, const char* key, const std::string& path, const std::string& at) {
+  const json& v = field(j, key, path, at);
+  if (!v.is_string()) refuse(path, "field '" + at + key + "' is not a string");
+  return v.get<std::string>();
+}
+
+const json& array(const json& j, const char* key, const std::string& path, const std::string& at) {
+  const json& v = field(j, key, path, at);
+  if (!v.is_array()) refuse(path, "field '" + at + key + "' is not an array");
+  return v;
+}
+
+DumpedCollective read_entry(const json& e, const std::string& path, const std::string& at) {
+  DumpedCollective c;
+  c.seq = integer(e, "seq", path, at);
+  c.kind = text(e, "kind", path, at);
+  c.dtype = text(e, "dtype", path, at);
+  c.numel = integer(e, "numel", path, at);
+  c.root = small_integer(e, "root", path, at);
+  c.purpose = text(e, "purpose", path, at);
+  c.index = integer(e, "index", path, at);
+  c.epoch = integer(e, "epoch", path, at);
+  c.step = integer(e, "step", path, at);
+  c.issued_us = integer(e, "issued_us", path, at);
+  c.ended_us = integer(e, "ended_us", path, at);
+  c.state = text(e, "state", path, at);
+  static const char* kStates[] = {"issued", "completed", "failed", "timed out"};
+  if (std::find(std::begin(kStates), std::end(kStates), c.state) == std::end(kStates)) {
+    refuse(path, "field '" + at + "state' is '" + c.state + "', not a collective's state");
+  }
+  return c;
+}
+
+DumpedGroup read_group(const json& g, const std::string& path, const std::string& at) {
+  DumpedGroup group;
+  group.name = text(g, "name", path, at);
+  group.mesh_dim = small_integer(g, "mesh_dim", path, at);
+  group.rank = small_integer(g, "rank", path, at);
+  for (const json& r : array(g, "global_ranks", path, at)) {
+    if (!r.is_number_integer() || r.get<int64_t>() < 0 || r.get<int64_t>() > (1 << 30)) {
+      refuse(path, "field '" + at + "global_ranks' holds something not a rank");
+    }
+    group.global_ranks.push_back(r.get<int>());
+  }
+  if (group.rank < 0 || group.rank >= static_cast<int>(group.global_ranks.size())) {
+    refuse(path, "field '" + at + "rank' is " + std::to_string(group.rank) + ", outside its " +
+                     std::to_string(group.global_ranks.size()) + " global ranks");
+  }
+  group.issued = integer(g, "issued", path, at);
+  const json& entries = array(g, "entries", path, at);
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const std::string entry_at = at + "entries[" + std::to_string(i) + "].";
+    group.entries.push_back(read_entry(entries[i], path, entry_at));
+    const int64_t seq = group.entries.back().seq;
+    const int64_t expected = i == 0 ? seq : group.entries[i - 1].seq + 1;
+    if (seq != expected || seq < 1 || seq > group.issued) {
+      refuse(path, "field '" + entry_at + "seq' is " + std::to_string(seq) + ", expected " +
+                       (i == 0 ? "1.." + std::to_string(group.issued) : std::to_string(expected)));
+    }
+  }
+  if (!group.entries.empty() && group.entries.back().seq != group.issued) {
+    refuse(path, "field '" + at + "issued' is " + std::to_string(group.issued) +
+                     " but the newest entry is #" + std::to_string(group.entries.back().seq));
+  }
+  return group;
+}
+
+std::string join_ranks(const std::vector<int>& ranks) {
+  std::string out;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    out += (i == 0 ? "" : i + 1 == ranks.size() ? " and " : ", ") + std::to_string(ranks[i]);
+  }
+  return out;
+}
+
+std::string ranks_word(const std::vector<int>& ranks) {
+  return (ranks.size() == 1 ? "rank " : "ranks ") + join_ranks(ranks);
+}
+
+// One group as every rank dumped it: the global rank of each dump holding it.
+struct GroupView {
+  std::string name;
+  std::map<int, const DumpedGroup*> by_rank;  // global rank -> its dump of the group
+};
+
+const DumpedCollective* entry_at(const DumpedGroup& g, int64_t seq) {
+  if (g.entries.empty() || seq < g.entries.front().seq || seq > g.entries.back().seq) {
+    return nullptr;
+  }
+  return &g.entries[static_cast<size_t>(seq - g.entries.front().seq)];
+}
+
+}  // namespace
+
+std::string DumpedCollective::describe() const {
+  std::string out = kind;
+  if (root >= 0) out += " from rank " + std::to_string(root);
+  if (numel >= 0) out += " of " + std::to_string(numel) + " " + dtype + " elements";
+  CollectivePurpose p;
+  for (Purpose candidate :
+       {Purpose::kUser, Purpose::kBucket, Purpose::kUnitGather, Purpose::kUnitReduce,
+        Purpose::kParamBroadcast, Purpose::kCheckpoint, Purpose::kControl, Purpose::kCheck}) {
+    if (purpose == purpose_name(candidate)) p.what = candidate;
+  }
+  p.index = index;
+  p.epoch = epoch;
+  return out + " for " + (purpose == purpose_name(p.what) ? p.describe() : purpose);
+}
+
+std::string DumpedCollective::signature() const {
+  return kind + "|" + dtype + "|" + std::to_string(numel) + "|" + std::to_string(root) + "|" +
+         purpose + "|" + std::to_string(index) + "|" + std::to_string(epoch);
+}
+
+std::string clock_time(int64_t unix_us) {
+  const std::time_t seconds = static_cast<std::time_t>(unix_us / 1000000);
+  std::tm utc{};
+  gmtime_r(&seconds, &utc);
+  char out[32];
+  std::snprintf(out, sizeof(out), "%02d:%02d:%02d.%03d", utc.tm_hour, utc.tm_min, utc.tm_sec,
+                static_cast<int>((unix_us / 1000) % 1000));
+  return out;
+}
+
+RankDump parse_flight_dump(const std::string& text_in, const std::string& path) {
+  json j;
+  try {
+    j = json::parse(text_in);
+  } catch (const json::exception& e) {
+    refuse(path, std::string("not a flight recorder dump (not JSON: ") + e.what() + ")");
+  }
+  if (!j.is_object() || !j.contains("format") || !j.at("format").is_string() ||
+      j.at("format").get<std::string>() != "ddp-flight-recorder") {
+    refuse(path, "not a flight recorder dump (no \"format\": \"ddp-flight-recorder\")");
+  }
+  const int64_t version = integer(j, "version", path, "");
+  if (version != kFlightDumpVersion) {
+    refuse(path, "a dump of version " + std::to_string(version) + "; this tool reads version " +
+                     std::to_string(kFlightDumpVersion));
+  }
+  RankDump d;
+  d.path = path;
+  d.rank = small_integer(j, "rank", path, "");
+  d.world_size = small_integer(j, "world_size", path, "");
+  if (d.rank < 0 || d.rank >= d.world_size) {
+    refuse(path, "rank " + std::to_string(d.rank) + " is outside world size " +
+                     std::to_string(d.world_size));
+  }
+  d.reason = text(j, "reason", path, "");
+  const json& groups = array(j, "groups", path, "");
+  for (size_t i = 0; i < groups.size(); ++i) {
+    d.groups.push_back(read_group(groups[i], path, "groups[" + std::to_string(i) + "]."));
+    const DumpedGroup& g = d.groups.back();
+    if (g.global_ranks[static_cast<size_t>(g.rank)] != d.rank) {
+      refuse(path, "group '" + g.name + "' says this is global rank " +
+                       std::to_string(g.global_ranks[static_cast<size_t>(g.rank)]) +
+                       ", the dump says " + std::to_string(d.rank));
+    }
+  }
+  return d;
+}
+
+RankDump read_flight_dump(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) refuse(path, "cannot be read");
+  std::stringstream text_in;
+  text_in << in.rdbuf();
+  return parse_flight_dump(text_in.str(), path);
+}
+
+std::vector<RankDump> read_flight_dumps(const std::string& dir) {
+  DIR* handle = ::opendir(dir.c_str());
+  if (handle == nullptr) refuse(dir, "is not a directory that can be read");
+  std::vector<std::string> names;
+  while (const dirent* e = ::readdir(handle)) {
+    const std::string name = e->d_name;
+    if (name.rfind("flight-rank", 0) == 0 && name.size() > 16 &&
+        name.compare(name.size() - 5, 5, ".json") == 0) {
+      names.push_back(name);
+    }
+  }
+  ::closedir(handle);
+  if (names.empty()) refuse(dir, "holds no flight recorder dump (flight-rank<R>.json)");
+  std::sort(names.begin(), names.end());
+  std::vector<RankDump> dumps;
+  for (const std::string& name : names) dumps.push_back(read_flight_dump(dir + "/" + name));
+  std::sort(dumps.begin(), dumps.end(),
+            [](const RankDump& a, const RankDump& b) { return a.rank < b.rank; });
+  for (size_t i = 1; i < dumps.size(); ++i) {
+    if (dumps[i].rank == dumps[i - 1].rank) {
+      refuse(dumps[i].path, "a second dump of rank " + std::to_string(dumps[i].rank) + " (also " +
+                                dumps[i - 1].path + ")");
+    }
+    if (dumps[i].world_size != dumps[0].world_size) {
+      refuse(dumps[i].path, "world size " + std::to_string(dumps[i].world_size) + ", but " +
+                                dumps[0].path + " says " + std::to_string(dumps[0].world_size));
+    }
+  }
+  return dumps;
+}
+
+Divergence first_divergence(const std::vector<RankDump>& dumps, int world_size) {
+  std::map<std::string, GroupView> groups;
+  for (const RankDump& d : dumps) {
+    for (const DumpedGroup& g : d.groups) {
+      groups[g.name].name = g.name;
+      groups[g.name].by_rank[d.rank] = &g;
+    }
+  }
+  // 1. Different collectives at one number: the earliest issued across groups.
+  std::optional<Divergence> mismatch;
+  int64_t mismatch_at = 0;
+  for (const auto& [name, view] : groups) {
+    int64_t common = INT64_MAX;
+    for (const auto& [rank, g] : view.by_rank) common = std::min(common, g->issued);
+    for (int64_t seq = 1; seq <= common; ++seq) {
+      std::map<std::string, std::vector<int>> by_signature;
+      std::map<std::string, const DumpedCollective*> example;
+      int64_t issued = INT64_MAX;
+      for (const auto& [rank, g] : view.by_rank) {
+        const DumpedCollective* e = entry_at(*g, seq);
+        if (e == nullptr) continue;  // overwritten in that rank's ring
+        by_signature[e->signature()].push_back(rank);
+        example[e->signature()] = e;
+        issued = std::min(issued, e->issued_us);
+      }
+      if (by_signature.size() <= 1) continue;
+      if (mismatch && issued >= mismatch_at) break;
+      // The largest agreeing set first: the odd ranks out are named last.
+      std::vector<std::pair<std::string, std::vector<int>>> sets(by_signature.begin(),
+                                                                 by_signature.end());
+      std::stable_sort(sets.begin(), sets.end(), [](const auto& a, const auto& b) {
+        return a.second.size() > b.second.size();
+      });
+      Divergence d;
+      d.kind = "mismatch";
+      d.group = name;
+      d.seq = seq;
+      d.sentence = "collective #" + std::to_string(seq) + " of group " + name + " differs: ";
+      for (size_t i = 0; i < sets.size(); ++i) {
+        d.sentence += (i == 0 ? "" : "; ") + ranks_word(sets[i].second) + " issued " +
+                      example[sets[i].first]->describe();
+        if (i > 0) d.ranks.insert(d.ranks.end(), sets[i].second.begin(), sets[i].second.end());
+      }
+      mismatch = d;
+      mismatch_at = issued;
+      break;
+    }
+  }
+  if (mismatch) return *mismatch;
+  // 2. A rank that never issued what others issued: the lowest count of any group.
+  std::optional<Divergence> missing;
+  int64_t missing_count = INT64_MAX;
+  for (const auto& [name, view] : groups) {
+    int64_t most = 0;
+    for (const auto& [rank, g] : view.by_rank) most = std::max(most, g->issued);
+    for (const auto& [rank, g] : view.by_rank) {
+      if (g->issued >= most || g->issued >= missing_count) continue;
+      const int64_t seq = g->issued + 1;
+      std::vector<int> ahead;
+      const DumpedCollective* next = nullptr;
+      for (const auto& [other, og] : view.by_rank) {
+        if (og->issued < seq) continue;
+        ahead.push_back(other);
+        const DumpedCollective* e = entry_at(*og, seq);
+        if (e != nullptr && (next == nullptr || e->issued_us < next->issued_us)) next = e;
+      }
+      Divergence d;
+      d.kind = "missing";
+      d.group = name;
+      d.seq = seq;
+      d.ranks = {rank};
+      d.sentence = "rank " + std::to_string(rank) + " never issued collective #" +
+                   std::to_string(seq) + " of group " + name;
+      if (next != nullptr) d.sentence += " (" + next->describe() + ")";
+      d.sentence += ", which " + ranks_word(ahead) + " issued";
+      if (next != nullptr) d.sentence += " from " + clock_time(next->issued_us);
+      const DumpedCollective* last = g->entries.empty() ? nullptr : &g->entries.back();
+      if (last == nullptr) {
+        d.sentence += "; rank " + std::to_string(rank) + " issued none in this group";
+      } else {
+        bool all_completed = true;
+        for (const DumpedCollective& e : g->entries) all_completed &= e.state == "completed";
+        d.sentence += "; rank " + std::to_string(rank) + "'s last collective #" +
+                      std::to_string(last->seq) + " " +
+                      (last->state == "issued" ? "was issued" : last->state) + " at " +
+                      clock_time(last->state == "issued" ? last->issued_us : last->ended_us);
+        if (all_completed) {
+          d.sentence += " (every collective it issued completed: it is stuck outside collectives)";
+        }
+      }
+      missing = d;
+      missing_count = g->issued;
+    }
+  }
+  if (missing) return *missing;
+  // 3. Ranks without a dump.
+  std::vector<int> absent;
+  for (int r = 0; r < world_size; ++r) {
+    if (std::none_of(dumps.begin(), dumps.end(), [&](const RankDump& d) { return d.rank == r; })) {
+      absent.push_back(r);
+    }
+  }
+  if (!absent.empty()) {
+    Divergence d;
+    d.kind = "no dump";
+    d.ranks = absent;
+    d.sentence = ranks_word(absent) + " left no dump (killed, or never started) and the others " +
+                 "agree on every collective they hold";
+    // Where the others wait: the oldest collective still issued, the same on every dumped rank.
+    const DumpedCollective* waiting = nullptr;
+    std::string waiting_group;
+    std::vector<int> waiters;
+    for (const auto& [name, view] : groups) {
+      for (const auto& [rank, g] : view.by_rank) {
+        for (const DumpedCollective& e : g->entries) {
+          if (e.state != "issued") continue;
+          if (waiting == nullptr || (name == waiting_group && e.seq == waiting->seq)) {
+            if (waiting == nullptr) waiting_group = name;
+            waiting = &e;
+            waiters.push_back(rank);
+          }
+          break;
+        }
+      }
+    }
+    if (waiting != nullptr) {
+      d.group = waiting_group;
+      d.seq = waiting->seq;
+      d.sentence += "; " + ranks_word(waiters) + " wait in collective #" +
+                    std::to_string(waiting->seq) + " of group " + waiting_group + " (" +
+                    waiting->describe() + ", step " + std::to_string(waiting->step) +
+                    ", issued at " + clock_time(waiting->issued_us) + ")";
+    }
+    return d;
+  }
+  Divergence d;
+  d.kind = "none";
+  d.sentence = "no divergence: every rank issued the same collectives in every group";
+  return d;
+}
+
+}  // namespace ddp::comm

@@ -1,0 +1,192 @@
+// Flight recorder dumps read back and lined up (comm/flight_dump.hpp): each kind of divergence
+// named in one exact sentence; a damaged or foreign dump refused by name, never a crash (a fuzz
+// over a real dump's text).
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "ddp/comm/flight_dump.hpp"
+#include "ddp/comm/flight_recorder.hpp"
+
+namespace ddp::testing {
+namespace {
+
+using comm::RankDump;
+using json = nlohmann::json;
+
+// 12:01:03.000 UTC on 2026-11-27, in microseconds; entry k issued k ms later, ended 1 ms after.
+constexpr int64_t kT0 = 1795780863000000;
+
+json entry(int64_t seq, const std::string& kind, int64_t numel, const std::string& purpose,
+           int64_t index, const std::string& state, const std::string& dtype = "Float") {
+  return {{"seq", seq},
+          {"kind", kind},
+          {"dtype", dtype},
+          {"numel", numel},
+          {"root", -1},
+          {"purpose", purpose},
+          {"index", index},
+          {"epoch", purpose == "bucket" ? 0 : -1},
+          {"step", 12},
+          {"issued_us", kT0 + seq * 1000},
+          {"ended_us", state == "issued" ? 0 : kT0 + seq * 1000 + 1000},
+          {"state", state}};
+}
+
+// Rank `rank` of `world` with one group "ddp/world" holding `entries`.
+json dump(int rank, int world, const std::vector<json>& entries) {
+  std::vector<int> ranks;
+  for (int r = 0; r < world; ++r) ranks.push_back(r);
+  return {{"format", "ddp-flight-recorder"},
+          {"version", comm::kFlightDumpVersion},
+          {"rank", rank},
+          {"world_size", world},
+          {"pid", 1},
+          {"host", "h"},
+          {"reason", "test"},
+          {"dumped_us", kT0},
+          {"groups",
+           {{{"name", "ddp/world"},
+             {"mesh_dim", -1},
+             {"rank", rank},
+             {"global_ranks", ranks},
+             {"issued", entries.empty() ? 0 : entries.back().at("seq").get<int64_t>()},
+             {"capacity", 4096},
+             {"entries", entries}}}}};
+}
+
+std::vector<RankDump> parsed(const std::vector<json>& dumps) {
+  std::vector<RankDump> out;
+  for (size_t i = 0; i < dumps.size(); ++i) {
+    out.push_back(comm::parse_flight_dump(dumps[i].dump(), "rank" + std::to_string(i)));
+  }
+  return out;
+}
+
+std::vector<json> bucket_steps(int n, const std::string& last_state = "completed") {
+  std::vector<json> e;
+  for (int k = 1; k <= n; ++k) {
+    e.push_back(entry(k, "all-reduce (average)", 6300000, "bucket", k % 4,
+                      k == n ? last_state : "completed"));
+  }
+  return e;
+}
+
+TEST(FlightDivergence, ARankThatNeverIssuedACollectiveIsNamedWithWhatItWas) {
+  const auto d = comm::first_divergence(
+      parsed({dump(0, 3, bucket_steps(8, "issued")), dump(1, 3, bucket_steps(8, "issued")),
+              dump(2, 3, bucket_steps(7))}),
+      3);
+  EXPECT_EQ(d.kind, "missing");
+  EXPECT_EQ(d.ranks, std::vector<int>{2});
+  EXPECT_EQ(d.sentence,
+            "rank 2 never issued collective #8 of group ddp/world (all-reduce (average) of 6300000 "
+            "Float elements for bucket 0 of plan epoch 0), which ranks 0 and 1 issued from "
+            "12:01:03.008; rank 2's last collective #7 completed at 12:01:03.008 (every collective "
+            "it issued completed: it is stuck outside collectives)");
+}
+
+TEST(FlightDivergence, DifferentCollectivesAtOneNumberAreNamedRankByRank) {
+  std::vector<json> odd = bucket_steps(5);
+  odd[4] = entry(5, "all-gather (flat)", 1200000, "unit gather", 4, "issued", "BFloat16");
+  const auto d =
+      comm::first_divergence(parsed({dump(0, 3, bucket_steps(5, "issued")),
+                                     dump(1, 3, bucket_steps(5, "issued")), dump(2, 3, odd)}),
+                             3);
+  EXPECT_EQ(d.kind, "mismatch");
+  EXPECT_EQ(d.seq, 5);
+  EXPECT_EQ(d.ranks, std::vector<int>{2});
+  EXPECT_EQ(d.sentence,
+            "collective #5 of group ddp/world differs: ranks 0 and 1 issued all-reduce (average) "
+            "of 6300000 Float elements for bucket 1 of plan epoch 0; rank 2 issued all-gather "
+            "(flat) of 1200000 BFloat16 elements for unit 4's parameters");
+}
+
+TEST(FlightDivergence, ARankWithoutADumpAndAgreeingRanksAreSaidSo) {
+  const auto none =
+      comm::first_divergence(parsed({dump(0, 2, bucket_steps(4)), dump(1, 2, bucket_steps(4))}), 2);
+  EXPECT_EQ(none.kind, "none");
+  EXPECT_EQ(none.sentence, "no divergence: every rank issued the same collectives in every group");
+  const auto absent = comm::first_divergence(parsed({dump(0, 2, bucket_steps(4))}), 2);
+  EXPECT_EQ(absent.kind, "no dump");
+  EXPECT_EQ(absent.sentence,
+            "rank 1 left no dump (killed, or never started) and the others agree on every "
+            "collective they hold");
+  // A killed rank while the others wait in a collective: where they wait.
+  const auto killed = comm::first_divergence(
+      parsed({dump(0, 3, bucket_steps(4, "issued")), dump(2, 3, bucket_steps(4, "issued"))}), 3);
+  EXPECT_EQ(killed.kind, "no dump");
+  EXPECT_EQ(killed.sentence,
+            "rank 1 left no dump (killed, or never started) and the others agree on every "
+            "collective they hold; ranks 0 and 2 wait in collective #4 of group ddp/world "
+            "(all-reduce (average) of 6300000 Float elements for bucket 0 of plan epoch 0, step "
+            "12, issued at 12:01:03.004)");
+}
+
+std::string refusal(const std::string& text) {
+  try {
+    comm::parse_flight_dump(text, "d.json");
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(FlightDumpRead, ADamagedOrForeignDumpIsRefusedByName) {
+  const json good = dump(0, 2, bucket_steps(3));
+  EXPECT_EQ(refusal(good.dump()), "");
+  EXPECT_EQ(refusal("{\"format\": \"safetensors\"}"),
+            "d.json: not a flight recorder dump (no \"format\": \"ddp-flight-recorder\")");
+  json v2 = good;
+  v2["version"] = 2;
+  EXPECT_EQ(refusal(v2.dump()), "d.json: a dump of version 2; this tool reads version 1");
+  json bad_seq = good;
+  bad_seq["groups"][0]["entries"][1]["seq"] = "two";
+  EXPECT_EQ(refusal(bad_seq.dump()), "d.json: field 'groups[0].entries[1].seq' is not an integer");
+  json gap = good;
+  gap["groups"][0]["entries"][2]["seq"] = 4;
+  EXPECT_EQ(refusal(gap.dump()), "d.json: field 'groups[0].entries[2].seq' is 4, expected 3");
+  json state = good;
+  state["groups"][0]["entries"][0]["state"] = "maybe";
+  EXPECT_EQ(refusal(state.dump()),
+            "d.json: field 'groups[0].entries[0].state' is 'maybe', not a collective's state");
+  EXPECT_EQ(
+      refusal(good.dump().substr(0, 40)).rfind("d.json: not a flight recorder dump (not JSON", 0),
+      0u);
+}
+
+TEST(FlightDumpRead, FuzzedDumpsAreReadOrRefusedByNameNeverACrash) {
+  const std::string good = dump(1, 3, bucket_steps(6)).dump(1);
+  std::mt19937 rng(49);
+  int refused = 0, read = 0;
+  for (int i = 0; i < 3000; ++i) {
+    std::string text = good;
+    switch (i % 3) {
+      case 0:  // truncated
+        text.resize(rng() % text.size());
+        break;
+      case 1:  // a byte replaced
+        text[rng() % text.size()] = static_cast<char>(rng() % 256);
+        break;
+      default:  // a run of bytes deleted
+        text.erase(rng() % text.size(), 1 + rng() % 16);
+    }
+    const std::string why = refusal(text);
+    if (why.empty()) {
+      ++read;
+    } else {
+      ++refused;
+      EXPECT_EQ(why.rfind("d.json: ", 0), 0u) << why;
+    }
+  }
+  EXPECT_GT(refused, 1000);
+  EXPECT_GT(read, 0);  // harmless bytes (inside a string, whitespace) still read
+}
+
+}  // namespace
+}  // namespace ddp::testing
