@@ -277,8 +277,9 @@ Divergence first_divergence(const std::vector<RankDump>& dumps, int world_size) 
       // The largest agreeing set first: the odd ranks out are named last.
       std::vector<std::pair<std::string, std::vector<int>>> sets(by_signature.begin(),
                                                                  by_signature.end());
-      std::stable_sort(sets.begin(), sets.end(), [](const auto& a, const auto& b) {
-        return a.second.size() > b.second.size();
+      std::sort(sets.begin(), sets.end(), [](const auto& a, const auto& b) {
+        if (a.second.size() != b.second.size()) return a.second.size() > b.second.size();
+        return a.second.front() < b.second.front();  // a tie: the set with rank 0 first
       });
       Divergence d;
       d.kind = "mismatch";
@@ -355,14 +356,15 @@ Divergence first_divergence(const std::vector<RankDump>& dumps, int world_size) 
     d.ranks = absent;
     d.sentence = ranks_word(absent) + " left no dump (killed, or never started) and the others " +
                  "agree on every collective they hold";
-    // Where the others wait: the oldest collective still issued, the same on every dumped rank.
+    // Where the others are: the oldest collective not completed (waiting, failed or timed out),
+    // when it is the same one on the dumped ranks that have one.
     const DumpedCollective* waiting = nullptr;
     std::string waiting_group;
     std::vector<int> waiters;
     for (const auto& [name, view] : groups) {
       for (const auto& [rank, g] : view.by_rank) {
         for (const DumpedCollective& e : g->entries) {
-          if (e.state != "issued") continue;
+          if (e.state == "completed") continue;
           if (waiting == nullptr || (name == waiting_group && e.seq == waiting->seq)) {
             if (waiting == nullptr) waiting_group = name;
             waiting = &e;
@@ -375,10 +377,12 @@ Divergence first_divergence(const std::vector<RankDump>& dumps, int world_size) 
     if (waiting != nullptr) {
       d.group = waiting_group;
       d.seq = waiting->seq;
-      d.sentence += "; " + ranks_word(waiters) + " wait in collective #" +
+      d.sentence += "; " + ranks_word(waiters) + " " +
+                    (waiting->state == "issued" ? "wait in" : "ended in") + " collective #" +
                     std::to_string(waiting->seq) + " of group " + waiting_group + " (" +
                     waiting->describe() + ", step " + std::to_string(waiting->step) +
-                    ", issued at " + clock_time(waiting->issued_us) + ")";
+                    ", issued at " + clock_time(waiting->issued_us) +
+                    (waiting->state == "issued" ? "" : ", " + waiting->state) + ")";
     }
     return d;
   }

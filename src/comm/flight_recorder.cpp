@@ -86,7 +86,8 @@ json entry_json(const FlightEntry& e) {
 }
 
 struct Dump {
-  int rank = -1;  // global; -1: no group made yet (then RANK's, or 0)
+  int rank = -1;       // global; -1: no group made yet (then RANK's, or 0)
+  int world_size = 0;  // 0: no group alive
   std::string text;
 };
 
@@ -129,7 +130,7 @@ Dump make_dump(const std::string& reason) {
                      {"reason", reason},
                      {"dumped_us", unix_us()},
                      {"groups", std::move(groups)}};
-  return {global_rank, dump.dump(1) + "\n"};
+  return {global_rank, world_size, dump.dump(1) + "\n"};
 }
 
 int g_signal_pipe[2] = {-1, -1};
@@ -211,6 +212,9 @@ std::string dump_flight_recorder(const std::string& reason) {
   if (dir.empty()) return "";
   try {
     const Dump dump = make_dump(reason);
+    // No group alive (none made yet, or all destroyed while the process ends): nothing to say, and
+    // an earlier dump of this rank (a failed wait's) must not be overwritten by an empty one.
+    if (dump.world_size == 0) return "";
     const std::string path = dir + "/flight-rank" + std::to_string(dump.rank) + ".json";
     io::write_file_atomic(path, dump.text);
     return path;

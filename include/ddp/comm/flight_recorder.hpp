@@ -79,8 +79,8 @@ class ForPurpose {
 void note_step(int64_t step);
 
 // Writes this rank's dump now, `reason` inside it ("SIGUSR1", "collective failed: ..."). Returns
-// the file's path; "" when no dir is set. Never throws (it runs on failure paths): a write that
-// fails is said on stderr and "" returned.
+// the file's path; "" when no dir is set or no group is alive (an earlier dump stays). Never throws
+// (it runs on failure paths): a write that fails is said on stderr and "" returned.
 std::string dump_flight_recorder(const std::string& reason);
 
 }  // namespace ddp::comm
