@@ -18,7 +18,7 @@
 #include <thread>
 
 #include "ddp/comm/flight_ring.hpp"
-#include "ddp/io/posix_file.hpp"
+#include "ddp/files/posix_file.hpp"
 
 namespace ddp::comm {
 
@@ -216,7 +216,7 @@ std::string dump_flight_recorder(const std::string& reason) {
     // an earlier dump of this rank (a failed wait's) must not be overwritten by an empty one.
     if (dump.world_size == 0) return "";
     const std::string path = dir + "/flight-rank" + std::to_string(dump.rank) + ".json";
-    io::write_file_atomic(path, dump.text);
+    files::write_file_atomic(path, dump.text);
     return path;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ddp: the flight recorder could not write its dump to '%s': %s\n",

@@ -6,7 +6,7 @@
 
 #include <c10/util/Exception.h>
 
-#include "ddp/io/posix_file.hpp"
+#include "ddp/files/posix_file.hpp"
 
 namespace ddp::io {
 
@@ -14,7 +14,7 @@ template <typename Fn>
 decltype(auto) as_c10_error(Fn&& fn) {
   try {
     return fn();
-  } catch (const FileError& e) {
+  } catch (const files::FileError& e) {
     TORCH_CHECK(false, e.what());
   }
 }

@@ -16,8 +16,8 @@
 
 #include "c10_errors.hpp"
 #include "checkpoint_dir.hpp"
+#include "ddp/files/posix_file.hpp"
 #include "ddp/io/checkpoint_state.hpp"
-#include "ddp/io/posix_file.hpp"
 #include "ddp/io/safetensors.hpp"
 #include "ddp/io/sha256.hpp"
 #include "ddp/io/sharded_checkpoint.hpp"
@@ -57,7 +57,7 @@ void remove_stale_temporaries(const fs::path& root) {
     const bool writer_alive =
         pid > 0 && pid != ::getpid() && (::kill(pid, 0) == 0 || errno == EPERM);
     if (writer_alive) continue;
-    remove_tree(entry.path().string());
+    files::remove_tree(entry.path().string());
   }
 }
 
@@ -70,7 +70,7 @@ void publish(const fs::path& tmp, const fs::path& final) {
   TORCH_CHECK(rename_errno == ENOTEMPTY || rename_errno == EEXIST, "ddp: checkpoint: renaming ",
               tmp, " to ", final, " failed: ", std::strerror(rename_errno));
   if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final.c_str(), RENAME_EXCHANGE) == 0) {
-    remove_tree(tmp.string());  // now the old checkpoint
+    files::remove_tree(tmp.string());  // now the old checkpoint
     return;
   }
   // File systems without RENAME_EXCHANGE: move the old one aside first. A crash in between
@@ -80,7 +80,7 @@ void publish(const fs::path& tmp, const fs::path& final) {
               " aside failed: ", std::strerror(errno));
   TORCH_CHECK(::rename(tmp.c_str(), final.c_str()) == 0, "ddp: checkpoint: renaming ", tmp, " to ",
               final, " failed: ", std::strerror(errno));
-  remove_tree(aside.string());
+  files::remove_tree(aside.string());
 }
 
 // Keeps the checkpoint just written and the keep-1 newest older ones. Directories of higher steps
@@ -95,7 +95,7 @@ void prune(const std::string& root, int64_t written_step, int keep) {
       ++kept;
       continue;
     }
-    if (const int err = remove_tree(e.dir)) {
+    if (const int err = files::remove_tree(e.dir)) {
       obs::log(
           obs::LogLevel::kWarn, 0,
           "ddp: warning: could not delete old checkpoint " + e.dir + ": " + std::strerror(err));
@@ -177,7 +177,7 @@ void start_checkpoint_dir(const std::string& root, const std::string& tmp) {
   fs::create_directories(root, ec);
   TORCH_CHECK(!ec, "ddp: checkpoint: cannot create directory ", fs::path(root), ": ", ec.message());
   remove_stale_temporaries(root);
-  remove_tree(tmp);
+  files::remove_tree(tmp);
   fs::create_directory(tmp, ec);
   TORCH_CHECK(!ec, "ddp: checkpoint: cannot create directory ", fs::path(tmp), ": ", ec.message());
 }
@@ -189,16 +189,16 @@ ManifestFile describe_file(const std::string& dir, const std::string& name, int 
 
 std::string finish_checkpoint_dir(const std::string& root, const std::string& tmp,
                                   const Manifest& manifest, int keep) {
-  write_file_atomic((fs::path(tmp) / "manifest.json").string(), manifest_to_json(manifest));
+  files::write_file_atomic((fs::path(tmp) / "manifest.json").string(), manifest_to_json(manifest));
   const fs::path final = checkpoint_dir(root, manifest.step);
   publish(tmp, final);
-  fsync_directory(root);
+  files::fsync_directory(root);
   prune(root, manifest.step, keep);
   return final.string();
 }
 
 TempDirGuard::~TempDirGuard() {
-  if (!published && !path.empty()) remove_tree(path);
+  if (!published && !path.empty()) files::remove_tree(path);
 }
 
 }  // namespace detail
@@ -223,12 +223,12 @@ Manifest load_checkpoint(const std::string& dir, int world_size, TrainingState& 
   // A global batch the caller states is the saved run's: the steps' samples, a schedule's step and
   // the data position all assume it. Refused before any change; a checkpoint that did not record
   // one (0) loads as before.
-  TORCH_CHECK(state.global_batch == 0 || head.global_batch == 0 ||
-                  head.global_batch == state.global_batch,
-              "ddp: checkpoint ", dir, " was saved by a run of ", head.global_batch,
-              " samples a step, this run's is ", state.global_batch,
-              " (TrainingState::global_batch): resume with the same global batch (at another "
-              "world size, scale the batch per rank)");
+  TORCH_CHECK(
+      state.global_batch == 0 || head.global_batch == 0 || head.global_batch == state.global_batch,
+      "ddp: checkpoint ", dir, " was saved by a run of ", head.global_batch,
+      " samples a step, this run's is ", state.global_batch,
+      " (TrainingState::global_batch): resume with the same global batch (at another "
+      "world size, scale the batch per rank)");
   const bool rank_files = std::any_of(head.files.begin(), head.files.end(),
                                       [](const ManifestFile& f) { return f.rank != kReplicated; });
   if (state.split_layouts() != nullptr)

@@ -17,7 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "c10_errors.hpp"
-#include "ddp/io/posix_file.hpp"
+#include "ddp/files/posix_file.hpp"
 
 // The data buffer is little-endian and is copied into (and out of) tensor memory as it is.
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -290,7 +290,7 @@ void save_safetensors(const std::string& path, const TensorMap& tensors,
 
   // Atomic (posix_file.hpp): a failed write leaves the file that was at `path` untouched.
   as_c10_error([&] {
-    AtomicFile file(path);
+    files::AtomicFile file(path);
     file.write(len_bytes, 8);
     file.write(header.data(), header.size());
     for (const at::Tensor& t : data)

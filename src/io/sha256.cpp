@@ -10,7 +10,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "ddp/io/posix_file.hpp"
+#include "ddp/files/posix_file.hpp"
 
 namespace ddp::io {
 namespace {
@@ -57,7 +57,8 @@ std::string sha256_file(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     const int err = errno;
-    throw FileError("ddp: cannot open '" + path + "' to read: " + std::strerror(err), path, err);
+    throw files::FileError("ddp: cannot open '" + path + "' to read: " + std::strerror(err), path,
+                           err);
   }
   struct Closer {
     int fd;
@@ -70,7 +71,8 @@ std::string sha256_file(const std::string& path) {
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
       const int err = errno;
-      throw FileError("ddp: reading '" + path + "' failed: " + std::strerror(err), path, err);
+      throw files::FileError("ddp: reading '" + path + "' failed: " + std::strerror(err), path,
+                             err);
     }
     if (n == 0) break;
     h.update(buf.data(), size_t(n));

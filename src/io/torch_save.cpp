@@ -9,7 +9,7 @@
 #include <torch/serialize.h>
 
 #include "c10_errors.hpp"
-#include "ddp/io/posix_file.hpp"
+#include "ddp/files/posix_file.hpp"
 
 namespace ddp::io {
 namespace {
@@ -32,7 +32,7 @@ void save_torch(const std::string& path, const TensorMap& tensors) {
     dict.insert(name, tensor.detach().to(at::kCPU).contiguous());
   }
   const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
-  as_c10_error([&] { write_file_atomic(path, std::string(bytes.begin(), bytes.end())); });
+  as_c10_error([&] { files::write_file_atomic(path, std::string(bytes.begin(), bytes.end())); });
 }
 
 TensorMap load_torch(const std::string& path) {

@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-#include "ddp/io/posix_file.hpp"
+#include "ddp/files/posix_file.hpp"
 
 namespace ddp::launch {
 
@@ -10,7 +10,7 @@ void LineRelay::feed(const char* data, size_t size) {
   if (prefix_.empty()) {
     // Nothing to put in front: the bytes go on as they come, so that a partial line (a progress
     // bar redrawn with '\r') shows at once instead of at its newline.
-    (void)io::write_all(out_fd_, data, size);
+    (void)files::write_all(out_fd_, data, size);
     return;
   }
   while (size > 0) {
@@ -53,7 +53,7 @@ void LineRelay::emit(const char* line, size_t size) {
   out.append(prefix_).append(line, size).push_back('\n');
   // Our stdout/stderr is gone (EPIPE with SIGPIPE ignored, EBADF): nothing useful to do with the
   // output, and the workers must not be stopped for it.
-  (void)io::write_all(out_fd_, out.data(), out.size());
+  (void)files::write_all(out_fd_, out.data(), out.size());
 }
 
 }  // namespace ddp::launch

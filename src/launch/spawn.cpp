@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "ddp/io/posix_file.hpp"
+#include "ddp/files/posix_file.hpp"
 
 namespace ddp::launch {
 
@@ -97,7 +97,7 @@ int run_self_as_workers(int argc, char** argv, const std::string& marker, SpawnO
               options.flight_recorder_dir + " names the first divergence)";
     }
     line += "\n";
-    (void)io::write_all(STDERR_FILENO, line.data(), line.size());
+    (void)files::write_all(STDERR_FILENO, line.data(), line.size());
   }
   return result.exit_code();
 }

@@ -13,7 +13,7 @@
 #include <memory>
 #include <stdexcept>
 
-#include "ddp/io/posix_file.hpp"
+#include "ddp/files/posix_file.hpp"
 #include "ddp/launch/free_port.hpp"
 #include "ddp/launch/line_relay.hpp"
 
@@ -145,14 +145,14 @@ struct Worker {
   ::execvpe(args[0], args.data(), envp.data());
   const int err = errno;
   const char* parts[] = {o.name.c_str(), ": cannot run ", args[0], ": ", std::strerror(err), "\n"};
-  for (const char* p : parts) (void)io::write_all(STDERR_FILENO, p, std::strlen(p));
+  for (const char* p : parts) (void)files::write_all(STDERR_FILENO, p, std::strlen(p));
   ::_exit(127);  // the shell's "command not found"
 }
 
 // Our own lines go out whole, in one write, like the workers' (see line_relay.hpp).
 void say(const WorkerGroupOptions& o, const std::string& message) {
   const std::string line = o.name + ": " + message + "\n";
-  (void)io::write_all(STDERR_FILENO, line.data(), line.size());
+  (void)files::write_all(STDERR_FILENO, line.data(), line.size());
 }
 
 // One attempt: start, relay, stop, reap.

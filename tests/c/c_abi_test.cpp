@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "ddp/c/ddp.h"
-#include "ddp/io/posix_file.hpp"
+#include "ddp/files/posix_file.hpp"
 #include "support/param_names.hpp"
 #include "support/workers.hpp"
 
@@ -314,8 +314,8 @@ TEST_P(CAbiTest, TrainsThroughRawTensorPointersLikeTheOracle) {
                            std::to_string(::getpid());
   const auto result = run_workers("c_abi_training", GetParam(), {{"DDP_TEST_ROOT", root}});
   EXPECT_TRUE(result.ok()) << result.describe();
-  // Not std::filesystem::remove_all: the torch wheel's copy of it crashes (io/posix_file.hpp).
-  EXPECT_EQ(ddp::io::remove_tree(root), 0) << root;
+  // Not std::filesystem::remove_all: the torch wheel's copy of it crashes (files/posix_file.hpp).
+  EXPECT_EQ(ddp::files::remove_tree(root), 0) << root;
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, CAbiTest, ::testing::Values(1, 2, 3), world_name);
@@ -327,8 +327,8 @@ TEST(CAbiGpu, TrainsOnNcclAtWorldOne) {
       "c_abi_training", 1,
       {{"DDP_TEST_ROOT", root}, {"DDP_TEST_BACKEND", "nccl"}, {"DDP_TEST_DEVICE", "cuda"}});
   EXPECT_TRUE(result.ok()) << result.describe();
-  // Not std::filesystem::remove_all: the torch wheel's copy of it crashes (io/posix_file.hpp).
-  EXPECT_EQ(ddp::io::remove_tree(root), 0) << root;
+  // Not std::filesystem::remove_all: the torch wheel's copy of it crashes (files/posix_file.hpp).
+  EXPECT_EQ(ddp::files::remove_tree(root), 0) << root;
 }
 
 TEST(CAbi, BadInputIsAStatusAndAMessageNeverACrash) {

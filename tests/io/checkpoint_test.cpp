@@ -22,8 +22,8 @@
 #include <torch/optim/sgd.h>
 #include <nlohmann/json.hpp>
 
+#include "ddp/files/posix_file.hpp"
 #include "ddp/io/checkpoint_state.hpp"
-#include "ddp/io/posix_file.hpp"
 #include "ddp/io/sha256.hpp"
 #include "ddp/models/registry.hpp"
 #include "support/error_text.hpp"
@@ -135,7 +135,7 @@ TEST(CheckpointSha256, MatchesTheStandardDigests) {
   const std::string path = (dir.path / "f").string();
   std::string bytes(3 << 20, '\0');  // several read chunks
   for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = char(i * 7 + i / 1000);
-  ddp::io::write_file_atomic(path, bytes);
+  ddp::files::write_file_atomic(path, bytes);
   EXPECT_EQ(ddp::io::sha256_file(path), ddp::io::sha256_hex(bytes));
   if (::access("/usr/bin/sha256sum", X_OK) == 0) {
     const auto [out, code] = ddp::testing::run_command("/usr/bin/sha256sum " + path);
@@ -232,7 +232,7 @@ TEST(Checkpoint, CorruptCheckpointIsRefusedAndTheOlderOneIsIntact) {
                 " bytes != manifest " + std::to_string(size) + " bytes (truncated or overwritten)");
 
   // Same size, one byte flipped: the checksum says so.
-  ddp::io::write_file_atomic(model.string(), model_bytes);  // intact again
+  ddp::files::write_file_atomic(model.string(), model_bytes);  // intact again
   const fs::path optim = fs::path(newer) / "optim.safetensors";
   {
     std::fstream f(optim, std::ios::in | std::ios::out | std::ios::binary);

@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "ddp/io/posix_file.hpp"
+#include "ddp/files/posix_file.hpp"
 
 namespace ddp::testing {
 
@@ -20,7 +20,7 @@ struct TempDir {
       throw std::runtime_error("mkdtemp failed: " + pattern);
     path = pattern;
   }
-  ~TempDir() { ddp::io::remove_tree(path.string()); }  // not std::filesystem's: posix_file.hpp
+  ~TempDir() { ddp::files::remove_tree(path.string()); }  // not std::filesystem's: posix_file.hpp
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
   std::string file(const std::string& name) const { return (path / name).string(); }

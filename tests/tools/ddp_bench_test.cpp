@@ -9,7 +9,7 @@
 #include <map>
 #include <string>
 
-#include "ddp/io/posix_file.hpp"
+#include "ddp/files/posix_file.hpp"
 #include "ddp/io/safetensors.hpp"
 #include "support/run_command.hpp"
 
@@ -135,7 +135,7 @@ TEST(DdpBench, ProfileWritesOneTrackPerRankWithComputeAndBucketSpans) {
   EXPECT_EQ(graph.rfind("digraph autograd {", 0), 0u) << graph.substr(0, 200);
   EXPECT_NE(graph.find("layers.15.weight"), std::string::npos);
   EXPECT_NE(graph.find("AddmmBackward"), std::string::npos);
-  ddp::io::remove_tree(dir);
+  ddp::files::remove_tree(dir);
 }
 
 // Parity mode against the single-process path of the same tool: `world` ranks on slices of a
@@ -177,7 +177,7 @@ void expect_parity(const std::string& style_flags, int world, const std::string&
     const double rel = (a.at(name) - t).norm().item<double>() / t.norm().item<double>();
     EXPECT_LT(rel, 1e-5) << style_flags << ": " << name;
   }
-  ddp::io::remove_tree(dir);
+  ddp::files::remove_tree(dir);
 }
 
 TEST(DdpBench, ParityModeMatchesTheSingleProcessRun) { expect_parity("--ddp", 2); }

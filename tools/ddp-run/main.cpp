@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "ddp/io/posix_file.hpp"
+#include "ddp/files/posix_file.hpp"
 #include "ddp/launch/worker_group.hpp"
 
 namespace {
@@ -44,7 +44,7 @@ constexpr const char* kNoProgram =
 // Our own lines go out whole, in one write, like the workers' (see ddp/launch/line_relay.hpp).
 void say(const std::string& message) {
   const std::string line = "ddp-run: " + message + "\n";
-  (void)ddp::io::write_all(STDERR_FILENO, line.data(), line.size());
+  (void)ddp::files::write_all(STDERR_FILENO, line.data(), line.size());
 }
 
 int usage_error(const std::string& message) {

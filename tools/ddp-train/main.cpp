@@ -23,12 +23,12 @@
 #include "common/tool_error.hpp"
 #include "common/training_run.hpp"
 #include "ddp/comm/init.hpp"
+#include "ddp/files/posix_file.hpp"
 #include "ddp/graphs/captured_step.hpp"
 #include "ddp/graphs/step_rng.hpp"
 #include "ddp/io/checkpoint_coordinator.hpp"
 #include "ddp/io/checkpoint_state.hpp"
 #include "ddp/io/full_state_dict.hpp"
-#include "ddp/io/posix_file.hpp"
 #include "ddp/io/torch_save.hpp"
 #include "ddp/launch/spawn.hpp"
 #include "ddp/models/registry.hpp"
@@ -266,7 +266,7 @@ void report_end(const Args& args, ddp::tools::TrainingRun& run, const ddp::tools
                      (args.tp > 0 ? " x tp " + std::to_string(args.tp) : std::string()) + ", " +
                      args.recipe.optimizer + ")";
     const std::string svg = ddp::tools::render_loss_svg(log.curve(), options);
-    ddp::io::AtomicFile file(args.plot);
+    ddp::files::AtomicFile file(args.plot);
     file.write(svg.data(), svg.size());
     file.commit();
     std::cout << "ddp-train: loss plot written to " << args.plot << std::endl;

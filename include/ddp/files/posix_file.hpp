@@ -1,7 +1,8 @@
 #pragma once
 // The one place libddp puts bytes into files and pipes: write(2) until done, fsync, rename, and the
 // fsync of a directory, and from them a whole-file atomic write. Checkpoints, safetensors,
-// torch.save files and ddp-run's output relay all go through here.
+// torch.save files, ddp-run's output relay and the flight recorder's dumps all go through here.
+// The ground floor of the house (files/): comm/ (the recorder) and launch/ use it as io/ does.
 //
 // Torch-free on purpose: ddp-run (no libtorch, for its start-up time) links it through ddp_launch.
 // Failures throw FileError, a std::runtime_error naming the file and errno's text
@@ -12,7 +13,7 @@
 #include <stdexcept>
 #include <string>
 
-namespace ddp::io {
+namespace ddp::files {
 
 class FileError : public std::runtime_error {
  public:
@@ -67,4 +68,4 @@ int remove_tree(const std::string& path) noexcept;
 // AtomicFile in one call: `path` holds exactly `bytes` afterwards, or what it held before.
 void write_file_atomic(const std::string& path, const std::string& bytes);
 
-}  // namespace ddp::io
+}  // namespace ddp::files

@@ -1,4 +1,4 @@
-#include "ddp/io/posix_file.hpp"
+#include "ddp/files/posix_file.hpp"
 
 #include <fcntl.h>
 #include <ftw.h>
@@ -8,7 +8,7 @@
 #include <cstring>
 #include <filesystem>
 
-namespace ddp::io {
+namespace ddp::files {
 namespace {
 
 [[noreturn]] void fail(const std::string& what, const std::string& path, int err) {
@@ -92,4 +92,4 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
   file.commit();
 }
 
-}  // namespace ddp::io
+}  // namespace ddp::files

@@ -1,7 +1,7 @@
 // The one POSIX file helper: whole bytes out through EINTR and short writes, atomic replacement,
 // and failures that name the file and errno's text while leaving the old file as it was.
 
-#include "ddp/io/posix_file.hpp"
+#include "ddp/files/posix_file.hpp"
 
 #include <gtest/gtest.h>
 
@@ -36,7 +36,7 @@
 namespace {
 
 namespace fs = std::filesystem;
-using ddp::io::FileError;
+using ddp::files::FileError;
 using ddp::testing::read_file;
 using ddp::testing::TempDir;
 
@@ -83,10 +83,10 @@ std::string error_of(const std::function<void()>& fn) {
 TEST(PosixFile, AtomicWriteReplacesTheWholeFile) {
   TempDir dir;
   const std::string path = dir.file("f");
-  ddp::io::write_file_atomic(path, "first version, longer");
-  ddp::io::write_file_atomic(path, "second");
+  ddp::files::write_file_atomic(path, "first version, longer");
+  ddp::files::write_file_atomic(path, "second");
   EXPECT_EQ(read_file(path), "second");
-  ddp::io::write_file_atomic(path, "");
+  ddp::files::write_file_atomic(path, "");
   EXPECT_EQ(read_file(path), "");
   EXPECT_EQ(names_in(dir.path), std::vector<std::string>{"f"});
 }
@@ -94,18 +94,18 @@ TEST(PosixFile, AtomicWriteReplacesTheWholeFile) {
 TEST(PosixFile, RemoveTreeRemovesEverythingAndFollowsNoLink) {
   TempDir dir;
   const std::string outside = dir.file("outside");
-  ddp::io::write_file_atomic(outside, "kept");
+  ddp::files::write_file_atomic(outside, "kept");
   const std::string tree = dir.file("tree");
   fs::create_directories(tree + "/a/b");
-  ddp::io::write_file_atomic(tree + "/a/b/f", "x");
-  ddp::io::write_file_atomic(tree + "/g", "y");
+  ddp::files::write_file_atomic(tree + "/a/b/f", "x");
+  ddp::files::write_file_atomic(tree + "/g", "y");
   fs::create_symlink(outside, tree + "/a/link");
   fs::create_directory_symlink(dir.path, tree + "/up");  // a cycle if links were followed
-  EXPECT_EQ(ddp::io::remove_tree(tree), 0);
+  EXPECT_EQ(ddp::files::remove_tree(tree), 0);
   EXPECT_EQ(names_in(dir.path), std::vector<std::string>{"outside"});
   EXPECT_EQ(read_file(outside), "kept");
-  EXPECT_EQ(ddp::io::remove_tree(tree), 0);     // missing: nothing to do
-  EXPECT_EQ(ddp::io::remove_tree(outside), 0);  // a plain file
+  EXPECT_EQ(ddp::files::remove_tree(tree), 0);     // missing: nothing to do
+  EXPECT_EQ(ddp::files::remove_tree(outside), 0);  // a plain file
   EXPECT_FALSE(fs::exists(outside));
 }
 
@@ -113,14 +113,14 @@ TEST(PosixFile, AFullDiskLeavesTheOldFileAndNamesTheFile) {
   TempDir dir;
   const std::string path = dir.file("weights");
   const std::string old_bytes(10000, 'o');
-  ddp::io::write_file_atomic(path, old_bytes);
+  ddp::files::write_file_atomic(path, old_bytes);
   std::string message;
   int error_number = 0;
   std::string error_path;
   {
     FileSizeLimit limit(4096);
     try {
-      ddp::io::write_file_atomic(path, std::string(20000, 'n'));
+      ddp::files::write_file_atomic(path, std::string(20000, 'n'));
     } catch (const FileError& e) {
       message = e.what();
       error_number = e.error_number();
@@ -137,9 +137,9 @@ TEST(PosixFile, AFullDiskLeavesTheOldFileAndNamesTheFile) {
 
 TEST(PosixFile, AParentThatIsAFileIsNamed) {
   TempDir dir;
-  ddp::io::write_file_atomic(dir.file("plain"), "x");
+  ddp::files::write_file_atomic(dir.file("plain"), "x");
   const std::string path = dir.file("plain") + "/f";
-  EXPECT_EQ(error_of<FileError>([&] { ddp::io::write_file_atomic(path, "y"); }),
+  EXPECT_EQ(error_of<FileError>([&] { ddp::files::write_file_atomic(path, "y"); }),
             "ddp: cannot create '" + path + ".tmp." + std::to_string(::getpid()) +
                 "' to write: " + std::strerror(ENOTDIR));
   EXPECT_EQ(read_file(dir.file("plain")), "x");
@@ -149,9 +149,9 @@ TEST(PosixFile, AReadOnlyDirectoryKeepsTheOldFile) {
   if (::geteuid() == 0) GTEST_SKIP() << "root writes into read-only directories";
   TempDir dir;
   const std::string path = dir.file("f");
-  ddp::io::write_file_atomic(path, "old");
+  ddp::files::write_file_atomic(path, "old");
   fs::permissions(dir.path, fs::perms::owner_read | fs::perms::owner_exec);
-  const std::string err = error_of<FileError>([&] { ddp::io::write_file_atomic(path, "new"); });
+  const std::string err = error_of<FileError>([&] { ddp::files::write_file_atomic(path, "new"); });
   fs::permissions(dir.path, fs::perms::owner_all);
   EXPECT_EQ(err, "ddp: cannot create '" + path + ".tmp." + std::to_string(::getpid()) +
                      "' to write: " + std::strerror(EACCES));
@@ -170,7 +170,7 @@ TEST(PosixFile, WriteAllGetsEveryByteThroughShortWrites) {
     ssize_t n;
     while ((n = ::read(fds[0], buf, sizeof(buf))) > 0) got.append(buf, size_t(n));
   });
-  EXPECT_EQ(ddp::io::write_all(fds[1], bytes.data(), bytes.size()), 0);
+  EXPECT_EQ(ddp::files::write_all(fds[1], bytes.data(), bytes.size()), 0);
   ::close(fds[1]);
   reader.join();
   ::close(fds[0]);
@@ -182,10 +182,10 @@ TEST(PosixFile, WriteAllReturnsTheErrno) {
   ASSERT_EQ(::pipe(fds), 0);
   ::close(fds[0]);
   const auto old = ::signal(SIGPIPE, SIG_IGN);
-  EXPECT_EQ(ddp::io::write_all(fds[1], "x", 1), EPIPE);
+  EXPECT_EQ(ddp::files::write_all(fds[1], "x", 1), EPIPE);
   ::signal(SIGPIPE, old);
   ::close(fds[1]);
-  EXPECT_EQ(ddp::io::write_all(-1, "x", 1), EBADF);
+  EXPECT_EQ(ddp::files::write_all(-1, "x", 1), EBADF);
 }
 
 TEST(PosixFile, Sha256OfAMissingFileNamesIt) {
@@ -275,7 +275,7 @@ TEST(PosixFile, NoFileOfTheTreeCallsTheWheelsBrokenRemoveAll) {
   for (const auto& f : offenders) list += "\n  " + f;
   EXPECT_TRUE(offenders.empty())
       << "these files call std::filesystem::remove_all, which the torch wheel's libtorch.so "
-         "replaces with a copy that crashes on a non-empty directory; use ddp::io::remove_tree:"
+         "replaces with a copy that crashes on a non-empty directory; use ddp::files::remove_tree:"
       << list;
 }
 
