@@ -1,5 +1,7 @@
 #include "ddp/comm/collective_progress.hpp"
 
+#include "ddp/comm/collective_check.hpp"
+
 #include <cstdio>
 #include <iterator>
 #include <sstream>
@@ -54,6 +56,10 @@ CollectiveProgress::~CollectiveProgress() {
 
 int64_t CollectiveProgress::issued(const c10d::Work* work, const CollectiveOp& op) {
   return ring_.record(work, op);
+}
+
+void CollectiveProgress::refused(const CollectiveOp& op) {
+  ring_.record(nullptr, op, FlightState::kRefused);
 }
 
 void CollectiveProgress::done(const c10d::Work* work, FlightState state) { ring_.end(work, state); }
@@ -137,7 +143,17 @@ std::string CollectiveProgress::report(const c10d::Work* work) {
     return "; collective #" + std::to_string(seq) + (op.empty() ? "" : " (" + op + ")") +
            "; the store could not be read to compare ranks: " + e.what();
   }
-  return describe(seq, op, rank_, states, unix_ms(), interval_);
+  return describe(seq, op, rank_, states, unix_ms(), interval_) + check_found();
+}
+
+std::string CollectiveProgress::check_found() const {
+  try {
+    if (!store_->check({CollectiveCheck::differs_key()})) return "";
+    const auto bytes = store_->get(CollectiveCheck::differs_key());
+    return "; the collective check found: " + std::string(bytes.begin(), bytes.end());
+  } catch (const std::exception&) {
+    return "";  // the store is gone: the rest of the report stands
+  }
 }
 
 }  // namespace ddp::comm

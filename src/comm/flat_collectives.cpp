@@ -81,8 +81,8 @@ PendingCollective ProcessGroup::reduce_scatter_async(const at::Tensor& input, Re
     const bool sum = op == ReduceOp::kSum || world_size() == 1;
     opts.reduceOp = sum ? c10d::ReduceOp::SUM : c10d::ReduceOp::AVG;
     opts.timeout = timeout_;
-    auto work = issued(made_->backend->_reduce_scatter_base(out, in, opts),
-                       {kind, layout.numel, input.scalar_type()});
+    auto work = issue({kind, layout.numel, input.scalar_type()},
+                      [&] { return made_->backend->_reduce_scatter_base(out, in, opts); });
     return pending(std::move(work), out.narrow(0, 0, length));
   }
   // Emulation: all-reduce a full-size temporary (the input is the caller's and stays intact) or,
@@ -98,8 +98,8 @@ PendingCollective ProcessGroup::reduce_scatter_async(const at::Tensor& input, Re
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d::ReduceOp::SUM;
   opts.timeout = timeout_;
-  auto work =
-      issued(made_->backend->allreduce(tensors, opts), {kind, layout.numel, input.scalar_type()});
+  auto work = issue({kind, layout.numel, input.scalar_type()},
+                    [&] { return made_->backend->allreduce(tensors, opts); });
   return pending(std::move(work), temp.narrow(0, offset, length));
 }
 
@@ -125,10 +125,7 @@ PendingCollective ProcessGroup::all_gather_async(const at::Tensor& shard, at::Te
   at::Tensor in = padded_to(flat_contiguous(shard), layout.chunk());
   c10d::AllgatherOptions opts;
   opts.timeout = timeout_;
-  c10::intrusive_ptr<c10d::Work> work;
-  if (traits_.flat_collectives) {
-    work = made_->backend->_allgather_base(gathered, in, opts);
-  } else {
+  if (!traits_.flat_collectives) {
     // Gloo has no flat all-gather, and its list all-gather gathers into a flat tensor of its own
     // that its worker thread drops only some time after the wait returned: one output more alive
     // at moments nobody controls (a sharded unit, measured in tests/shard/backward_memory_test).
@@ -138,13 +135,15 @@ PendingCollective ProcessGroup::all_gather_async(const at::Tensor& shard, at::Te
     // load; docs/benchmarks.md, "what 8bdd6c9 costs".)
     gathered.zero_();
     gathered.narrow(0, rank() * layout.chunk(), layout.chunk()).copy_(in);
+  }
+  auto work = issue({"all-gather (flat)", layout.numel, output.scalar_type()}, [&] {
+    if (traits_.flat_collectives) return made_->backend->_allgather_base(gathered, in, opts);
     std::vector<at::Tensor> tensors{gathered};
     c10d::AllreduceOptions sum;
     sum.reduceOp = c10d::ReduceOp::SUM;
     sum.timeout = timeout_;
-    work = made_->backend->allreduce(tensors, sum);
-  }
-  work = issued(std::move(work), {"all-gather (flat)", layout.numel, output.scalar_type()});
+    return made_->backend->allreduce(tensors, sum);
+  });
   std::function<void()> finish;
   if (!direct) {
     finish = [gathered, output, numel = layout.numel]() mutable {

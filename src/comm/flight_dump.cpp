@@ -72,7 +72,7 @@ DumpedCollective read_entry(const json& e, const std::string& path, const std::s
   c.issued_us = integer(e, "issued_us", path, at);
   c.ended_us = integer(e, "ended_us", path, at);
   c.state = text(e, "state", path, at);
-  static const char* kStates[] = {"issued", "completed", "failed", "timed out"};
+  static const char* kStates[] = {"issued", "completed", "failed", "timed out", "refused"};
   if (std::find(std::begin(kStates), std::end(kStates), c.state) == std::end(kStates)) {
     refuse(path, "field '" + at + "state' is '" + c.state + "', not a collective's state");
   }
@@ -287,7 +287,13 @@ Divergence first_divergence(const std::vector<RankDump>& dumps, int world_size) 
       d.seq = seq;
       d.sentence = "collective #" + std::to_string(seq) + " of group " + name + " differs: ";
       for (size_t i = 0; i < sets.size(); ++i) {
-        d.sentence += (i == 0 ? "" : "; ") + ranks_word(sets[i].second) + " issued " +
+        // A rank the collective check stopped never issued it (its state says so).
+        const bool refused = example[sets[i].first]->state == "refused";
+        const char* verb = !refused ? " issued "
+                           : sets[i].second.size() == 1
+                               ? " was stopped by the collective check before issuing "
+                               : " were stopped by the collective check before issuing ";
+        d.sentence += (i == 0 ? "" : "; ") + ranks_word(sets[i].second) + verb +
                       example[sets[i].first]->describe();
         if (i > 0) d.ranks.insert(d.ranks.end(), sets[i].second.begin(), sets[i].second.end());
       }

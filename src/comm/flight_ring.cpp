@@ -47,6 +47,8 @@ const char* flight_state_name(FlightState state) {
       return "failed";
     case FlightState::kTimedOut:
       return "timed out";
+    case FlightState::kRefused:
+      return "refused";
   }
   return "?";
 }
@@ -67,14 +69,14 @@ FlightRing::~FlightRing() {
   r.rings.erase(std::remove(r.rings.begin(), r.rings.end(), this), r.rings.end());
 }
 
-int64_t FlightRing::record(const void* work, const CollectiveOp& op) {
+int64_t FlightRing::record(const void* work, const CollectiveOp& op, FlightState state) {
   const CollectivePurpose purpose = current_purpose();
   const int64_t step = current_step();
   const int64_t now = unix_us();
   std::lock_guard<std::mutex> lock(mutex_);
   const int64_t seq = ++issued_;
   FlightEntry& e = slots_[static_cast<size_t>((seq - 1) % static_cast<int64_t>(slots_.size()))];
-  e = FlightEntry{seq, op, purpose, step, now, 0, work, FlightState::kIssued};
+  e = FlightEntry{seq, op, purpose, step, now, 0, work, state};
   return seq;
 }
 

@@ -100,6 +100,18 @@ BackendFactory backend_factory(Backend backend, const WorldInfo& world,
   TORCH_CHECK(false, "ddp: unhandled backend ", static_cast<int>(backend));
 }
 
+// DDP_CHECK_COLLECTIVES: "1" on, "0" or unset off; anything else is named, not guessed.
+bool check_collectives_from_env() {
+  const char* value = std::getenv("DDP_CHECK_COLLECTIVES");
+  if (value == nullptr) return false;
+  const std::string text(value);
+  TORCH_CHECK(text == "0" || text == "1",
+              "ddp: DDP_CHECK_COLLECTIVES must be 1 (check every "
+              "collective's fingerprint across ranks) or 0, got '",
+              text, "'");
+  return text == "1";
+}
+
 // This rank's device: CPU, or its GPU made current for the calling thread (InitOptions).
 c10::Device pinned_device(Backend backend, const WorldInfo& world, std::optional<int> index) {
   const auto type = traits(backend).device_type;
@@ -136,6 +148,7 @@ ProcessGroupPtr init_process_group(const InitOptions& options) {
   config.timeout = options.timeout;
   config.make_backend = backend_factory(backend, world, options.timeout, options.nccl);
   config.watch_collectives = options.watch_collectives;
+  config.check_collectives = options.check_collectives.value_or(check_collectives_from_env());
   config.device = pinned_device(backend, world, options.device_index);
   auto store = rendezvous(world, rendezvous_timeout);
   // A second connection to the same store for the collective-progress heartbeat: a TCPStore

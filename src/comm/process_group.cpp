@@ -1,5 +1,6 @@
 #include "ddp/comm/process_group.hpp"
 
+#include "ddp/comm/collective_check.hpp"
 #include "ddp/comm/collective_progress.hpp"
 #include "ddp/comm/collective_watchdog.hpp"
 #include "ddp/comm/flat_shards.hpp"
@@ -84,8 +85,14 @@ ProcessGroup::ProcessGroup(MadeBackend backend, Config config,
     progress_store = c10::make_intrusive<c10d::PrefixStore>(config_.prefix, progress_root_);
   }
   progress_ = std::make_unique<CollectiveProgress>(
-      std::move(progress_store), config_.rank, config_.size, heartbeat_interval(), config_.prefix,
+      progress_store, config_.rank, config_.size, heartbeat_interval(), config_.prefix,
       global_ranks(), flight_recorder_options().capacity);
+  if (config_.check_collectives && config_.size > 1) {
+    // The heartbeat's connection when there is one: the check's compare-and-set never waits, so
+    // it cannot stall behind a long store wait of another thread on the main connection.
+    check_ = std::make_unique<CollectiveCheck>(progress_store ? progress_store : store_,
+                                               config_.rank, config_.prefix);
+  }
   if (config_.watch_collectives.value_or(traits_.waits_on_stream)) {
     // Polled 10 times per timeout, at most every 100 ms: the error comes within a tenth of the
     // timeout after it, and a poll (one event query) costs nothing next to a collective.
@@ -153,8 +160,22 @@ std::string ProcessGroup::failed(const c10d::Work* work, const std::string& what
   return dump_note(dump_flight_recorder(what + " failed: " + error));
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroup::issued(c10::intrusive_ptr<c10d::Work> work,
-                                                    const CollectiveOp& op) {
+c10::intrusive_ptr<c10d::Work> ProcessGroup::issue(
+    const CollectiveOp& op, c10::function_ref<c10::intrusive_ptr<c10d::Work>()> launch) {
+  if (check_) {
+    const std::string differs =
+        check_->before(progress_->count() + 1, CollectiveCheck::fingerprint(op, current_purpose()));
+    if (!differs.empty()) {
+      progress_->refused(op);
+      const std::string dumped =
+          dump_note(dump_flight_recorder("the collective check: " + differs));
+      TORCH_CHECK(false, "ddp: ", differs,
+                  " (found by the collective check before this rank issued it; every rank must "
+                  "issue the same collectives in the same order",
+                  dumped, ")");
+    }
+  }
+  c10::intrusive_ptr<c10d::Work> work = launch();
   progress_->issued(work.get(), op);
   // Host-waited backends are watched from the issue, through the work itself. Stream-waited ones
   // (NCCL) from wait_on_stream, through an event of ours, a plain device query: WorkNCCL's
@@ -217,8 +238,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce_sum_async(at::Tensor& ten
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d::ReduceOp::SUM;
   opts.timeout = timeout_;
-  return issued(made_->backend->allreduce(tensors, opts),
-                {"all-reduce (sum)", tensor.numel(), tensor.scalar_type()});
+  return issue({"all-reduce (sum)", tensor.numel(), tensor.scalar_type()},
+               [&] { return made_->backend->allreduce(tensors, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce_avg_async(at::Tensor& tensor) {
@@ -235,8 +256,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce_avg_async(at::Tensor& ten
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d::ReduceOp::AVG;
   opts.timeout = timeout_;
-  return issued(made_->backend->allreduce(tensors, opts),
-                {"all-reduce (average)", tensor.numel(), tensor.scalar_type()});
+  return issue({"all-reduce (average)", tensor.numel(), tensor.scalar_type()},
+               [&] { return made_->backend->allreduce(tensors, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce_avg_coalesced_async(
@@ -254,8 +275,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce_avg_coalesced_async(
   }
   const char* what = opts.reduceOp == c10d::ReduceOp::AVG ? "all-reduce coalesced (average)"
                                                           : "all-reduce coalesced (sum)";
-  return issued(made_->backend->allreduce_coalesced(tensors, opts),
-                {what, numel, tensors[0].scalar_type()});
+  return issue({what, numel, tensors[0].scalar_type()},
+               [&] { return made_->backend->allreduce_coalesced(tensors, opts); });
 }
 
 void ProcessGroup::wait_on_stream(const c10::intrusive_ptr<c10d::Work>& work,
@@ -320,8 +341,8 @@ void ProcessGroup::broadcast(at::Tensor& tensor, int root, const std::string& wh
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
   opts.timeout = timeout_;
-  wait(issued(made_->backend->broadcast(tensors, opts),
-              {"broadcast", tensor.numel(), tensor.scalar_type(), root}),
+  wait(issue({"broadcast", tensor.numel(), tensor.scalar_type(), root},
+             [&] { return made_->backend->broadcast(tensors, opts); }),
        what);
 }
 
@@ -332,8 +353,8 @@ std::vector<at::Tensor> ProcessGroup::all_gather_each(const at::Tensor& tensor,
   std::vector<at::Tensor> inputs{tensor};
   c10d::AllgatherOptions opts;
   opts.timeout = timeout_;
-  wait(issued(made_->backend->allgather(outputs, inputs, opts),
-              {"all-gather", tensor.numel(), tensor.scalar_type()}),
+  wait(issue({"all-gather", tensor.numel(), tensor.scalar_type()},
+             [&] { return made_->backend->allgather(outputs, inputs, opts); }),
        what);
   return outputs[0];
 }
@@ -341,7 +362,7 @@ std::vector<at::Tensor> ProcessGroup::all_gather_each(const at::Tensor& tensor,
 void ProcessGroup::barrier(const std::string& what) {
   c10d::BarrierOptions opts;
   opts.timeout = timeout_;
-  wait(issued(made_->backend->barrier(opts), {"barrier"}), what);
+  wait(issue({"barrier"}, [&] { return made_->backend->barrier(opts); }), what);
 }
 
 ProcessGroupPtr ProcessGroup::new_group(const std::vector<int>& members, const std::string& name) {

@@ -45,6 +45,10 @@ void add_run_flags(CLI::App& app, RunFlags& flags, bool& verbose) {
   app.add_option("--flight-recorder", flags.flight_recorder,
                  "directory for every worker's flight recorder dump (written when a collective "
                  "fails or times out, on SIGTERM and SIGUSR1; read them with ddp-forensics)");
+  app.add_flag("--check-collectives", flags.check_collectives,
+               "compare every collective's kind, dtype, count and purpose across ranks before it "
+               "is issued: a desync is named at the first collective that differs (one store "
+               "round trip per collective)");
   app.add_flag("--optimizer-overlap", flags.optimizer_overlap,
                "step each parameter's optimizer once its bucket is reduced (inside backward; a "
                "sharded unit's at the end of backward, on its shard)");
@@ -81,6 +85,7 @@ comm::InitOptions init_options(const RunFlags& flags, const std::string& backend
   init.backend = backend;
   init.timeout = std::chrono::seconds(flags.timeout_s);
   init.nccl = flags.nccl;
+  if (flags.check_collectives) init.check_collectives = true;
   if (!flags.flight_recorder.empty()) {
     comm::FlightRecorderOptions recorder;
     recorder.dir = flags.flight_recorder;

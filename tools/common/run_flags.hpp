@@ -29,6 +29,9 @@ struct RunFlags {
   // --flight-recorder DIR: every worker's flight recorder dumps to DIR (comm/flight_recorder.hpp)
   // when a collective fails or times out, on SIGTERM and SIGUSR1; "" (default): no dumps.
   std::string flight_recorder;
+  // --check-collectives: every collective's fingerprint compared across ranks before it is
+  // issued (comm/collective_check.hpp). Default off: a store round trip per collective.
+  bool check_collectives = false;
   // --nccl-high-priority-stream / --no-nccl-high-priority-stream, --nccl-cta-policy,
   // --nccl-max-ctas, --nccl-min-ctas: how NCCL makes its communicators (comm/init.hpp).
   comm::NcclOptions nccl;

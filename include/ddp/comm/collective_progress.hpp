@@ -42,6 +42,8 @@ class CollectiveProgress {
 
   // Numbers `work` (the next sequence number) and records it in the flight ring.
   int64_t issued(const c10d::Work* work, const CollectiveOp& op);
+  // The collective check stopped this one before its issue: numbered and recorded as refused.
+  void refused(const CollectiveOp& op);
   // Its wait returned (completed) or threw (failed, timed out).
   void done(const c10d::Work* work, FlightState state = FlightState::kCompleted);
   // Collectives issued so far by this rank.
@@ -60,6 +62,9 @@ class CollectiveProgress {
  private:
   void publish();
   void heartbeat_loop();
+  // "; the collective check found: <sentence>" when a rank's collective check published a
+  // difference in this group (collective_check.hpp), else "".
+  std::string check_found() const;
 
   c10::intrusive_ptr<c10d::Store> store_;
   int rank_;

@@ -29,9 +29,12 @@ struct CollectiveOp {
 };
 
 // What became of a collective. Transitions: issued -> completed | failed | timed out, once.
-enum class FlightState : uint8_t { kIssued, kCompleted, kFailed, kTimedOut };
+// Refused: never issued, the collective check found it differs from the other ranks' (recorded
+// so that the dump shows what this rank was about to do); it ends nothing.
+enum class FlightState : uint8_t { kIssued, kCompleted, kFailed, kTimedOut, kRefused };
 
-const char* flight_state_name(FlightState state);  // "issued", "completed", "failed", "timed out"
+// "issued", "completed", "failed", "timed out", "refused"
+const char* flight_state_name(FlightState state);
 
 struct FlightEntry {
   int64_t seq = 0;  // 1, 2, ... in the group, on every rank the same collective
@@ -64,7 +67,9 @@ class FlightRing {
 
   // Numbers the collective (the next sequence number, returned) and records it with this
   // thread's purpose and the noted step. The oldest entry is overwritten when the ring is full.
-  int64_t record(const void* work, const CollectiveOp& op);
+  // `state`: kIssued, or kRefused for a collective the check stopped (`work` null).
+  int64_t record(const void* work, const CollectiveOp& op,
+                 FlightState state = FlightState::kIssued);
   // The newest entry of `work` still issued becomes `state` (completed, failed, timed out), with
   // the time. A work no longer in the ring, or already ended, is left alone.
   void end(const void* work, FlightState state);

@@ -57,6 +57,10 @@ struct InitOptions {
   // the environment's (DDP_FLIGHT_RECORDER_DIR, DDP_FLIGHT_RECORDER_SIZE); a dir from either
   // installs the dump-on-signal handlers.
   std::optional<FlightRecorderOptions> flight_recorder;
+  // ProcessGroup::Config::check_collectives: every collective's fingerprint compared across ranks
+  // before it is issued. Unset: DDP_CHECK_COLLECTIVES=1 turns it on; off otherwise (it costs a
+  // store round trip per collective).
+  std::optional<bool> check_collectives;
 };
 
 // Creates the world process group (store prefix "ddp/world"): the rendezvous of rendezvous.hpp,

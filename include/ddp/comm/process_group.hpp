@@ -30,6 +30,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
+#include <c10/util/FunctionRef.h>
 
 #include <chrono>
 #include <functional>
@@ -49,6 +50,7 @@ namespace ddp::comm {
 // declared here so that this public header includes none of them.
 struct MadeBackend;
 struct CollectiveOp;
+class CollectiveCheck;
 class CollectiveProgress;
 class CollectiveWatchdog;
 
@@ -122,6 +124,11 @@ class ProcessGroup {
     // aborts without naming the rank), off where every wait is a bounded host wait that throws
     // (Gloo). Sub-groups inherit it.
     std::optional<bool> watch_collectives;
+    // Before each collective, compare what this rank is about to issue with what the first rank
+    // to reach the same sequence number issued (comm/collective_check.hpp): a desync becomes an
+    // error naming both collectives before the wrong one is issued. Default off: it costs one
+    // store round trip per collective (docs/benchmarks.md). Sub-groups inherit it.
+    bool check_collectives = false;
   };
 
   // Makes the group's backend with config.make_backend over PrefixStore(config.prefix,
@@ -260,8 +267,11 @@ class ProcessGroup {
   // Config::watch_collectives: bounds the collectives no host wait bounds; null when off. Declared
   // after progress_: its expiry reads the progress report, so it stops first.
   std::unique_ptr<CollectiveWatchdog> watchdog_;
-  c10::intrusive_ptr<c10d::Work> issued(c10::intrusive_ptr<c10d::Work> work,
-                                        const CollectiveOp& op);
+  // Config::check_collectives at world size > 1; null when off.
+  std::unique_ptr<CollectiveCheck> check_;
+  // Every collective goes through here: checked (check_), launched, numbered and recorded.
+  c10::intrusive_ptr<c10d::Work> issue(const CollectiveOp& op,
+                                       c10::function_ref<c10::intrusive_ptr<c10d::Work>()> launch);
   // Stream-waited backends: watches an event recorded on the caller's stream after the collective
   // just waited for (without holding its work: see the definition).
   void watch_stream_after() const;
