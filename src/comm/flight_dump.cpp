@@ -72,7 +72,10 @@ DumpedCollective read_entry(const json& e, const std::string& path, const std::s
   c.issued_us = integer(e, "issued_us", path, at);
   c.ended_us = integer(e, "ended_us", path, at);
   c.state = text(e, "state", path, at);
-  static const char* kStates[] = {"issued", "completed", "failed", "timed out", "refused"};
+  // Optional: dumps written before replays were recorded have none.
+  if (e.contains("replay")) c.replay = integer(e, "replay", path, at);
+  static const char* kStates[] = {"issued",    "completed", "failed",
+                                  "timed out", "refused",   "captured"};
   if (std::find(std::begin(kStates), std::end(kStates), c.state) == std::end(kStates)) {
     refuse(path, "field '" + at + "state' is '" + c.state + "', not a collective's state");
   }
@@ -138,6 +141,12 @@ const DumpedCollective* entry_at(const DumpedGroup& g, int64_t seq) {
   return &g.entries[static_cast<size_t>(seq - g.entries.front().seq)];
 }
 
+// Completed, or captured into a CUDA graph (it runs in the replays, recorded on their own): not
+// where a rank waits.
+bool ended_well(const DumpedCollective& e) {
+  return e.state == "completed" || e.state == "captured";
+}
+
 }  // namespace
 
 std::string DumpedCollective::describe() const {
@@ -152,7 +161,9 @@ std::string DumpedCollective::describe() const {
   }
   p.index = index;
   p.epoch = epoch;
-  return out + " for " + (purpose == purpose_name(p.what) ? p.describe() : purpose);
+  out += " for " + (purpose == purpose_name(p.what) ? p.describe() : purpose);
+  if (replay >= 0) out += " (replay of captured step " + std::to_string(replay) + ")";
+  return out;
 }
 
 std::string DumpedCollective::signature() const {
@@ -335,7 +346,7 @@ Divergence first_divergence(const std::vector<RankDump>& dumps, int world_size) 
         d.sentence += "; rank " + std::to_string(rank) + " issued none in this group";
       } else {
         bool all_completed = true;
-        for (const DumpedCollective& e : g->entries) all_completed &= e.state == "completed";
+        for (const DumpedCollective& e : g->entries) all_completed &= ended_well(e);
         d.sentence += "; rank " + std::to_string(rank) + "'s last collective #" +
                       std::to_string(last->seq) + " " +
                       (last->state == "issued" ? "was issued" : last->state) + " at " +
@@ -370,7 +381,7 @@ Divergence first_divergence(const std::vector<RankDump>& dumps, int world_size) 
     for (const auto& [name, view] : groups) {
       for (const auto& [rank, g] : view.by_rank) {
         for (const DumpedCollective& e : g->entries) {
-          if (e.state == "completed") continue;
+          if (ended_well(e)) continue;
           if (waiting == nullptr || (name == waiting_group && e.seq == waiting->seq)) {
             if (waiting == nullptr) waiting_group = name;
             waiting = &e;

@@ -82,7 +82,8 @@ json entry_json(const FlightEntry& e) {
           {"step", e.step},
           {"issued_us", e.issued_us},
           {"ended_us", e.ended_us},
-          {"state", flight_state_name(e.state)}};
+          {"state", flight_state_name(e.state)},
+          {"replay", e.replay}};
 }
 
 struct Dump {

@@ -49,6 +49,8 @@ const char* flight_state_name(FlightState state) {
       return "timed out";
     case FlightState::kRefused:
       return "refused";
+    case FlightState::kCaptured:
+      return "captured";
   }
   return "?";
 }
@@ -76,7 +78,7 @@ int64_t FlightRing::record(const void* work, const CollectiveOp& op, FlightState
   std::lock_guard<std::mutex> lock(mutex_);
   const int64_t seq = ++issued_;
   FlightEntry& e = slots_[static_cast<size_t>((seq - 1) % static_cast<int64_t>(slots_.size()))];
-  e = FlightEntry{seq, op, purpose, step, now, 0, work, state};
+  e = FlightEntry{seq, op, purpose, step, now, 0, work, state, -1};
   return seq;
 }
 
@@ -123,6 +125,47 @@ FlightGroup FlightRing::snapshot() const {
     g.entries.push_back(slots_[static_cast<size_t>((seq - 1) % capacity)]);
   }
   return g;
+}
+
+CapturedCollectives FlightRing::capture_since(int64_t issued_before) {
+  const auto capacity = static_cast<int64_t>(slots_.size());
+  CapturedCollectives captured;
+  std::lock_guard<std::mutex> lock(mutex_);
+  const int64_t oldest = std::max<int64_t>(issued_before + 1, issued_ - capacity + 1);
+  captured.lost = std::max<int64_t>(0, oldest - issued_before - 1);
+  for (int64_t seq = oldest; seq <= issued_; ++seq) {
+    FlightEntry& e = slots_[static_cast<size_t>((seq - 1) % capacity)];
+    e.state = FlightState::kCaptured;
+    captured.entries.push_back(e);
+  }
+  return captured;
+}
+
+int64_t FlightRing::record_replay(const CapturedCollectives& captured, int64_t replay) {
+  const int64_t step = current_step();
+  const int64_t now = unix_us();
+  const auto capacity = static_cast<int64_t>(slots_.size());
+  std::lock_guard<std::mutex> lock(mutex_);
+  const int64_t first = issued_ + 1;
+  for (const FlightEntry& c : captured.entries) {
+    const int64_t seq = ++issued_;
+    slots_[static_cast<size_t>((seq - 1) % capacity)] =
+        FlightEntry{seq, c.op, c.purpose, step, now, 0, nullptr, FlightState::kIssued, replay};
+  }
+  return first;
+}
+
+void FlightRing::end_range(int64_t first, int64_t last, FlightState state) {
+  const int64_t now = unix_us();
+  const auto capacity = static_cast<int64_t>(slots_.size());
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (int64_t seq = std::max(first, issued_ - capacity + 1); seq <= std::min(last, issued_);
+       ++seq) {
+    FlightEntry& e = slots_[static_cast<size_t>((seq - 1) % capacity)];
+    if (e.seq != seq || e.state != FlightState::kIssued) continue;
+    e.state = state;
+    e.ended_us = now;
+  }
 }
 
 void for_each_flight_ring(const std::function<void(const FlightRing&)>& visit) {

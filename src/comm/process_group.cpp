@@ -197,6 +197,22 @@ std::string ProcessGroup::progress_report() const { return progress_->report(nul
 
 int64_t ProcessGroup::collectives_issued() const { return progress_->count(); }
 
+std::shared_ptr<const CapturedCollectives> ProcessGroup::captured_since(int64_t issued_before) {
+  return std::make_shared<const CapturedCollectives>(
+      progress_->ring().capture_since(issued_before));
+}
+
+int64_t ProcessGroup::record_replay(const CapturedCollectives& captured, int64_t replay) {
+  return progress_->ring().record_replay(captured, replay);
+}
+
+void ProcessGroup::replay_ended(const CapturedCollectives& captured, int64_t first,
+                                bool completed) {
+  const auto count = static_cast<int64_t>(captured.entries.size());
+  progress_->ring().end_range(first, first + count - 1,
+                              completed ? FlightState::kCompleted : FlightState::kTimedOut);
+}
+
 ProcessGroup::~ProcessGroup() {
   if (watchdog_) {
     // A communicator shut down under a running collective hangs: let the watched ones finish

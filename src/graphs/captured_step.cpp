@@ -80,6 +80,10 @@ struct CapturedStep::Impl {
   GraphCensus census;
   // A replay ran past replay_timeout: it may never end, so the destructor must not wait for it.
   bool timed_out = false;
+  // The group's collectives the capture recorded (null: no group, or not captured yet); each
+  // replay records them again in the group's flight recorder, from replay_first[slot] on.
+  std::shared_ptr<const comm::CapturedCollectives> collectives;
+  std::array<int64_t, 2> replay_first{0, 0};
 
   Impl(std::function<void()> s, std::vector<at::Tensor> in, c10::Device d, CapturedStepOptions o)
       : step(std::move(s)),
@@ -114,6 +118,7 @@ struct CapturedStep::Impl {
       const auto now = std::chrono::steady_clock::now();
       if (now >= deadline) {
         timed_out = true;
+        replay_ended(slot, /*completed=*/false);
         const std::string what =
             "the replay of captured step " + std::to_string(replayed_step[slot]);
         if (options.group) {
@@ -130,12 +135,19 @@ struct CapturedStep::Impl {
         std::this_thread::sleep_for(std::chrono::microseconds(100));
       }
     }
+    replay_ended(slot, /*completed=*/true);
     replayed_step[slot] = -1;
+  }
+
+  // The flight recorder learns how the replay `slot` marks ended.
+  void replay_ended(size_t slot, bool completed) {
+    if (collectives) options.group->replay_ended(*collectives, replay_first[slot], completed);
   }
 
   void replay() {
     const size_t slot = static_cast<size_t>(replays % 2);
     wait_for_replay(slot);
+    if (collectives) replay_first[slot] = options.group->record_replay(*collectives, steps);
     on_capture_stream([&] {
       graph->replay();
       replayed[slot].record(stream);
@@ -190,6 +202,7 @@ struct CapturedStep::Impl {
   // The capture, then its first replay (a capture records work without running it). A failure
   // ends the capture, drops the graph and returns its reason.
   std::string capture() {
+    const int64_t issued_before = options.group ? options.group->collectives_issued() : 0;
     c10::cuda::device_synchronize();
     c10::cuda::CUDACachingAllocator::emptyCache();
     graph = std::make_unique<at::cuda::CUDAGraph>();
@@ -222,6 +235,7 @@ struct CapturedStep::Impl {
       graph.reset();
       return reason;
     }
+    if (options.group) collectives = options.group->captured_since(issued_before);
     return "";
   }
 };
@@ -265,6 +279,7 @@ CapturedStep::~CapturedStep() {
     if (impl_->replayed_step[slot] < 0) continue;
     try {
       impl_->replayed[slot].synchronize();
+      impl_->replay_ended(slot, /*completed=*/true);
     } catch (...) {
       // Destruction must not throw; the graph goes with impl_.
     }

@@ -137,6 +137,34 @@ std::string refusal(const std::string& text) {
   return "";
 }
 
+// A CUDA graph's collectives: captured once (not where a rank waits), then each replay's.
+TEST(FlightDumpRead, AReplaysCollectivesSayWhichReplayAndTheCaptureIsNotAWait) {
+  std::vector<json> entries{entry(1, "all-reduce (average)", 100, "bucket", 0, "captured"),
+                            entry(2, "all-reduce (average)", 100, "bucket", 0, "completed"),
+                            entry(3, "all-reduce (average)", 100, "bucket", 0, "issued")};
+  entries[1]["replay"] = 11;
+  entries[2]["replay"] = 12;
+  const RankDump d = comm::parse_flight_dump(dump(0, 2, entries).dump(), "d.json");
+  const auto& e = d.groups[0].entries;
+  EXPECT_EQ(e[0].replay, -1);
+  EXPECT_EQ(e[2].describe(),
+            "all-reduce (average) of 100 Float elements for bucket 0 of plan epoch 0 (replay of "
+            "captured step 12)");
+  // Rank 1 stopped after the first replay: named with the replay it never issued.
+  std::vector<json> behind(entries.begin(), entries.begin() + 2);
+  const auto div = comm::first_divergence(parsed({dump(0, 2, entries), dump(1, 2, behind)}), 2);
+  EXPECT_EQ(div.sentence.rfind("rank 1 never issued collective #3 of group ddp/world (all-reduce "
+                               "(average) of 100 Float elements for bucket 0 of plan epoch 0 "
+                               "(replay of captured step 12)), which rank 0 issued from ",
+                               0),
+            0u)
+      << div.sentence;
+  EXPECT_NE(div.sentence.find("(every collective it issued completed: it is stuck outside "
+                              "collectives)"),
+            std::string::npos)
+      << div.sentence;
+}
+
 TEST(FlightDumpRead, ADamagedOrForeignDumpIsRefusedByName) {
   const json good = dump(0, 2, bucket_steps(3));
   EXPECT_EQ(refusal(good.dump()), "");
@@ -155,6 +183,10 @@ TEST(FlightDumpRead, ADamagedOrForeignDumpIsRefusedByName) {
   state["groups"][0]["entries"][0]["state"] = "maybe";
   EXPECT_EQ(refusal(state.dump()),
             "d.json: field 'groups[0].entries[0].state' is 'maybe', not a collective's state");
+  json replay = good;
+  replay["groups"][0]["entries"][1]["replay"] = "twelve";
+  EXPECT_EQ(refusal(replay.dump()),
+            "d.json: field 'groups[0].entries[1].replay' is not an integer");
   EXPECT_EQ(
       refusal(good.dump().substr(0, 40)).rfind("d.json: not a flight recorder dump (not JSON", 0),
       0u);

@@ -90,6 +90,60 @@ TEST(FlightRing, KeepsTheNewestCollectivesWithWhatTheyWereForAndWhatBecameOfThem
   EXPECT_EQ(comm::CollectivePurpose({Purpose::kUnitGather, 4}).describe(), "unit 4's parameters");
 }
 
+// A CUDA graph's collectives (graphs/captured_step.cpp drives this on the GPU): issued once into
+// the capture, then recorded anew at each replay, as that replay's, and ended by what the replay
+// did; a replay past the capacity keeps the newest.
+TEST(FlightRing, ACaptureIsRecordedOnceAndEachReplayAsItsOwn) {
+  FlightRing ring("ddp/world", 0, {0, 1}, 8);
+  int eager = 0, captured[2];
+  ring.record(&eager, {"broadcast", 8, at::kFloat, 0});
+  ring.end(&eager, FlightState::kCompleted);
+  const int64_t before = ring.issued();
+  {
+    const comm::ForPurpose bucket({Purpose::kBucket, 0, 1});
+    ring.record(&captured[0], {"all-reduce (average)", 100, at::kBFloat16});
+  }
+  {
+    const comm::ForPurpose bucket({Purpose::kBucket, 1, 1});
+    ring.record(&captured[1], {"all-reduce (average)", 50, at::kBFloat16});
+  }
+  const comm::CapturedCollectives graph = ring.capture_since(before);
+  ASSERT_EQ(graph.entries.size(), 2u);
+  EXPECT_EQ(graph.lost, 0);
+  comm::note_step(12);
+  const int64_t first = ring.record_replay(graph, 12);
+  EXPECT_EQ(first, 4);
+  ring.end_range(first, first + 1, FlightState::kCompleted);
+  comm::note_step(13);
+  const int64_t second = ring.record_replay(graph, 13);
+  ring.end_range(second, second + 1, FlightState::kTimedOut);
+  comm::note_step(-1);
+  const comm::FlightGroup g = ring.snapshot();
+  EXPECT_EQ(g.issued, 7);
+  ASSERT_EQ(g.entries.size(), 7u);
+  const FlightState expected[] = {FlightState::kCompleted, FlightState::kCaptured,
+                                  FlightState::kCaptured,  FlightState::kCompleted,
+                                  FlightState::kCompleted, FlightState::kTimedOut,
+                                  FlightState::kTimedOut};
+  const int64_t replay[] = {-1, -1, -1, 12, 12, 13, 13};
+  const int64_t step[] = {-1, -1, -1, 12, 12, 13, 13};
+  for (size_t i = 0; i < g.entries.size(); ++i) {
+    const FlightEntry& e = g.entries[i];
+    EXPECT_EQ(e.seq, static_cast<int64_t>(i) + 1);
+    EXPECT_EQ(e.state, expected[i]) << i;
+    EXPECT_EQ(e.replay, replay[i]) << i;
+    EXPECT_EQ(e.step, step[i]) << i;
+    if (i >= 1) {
+      EXPECT_EQ(e.purpose.index, static_cast<int64_t>((i - 1) % 2)) << i;
+      EXPECT_EQ(e.op.numel, (i - 1) % 2 == 0 ? 100 : 50) << i;
+    }
+  }
+  // More replays than the ring holds: the oldest go, and a capture taken now lost what went.
+  for (int r = 0; r < 3; ++r) ring.record_replay(graph, 14 + r);
+  EXPECT_EQ(ring.snapshot().entries.front().seq, 6);
+  EXPECT_EQ(ring.capture_since(1).lost, 4);
+}
+
 TEST(FlightRing, RefusesAnEmptyRing) {
   EXPECT_THROW(FlightRing("g", 0, {0}, 0), c10::Error);
   comm::FlightRecorderOptions o;

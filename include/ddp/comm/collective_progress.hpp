@@ -48,6 +48,8 @@ class CollectiveProgress {
   void done(const c10d::Work* work, FlightState state = FlightState::kCompleted);
   // Collectives issued so far by this rank.
   int64_t count() const;
+  // The flight ring (CUDA-graph captures and replays record through it).
+  FlightRing& ring() { return ring_; }
   // After `work` failed: "; collective #8 of rank 0 (all-reduce ...); rank 1 is behind: ...", to
   // go inside the error's parenthesis. Bounded: reads only keys that exist, never waits for a rank.
   // `work` null: about the newest collective this rank issued.

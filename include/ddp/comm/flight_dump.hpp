@@ -21,9 +21,11 @@ struct DumpedCollective {
   int64_t step = -1;
   int64_t issued_us = 0;
   int64_t ended_us = 0;
-  std::string state;  // "issued", "completed", "failed", "timed out"
+  std::string state;    // "issued", "completed", "failed", "timed out", "refused", "captured"
+  int64_t replay = -1;  // the captured step whose CUDA-graph replay ran it; -1: eager
 
-  // "all-reduce (sum) of 4 Float elements for bucket 0 of plan epoch 0"
+  // "all-reduce (sum) of 4 Float elements for bucket 0 of plan epoch 0", then " (replay of
+  // captured step 12)" for a replay's.
   std::string describe() const;
   // What must agree across ranks at one sequence number: kind, dtype, count, root, purpose.
   std::string signature() const;

@@ -30,10 +30,11 @@ struct CollectiveOp {
 
 // What became of a collective. Transitions: issued -> completed | failed | timed out, once.
 // Refused: never issued, the collective check found it differs from the other ranks' (recorded
-// so that the dump shows what this rank was about to do); it ends nothing.
-enum class FlightState : uint8_t { kIssued, kCompleted, kFailed, kTimedOut, kRefused };
+// so that the dump shows what this rank was about to do); it ends nothing. Captured: issued into
+// a CUDA graph being captured; it runs only in the graph's replays, each recorded anew.
+enum class FlightState : uint8_t { kIssued, kCompleted, kFailed, kTimedOut, kRefused, kCaptured };
 
-// "issued", "completed", "failed", "timed out", "refused"
+// "issued", "completed", "failed", "timed out", "refused", "captured"
 const char* flight_state_name(FlightState state);
 
 struct FlightEntry {
@@ -45,6 +46,14 @@ struct FlightEntry {
   int64_t ended_us = 0;        // when its wait returned or failed; 0: not seen ending
   const void* work = nullptr;  // the c10d work, an identity only (never dereferenced)
   FlightState state = FlightState::kIssued;
+  int64_t replay = -1;  // the captured step whose CUDA-graph replay ran it; -1: issued eagerly
+};
+
+// The collectives a CUDA-graph capture recorded (FlightRing::capture_since), replayed into the
+// ring at each replay of the graph.
+struct CapturedCollectives {
+  std::vector<FlightEntry> entries;  // in issue order
+  int64_t lost = 0;  // captured, but overwritten in the ring before the capture ended
 };
 
 // One group's ring as a dump writes it.
@@ -79,6 +88,15 @@ class FlightRing {
   // None: nothing matches (then the caller names collective #issued()).
   std::optional<FlightEntry> pending(const void* work) const;
   FlightGroup snapshot() const;
+
+  // After a CUDA-graph capture: the entries numbered after `issued_before` become captured, and
+  // are returned for the replays.
+  CapturedCollectives capture_since(int64_t issued_before);
+  // A replay of captured step `replay`: each captured collective numbered and recorded again,
+  // issued now, as that replay's. Returns the first sequence number (the last: + size - 1).
+  int64_t record_replay(const CapturedCollectives& captured, int64_t replay);
+  // The replay's collectives `first`..`last` that are still issued become `state`.
+  void end_range(int64_t first, int64_t last, FlightState state);
 
  private:
   const std::string name_;

@@ -50,6 +50,7 @@ namespace ddp::comm {
 // declared here so that this public header includes none of them.
 struct MadeBackend;
 struct CollectiveOp;
+struct CapturedCollectives;
 class CollectiveCheck;
 class CollectiveProgress;
 class CollectiveWatchdog;
@@ -234,6 +235,16 @@ class ProcessGroup {
   std::string progress_report() const;
   // Collectives this rank has issued on this group so far (each counted once, when issued).
   int64_t collectives_issued() const;
+
+  // CUDA-graph replays in the flight recorder (graphs/captured_step.hpp). A capture issues its
+  // collectives once, into the graph; they run only when it is replayed. captured_since(n), n
+  // being collectives_issued() before the capture, marks the collectives issued since as captured
+  // and returns them; record_replay numbers and records them again at each replay, as that
+  // replay's (`replay`: the captured step), and returns the first number; replay_ended marks
+  // them completed, or timed out, once the replay's end is seen (or not).
+  std::shared_ptr<const CapturedCollectives> captured_since(int64_t issued_before);
+  int64_t record_replay(const CapturedCollectives& captured, int64_t replay);
+  void replay_ended(const CapturedCollectives& captured, int64_t first, bool completed);
 
   // With Config::watch_collectives: bounds `finished` (polled from the watchdog's thread) by the
   // collective timeout like a collective, and returns true; without: false, nothing is watched.
