@@ -7,7 +7,7 @@
 #   bash scripts/gpu-check.sh                 # build, tests, levers, table
 #   bash scripts/gpu-check.sh build tests     # only those stages
 #
-# Stages: build, tests, graphs (issue 25: captured steps, ours and PyTorch's recipe), recipe (issue 26:
+# Stages: build, tests, forensics (issue 49: a rank SIGSTOPped in eager and in captured training on NCCL, the dumps read by ddp-forensics), graphs (issue 25: captured steps, ours and PyTorch's recipe), recipe (issue 26:
 # the GPT recipe, ours and PyTorch's in one bench/compare run, and ddp-train --data with MFU), text (ddp-train --data on the GPU), tpref (PyTorch's --tp reference checked on CPU Gloo), onegpu (ours vs PyTorch with one GPU: bare, DDP and FULLY_SHARD at world 1), sharded (FULLY_SHARD vs FSDP2), fsdpbest (issue 36: FULLY_SHARD vs FSDP2 under its reshard, prefetch and bf16 knobs), capture35 (issue 35: the GPT recipe as one captured step, ours and PyTorch's; GPT2=1 adds gpt2-small bare vs recipe, TRAIN=1 ddp-train --data eager vs captured, 3 epochs, a resume), attribution (issue 13: noop hook, --no-overlap), tp (issue 15: --tp 2), final (the documented table), overlap, levers (ours only: each tuning lever against our default), table (bench/compare,
 # ours vs PyTorch in the same run, with the 1-GPU baselines), parity (C++ vs PyTorch parameters).
 set -uo pipefail
@@ -52,7 +52,7 @@ fi
 if has tests; then
   # TESTS_FILTER narrows the run (one issue's GPU tests in a short device call).
   build-gpu/tests/ddp_tests \
-    --gtest_filter="${TESTS_FILTER:-BucketPlan.*:Env.*:ReplicaCheck.*:Spawn.*:AutocastGuard.*:Models/GpuEquivalence.*:WorldSizes/FlatCollectivesNccl.*:DeviceMeshNccl.*:PosixFile.*:Checkpoint.*:CheckpointSha256.*:Safetensors.*:AllDtypes/*:Cases/*:ActivationCheckpoint.*:GptModel.*:Layout*:TakeLocal.*:BackwardNode.*:ModuleIntake.*:Options.*:ShardedGradientPathGpu.*:CAbiGpu.*:CapturedStep*:StepRng*:DdpTrainTextGpu.*:Kinds/Optimizers.*:OptimizerGroups.*:OptimizerSkip.*:OptimizerCheckpoint.*:OptimizerRefuses.*:OptimizerAdamW.*:CopyIntoReduceInput.*:EndOfBackward.*:-Spawn.DdpTrainNprocWorkersArePrefixed}" \
+    --gtest_filter="${TESTS_FILTER:-BucketPlan.*:Env.*:ReplicaCheck.*:Spawn.*:AutocastGuard.*:Models/GpuEquivalence.*:WorldSizes/FlatCollectivesNccl.*:DeviceMeshNccl.*:PosixFile.*:Checkpoint.*:CheckpointSha256.*:Safetensors.*:AllDtypes/*:Cases/*:ActivationCheckpoint.*:GptModel.*:Layout*:TakeLocal.*:BackwardNode.*:ModuleIntake.*:Options.*:ShardedGradientPathGpu.*:CAbiGpu.*:CapturedStep*:StepRng*:DdpTrainTextGpu.*:Kinds/Optimizers.*:OptimizerGroups.*:OptimizerSkip.*:OptimizerCheckpoint.*:OptimizerRefuses.*:OptimizerAdamW.*:CopyIntoReduceInput.*:EndOfBackward.*:FlightRing.*:FlightDumpRead.*:FlightDivergence.*:CollectiveCheck.*:-Spawn.DdpTrainNprocWorkersArePrefixed}" \
     >"$OUT/tests.log" 2>&1
   note "tests rc=$?: $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/tests.log" | tr '\n' ' ')"
   grep -E '^\[  FAILED  \]|relative error' "$OUT/tests.log" | head -20 | tee -a "$SUMMARY"
@@ -81,6 +81,43 @@ if has tests; then
     note "ctypes binding nccl world $world rc=$?: $(tail -1 "$OUT/ctypes-$world.log")"
   done
   rm -rf "$OUT/ctypes-ckpt"
+fi
+
+if has forensics; then
+  # A hung NCCL job, eager and as replays of a captured step: rank 1 is SIGSTOPped mid-training;
+  # rank 0 times out (10 s) and dumps; the launcher ends the job; ddp-forensics names rank 1 and
+  # where rank 0 waited. Needs 2 GPUs (NCCL refuses two ranks on one).
+  rank1_pid() {  # the ddp-train worker whose environment says RANK=1
+    for p in $(pgrep -f "build-gpu/ddp-train"); do
+      tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx 'RANK=1' && { echo "$p"; return; }
+    done
+  }
+  if ((NGPU < 2)); then
+    note "forensics: skipped, $NGPU GPU(s) (NCCL needs one per rank)"
+  else
+    for mode in eager captured; do
+      dir="$OUT/forensics-$mode"
+      rm -rf "$dir" && mkdir -p "$dir"
+      graph=$([[ $mode == captured ]] && echo --cuda-graph || true)
+      timeout 120 build-gpu/ddp-train --nproc 2 --device cuda --model gpt --steps 1000000 \
+        --timeout-s 10 --flight-recorder "$dir" $graph >"$OUT/forensics-$mode.log" 2>&1 &
+      job=$!
+      for _ in $(seq 60); do  # until step 100 is logged (or a minute passes)
+        grep -qE 'step [0-9]{3,}/' "$OUT/forensics-$mode.log" 2>/dev/null && break
+        sleep 1
+      done
+      pid=$(rank1_pid)
+      [[ -n $pid ]] && kill -STOP "$pid"
+      start=$(date +%s)
+      wait $job
+      rc=$?
+      [[ -n $pid ]] && kill -KILL "$pid" 2>/dev/null
+      build-gpu/ddp-forensics "$dir" >"$OUT/forensics-$mode.txt" 2>&1
+      frc=$?
+      note "forensics $mode: rank 1 (pid ${pid:-none}) stopped; job rc=$rc after $(($(date +%s) - start)) s; dumps: $(ls "$dir" | tr '\n' ' '); ddp-forensics rc=$frc: $(head -1 "$OUT/forensics-$mode.txt")"
+      tail -3 "$OUT/forensics-$mode.log" >>"$SUMMARY"
+    done
+  fi
 fi
 
 if has text; then
