@@ -88,7 +88,7 @@ if has forensics; then
   # rank 0 times out (10 s) and dumps; the launcher ends the job; ddp-forensics names rank 1 and
   # where rank 0 waited. Needs 2 GPUs (NCCL refuses two ranks on one).
   rank1_pid() {  # the ddp-train worker whose environment says RANK=1
-    for p in $(pgrep -f "build-gpu/ddp-train"); do
+    for p in $(pgrep -x ddp-train); do
       tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx 'RANK=1' && { echo "$p"; return; }
     done
   }

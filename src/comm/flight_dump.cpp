@@ -147,6 +147,10 @@ bool ended_well(const DumpedCollective& e) {
   return e.state == "completed" || e.state == "captured";
 }
 
+// A rank whose last collective ended less than this before its dump was still running: 1 s, a
+// hundred steps of a fast model, far below any collective timeout.
+constexpr int64_t kRunningUs = 1000000;
+
 }  // namespace
 
 std::string DumpedCollective::describe() const {
@@ -206,6 +210,7 @@ RankDump parse_flight_dump(const std::string& text_in, const std::string& path) 
                      std::to_string(d.world_size));
   }
   d.reason = text(j, "reason", path, "");
+  d.dumped_us = integer(j, "dumped_us", path, "");
   const json& groups = array(j, "groups", path, "");
   for (size_t i = 0; i < groups.size(); ++i) {
     d.groups.push_back(read_group(groups[i], path, "groups[" + std::to_string(i) + "]."));
@@ -260,7 +265,9 @@ std::vector<RankDump> read_flight_dumps(const std::string& dir) {
 
 Divergence first_divergence(const std::vector<RankDump>& dumps, int world_size) {
   std::map<std::string, GroupView> groups;
+  std::map<int, int64_t> dumped_at;  // by rank
   for (const RankDump& d : dumps) {
+    dumped_at[d.rank] = d.dumped_us;
     for (const DumpedGroup& g : d.groups) {
       groups[g.name].name = g.name;
       groups[g.name].by_rank[d.rank] = &g;
@@ -351,8 +358,14 @@ Divergence first_divergence(const std::vector<RankDump>& dumps, int world_size) 
                       std::to_string(last->seq) + " " +
                       (last->state == "issued" ? "was issued" : last->state) + " at " +
                       clock_time(last->state == "issued" ? last->issued_us : last->ended_us);
-        if (all_completed) {
+        // Stuck only when nothing happened for a while before its dump; a dump of a running
+        // job (SIGTERM, SIGUSR1) catches the ranks a collective or two apart.
+        const int64_t idle_us = dumped_at.at(rank) - std::max(last->issued_us, last->ended_us);
+        if (all_completed && idle_us >= kRunningUs) {
           d.sentence += " (every collective it issued completed: it is stuck outside collectives)";
+        } else if (all_completed) {
+          d.sentence += " (" + std::to_string(idle_us / 1000) +
+                        " ms before its dump: it was running, not stuck)";
         }
       }
       missing = d;

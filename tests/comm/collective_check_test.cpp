@@ -172,7 +172,7 @@ DDP_TEST_WORKER(desync_scenario) {
   }
   write(dir + "/error-rank" + std::to_string(pg->rank()), error);
   const std::string done = "test/done/" + std::to_string(pg->rank());
-  pg->store().set(done, {1});
+  pg->store().set(done, std::vector<uint8_t>{1});
   if (pg->rank() != 0) return;
   std::vector<std::string> all;
   for (int r = 0; r < pg->world_size(); ++r) all.push_back("test/done/" + std::to_string(r));

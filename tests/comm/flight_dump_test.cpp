@@ -49,7 +49,7 @@ json dump(int rank, int world, const std::vector<json>& entries) {
           {"pid", 1},
           {"host", "h"},
           {"reason", "test"},
-          {"dumped_us", kT0},
+          {"dumped_us", kT0 + 60000000},  // a minute after the first entry
           {"groups",
            {{{"name", "ddp/world"},
              {"mesh_dim", -1},
@@ -89,6 +89,20 @@ TEST(FlightDivergence, ARankThatNeverIssuedACollectiveIsNamedWithWhatItWas) {
             "Float elements for bucket 0 of plan epoch 0), which ranks 0 and 1 issued from "
             "12:01:03.008; rank 2's last collective #7 completed at 12:01:03.008 (every collective "
             "it issued completed: it is stuck outside collectives)");
+}
+
+// Dumps of a running job (SIGTERM from the launcher, SIGUSR1) catch the ranks a collective apart:
+// the rank behind is named, but as running, not stuck.
+TEST(FlightDivergence, ARankJustBehindInADumpOfARunningJobIsNotCalledStuck) {
+  std::vector<json> dumps{dump(0, 2, bucket_steps(8, "issued")), dump(1, 2, bucket_steps(7))};
+  for (json& d : dumps) d["dumped_us"] = kT0 + 8 * 1000 + 250;  // 250 us after #8's issue
+  const auto d = comm::first_divergence(parsed(dumps), 2);
+  EXPECT_EQ(d.kind, "missing");
+  EXPECT_EQ(d.sentence,
+            "rank 1 never issued collective #8 of group ddp/world (all-reduce (average) of 6300000 "
+            "Float elements for bucket 0 of plan epoch 0), which rank 0 issued from "
+            "12:01:03.008; rank 1's last collective #7 completed at 12:01:03.008 (0 ms before "
+            "its dump: it was running, not stuck)");
 }
 
 TEST(FlightDivergence, DifferentCollectivesAtOneNumberAreNamedRankByRank) {

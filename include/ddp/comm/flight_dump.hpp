@@ -45,6 +45,7 @@ struct RankDump {
   int rank = 0;  // global
   int world_size = 0;
   std::string reason;
+  int64_t dumped_us = 0;  // when the dump was written, unix microseconds
   std::vector<DumpedGroup> groups;
 };
 
