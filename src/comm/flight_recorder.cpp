@@ -34,9 +34,9 @@ FlightRecorderOptions options_from_env() {
   if (const char* size = std::getenv("DDP_FLIGHT_RECORDER_SIZE")) {
     char* end = nullptr;
     const long long n = std::strtoll(size, &end, 10);
-    TORCH_CHECK(*size != '\0' && *end == '\0' && n >= 1,
-                "ddp: DDP_FLIGHT_RECORDER_SIZE must be a whole number of entries >= 1, got '", size,
-                "'");
+    TORCH_CHECK(*size != '\0' && *end == '\0' && n >= 0,
+                "ddp: DDP_FLIGHT_RECORDER_SIZE must be a whole number of entries (0: off), got '",
+                size, "'");
     o.capacity = n;
   }
   if (const char* dir = std::getenv("DDP_FLIGHT_RECORDER_DIR")) o.dir = dir;
@@ -176,8 +176,8 @@ void install_signals() {
 }  // namespace
 
 void set_flight_recorder(const FlightRecorderOptions& options) {
-  TORCH_CHECK(options.capacity >= 1,
-              "ddp: the flight recorder keeps at least 1 entry per group, got capacity ",
+  TORCH_CHECK(options.capacity >= 0,
+              "ddp: the flight recorder's capacity is a number of entries per group (0: off), got ",
               options.capacity);
   if (!options.dir.empty() && ::mkdir(options.dir.c_str(), 0777) != 0 && errno != EEXIST) {
     TORCH_CHECK(false, "ddp: the flight recorder's directory '", options.dir,

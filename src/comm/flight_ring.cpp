@@ -57,7 +57,8 @@ const char* flight_state_name(FlightState state) {
 
 FlightRing::FlightRing(std::string name, int rank, std::vector<int> global_ranks, int64_t capacity)
     : name_(std::move(name)), rank_(rank), global_ranks_(std::move(global_ranks)) {
-  TORCH_CHECK(capacity >= 1, "ddp: the flight recorder keeps at least 1 entry per group, got ",
+  TORCH_CHECK(capacity >= 0,
+              "ddp: the flight recorder's capacity is a number of entries per group (0: off), got ",
               capacity);
   slots_.resize(static_cast<size_t>(capacity));
   Registry& r = registry();
@@ -72,6 +73,10 @@ FlightRing::~FlightRing() {
 }
 
 int64_t FlightRing::record(const void* work, const CollectiveOp& op, FlightState state) {
+  if (slots_.empty()) {  // off: the numbering alone, as before the recorder
+    std::lock_guard<std::mutex> lock(mutex_);
+    return ++issued_;
+  }
   const CollectivePurpose purpose = current_purpose();
   const int64_t step = current_step();
   const int64_t now = unix_us();
@@ -147,6 +152,10 @@ int64_t FlightRing::record_replay(const CapturedCollectives& captured, int64_t r
   const auto capacity = static_cast<int64_t>(slots_.size());
   std::lock_guard<std::mutex> lock(mutex_);
   const int64_t first = issued_ + 1;
+  if (capacity == 0) {
+    issued_ += static_cast<int64_t>(captured.entries.size());
+    return first;
+  }
   for (const FlightEntry& c : captured.entries) {
     const int64_t seq = ++issued_;
     slots_[static_cast<size_t>((seq - 1) % capacity)] =

@@ -144,17 +144,30 @@ TEST(FlightRing, ACaptureIsRecordedOnceAndEachReplayAsItsOwn) {
   EXPECT_EQ(ring.capture_since(1).lost, 4);
 }
 
-TEST(FlightRing, RefusesAnEmptyRing) {
-  EXPECT_THROW(FlightRing("g", 0, {0}, 0), c10::Error);
+// Capacity 0 turns the recorder off (what its cost is measured against): collectives are still
+// numbered, nothing is kept. A negative capacity is refused by name.
+TEST(FlightRing, ZeroCapacityOnlyNumbersAndANegativeOneIsRefused) {
+  FlightRing off("g", 0, {0}, 0);
+  int work = 0;
+  EXPECT_EQ(off.record(&work, {"barrier"}), 1);
+  EXPECT_EQ(off.record(&work, {"barrier"}), 2);
+  off.end(&work, FlightState::kCompleted);
+  EXPECT_FALSE(off.pending(nullptr).has_value());
+  EXPECT_EQ(off.snapshot().issued, 2);
+  EXPECT_TRUE(off.snapshot().entries.empty());
+  const comm::CapturedCollectives graph = off.capture_since(0);
+  EXPECT_TRUE(graph.entries.empty());
+  EXPECT_EQ(graph.lost, 2);
+  EXPECT_THROW(FlightRing("g", 0, {0}, -1), c10::Error);
   comm::FlightRecorderOptions o;
-  o.capacity = 0;
+  o.capacity = -1;
   try {
     comm::set_flight_recorder(o);
-    FAIL() << "capacity 0 accepted";
+    FAIL() << "capacity -1 accepted";
   } catch (const c10::Error& e) {
     EXPECT_EQ(e.what_without_backtrace(),
-              std::string("ddp: the flight recorder keeps at least 1 entry per group, got "
-                          "capacity 0"));
+              std::string("ddp: the flight recorder's capacity is a number of entries per group "
+                          "(0: off), got -1"));
   }
 }
 

@@ -21,7 +21,9 @@ constexpr int kFlightDumpVersion = 1;
 
 struct FlightRecorderOptions {
   // Entries kept per group, the newest. Default 4096: at ~30 collectives per bucketed step, the
-  // last hundred steps, 0.5 MB a group. DDP_FLIGHT_RECORDER_SIZE overrides the default.
+  // last hundred steps, 0.5 MB a group. DDP_FLIGHT_RECORDER_SIZE overrides the default. 0: off
+  // (collectives are still numbered for desync errors, nothing is kept, dumps hold no entries),
+  // what the recorder's cost is measured against (docs/benchmarks.md).
   int64_t capacity = 4096;
   // Where the dumps go: "<dir>/flight-rank<global rank>.json". Default "" (or
   // DDP_FLIGHT_RECORDER_DIR): the recorder records, and errors still say what it saw, but no file
@@ -32,7 +34,7 @@ struct FlightRecorderOptions {
 // The process's recorder options: the environment's until set_flight_recorder is called. A new
 // capacity applies to groups made afterwards. A non-empty dir is created when missing and
 // installs the signal handlers: SIGUSR1 dumps and the process goes on; SIGTERM dumps and then
-// ends the process as SIGTERM would. Throws on a capacity below 1 or a dir that cannot be made.
+// ends the process as SIGTERM would. Throws on a negative capacity or a dir that cannot be made.
 void set_flight_recorder(const FlightRecorderOptions& options);
 FlightRecorderOptions flight_recorder_options();
 

@@ -68,7 +68,8 @@ struct FlightGroup {
 
 class FlightRing {
  public:
-  // Listed for dumps until destroyed. `capacity` >= 1 entries are allocated here, once.
+  // Listed for dumps until destroyed. `capacity` entries are allocated here, once; 0: the ring
+  // only numbers collectives (the recorder off).
   FlightRing(std::string name, int rank, std::vector<int> global_ranks, int64_t capacity);
   ~FlightRing();
   FlightRing(const FlightRing&) = delete;
