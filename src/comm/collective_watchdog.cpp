@@ -73,7 +73,7 @@ void CollectiveWatchdog::poll_loop() {
     // Drops the finished entries from the front; stops at the first one still running. The
     // query runs without the lock: it may block (see the class comment), and watch() must not.
     while (!works_.empty() && !failed_ && !expired_ran_ && !stop_) {
-      const std::shared_ptr<Entry> front = works_.front();
+      std::shared_ptr<Entry> front = works_.front();
       lock.unlock();
       std::string error;
       bool finished = true;
@@ -86,13 +86,20 @@ void CollectiveWatchdog::poll_loop() {
         error.clear();
       }
       lock.lock();
-      if (!finished) break;
-      if (!error.empty()) {
+      if (finished && !error.empty()) {
         failed_ = front;
         failure_ = error;
-        break;
+      } else if (finished && !works_.empty() && works_.front() == front) {
+        works_.pop_front();
       }
-      if (!works_.empty() && works_.front() == front) works_.pop_front();
+      // The entry goes without the lock: its last reference may be this one, and destroying
+      // what it holds (a CUDA event) can block while the device is stuck behind a collective
+      // that never ends; under the lock that stopped the clock thread, so a SIGSTOPped peer
+      // went unnamed until c10d's abort (2x H200, 2026-11-27).
+      lock.unlock();
+      front.reset();
+      lock.lock();
+      if (!finished || failed_) break;
     }
     if (works_.empty()) idle_cv_.notify_all();
   }

@@ -5,8 +5,10 @@
 #include <torch/torch.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdio>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 
 #include "ddp/comm/collective_watchdog.hpp"
@@ -73,6 +75,59 @@ TEST(CollectiveWatchdog, TheOldestUnfinishedExpiresOnceAfterTheTimeout) {
   ASSERT_EQ(seen.size(), 1u);
   EXPECT_EQ(seen[0], "second|");
   EXPECT_GE(age.count(), 100);
+}
+
+// What a finished entry holds may block as it is destroyed (a CUDA event while the device is stuck
+// behind a collective that never ends, as with a SIGSTOPped NCCL peer): the clock still names the
+// unfinished one at the timeout. (It did not when the entry went under the watchdog's lock.)
+TEST(CollectiveWatchdog, AFinishedEntryWhoseEndBlocksDoesNotStopTheClock) {
+  struct Blocker {
+    std::mutex mutex;
+    std::condition_variable cv;
+    bool released = false;
+  };
+  auto blocker = std::make_shared<Blocker>();
+  struct BlocksWhenDestroyed {
+    explicit BlocksWhenDestroyed(std::shared_ptr<Blocker> blocker) : b(std::move(blocker)) {}
+    BlocksWhenDestroyed(const BlocksWhenDestroyed&) = delete;
+    std::shared_ptr<Blocker> b;
+    ~BlocksWhenDestroyed() {
+      std::unique_lock<std::mutex> lock(b->mutex);
+      b->cv.wait(lock, [&] { return b->released; });
+    }
+  };
+  std::mutex mutex;
+  std::condition_variable expired_cv;
+  std::string expired_what;
+  std::atomic<bool> finished{false};
+  Switch stuck;  // both outlive the watchdog, whose threads read them
+  {
+    CollectiveWatchdog dog(
+        milliseconds(100), milliseconds(5),
+        [&](const CollectiveWatchdog::Watched& w, milliseconds, const std::string&) {
+          std::lock_guard<std::mutex> lock(mutex);
+          expired_what = w.what;
+          expired_cv.notify_all();
+        });
+    auto held = std::make_shared<BlocksWhenDestroyed>(blocker);
+    dog.watch({[held, &finished](std::string*) { return finished.load(); },
+               {},
+               "finished, its end blocks"});
+    held.reset();  // the entry holds the last reference now
+    finished = true;
+    dog.watch(stuck.watched("the stuck one"));
+    {
+      std::unique_lock<std::mutex> lock(mutex);
+      expired_cv.wait_for(lock, std::chrono::seconds(10), [&] { return !expired_what.empty(); });
+    }
+    EXPECT_EQ(expired_what, "the stuck one");
+    {
+      std::lock_guard<std::mutex> lock(blocker->mutex);
+      blocker->released = true;
+    }
+    blocker->cv.notify_all();
+    stuck.done = true;
+  }
 }
 
 TEST(CollectiveWatchdog, AFailureExpiresAtOnceWithItsText) {
