@@ -2,6 +2,7 @@
 
 #include "ddp/comm/collective_check.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <iterator>
 #include <sstream>
@@ -67,8 +68,14 @@ void CollectiveProgress::done(const c10d::Work* work, FlightState state) { ring_
 int64_t CollectiveProgress::count() const { return ring_.issued(); }
 
 void CollectiveProgress::publish() {
-  const int64_t issued = ring_.issued();
-  const std::string value = std::to_string(issued) + " " + std::to_string(unix_ms());
+  const std::optional<FlightEntry> newest = ring_.newest();
+  const int64_t issued = newest ? newest->seq : ring_.issued();
+  std::string value = std::to_string(issued) + " " + std::to_string(unix_ms());
+  if (newest) {
+    std::string state = flight_state_name(newest->state);
+    std::replace(state.begin(), state.end(), ' ', '_');
+    value += " " + state + " " + CollectiveCheck::fingerprint(newest->op, newest->purpose);
+  }
   store_->set(key_of(rank_), std::vector<uint8_t>(value.begin(), value.end()));
 }
 
@@ -89,7 +96,8 @@ void CollectiveProgress::heartbeat_loop() {
 
 std::string CollectiveProgress::describe(int64_t waiting_on, const std::string& op, int rank,
                                          const std::vector<std::string>& states, int64_t now_ms,
-                                         std::chrono::milliseconds interval) {
+                                         std::chrono::milliseconds interval,
+                                         const std::string& fingerprint) {
   std::ostringstream out;
   out << "; collective #" << waiting_on << " of rank " << rank;
   if (!op.empty()) out << " (" << op << ")";
@@ -102,7 +110,11 @@ std::string CollectiveProgress::describe(int64_t waiting_on, const std::string& 
       continue;
     }
     int64_t issued = 0, stamp = 0;
-    std::istringstream(states[r]) >> issued >> stamp;
+    std::string state, theirs;
+    std::istringstream in(states[r]);
+    in >> issued >> stamp >> state;
+    std::getline(in >> std::ws, theirs);
+    std::replace(state.begin(), state.end(), '_', ' ');
     const double age_s = static_cast<double>(now_ms - stamp) / 1000.0;
     char age[32];
     std::snprintf(age, sizeof(age), "%.1f", age_s < 0 ? 0.0 : age_s);
@@ -111,6 +123,15 @@ std::string CollectiveProgress::describe(int64_t waiting_on, const std::string& 
       behind << "; rank " << r << " is behind: it issued " << issued
              << " collectives, this rank waits on #" << waiting_on << " (last report " << age
              << " s ago" << (silent ? ": it is dead or stuck outside collectives" : "") << ")";
+      if (!theirs.empty() && issued > 0) {
+        behind << "; rank " << r << "'s last, #" << issued << " (" << theirs << "), "
+               << (state == "issued" ? "still in flight" : state);
+      }
+    } else if (issued == waiting_on && !theirs.empty() && !fingerprint.empty() &&
+               theirs != fingerprint) {
+      // Both at the same number, with different collectives: the divergence itself.
+      behind << "; rank " << r << " issued a different collective as #" << waiting_on << ": "
+             << theirs << " (this rank: " << fingerprint << ")";
     } else if (silent) {
       stale << "; rank " << r << " reached #" << issued << " but last reported " << age
             << " s ago (dead or stuck)";
@@ -124,10 +145,11 @@ std::string CollectiveProgress::describe(int64_t waiting_on, const std::string& 
 
 std::string CollectiveProgress::report(const c10d::Work* work) {
   int64_t seq = ring_.issued();
-  std::string op;
+  std::string op, fingerprint;
   if (const std::optional<FlightEntry> entry = ring_.pending(work)) {
     seq = entry->seq;
     op = entry->op.describe();
+    fingerprint = CollectiveCheck::fingerprint(entry->op, entry->purpose);
   }
   if (world_size_ == 1 || !store_) return "; collective #" + std::to_string(seq);
   std::vector<std::string> states(static_cast<size_t>(world_size_));
@@ -143,7 +165,7 @@ std::string CollectiveProgress::report(const c10d::Work* work) {
     return "; collective #" + std::to_string(seq) + (op.empty() ? "" : " (" + op + ")") +
            "; the store could not be read to compare ranks: " + e.what();
   }
-  return describe(seq, op, rank_, states, unix_ms(), interval_) + check_found();
+  return describe(seq, op, rank_, states, unix_ms(), interval_, fingerprint) + check_found();
 }
 
 std::string CollectiveProgress::check_found() const {

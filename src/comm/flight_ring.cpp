@@ -117,6 +117,12 @@ std::optional<FlightEntry> FlightRing::pending(const void* work) const {
   return std::nullopt;
 }
 
+std::optional<FlightEntry> FlightRing::newest() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (issued_ == 0 || slots_.empty()) return std::nullopt;
+  return slots_[static_cast<size_t>((issued_ - 1) % static_cast<int64_t>(slots_.size()))];
+}
+
 FlightGroup FlightRing::snapshot() const {
   FlightGroup g;
   g.name = name_;

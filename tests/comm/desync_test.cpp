@@ -24,6 +24,26 @@ TEST(CollectiveProgress, NamesTheRankThatIsBehind) {
             "it issued 7 collectives, this rank waits on #8 (last report 0.2 s ago)");
 }
 
+// The published states carry each rank's newest collective: the error says what the rank behind
+// last did, and names a rank that issued a different collective at the same number.
+TEST(CollectiveProgress, SaysWhatTheRankBehindLastDidAndADifferentCollectiveAtOneNumber) {
+  const std::string mine = "all-reduce (sum) of 4 Float elements for bucket 1 of plan epoch 0";
+  const std::string text = CollectiveProgress::describe(
+      8, "all-reduce (sum) of 4 Float elements", 0,
+      {"8 100000 issued " + mine,
+       "7 99800 completed all-reduce (sum) of 4 Float elements for bucket 0 of plan epoch 0",
+       "8 99900 issued all-reduce (sum) of 3 Float elements for the user's own call",
+       "8 99900 timed_out " + mine},
+      100000, kInterval, mine);
+  EXPECT_EQ(text,
+            "; collective #8 of rank 0 (all-reduce (sum) of 4 Float elements); rank 1 is behind: "
+            "it issued 7 collectives, this rank waits on #8 (last report 0.2 s ago); rank 1's "
+            "last, #7 (all-reduce (sum) of 4 Float elements for bucket 0 of plan epoch 0), "
+            "completed; rank 2 issued a different collective as #8: all-reduce (sum) of 3 Float "
+            "elements for the user's own call (this rank: " +
+                mine + ")");
+}
+
 TEST(CollectiveProgress, ASilentRankIsNamedDeadOrStuck) {
   const std::string text =
       CollectiveProgress::describe(3, "barrier", 1, {"2 90000", "3 100000"}, 100000, kInterval);
@@ -57,7 +77,7 @@ TEST(CollectiveProgress, NumbersCollectivesInIssueOrder) {
 
 // All ranks take part in collective #1; then rank 1 stops issuing collectives (it waits on the
 // store, as a rank stuck in its own code would) while the others issue #2 and time out after 2 s.
-// Their errors must name rank 1 as behind at 1 collective.
+// Their errors must name rank 1 as behind at 1 collective, and say that its last one completed.
 DDP_TEST_WORKER(desync) {
   auto pg = worker_process_group(std::chrono::seconds(2));
   auto t = torch::ones({4});
@@ -82,6 +102,11 @@ DDP_TEST_WORKER(desync) {
                                " (all-reduce (sum) of 4 Float elements); rank 1 is behind: it "
                                "issued 1 collectives, this rank waits on #2";
   require(error.find(expected) != std::string::npos, "desync report: " + error);
+  // What rank 1 last did, from its published state (heartbeat every 100 ms, 2 s of waiting).
+  const std::string last =
+      "; rank 1's last, #1 (all-reduce (sum) of 4 Float elements for the user's own call), "
+      "completed";
+  require(error.find(last) != std::string::npos, "rank 1's last collective: " + error);
   if (pg->rank() == 0) pg->store().set("test/release", std::vector<uint8_t>{1});
 }
 

@@ -9,7 +9,11 @@
 // report() publishes this rank's state at once, reads every rank's, and says who is behind and at
 // which collective: "rank 1 is behind: it issued 7 collectives (last report 0.2 s ago), this rank
 // waits on #8". Ranks are the group's. A rank whose report is older than 3 intervals is named as
-// dead or stuck outside collectives.
+// dead or stuck outside collectives. The published state also carries the rank's newest collective
+// ("<issued> <unix ms> <state> <what it was for>"), so that the error says what the rank behind
+// last did ("rank 1's last, #7 (all-reduce ... for bucket 0 of plan epoch 1), completed") and
+// names a rank that issued a different collective at the same number: the first divergence, as
+// ddp-forensics would name it from the dumps, but from the store and within the timeout.
 
 #include <ATen/core/Tensor.h>
 
@@ -56,10 +60,13 @@ class CollectiveProgress {
   std::string report(const c10d::Work* work);
 
   // Pure: the text report() builds from the ranks' published states. `states[r]` is
-  // "<issued> <unix ms>" or empty when rank r never published; `now_ms` the reader's clock.
+  // "<issued> <unix ms>[ <state> <fingerprint>]" (the newest collective's; state words joined by
+  // '_') or empty when rank r never published; `now_ms` the reader's clock; `fingerprint` this
+  // rank's of #waiting_on ("" unknown).
   static std::string describe(int64_t waiting_on, const std::string& op, int rank,
                               const std::vector<std::string>& states, int64_t now_ms,
-                              std::chrono::milliseconds interval);
+                              std::chrono::milliseconds interval,
+                              const std::string& fingerprint = "");
 
  private:
   void publish();

@@ -89,6 +89,8 @@ class FlightRing {
   // None: nothing matches (then the caller names collective #issued()).
   std::optional<FlightEntry> pending(const void* work) const;
   FlightGroup snapshot() const;
+  // The newest entry (#issued()); none when nothing was issued or the recorder is off.
+  std::optional<FlightEntry> newest() const;
 
   // After a CUDA-graph capture: the entries numbered after `issued_before` become captured, and
   // are returned for the replays.
