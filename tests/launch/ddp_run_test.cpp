@@ -574,6 +574,29 @@ TEST(DdpRun, TrainsWithDdpTrain) {
   EXPECT_NE(f.out.find("[rank 0] ddp-train: loss "), std::string::npos) << f.out;
 }
 
+// --flight-recorder DIR reaches every worker; when rank 1 dies at step 5 the survivor dumps and
+// ddp-run says where the dumps are; ddp-forensics names the rank that left none.
+TEST(DdpRun, TheFlightRecorderDirReachesTheWorkersAndIsSaidOnFailure) {
+  TempDir dir;
+  const std::string fr = dir.file("fr");
+  const auto f = ddp_run(
+      {"--nproc-per-node", "2", "--flight-recorder", fr, "--", DDP_TRAIN_PATH, "--model", "mlp",
+       "--steps", "20", "--timeout-s", "3", "--fail-at-step", "5", "--fail-rank", "1"},
+      dir);
+  EXPECT_EQ(f.code, 1) << f.err;
+  EXPECT_NE(f.err.find("ddp-run: flight recorder dumps in " + fr + " (ddp-forensics " + fr +
+                       " names the first divergence)\n"),
+            std::string::npos)
+      << f.err;
+  EXPECT_TRUE(std::ifstream(fr + "/flight-rank0.json").good()) << f.err;
+#ifdef DDP_FORENSICS_PATH
+  const auto [out, code] =
+      ddp::testing::run_command(std::string(DDP_FORENSICS_PATH) + " " + fr + " 2>&1");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_EQ(out.rfind("rank 1 left no dump (killed, or never started)", 0), 0u) << out;
+#endif
+}
+
 std::string file_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());

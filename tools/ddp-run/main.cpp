@@ -33,6 +33,9 @@ struct Args {
   double grace_s = 10;
   double timeout_s = 0;  // 0: no bound on the job
   bool no_python = false;
+  // --flight-recorder DIR: DDP_FLIGHT_RECORDER_DIR for every worker (comm/flight_recorder.hpp),
+  // and where the dumps are said when the job fails; "" (default): none.
+  std::string flight_recorder;
   std::vector<std::string> command;  // after `--`
 };
 
@@ -111,7 +114,13 @@ int run(const Args& a, bool port_given) {
   g.max_restarts = a.max_restarts;
   g.grace = to_ms(a.grace_s);
   if (a.timeout_s > 0) g.timeout = to_ms(a.timeout_s);
-  return ddp::launch::run_worker_group(g).exit_code();
+  if (!a.flight_recorder.empty()) g.env["DDP_FLIGHT_RECORDER_DIR"] = a.flight_recorder;
+  const int code = ddp::launch::run_worker_group(g).exit_code();
+  if (code != 0 && !a.flight_recorder.empty()) {
+    say("flight recorder dumps in " + a.flight_recorder + " (ddp-forensics " + a.flight_recorder +
+        " names the first divergence)");
+  }
+  return code;
 }
 
 }  // namespace
@@ -152,6 +161,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--no-python,--no_python", a.no_python,
                "accepted for torchrun compatibility: PROGRAM is always run directly");
+  app.add_option("--flight-recorder", a.flight_recorder,
+                 "directory for every worker's flight recorder dump (libddp programs; read them "
+                 "with ddp-forensics)");
   auto* timeout = app.add_option("--timeout-s", a.timeout_s,
                                  "bound on the whole job in seconds (default: none)");
   try {
