@@ -211,7 +211,10 @@ RankDump parse_flight_dump(const std::string& text_in, const std::string& path) 
   }
   d.reason = text(j, "reason", path, "");
   d.dumped_us = integer(j, "dumped_us", path, "");
-  const json& groups = array(j, "groups", path, "");
+  // A named prefix, not a temporary: the reference returned points into `j`, but GCC 13+ warns
+  // (-Wdangling-reference) on a reference returned from a call that took a temporary.
+  const std::string top;
+  const json& groups = array(j, "groups", path, top);
   for (size_t i = 0; i < groups.size(); ++i) {
     d.groups.push_back(read_group(groups[i], path, "groups[" + std::to_string(i) + "]."));
     const DumpedGroup& g = d.groups.back();
