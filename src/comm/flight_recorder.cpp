@@ -2,6 +2,8 @@
 
 #include <c10/util/Exception.h>
 #include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -135,12 +137,33 @@ Dump make_dump(const std::string& reason) {
 }
 
 int g_signal_pipe[2] = {-1, -1};
+// The signal thread writes a byte here once an abort's dump is written.
+int g_dumped_pipe[2] = {-1, -1};
+std::atomic<bool> g_aborting{false};
+pthread_t g_signal_thread{};
 
 void on_signal(int signo) {
   const auto byte = static_cast<unsigned char>(signo);
   const int saved = errno;  // a handler must leave errno as it found it
   (void)!::write(g_signal_pipe[1], &byte, 1);
   errno = saved;
+}
+
+// SIGABRT: the process is ending now (c10d's NCCL watchdog aborting after its own timeout, an
+// uncaught exception, a failed assertion). The handler asks the signal thread for the dump and
+// waits for it, bounded (the aborting thread may hold a lock the dump needs), then ends the
+// process by SIGABRT as it would have. Only async-signal-safe calls here.
+void on_abort(int) {
+  if (!g_aborting.exchange(true) && !::pthread_equal(::pthread_self(), g_signal_thread)) {
+    const auto byte = static_cast<unsigned char>(SIGABRT);
+    (void)!::write(g_signal_pipe[1], &byte, 1);
+    struct pollfd done {};
+    done.fd = g_dumped_pipe[0];
+    done.events = POLLIN;
+    (void)::poll(&done, 1, /*timeout ms=*/10000);
+  }
+  ::signal(SIGABRT, SIG_DFL);
+  ::raise(SIGABRT);
 }
 
 // Dumps outside the handler (nothing a dump does is async-signal-safe), on its own thread.
@@ -154,6 +177,12 @@ void signal_loop() {
       dump_flight_recorder("SIGUSR1");
       continue;
     }
+    if (byte == SIGABRT) {
+      dump_flight_recorder("SIGABRT (the process is aborting)");
+      const unsigned char done = 1;
+      (void)!::write(g_dumped_pipe[1], &done, 1);
+      continue;  // the aborting thread ends the process
+    }
     dump_flight_recorder("SIGTERM");
     ::signal(SIGTERM, SIG_DFL);  // then end as SIGTERM would have: the launcher reads the signal
     ::raise(SIGTERM);
@@ -161,7 +190,7 @@ void signal_loop() {
 }
 
 void install_signals() {
-  if (::pipe2(g_signal_pipe, O_CLOEXEC) != 0) {
+  if (::pipe2(g_signal_pipe, O_CLOEXEC) != 0 || ::pipe2(g_dumped_pipe, O_CLOEXEC) != 0) {
     TORCH_CHECK(false, "ddp: the flight recorder's signal pipe: ", std::strerror(errno));
   }
   struct sigaction action {};
@@ -170,7 +199,13 @@ void install_signals() {
   action.sa_flags = SA_RESTART;
   ::sigaction(SIGUSR1, &action, nullptr);
   ::sigaction(SIGTERM, &action, nullptr);
-  std::thread(signal_loop).detach();
+  std::thread loop(signal_loop);
+  g_signal_thread = loop.native_handle();
+  loop.detach();
+  struct sigaction abort_action {};
+  abort_action.sa_handler = on_abort;
+  sigemptyset(&abort_action.sa_mask);
+  ::sigaction(SIGABRT, &abort_action, nullptr);
 }
 
 }  // namespace

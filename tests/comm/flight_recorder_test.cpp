@@ -308,5 +308,29 @@ TEST(FlightDumpSignals, SigusrDumpsAndGoesOnSigtermDumpsAndEnds) {
   EXPECT_EQ(entries.at(1).at("state"), "completed");
 }
 
+// An abort (what c10d's NCCL watchdog does after its own timeout, or an uncaught exception) dumps
+// before the process ends by SIGABRT.
+DDP_TEST_WORKER(flight_dump_on_abort) {
+  auto pg = worker_process_group(std::chrono::seconds(30));
+  auto t = torch::ones({2});
+  pg->allreduce_sum(t, "before the abort");
+  std::abort();
+}
+
+TEST(FlightDumpSignals, AnAbortDumpsAndTheProcessStillEndsBySigabrt) {
+  TempDir dir("flight");
+  const auto result =
+      run_workers("flight_dump_on_abort", 1, {{"DDP_FLIGHT_RECORDER_DIR", dir.path.string()}},
+                  std::chrono::seconds(60));
+  ASSERT_EQ(result.workers.size(), 1u);
+  EXPECT_TRUE(result.workers[0].signaled) << result.describe();
+  EXPECT_EQ(result.workers[0].signal, SIGABRT) << result.describe();
+  const json d = read_dump(dir.path.string() + "/flight-rank0.json");
+  EXPECT_EQ(d.at("reason"), "SIGABRT (the process is aborting)");
+  const json& entries = d.at("groups").at(0).at("entries");
+  ASSERT_EQ(entries.size(), 1u);
+  EXPECT_EQ(entries.at(0).at("state"), "completed");
+}
+
 }  // namespace
 }  // namespace ddp::testing

@@ -34,7 +34,9 @@ struct FlightRecorderOptions {
 // The process's recorder options: the environment's until set_flight_recorder is called. A new
 // capacity applies to groups made afterwards. A non-empty dir is created when missing and
 // installs the signal handlers: SIGUSR1 dumps and the process goes on; SIGTERM dumps and then
-// ends the process as SIGTERM would. Throws on a negative capacity or a dir that cannot be made.
+// ends the process as SIGTERM would; SIGABRT (c10d's NCCL watchdog aborting, an uncaught
+// exception) dumps, waiting at most 10 s, and the process ends as it would have. Throws on a
+// negative capacity or a dir that cannot be made.
 void set_flight_recorder(const FlightRecorderOptions& options);
 FlightRecorderOptions flight_recorder_options();
 
