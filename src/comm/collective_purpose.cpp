@@ -1,4 +1,5 @@
-// Purposes in words: torch-free, shared by the recorder (libddp) and ddp-forensics.
+// The recorder's words (purposes, states): torch-free, shared by the recorder (libddp) and
+// ddp-forensics, so that the dumps and their reader name things from one list.
 #include <string>
 
 #include "ddp/comm/flight_recorder.hpp"
@@ -40,6 +41,24 @@ std::string CollectivePurpose::describe() const {
     default:
       return purpose_name(what);
   }
+}
+
+const char* flight_state_name(FlightState state) {
+  switch (state) {
+    case FlightState::kIssued:
+      return "issued";
+    case FlightState::kCompleted:
+      return "completed";
+    case FlightState::kFailed:
+      return "failed";
+    case FlightState::kTimedOut:
+      return "timed out";
+    case FlightState::kRefused:
+      return "refused";
+    case FlightState::kCaptured:
+      return "captured";
+  }
+  return "?";
 }
 
 }  // namespace ddp::comm

@@ -74,11 +74,12 @@ DumpedCollective read_entry(const json& e, const std::string& path, const std::s
   c.state = text(e, "state", path, at);
   // Optional: dumps written before replays were recorded have none.
   if (e.contains("replay")) c.replay = integer(e, "replay", path, at);
-  static const char* kStates[] = {"issued",    "completed", "failed",
-                                  "timed out", "refused",   "captured"};
-  if (std::find(std::begin(kStates), std::end(kStates), c.state) == std::end(kStates)) {
-    refuse(path, "field '" + at + "state' is '" + c.state + "', not a collective's state");
+  bool known = false;
+  for (int s = 0; s <= static_cast<int>(kLastFlightState); ++s) {
+    known |= c.state == flight_state_name(static_cast<FlightState>(s));
   }
+  if (!known)
+    refuse(path, "field '" + at + "state' is '" + c.state + "', not a collective's state");
   return c;
 }
 
@@ -158,10 +159,10 @@ std::string DumpedCollective::describe() const {
   if (root >= 0) out += " from rank " + std::to_string(root);
   if (numel >= 0) out += " of " + std::to_string(numel) + " " + dtype + " elements";
   CollectivePurpose p;
-  for (Purpose candidate :
-       {Purpose::kUser, Purpose::kBucket, Purpose::kUnitGather, Purpose::kUnitReduce,
-        Purpose::kParamBroadcast, Purpose::kCheckpoint, Purpose::kControl, Purpose::kCheck}) {
-    if (purpose == purpose_name(candidate)) p.what = candidate;
+  for (int candidate = 0; candidate <= static_cast<int>(kLastPurpose); ++candidate) {
+    if (purpose == purpose_name(static_cast<Purpose>(candidate))) {
+      p.what = static_cast<Purpose>(candidate);
+    }
   }
   p.index = index;
   p.epoch = epoch;

@@ -37,24 +37,6 @@ std::string CollectiveOp::describe() const {
   return text;
 }
 
-const char* flight_state_name(FlightState state) {
-  switch (state) {
-    case FlightState::kIssued:
-      return "issued";
-    case FlightState::kCompleted:
-      return "completed";
-    case FlightState::kFailed:
-      return "failed";
-    case FlightState::kTimedOut:
-      return "timed out";
-    case FlightState::kRefused:
-      return "refused";
-    case FlightState::kCaptured:
-      return "captured";
-  }
-  return "?";
-}
-
 FlightRing::FlightRing(std::string name, int rank, std::vector<int> global_ranks, int64_t capacity)
     : name_(std::move(name)), rank_(rank), global_ranks_(std::move(global_ranks)) {
   TORCH_CHECK(capacity >= 0,

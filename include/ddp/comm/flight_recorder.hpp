@@ -62,8 +62,22 @@ struct CollectivePurpose {
   std::string describe() const;
 };
 
+// The last purpose: the dump reader looks a name up among every one up to it.
+constexpr Purpose kLastPurpose = Purpose::kCheck;
+
 // The name ddp-forensics and the dumps use: "user", "bucket", "unit gather", ...
 const char* purpose_name(Purpose purpose);
+
+// What became of a collective. Transitions: issued -> completed | failed | timed out, once.
+// Refused: never issued, the collective check found it differs from the other ranks' (recorded
+// so that the dump shows what this rank was about to do); it ends nothing. Captured: issued into
+// a CUDA graph being captured; it runs only in the graph's replays, each recorded anew.
+enum class FlightState : uint8_t { kIssued, kCompleted, kFailed, kTimedOut, kRefused, kCaptured };
+
+// "issued", "completed", "failed", "timed out", "refused", "captured"
+const char* flight_state_name(FlightState state);
+// The last state: the dump reader checks a state against every name up to it.
+constexpr FlightState kLastFlightState = FlightState::kCaptured;
 
 // While alive, the collectives this thread issues are recorded as being for `purpose`; nests
 // (the innermost wins) and restores the outer one.

@@ -28,15 +28,6 @@ struct CollectiveOp {
   std::string describe() const;
 };
 
-// What became of a collective. Transitions: issued -> completed | failed | timed out, once.
-// Refused: never issued, the collective check found it differs from the other ranks' (recorded
-// so that the dump shows what this rank was about to do); it ends nothing. Captured: issued into
-// a CUDA graph being captured; it runs only in the graph's replays, each recorded anew.
-enum class FlightState : uint8_t { kIssued, kCompleted, kFailed, kTimedOut, kRefused, kCaptured };
-
-// "issued", "completed", "failed", "timed out", "refused", "captured"
-const char* flight_state_name(FlightState state);
-
 struct FlightEntry {
   int64_t seq = 0;  // 1, 2, ... in the group, on every rank the same collective
   CollectiveOp op;
