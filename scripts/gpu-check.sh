@@ -7,7 +7,7 @@
 #   bash scripts/gpu-check.sh                 # build, tests, levers, table
 #   bash scripts/gpu-check.sh build tests     # only those stages
 #
-# Stages: build, tests, forensics (issue 49: a rank SIGSTOPped in eager and in captured training on NCCL, the dumps read by ddp-forensics), graphs (issue 25: captured steps, ours and PyTorch's recipe), recipe (issue 26:
+# Stages: build, tests, ac59 (issue 59: the FULLY_SHARD x activation checkpointing rows, and gpt2-medium per block with checkpointing against FSDP2), forensics (issue 49: a rank SIGSTOPped in eager and in captured training on NCCL, the dumps read by ddp-forensics), graphs (issue 25: captured steps, ours and PyTorch's recipe), recipe (issue 26:
 # the GPT recipe, ours and PyTorch's in one bench/compare run, and ddp-train --data with MFU), text (ddp-train --data on the GPU), tpref (PyTorch's --tp reference checked on CPU Gloo), onegpu (ours vs PyTorch with one GPU: bare, DDP and FULLY_SHARD at world 1), sharded (FULLY_SHARD vs FSDP2), fsdpbest (issue 36: FULLY_SHARD vs FSDP2 under its reshard, prefetch and bf16 knobs), capture35 (issue 35: the GPT recipe as one captured step, ours and PyTorch's; GPT2=1 adds gpt2-small bare vs recipe, TRAIN=1 ddp-train --data eager vs captured, 3 epochs, a resume), attribution (issue 13: noop hook, --no-overlap), tp (issue 15: --tp 2), final (the documented table), overlap, levers (ours only: each tuning lever against our default), table (bench/compare,
 # ours vs PyTorch in the same run, with the 1-GPU baselines), parity (C++ vs PyTorch parameters).
 set -uo pipefail
@@ -52,7 +52,7 @@ fi
 if has tests; then
   # TESTS_FILTER narrows the run (one issue's GPU tests in a short device call).
   build-gpu/tests/ddp_tests \
-    --gtest_filter="${TESTS_FILTER:-BucketPlan.*:Env.*:ReplicaCheck.*:Spawn.*:AutocastGuard.*:Models/GpuEquivalence.*:WorldSizes/FlatCollectivesNccl.*:DeviceMeshNccl.*:PosixFile.*:Checkpoint.*:CheckpointSha256.*:Safetensors.*:AllDtypes/*:Cases/*:ActivationCheckpoint.*:GptModel.*:Layout*:TakeLocal.*:BackwardNode.*:ModuleIntake.*:Options.*:ShardedGradientPathGpu.*:CAbiGpu.*:CapturedStep*:StepRng*:DdpTrainTextGpu.*:Kinds/Optimizers.*:OptimizerGroups.*:OptimizerSkip.*:OptimizerCheckpoint.*:OptimizerRefuses.*:OptimizerAdamW.*:CopyIntoReduceInput.*:EndOfBackward.*:FlightRing.*:FlightDumpRead.*:FlightDivergence.*:CollectiveCheck.*:-Spawn.DdpTrainNprocWorkersArePrefixed}" \
+    --gtest_filter="${TESTS_FILTER:-BucketPlan.*:Env.*:ReplicaCheck.*:Spawn.*:AutocastGuard.*:Models/GpuEquivalence.*:WorldSizes/FlatCollectivesNccl.*:DeviceMeshNccl.*:PosixFile.*:Checkpoint.*:CheckpointSha256.*:Safetensors.*:AllDtypes/*:Cases/*:ActivationCheckpoint.*:GptModel.*:Layout*:TakeLocal.*:BackwardNode.*:ModuleIntake.*:Options.*:ShardedGradientPathGpu.*:CAbiGpu.*:CapturedStep*:StepRng*:DdpTrainTextGpu.*:Kinds/Optimizers.*:OptimizerGroups.*:OptimizerSkip.*:OptimizerCheckpoint.*:OptimizerRefuses.*:OptimizerAdamW.*:CopyIntoReduceInput.*:EndOfBackward.*:AccumulationHook.*:Styles/CheckpointMatrixGpu.*:PublicApi.AGatherSetting*:FlightRing.*:FlightDumpRead.*:FlightDivergence.*:CollectiveCheck.*:-Spawn.DdpTrainNprocWorkersArePrefixed}" \
     >"$OUT/tests.log" 2>&1
   note "tests rc=$?: $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/tests.log" | tr '\n' ' ')"
   grep -E '^\[  FAILED  \]|relative error' "$OUT/tests.log" | head -20 | tee -a "$SUMMARY"
@@ -372,6 +372,38 @@ if has overlap; then
       --ours-args="--optimizer-overlap --comm-hook $hook" >"$OUT/overlap-toy8k-tf32-$hook.log" 2>&1
     note "overlap-toy8k-tf32-$hook rc=$?"
     grep -E '^\| [a-z]' "$OUT/overlap-toy8k-tf32-$hook.log" | tee -a "$SUMMARY"
+  done
+fi
+
+if has ac59; then
+  # Issue 59: every row of the issue's table (FULLY_SHARD per block with activation checkpointing,
+  # each failed at the first backward on CUDA before the fix), then the benchmark row: gpt2-medium
+  # per block with checkpointing, ours against FSDP2 with checkpoint_wrapper per block, at world 2
+  # and NP (4 where lent), in pairs (ours, then PyTorch's), AC59_PAIRS times.
+  for row in "gpt-tiny 4 " "gpt-tiny 4 --autocast-bf16" \
+    "gpt-tiny 4 --autocast-bf16 --param-dtype bf16 --reduce-dtype fp32" "gpt2-medium 2 " \
+    "gpt2-medium 2 --autocast-bf16" "gpt2-medium 2 --autocast-bf16 --param-dtype bf16 --reduce-dtype fp32" \
+    "gpt2-medium 1 --optimizer adamw --param-dtype bf16 --reduce-dtype fp32 --n-embd 4096 --n-head 32 --n-layer 24"; do
+    read -r model batch extra <<<"$row"
+    timeout 300 "$BENCH" --model "$model" --batch-size "$batch" --device cuda --nproc $NP --fsdp \
+      --fsdp-wrap --fsdp-checkpoint --repeat 3 --warmup 1 $extra >"$OUT/ac59-row.log" 2>&1
+    note "ac59 row '$row' world $NP rc=$?: $(grep -m1 -E 'median|error|ddp:' "$OUT/ac59-row.log")"
+  done
+  flags="${FLAGS[gpt2-medium]} --device cuda --repeat ${AC59_REPEAT:-20} --warmup 5 --json"
+  mp="--param-dtype bf16 --reduce-dtype fp32"
+  for world in $(printf '%s\n' 2 "$NP" | sort -u); do
+    for pair in $(seq "${AC59_PAIRS:-2}"); do
+      for side in ours torch; do
+        cmd="$BENCH"
+        [[ $side == torch ]] && cmd="$PY bench/reference/torch_ddp.py"
+        for extra in "" "$mp"; do
+          log="$OUT/ac59-$side-w$world-${extra:+bf16-}$pair.log"
+          timeout 300 $cmd $flags --nproc "$world" --fsdp --fsdp-wrap --fsdp-checkpoint $extra \
+            >"$log" 2>&1
+          note "ac59 gpt2-medium per block + AC $side world $world ${extra:-fp32 params} pair $pair rc=$?: $(grep -m1 '^{' "$log")"
+        done
+      done
+    done
   done
 fi
 

@@ -106,6 +106,9 @@ def parse_args(argv):
                         "every unit, the root too where this torch honours it; false: no unit "
                         "(more memory, no re-gather in backward); root-false (with --fsdp-wrap): "
                         "blocks true, root false, torchtitan's")
+    p.add_argument("--fsdp-checkpoint", action="store_true",
+                   help="activation checkpointing of every block or layer (any style; "
+                        "apply_activation_checkpointing, non-reentrant)")
     p.add_argument("--fsdp-prefetch", type=int, default=0, metavar="N",
                    help="with --fsdp --fsdp-wrap: each block prefetches the next N blocks' "
                         "all-gathers in forward and the previous N in backward "
@@ -430,6 +433,8 @@ def worker(args, unknown):
     if args.init_params:
         load_params(model, args.init_params)
     model.to(device)
+    if args.fsdp_checkpoint:
+        torch_fsdp.checkpoint_blocks(model)
     net = model  # what named_parameters() is read from at the end
     dp_group, data_rank, tp_state = None, rank, None
     if args.tp:
@@ -606,7 +611,7 @@ def worker(args, unknown):
         if args.fsdp:
             raise SystemExit("torch_ddp.py: --save-params with --fsdp is not supported")
         params = (torch_tp.whole_params(net, tp_state) if tp_state is not None
-                  else {n: p.detach() for n, p in net.named_parameters()})
+                  else {torch_fsdp.unwrapped_name(n): p.detach() for n, p in net.named_parameters()})
         if lead:
             safetensors_io.save_file(params, args.save_params)
 

@@ -5,6 +5,7 @@ with FSDP2's documented knobs so that a run can face its best configuration, not
     --reshard-after-forward MODE   fully_shard(reshard_after_forward=...), blocks and root apart
     --fsdp-prefetch N              set_modules_to_forward_prefetch / _backward_prefetch, N deep
     --param-dtype, --reduce-dtype  MixedPrecisionPolicy
+    --fsdp-checkpoint              activation checkpointing per block (any style, as ddp-bench's)
 
 Needs FSDP2 (torch >= 2.4: torch.distributed.fsdp from 2.6, torch.distributed._composable.fsdp
 before); Debian's 1.13 has none, so there --fsdp is refused at the start of the run.
@@ -80,6 +81,32 @@ def units_of(model):
     if isinstance(model, ResNetSmall):
         return [b for layer in (model.layer1, model.layer2, model.layer3, model.layer4) for b in layer]
     return [m for m in model.modules() if isinstance(m, nn.Linear)]
+
+
+def checkpoint_blocks(model):
+    """--fsdp-checkpoint: activation checkpointing of every block or layer (units_of), as
+    torchtitan's full AC and ddp-bench's flag: each is replaced, in place, by a non-reentrant
+    CheckpointWrapper before DDP or fully_shard (each FSDP2 unit is then the wrapper around its
+    block). That is what apply_activation_checkpointing does; it is done here directly because
+    that function imports FSDP, which torch 1.13 cannot import under Python 3.11, and the wrapper
+    serves --ddp on the CPU too. Returns how many blocks were wrapped."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl, checkpoint_wrapper)
+    blocks = set(units_of(model))
+    wrapped = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if child in blocks:
+                setattr(parent, name,
+                        checkpoint_wrapper(child, checkpoint_impl=CheckpointImpl.NO_REENTRANT))
+                wrapped += 1
+    return wrapped
+
+
+def unwrapped_name(name):
+    """A parameter's name as the model without --fsdp-checkpoint has it (the wrapper adds a level),
+    so that --save-params files compare by name with ddp-bench's."""
+    return name.replace("_checkpoint_wrapped_module.", "")
 
 
 def _refuse(message):

@@ -5,6 +5,8 @@
 #include <c10/util/Exception.h>
 #include <algorithm>
 
+#include "ddp/autograd/accumulation_hook.hpp"
+
 namespace ddp::gradients {
 
 UnitBuckets::UnitBuckets(std::vector<ReduceUnit> units, comm::ProcessGroupPtr pg,
@@ -30,10 +32,10 @@ UnitBuckets::UnitBuckets(std::vector<ReduceUnit> units, comm::ProcessGroupPtr pg
   ready_.assign(params_.size(), false);
   filled_.assign(units_.size(), false);
   set_order(buckets::reverse_registration_order(units_.size()));
-  // [Note: hooks that survive set_]
+  // [Note: hooks that survive set_], [Note: a leaf's hook runs once per accumulation]
   for (size_t p = 0; p < params_.size(); ++p) {
-    hook_ids_.push_back(
-        params_[p].register_hook([on_grad, p](const at::Tensor& grad) { on_grad(p, grad); }));
+    hook_ids_.push_back(autograd::add_accumulation_hook(
+        params_[p], [on_grad, p](const at::Tensor& grad) { on_grad(p, grad); }));
   }
 }
 

@@ -29,6 +29,8 @@ std::unique_ptr<wrap::WrappedModel> make_wrapped(std::shared_ptr<torch::nn::Modu
                                                  DataParallelOptions options) {
   const std::string conflict = style_conflict(style, options.shard.style);
   TORCH_CHECK(conflict.empty(), conflict);
+  const std::string ignored = gather_setting_conflict(style, options.shard);
+  TORCH_CHECK(ignored.empty(), ignored);
   TORCH_CHECK(group, "ddp::data_parallel needs a process group");
   if (style == DataParallelStyle::kReplicate) {
     return std::make_unique<DistributedDataParallelBase>(std::move(module), std::move(group),
@@ -46,6 +48,16 @@ std::string style_conflict(DataParallelStyle style, DataParallelStyle in_options
   return std::string("ddp::data_parallel: DataParallelOptions::shard.style is ") +
          shard::style_name(in_options) + " but the style argument is " + shard::style_name(style) +
          ": the argument decides; leave shard.style at its default";
+}
+
+std::string gather_setting_conflict(DataParallelStyle style, const shard::ShardOptions& shard) {
+  if (style != DataParallelStyle::kReplicate) return "";
+  const char* field = shard.param_dtype ? "param_dtype" : shard.reduce_dtype ? "reduce_dtype" : "";
+  if (*field == '\0') return "";
+  return std::string("ddp::data_parallel: DataParallelOptions::shard.") + field +
+         " is set but the style is replicate, which gathers and reduce-scatters nothing (every "
+         "rank holds the parameters whole): for bf16 compute use autocast, for bf16 all-reduces a "
+         "bf16 comm hook, or choose a sharded style";
 }
 
 }  // namespace ddp::parallel

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <sstream>
 
+#include "ddp/autograd/accumulation_hook.hpp"
 #include "ddp/autograd/end_of_backward.hpp"
 #include "ddp/buckets/bucket_table.hpp"
 #include "ddp/comm/layout_tensors.hpp"
@@ -160,9 +161,11 @@ void TensorParallel::watch_gradients(size_t unit) {
   for (const at::Tensor& param : p.params) {
     if (!param.requires_grad()) continue;  // frozen: no gradient to check
     // A tensor hook, installed once: it stays through a sharded wrapper's set_() of the
-    // parameter ([Note: hooks that survive set_], gradients/unit_buckets.hpp).
-    p.hook_ids.emplace_back(
-        param, param.register_hook([this, unit](const at::Tensor&) { on_gradient(unit); }));
+    // parameter ([Note: hooks that survive set_], gradients/unit_buckets.hpp), and runs once a
+    // backward ([Note: a leaf's hook runs once per accumulation]).
+    p.hook_ids.emplace_back(param,
+                            autograd::add_accumulation_hook(
+                                param, [this, unit](const at::Tensor&) { on_gradient(unit); }));
   }
 }
 

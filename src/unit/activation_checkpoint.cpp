@@ -10,12 +10,14 @@
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 
 #include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <unordered_set>
 
 #include "ddp/autograd/end_of_backward.hpp"
 #include "ddp/detail/autocast_compat.hpp"
+#include "ddp/detail/capture_rng.hpp"
 #include "ddp/intake/module_intake.hpp"
 
 namespace ddp::unit {
@@ -25,10 +27,17 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// One generator and the state it had when forward started.
+// One generator and the state it had when forward started. [Note: checkpointing under capture]
+// Inside a CUDA graph capture a CUDA generator's state can be neither read nor set, so a forward
+// that draws random numbers there could not be replayed with the same draws by its recompute. What
+// can be read is the generator's counter within the graph (detail/capture_rng.hpp): a capturing
+// generator is kept as that counter instead of a state, a forward that moved it is refused by name
+// (the capture then falls back to eager steps, CapturedStep's rule for what a replay cannot
+// repeat), and one that did not needs nothing restored: its recompute draws nothing either.
 struct SavedRng {
   at::Generator generator;
-  at::Tensor state;
+  at::Tensor state;                        // undefined while capturing
+  std::optional<uint64_t> capture_offset;  // the counter within the graph, while capturing
 };
 
 // The generators forward may draw from: the default CPU one, and the default CUDA one of every
@@ -53,16 +62,34 @@ std::vector<at::Generator> generators_of(const std::vector<at::Tensor>& inputs,
 std::vector<SavedRng> get_rng_states(const std::vector<at::Generator>& generators) {
   std::vector<SavedRng> out;
   for (auto gen : generators) {
+    if (const auto offset = detail::capture_rng_offset(gen)) {
+      out.push_back({gen, at::Tensor(), offset});
+      continue;
+    }
     std::lock_guard<std::mutex> lock(gen.mutex());
-    out.push_back({gen, gen.get_state()});
+    out.push_back({gen, gen.get_state(), std::nullopt});
   }
   return out;
 }
 
 void set_rng_states(const std::vector<SavedRng>& saved) {
   for (auto s : saved) {
+    if (s.capture_offset) continue;  // [Note: checkpointing under capture]: nothing was drawn
     std::lock_guard<std::mutex> lock(s.generator.mutex());
     s.generator.set_state(s.state);
+  }
+}
+
+// [Note: checkpointing under capture] `when` is "forward" or "the recompute".
+void check_no_draw_under_capture(const std::vector<SavedRng>& saved, const char* when) {
+  for (const auto& s : saved) {
+    if (!s.capture_offset) continue;
+    const auto now = detail::capture_rng_offset(s.generator);
+    TORCH_CHECK(!now || *now == *s.capture_offset, "ddp::activation_checkpoint: the checkpointed ",
+                "function drew random numbers on ", s.generator.device(), " in ", when,
+                " during a CUDA graph capture (dropout?); a generator cannot be set back inside a ",
+                "capture, so its recompute would draw other numbers. Checkpoint blocks that draw ",
+                "none (dropout 0) in a captured step, or run the step eagerly");
   }
 }
 
@@ -146,6 +173,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
                                at::TensorList inputs, at::TensorList /*params*/) {
     std::vector<at::Tensor> in(inputs.begin(), inputs.end());
     auto outputs = st->fn(in);
+    check_no_draw_under_capture(st->rng, "forward");
     TORCH_CHECK(!outputs.empty(),
                 "ddp::activation_checkpoint: the checkpointed function returned no tensor");
     variable_list non_differentiable;
@@ -195,6 +223,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
         set_rng_states(now);
         throw;
       }
+      check_no_draw_under_capture(now, "the recompute");
       // RNG use after the checkpoint sees the stream as if fn had run once.
       set_rng_states(now);
     }

@@ -563,8 +563,9 @@ class FullyShardFlagsTest(unittest.TestCase):
             self.assertIn(want, err.getvalue())
 
     @staticmethod
-    def shard(flags):
-        """make_fsdp on gpt-tiny with a stand-in FSDP2: [(module, kwargs)] in call order."""
+    def shard(flags, checkpoint=False):
+        """make_fsdp on gpt-tiny with a stand-in FSDP2: [(module, kwargs)] in call order; with
+        `checkpoint`, its blocks checkpointed first (as torch_ddp.py does for --fsdp-checkpoint)."""
         calls = []
 
         def fully_shard(module, **kwargs):
@@ -576,6 +577,8 @@ class FullyShardFlagsTest(unittest.TestCase):
         fake.fully_shard, fake.MixedPrecisionPolicy = fully_shard, lambda **kw: kw
         args, _ = torch_ddp.parse_args(["--model", "gpt-tiny", "--fsdp", *flags])
         model = zoo.build_model("gpt-tiny")
+        if checkpoint:
+            torch_fsdp.checkpoint_blocks(model)
         with mock.patch.dict(sys.modules, {"torch.distributed.fsdp": fake}):
             torch_fsdp.make_fsdp(model, args)
         return model, calls
@@ -594,6 +597,28 @@ class FullyShardFlagsTest(unittest.TestCase):
         _, calls = self.shard(["--fsdp-wrap", "--param-dtype", "bf16", "--reduce-dtype", "fp32"])
         self.assertEqual(calls[-1][1], {"mp_policy": {"param_dtype": torch.bfloat16,
                                                       "reduce_dtype": torch.float32}})
+
+    def test_checkpoint_wraps_every_block_and_changes_no_gradient(self):
+        # --fsdp-checkpoint (issue 59's FSDP2 side): every GPT block becomes a non-reentrant
+        # CheckpointWrapper that fully_shard then takes as the unit; the gradients equal those of
+        # the plain model, and the saved names are the plain model's.
+        torch.manual_seed(0)
+        plain = zoo.build_model("gpt-tiny")
+        wrapped = zoo.build_model("gpt-tiny")
+        wrapped.load_state_dict(plain.state_dict())
+        self.assertEqual(torch_fsdp.checkpoint_blocks(wrapped), 4)
+        self.assertTrue(all(type(b).__name__ == "CheckpointWrapper" for b in wrapped.h))
+        self.assertEqual([torch_fsdp.unwrapped_name(n) for n, _ in wrapped.named_parameters()],
+                         [n for n, _ in plain.named_parameters()])
+        x, y = zoo.random_batch("gpt-tiny", 2, torch.Generator().manual_seed(1))
+        lossf = zoo.loss_fn("gpt-tiny")
+        for m in (plain, wrapped):
+            lossf(m(x), y).backward()
+        for (name, p), (_, q) in zip(plain.named_parameters(), wrapped.named_parameters()):
+            self.assertLess(rel_diff(q.grad, p.grad), 1e-5, name)
+        model, calls = self.shard(["--fsdp-wrap", "--fsdp-checkpoint"], checkpoint=True)
+        self.assertEqual([m for m, _ in calls], [*model.h, model])
+        self.assertTrue(all(type(b).__name__ == "CheckpointWrapper" for b in model.h))
 
     def test_prefetch_lists_are_the_neighbours_nearest_first(self):
         model, _ = self.shard(["--fsdp-wrap", "--fsdp-prefetch", "2"])

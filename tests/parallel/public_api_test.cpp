@@ -43,7 +43,7 @@ TEST(PublicApi, DocsNameEveryShortName) {
   const std::string umbrella = read(root + "/include/ddp/ddp.hpp");
   std::set<std::string> names = short_names(umbrella);
   const std::regex include("#include \"(ddp/[^\"]+)\"");
-      for (std::sregex_iterator i(umbrella.begin(), umbrella.end(), include), end; i != end; ++i) {
+  for (std::sregex_iterator i(umbrella.begin(), umbrella.end(), include), end; i != end; ++i) {
     for (const std::string& name : short_names(read(root + "/include/" + std::string((*i)[1])))) {
       names.insert(name);
     }
@@ -71,6 +71,26 @@ TEST(PublicApi, AStyleSetTwiceIsRefusedByName) {
             "argument is replicate: the argument decides; leave shard.style at its default");
   EXPECT_EQ(style_conflict(DataParallelStyle::kDefault, DataParallelStyle::kDefault), "");
   EXPECT_EQ(style_conflict(DataParallelStyle::kDefault, DataParallelStyle::kFullyShard), "");
+}
+
+// Issue 59: a configuration that cannot apply is refused at construction, never ignored.
+TEST(PublicApi, AGatherSettingUnderReplicateIsRefusedByName) {
+  using parallel::gather_setting_conflict;
+  shard::ShardOptions bf16_gathers;
+  bf16_gathers.param_dtype = torch::kBFloat16;
+  shard::ShardOptions fp32_reduce;
+  fp32_reduce.reduce_dtype = torch::kFloat;
+  const std::string why =
+      " is set but the style is replicate, which gathers and reduce-scatters nothing (every rank "
+      "holds the parameters whole): for bf16 compute use autocast, for bf16 all-reduces a bf16 "
+      "comm hook, or choose a sharded style";
+  EXPECT_EQ(gather_setting_conflict(DataParallelStyle::kReplicate, bf16_gathers),
+            "ddp::data_parallel: DataParallelOptions::shard.param_dtype" + why);
+  EXPECT_EQ(gather_setting_conflict(DataParallelStyle::kReplicate, fp32_reduce),
+            "ddp::data_parallel: DataParallelOptions::shard.reduce_dtype" + why);
+  EXPECT_EQ(gather_setting_conflict(DataParallelStyle::kReplicate, shard::ShardOptions{}), "");
+  EXPECT_EQ(gather_setting_conflict(DataParallelStyle::kFullyShard, bf16_gathers), "");
+  EXPECT_EQ(gather_setting_conflict(DataParallelStyle::kDefault, fp32_reduce), "");
 }
 
 }  // namespace

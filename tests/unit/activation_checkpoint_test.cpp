@@ -13,6 +13,7 @@
 
 #include <unordered_set>
 
+#include "ddp/autograd/accumulation_hook.hpp"
 #include "ddp/parallel/autocast.hpp"
 #include "ddp/shard/sharded_module.hpp"
 #include "support/error_text.hpp"
@@ -115,6 +116,33 @@ TEST(ActivationCheckpoint, GradientsEqualTheUncheckpointedNetAndNoBlockNodeIsKep
   g1.push_back(x1.grad());
   g2.push_back(x2.grad());
   require_close(names, g2, g1, 1e-5, "checkpointed block");
+}
+
+// The sharded styles and TP count a parameter's gradients with accumulation hooks: through a
+// checkpoint each runs once per backward, with the gradient the uncheckpointed net accumulates.
+// On libtorch 2.x a plain tensor hook also ran inside the recompute's grad() (issue 59).
+TEST(ActivationCheckpoint, ParametersAccumulationHooksRunOncePerBackward) {
+  auto plain = make_mlp(), ckpt = make_mlp();
+  torch::manual_seed(1);
+  const auto x = torch::randn({5, 6});
+  std::vector<std::vector<torch::Tensor>> seen(ckpt->parameters().size());
+  std::vector<std::pair<torch::Tensor, unsigned>> ids;
+  for (size_t i = 0; i < seen.size(); ++i) {
+    const auto p = ckpt->parameters()[i];
+    ids.emplace_back(p, autograd::add_accumulation_hook(p, [&seen, i](const torch::Tensor& g) {
+                       seen[i].push_back(g.clone());
+                     }));
+  }
+  plain->forward(x, false).pow(2).sum().backward();
+  for (int step = 1; step <= 2; ++step) {
+    ckpt->forward(x, true).pow(2).sum().backward();
+    const auto expected = grads_of(*plain);
+    for (size_t i = 0; i < seen.size(); ++i) {
+      ASSERT_EQ(seen[i].size(), static_cast<size_t>(step)) << names_of(*ckpt)[i];
+      require_close({names_of(*ckpt)[i]}, {seen[i].back()}, {expected[i]}, 1e-5, "hook's gradient");
+    }
+  }
+  for (auto& [p, id] : ids) p.remove_hook(id);
 }
 
 TEST(ActivationCheckpoint, DropoutSeesForwardsMaskAndTheRngStreamIsPutBack) {

@@ -50,6 +50,11 @@ comm::Sharding over_tensor_parallel(const comm::Sharding& dp, const tp::TensorPa
 // they agree (or shard.style is left at its default).
 std::string style_conflict(DataParallelStyle style, DataParallelStyle in_options);
 
+// The refusal of a gather-side setting (shard.param_dtype, shard.reduce_dtype) under kReplicate,
+// which gathers and reduce-scatters nothing, so the setting would be silently ignored; "" when the
+// style is sharded or neither is set.
+std::string gather_setting_conflict(DataParallelStyle style, const shard::ShardOptions& shard);
+
 // The options of every style, composed: the call's style says which part is used.
 struct DataParallelOptions {
   // kReplicate's (buckets, hooks, unused parameters, ...; defaults as DistributedDataParallel).
