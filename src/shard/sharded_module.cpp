@@ -222,6 +222,11 @@ void ShardedModule::pre_forward() {
   // The gradient runtime is ready from here, so a backward of the module's own forward is reduced
   // as the wrapper's is.
   if (gradients() && at::GradMode::is_enabled()) {
+    // DEFAULT's replicated parameters: their accumulator hooks move to the stream this forward
+    // runs on, as DDP's do (gradients/autograd_hooks.hpp, Streams): a step captured on a side
+    // stream failed at world 4 with "operation would make the legacy stream depend on a capturing
+    // blocking stream" (issue 59's matrix, Styles/CheckpointMatrixGpu.*/default_world4).
+    gradients()->follow_current_stream();
     if (require_sync()) {
       // Gradients complete in the reverse of the forward's unit order (the last forward's; the
       // units not run through run_unit, the root among them, go last).

@@ -229,6 +229,7 @@ DDP_TEST_WORKER(checkpoint_matrix) {
       if (precision == "gathers") {
         // Refused at construction, by name, where the configuration cannot hold.
         models::Workload w = models::make_workload("gpt-tiny", shape());
+        w.ptr->to(matrix_device());
         const std::string expected = expected_refusal(style, *w.ptr, pg->world_size());
         if (!expected.empty()) {
           const std::string why = error_of([&] {
