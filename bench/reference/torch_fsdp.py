@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from zoo import GPT, ResNetSmall
+from zoo import GPT, Llama, ResNetSmall
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -78,6 +78,8 @@ def units_of(model):
     the Linears of Net/MLP (registered in forward order, as in models/src)."""
     if isinstance(model, GPT):
         return list(model.h)
+    if isinstance(model, Llama):
+        return list(model.layers)
     if isinstance(model, ResNetSmall):
         return [b for layer in (model.layer1, model.layer2, model.layer3, model.layer4) for b in layer]
     return [m for m in model.modules() if isinstance(m, nn.Linear)]

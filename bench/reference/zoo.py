@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 MODELS = ("toy", "toy8k", "mlp-deep", "gpt-tiny", "gpt2-small", "gpt2-medium", "gpt-char",
-          "resnet-small")
+          "resnet-small", "llama-tiny", "llama-1b", "llama-3b", "llama-8b")
 # The models --tie-weights applies to: those with a token embedding to tie the output layer to.
 TIED_WEIGHTS_MODELS = ("gpt-tiny", "gpt2-small", "gpt2-medium", "gpt-char")
 # torch >= 2.0: the fused kernel (flash / memory-efficient on CUDA), as models/src/causal_attention.cpp
@@ -156,6 +156,124 @@ class GPT(nn.Module):
         return self.lm_head(self.ln_f(x))
 
 
+class RMSNorm(nn.Module):
+    """models/src/llama.cpp's RMSNorm: normalised in fp32, cast back, then the weight (Meta's)."""
+
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+
+
+def rotary_tables(seq_len, head_dim, theta):
+    """({cos}, {sin}) [seq_len, head_dim / 2] fp32, computed in float64 (llama.cpp's)."""
+    i = torch.arange(head_dim // 2, dtype=torch.float64)
+    inv_freq = torch.pow(torch.tensor(theta, dtype=torch.float64), -2.0 * i / head_dim)
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float64), inv_freq)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rotary(x, cos, sin):
+    """Rotates adjacent pairs of x [B, T, H, hd] in fp32, cast back (llama.cpp's apply_rotary)."""
+    seq, half = x.size(1), x.size(3) // 2
+    pairs = x.float().unflatten(-1, (half, 2))
+    x0, x1 = pairs[..., 0], pairs[..., 1]
+    c = cos[:seq].view(1, seq, 1, half)
+    s = sin[:seq].view(1, seq, 1, half)
+    return torch.stack([x0 * c - x1 * s, x0 * s + x1 * c], -1).flatten(-2).to(x.dtype)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, d_model, n_heads, n_kv_heads):
+        super().__init__()
+        self.head_dim = d_model // n_heads
+        self.wq = nn.Linear(d_model, n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(n_heads * self.head_dim, d_model, bias=False)
+
+    def forward(self, x, cos, sin):
+        batch, seq, _ = x.shape
+
+        def heads(t):
+            return t.view(batch, seq, -1, self.head_dim)
+
+        q = apply_rotary(heads(self.wq(x)), cos, sin).transpose(1, 2)
+        k = apply_rotary(heads(self.wk(x)), cos, sin).transpose(1, 2)
+        v = heads(self.wv(x)).transpose(1, 2)
+        n_rep = q.size(1) // k.size(1)
+        if n_rep > 1:  # each key/value head serves n_rep query heads in a row (Meta's repeat_kv)
+            k = k.unsqueeze(2).expand(batch, k.size(1), n_rep, seq, self.head_dim).reshape(
+                batch, -1, seq, self.head_dim)
+            v = v.unsqueeze(2).expand(batch, v.size(1), n_rep, seq, self.head_dim).reshape(
+                batch, -1, seq, self.head_dim)
+        y = causal_attention(q, k, v).transpose(1, 2).contiguous().view(batch, seq, -1)
+        return self.wo(y)
+
+
+class LlamaFeedForward(nn.Module):
+    def __init__(self, d_model, ffn_hidden):
+        super().__init__()
+        self.w1 = nn.Linear(d_model, ffn_hidden, bias=False)
+        self.w2 = nn.Linear(ffn_hidden, d_model, bias=False)
+        self.w3 = nn.Linear(d_model, ffn_hidden, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, d_model, n_heads, n_kv_heads, ffn_hidden, eps):
+        super().__init__()
+        self.attention_norm = RMSNorm(d_model, eps)
+        self.attention = LlamaAttention(d_model, n_heads, n_kv_heads)
+        self.ffn_norm = RMSNorm(d_model, eps)
+        self.feed_forward = LlamaFeedForward(d_model, ffn_hidden)
+        self.rotary = None  # (cos, sin), handed over by the root before each forward
+
+    def forward(self, x):
+        x = x + self.attention(self.attention_norm(x), *self.rotary)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Llama(nn.Module):
+    """models/src/llama.cpp's LlamaImpl: tok_embeddings, layers.<i>, norm, output (no bias), the
+    rotary tables as buffers rope_cos / rope_sin; every Linear and Embedding weight ~ N(0, 0.02) in
+    modules() order, norms ones; tie_weights: output.weight is tok_embeddings.weight."""
+
+    def __init__(self, vocab_size, seq_len, d_model, n_layers, n_heads, n_kv_heads, ffn_hidden,
+                 rope_theta=500000.0, norm_eps=1e-5, tie_weights=False):
+        super().__init__()
+        self.seq_len = seq_len
+        self.tok_embeddings = nn.Embedding(vocab_size, d_model)
+        self.layers = nn.ModuleList([LlamaBlock(d_model, n_heads, n_kv_heads, ffn_hidden, norm_eps)
+                                     for _ in range(n_layers)])
+        self.norm = RMSNorm(d_model, norm_eps)
+        self.output = nn.Linear(d_model, vocab_size, bias=False)
+        cos, sin = rotary_tables(seq_len, d_model // n_heads, rope_theta)
+        self.register_buffer("rope_cos", cos)
+        self.register_buffer("rope_sin", sin)
+        with torch.no_grad():
+            for m in self.modules():
+                if isinstance(m, (nn.Linear, nn.Embedding)):
+                    nn.init.normal_(m.weight, 0.0, 0.02)
+        if tie_weights:
+            self.output.weight = self.tok_embeddings.weight
+
+    def forward(self, idx):
+        assert idx.size(1) <= self.seq_len, f"Llama: input length {idx.size(1)} exceeds {self.seq_len}"
+        x = self.tok_embeddings(idx)
+        for block in self.layers:
+            # The block itself, inside a checkpoint_wrapper (--fsdp-checkpoint) where there is one.
+            getattr(block, "_checkpoint_wrapped_module", block).rotary = (self.rope_cos, self.rope_sin)
+            x = block(x)
+        return self.output(self.norm(x))
+
+
 def _conv(cin, cout, kernel, stride):
     return nn.Conv2d(cin, cout, kernel, stride=stride, padding=kernel // 2, bias=False)
 
@@ -227,6 +345,13 @@ _GPT = dict(vocab_size=4096, seq_len=128, d_model=256, n_heads=4, n_layers=4)
 _GPT2_SMALL = dict(vocab_size=50304, seq_len=1024, d_model=768, n_heads=12, n_layers=12)
 _GPT2_MEDIUM = dict(vocab_size=50304, seq_len=1024, d_model=1024, n_heads=16, n_layers=24)
 _GPT_CHAR = dict(vocab_size=256, seq_len=256, d_model=384, n_heads=6, n_layers=6)
+# registry.cpp's Llama rows: the CPU tests' tiny one, then Llama 3.2 1B / 3B and 3.1 8B.
+_LLAMA_TINY = dict(vocab_size=4096, seq_len=128, d_model=256, n_layers=4, n_heads=8, n_kv_heads=2,
+                   ffn_hidden=768)
+_LLAMA3 = dict(vocab_size=128256, seq_len=8192, n_kv_heads=8)
+_LLAMA_1B = dict(_LLAMA3, d_model=2048, n_layers=16, n_heads=32, ffn_hidden=8192, tie_weights=True)
+_LLAMA_3B = dict(_LLAMA3, d_model=3072, n_layers=28, n_heads=24, ffn_hidden=8192, tie_weights=True)
+_LLAMA_8B = dict(_LLAMA3, d_model=4096, n_layers=32, n_heads=32, ffn_hidden=14336)
 SPECS = {
     "toy": (lambda: Net(2000), regression_loss, ("float", 2000)),
     "toy8k": (lambda: Net(8192), regression_loss, ("float", 8192)),
@@ -240,6 +365,10 @@ SPECS = {
     "gpt-char": (lambda tie=False: GPT(**_GPT_CHAR, tie_weights=tie), token_loss,
                  ("tokens", 256, 256)),
     "resnet-small": (lambda: ResNetSmall(10, 64), token_loss, ("image", 10)),
+    "llama-tiny": (lambda: Llama(**_LLAMA_TINY), token_loss, ("tokens", 128, 4096)),
+    "llama-1b": (lambda: Llama(**_LLAMA_1B), token_loss, ("tokens", 8192, 128256)),
+    "llama-3b": (lambda: Llama(**_LLAMA_3B), token_loss, ("tokens", 8192, 128256)),
+    "llama-8b": (lambda: Llama(**_LLAMA_8B), token_loss, ("tokens", 8192, 128256)),
 }
 
 

@@ -8,25 +8,10 @@
 
 #include "ddp/models/causal_attention.hpp"
 #include "ddp/models/replace_parameter.hpp"
+#include "ddp/models/unit_linear.hpp"
 #include "ddp/unit/call_unit.hpp"
 
 namespace ddp::models {
-
-namespace {
-
-// ATen's linear, which Python's nn.Linear calls: a contiguous [B, T, d] input becomes one addmm
-// with the bias fused in. The C++ frontend's Linear::forward runs matmul and then adds the bias,
-// one more kernel and pass over the output (measured on an H200: gpt2-medium 4.5% slower per step
-// than the same model in Python), and rounds differently from the Python model (7e-7 on CPU).
-//
-// Through unit::run_unit, so that tensor parallelism can split it (tp/parallelize.hpp); a plain
-// call without a tensor-parallel plan.
-torch::Tensor linear(const torch::nn::Linear& m, const torch::Tensor& x) {
-  return unit::run_unit(
-      *m, [&m](const torch::Tensor& in) { return at::linear(in, m->weight, m->bias); }, x);
-}
-
-}  // namespace
 
 // nanoGPT's dropout; p = 0 returns `x` itself: no kernel, no random numbers drawn, so the default
 // model's steps are the same as before dropout existed (and capturable as they were).
@@ -49,7 +34,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
 
   // Under tensor parallelism c_attn's output holds this rank's heads only (colwise, packed 3):
   // the widths and the head count come from the tensors, not the config.
-  const auto fused = linear(c_attn, x);
+  const auto fused = unit_linear(c_attn, x);
   const int64_t width = fused.size(2) / 3;
   const int64_t heads = width / head_dim;
   auto qkv = fused.split(width, /*dim=*/2);
@@ -62,7 +47,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
 
   auto y = causal_attention(q, k, v);  // [B, H, T, hd]
   y = y.transpose(1, 2).contiguous().view({batch, seq, width});
-  return maybe_dropout(linear(c_proj, y), dropout_, is_training());
+  return maybe_dropout(unit_linear(c_proj, y), dropout_, is_training());
 }
 
 GPTMLPImpl::GPTMLPImpl(const GPTConfig& config) : dropout_(config.dropout) {
@@ -71,7 +56,8 @@ GPTMLPImpl::GPTMLPImpl(const GPTConfig& config) : dropout_(config.dropout) {
 }
 
 torch::Tensor GPTMLPImpl::forward(const torch::Tensor& x) {
-  return maybe_dropout(linear(c_proj, torch::gelu(linear(c_fc, x))), dropout_, is_training());
+  return maybe_dropout(unit_linear(c_proj, torch::gelu(unit_linear(c_fc, x))), dropout_,
+                       is_training());
 }
 
 GPTBlockImpl::GPTBlockImpl(const GPTConfig& config) {
@@ -134,7 +120,7 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& idx) {
   const auto positions = torch::arange(seq, idx.options().dtype(torch::kLong));
   auto x = maybe_dropout(wte(idx) + wpe(positions), config_.dropout, is_training());  // [B, T, d]
   for (const auto& block : *h) x = unit::call_unit(*block->as<GPTBlockImpl>(), x, checkpoint_units);
-  return linear(lm_head, ln_f(x));
+  return unit_linear(lm_head, ln_f(x));
 }
 
 tp::TpPlan gpt_tensor_parallel_plan(const GPTConfig& config) {

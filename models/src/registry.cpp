@@ -6,6 +6,7 @@
 #include <torch/utils.h>
 
 #include "ddp/models/gpt.hpp"
+#include "ddp/models/llama.hpp"
 #include "ddp/models/mlp.hpp"
 #include "ddp/models/net.hpp"
 #include "ddp/models/resnet.hpp"
@@ -61,11 +62,46 @@ void build_gpt(Workload& w, GPTConfig config, const WorkloadOptions& options) {
   add_counting_task(w, config.vocab_size, config.seq_len, options.seed);
 }
 
+// The Llama rows' shapes, with the options every Llama takes (n_layers, n_heads, seq_len, seed;
+// tie_weights is the row's own: Llama 3.2 1B and 3B are tied, 3.1 8B is not).
+void build_llama(Workload& w, LlamaConfig config, const WorkloadOptions& options) {
+  TORCH_CHECK(options.dropout == 0, "make_workload('", w.name,
+              "'): the Llama models have no dropout (Llama 3 trains without it)");
+  config.n_layers = pick(options.n_layers, config.n_layers);
+  config.n_heads = pick(options.n_heads, config.n_heads);
+  config.seq_len = pick(options.seq_len, config.seq_len);
+  Llama llama(config);
+  set_model(w, llama);
+  w.set_checkpointing = [impl = llama.ptr()](bool on) { impl->checkpoint_units = on; };
+  for (int64_t i = 0; i < config.n_layers; ++i) {
+    w.wrap_units.push_back("layers." + std::to_string(i));
+  }
+  w.flops_per_token = llama_flops_per_token(config);
+  add_counting_task(w, config.vocab_size, config.seq_len, options.seed);
+}
+
+// Llama 3's shape beyond the tiny row's: vocabulary 128256, 8 key/value heads, context 8192.
+LlamaConfig llama3(int64_t d_model, int64_t n_layers, int64_t n_heads, int64_t ffn_hidden,
+                   bool tied) {
+  LlamaConfig config;
+  config.vocab_size = 128256;
+  config.seq_len = 8192;
+  config.d_model = d_model;
+  config.n_layers = n_layers;
+  config.n_heads = n_heads;
+  config.n_kv_heads = 8;
+  config.ffn_hidden = ffn_hidden;
+  config.tie_weights = tied;
+  return config;
+}
+
 struct Entry {
   const char* name;
   // Whether WorkloadOptions::tie_weights applies: the model has a token embedding and an output
-  // layer of its shape (the GPTs).
+  // layer of its shape (the GPTs; a Llama row's tying is its own).
   bool ties_weights;
+  // Whether WorkloadOptions::n_layers, n_heads and seq_len apply (the GPTs and the Llamas).
+  bool shaped;
   void (*build)(Workload& w, const WorkloadOptions& options);  // options.dim 0 = default
   // Workload::lr, known without building the model (the tools check a schedule against it
   // before any worker starts); options.dim 0 = default.
@@ -77,29 +113,29 @@ double default_lr(const WorkloadOptions& /*options*/) { return Workload{}.lr; }
 
 // One row per workload; the order is the order of workload_names().
 const Entry kEntries[] = {
-    {"net", false,
+    {"net", false, false,
      [](Workload& w, const WorkloadOptions& o) { build_net(w, pick(o.dim, 2000), o.seed); },
      [](const WorkloadOptions& o) { return net_lr(pick(o.dim, 2000)); }},
-    {"toy", false,
+    {"toy", false, false,
      [](Workload& w, const WorkloadOptions& o) { build_net(w, pick(o.dim, 2000), o.seed); },
      [](const WorkloadOptions& o) { return net_lr(pick(o.dim, 2000)); }},
-    {"toy8k", false,
+    {"toy8k", false, false,
      [](Workload& w, const WorkloadOptions& o) { build_net(w, pick(o.dim, 8192), o.seed); },
      [](const WorkloadOptions& o) { return net_lr(pick(o.dim, 8192)); }},
-    {"mlp", false,
+    {"mlp", false, false,
      [](Workload& w, const WorkloadOptions& o) {
        const int64_t width = pick(o.dim, 64);
        build_mlp(w, MLPOptions{width, width, width, 4}, o.seed);
      },
      default_lr},
-    {"mlp-deep", false,
+    {"mlp-deep", false, false,
      [](Workload& w, const WorkloadOptions& o) {
        MLPOptions options;
        if (o.dim != 0) options.in = options.hidden = options.out = o.dim;
        build_mlp(w, options, o.seed);
      },
      default_lr},
-    {"gpt", true,
+    {"gpt", true, true,
      [](Workload& w, const WorkloadOptions& o) {
        // Small enough that 100 CPU steps take seconds.
        GPTConfig config;
@@ -110,14 +146,14 @@ const Entry kEntries[] = {
        build_gpt(w, config, o);
      },
      default_lr},
-    {"gpt-tiny", true,
+    {"gpt-tiny", true, true,
      [](Workload& w, const WorkloadOptions& o) {
        GPTConfig config;
        config.d_model = pick(o.dim, config.d_model);
        build_gpt(w, config, o);
      },
      default_lr},
-    {"gpt2-small", true,
+    {"gpt2-small", true, true,
      [](Workload& w, const WorkloadOptions& o) {
        // GPT-2 small's shape (124 M parameters untied), vocab padded to 50304 as in nanoGPT.
        GPTConfig config;
@@ -129,7 +165,7 @@ const Entry kEntries[] = {
        build_gpt(w, config, o);
      },
      default_lr},
-    {"gpt2-medium", true,
+    {"gpt2-medium", true, true,
      [](Workload& w, const WorkloadOptions& o) {
        GPTConfig config;
        config.vocab_size = 50304;
@@ -140,7 +176,7 @@ const Entry kEntries[] = {
        build_gpt(w, config, o);
      },
      default_lr},
-    {"gpt-char", true,
+    {"gpt-char", true, true,
      [](Workload& w, const WorkloadOptions& o) {
        // A small character-level GPT (nanoGPT's shakespeare_char shape: 6 layers, 384 wide, 6
        // heads, 256 tokens), byte vocabulary: every step is launch-bound on a GPU, the regime
@@ -154,7 +190,30 @@ const Entry kEntries[] = {
        build_gpt(w, config, o);
      },
      default_lr},
-    {"resnet-small", false,
+    {"llama-tiny", false, true,
+     [](Workload& w, const WorkloadOptions& o) {
+       // The CPU tests' Llama: 8 heads sharing 2 key/value heads, 128 tokens.
+       LlamaConfig config;
+       config.d_model = pick(o.dim, config.d_model);
+       build_llama(w, config, o);
+     },
+     default_lr},
+    {"llama-1b", false, true,
+     [](Workload& w, const WorkloadOptions& o) {
+       build_llama(w, llama3(pick(o.dim, 2048), 16, 32, 8192, /*tied=*/true), o);
+     },
+     default_lr},
+    {"llama-3b", false, true,
+     [](Workload& w, const WorkloadOptions& o) {
+       build_llama(w, llama3(pick(o.dim, 3072), 28, 24, 8192, /*tied=*/true), o);
+     },
+     default_lr},
+    {"llama-8b", false, true,
+     [](Workload& w, const WorkloadOptions& o) {
+       build_llama(w, llama3(pick(o.dim, 4096), 32, 32, 14336, /*tied=*/false), o);
+     },
+     default_lr},
+    {"resnet-small", false, false,
      [](Workload& w, const WorkloadOptions& o) {
        const int64_t classes = 10;
        set_model(w, ResNetSmall(classes, pick(o.dim, 64)));
@@ -175,6 +234,14 @@ std::string joined(const std::vector<std::string>& names) {
 std::vector<std::string> workload_names() {
   std::vector<std::string> names;
   for (const auto& entry : kEntries) names.emplace_back(entry.name);
+  return names;
+}
+
+std::vector<std::string> shaped_workload_names() {
+  std::vector<std::string> names;
+  for (const auto& entry : kEntries) {
+    if (entry.shaped) names.emplace_back(entry.name);
+  }
   return names;
 }
 

@@ -41,7 +41,8 @@ TEST(WorkloadRegistry, LearningRateIsTheBuiltModels) {
 TEST(WorkloadRegistry, AnUnknownNameIsRefusedWithTheValidOnes) {
   EXPECT_EQ(ddp::testing::error_of([] { workload_lr("gpt3"); }),
             "workload_lr: unknown workload 'gpt3'; valid names: net, toy, toy8k, mlp, mlp-deep, "
-            "gpt, gpt-tiny, gpt2-small, gpt2-medium, gpt-char, resnet-small");
+            "gpt, gpt-tiny, gpt2-small, gpt2-medium, gpt-char, llama-tiny, llama-1b, llama-3b, "
+            "llama-8b, resnet-small");
 }
 
 }  // namespace

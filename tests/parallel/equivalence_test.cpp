@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <sstream>
 
 #include "support/oracle.hpp"
@@ -18,8 +19,11 @@ DDP_TEST_WORKER(equivalence) {
   // Adam divides by sqrt(v): a parameter whose true gradient is exactly zero (attention's key
   // bias, a bias right before BatchNorm) gets full-size updates from fp32 rounding noise, which
   // differs between any two summation orders. That is Adam's conditioning, not the reduction's;
-  // those models are checked with SGD, whose update is linear in the gradient.
-  const bool zero_gradient_params = spec.model == "gpt" || spec.model == "batchnorm";
+  // those models are checked with SGD, whose update is linear in the gradient. The Llama's
+  // embedding rows of tokens seen once or twice get gradients near that noise too (Adam: 1.1e-5
+  // at world 2, 2.0e-5 at world 3 on tok_embeddings.weight).
+  const bool zero_gradient_params =
+      spec.model == "gpt" || spec.model == "batchnorm" || spec.model == "llama-tiny";
   for (const std::string optimizer : {"sgd", "adam"}) {
     if (optimizer == "adam" && zero_gradient_params) continue;
     spec.optimizer = optimizer;
@@ -68,8 +72,13 @@ TEST_P(Equivalence, ParametersMatchSingleProcessTraining) {
 std::vector<Case> cases() {
   std::vector<Case> out;
   for (int world : {1, 2, 3}) {
-    for (const auto& [model, dim] : std::vector<std::pair<std::string, int64_t>>{
-             {"net", 48}, {"mlp", 0}, {"gpt", 32}, {"batchnorm", 0}, {"tied", 0}}) {
+    for (const auto& [model, dim] :
+         std::vector<std::pair<std::string, int64_t>>{{"net", 48},
+                                                      {"mlp", 0},
+                                                      {"gpt", 32},
+                                                      {"batchnorm", 0},
+                                                      {"tied", 0},
+                                                      {"llama-tiny", 32}}) {
       out.push_back({model, dim, world});
     }
   }
@@ -78,7 +87,10 @@ std::vector<Case> cases() {
 
 INSTANTIATE_TEST_SUITE_P(Models, Equivalence, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<Case>& info) {
-                           return info.param.model + "_world" + std::to_string(info.param.world);
+                           std::string name =
+                               info.param.model + "_world" + std::to_string(info.param.world);
+                           std::replace(name.begin(), name.end(), '-', '_');  // gtest: [A-Za-z0-9_]
+                           return name;
                          });
 
 }  // namespace

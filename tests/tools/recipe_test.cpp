@@ -264,7 +264,8 @@ TEST(RecipeTrain, BadInputIsRefusedByExactText) {
        "ddp-train: --grad-clip cannot be combined with --optimizer-overlap: the optimizer steps "
        "inside backward, before the norm of the whole gradient is known"},
       {"--model mlp --n-layer 3",
-       "ddp-train: --n-layer, --n-head, --seq-len and --dropout need a GPT model, got --model mlp"},
+       "ddp-train: --n-layer, --n-head, --seq-len and --dropout need a GPT or Llama model, got "
+       "--model mlp"},
       {"--model gpt --tp 2 --dropout 0.1",
        "ddp-train: --dropout cannot be combined with --tp: the ranks of a tp group would drop "
        "different elements of the activations they must share"},

@@ -11,8 +11,11 @@
 //  - fp32: parameters within 1e-5 (max relative error), updates within 1e-3 of the oracle (the
 //    bound of GpuEquivalence: LayerNorm gradients cancel, and the reduction order changes with
 //    the batch size).
-//  - bf16: updates within 2e-2 (GpuEquivalence's bf16 bound: one bf16 unit between batch sizes;
-//    a wrong or doubled reduction is off by 50-100%).
+//  - bf16: updates within 2e-2 on the GPU (GpuEquivalence's bf16 bound: one bf16 unit between
+//    batch sizes; a wrong or doubled reduction is off by 50-100%), 1e-1 on the CPU, whose bf16
+//    kernels (libtorch 1.13) round more differently between a rank's rows and the whole batch's:
+//    measured 3.4e-2 at world 2 and 5.7e-2 at world 3, on h.0.attn.c_attn.bias, whose key part has
+//    a true gradient of 0 (softmax ignores a shift of every key) and so moves by rounding alone.
 // A configuration that cannot run is refused by name at construction: bf16 gathers under
 // replicate (nothing is gathered), and under default where a parameter stays replicated (its dim 0
 // does not divide by the world: the shape below has rows of 142 and 426, and 4096, which 3 and 4
@@ -40,8 +43,8 @@ namespace ddp::testing {
 namespace {
 
 constexpr int kSteps = 6;
-constexpr int kWarmup = 3;           // eager steps before the capture (the rest replays)
-constexpr int64_t kGlobalBatch = 8;  // sequences; divisible by 1, 2 and 4
+constexpr int kWarmup = 3;            // eager steps before the capture (the rest replays)
+constexpr int64_t kGlobalBatch = 12;  // sequences; divisible by 1, 2, 3 and 4
 
 // The zoo's GPT, small, with widths that world 4 does not divide (142: LayerNorms, attention
 // projection rows; 426: the fused qkv rows), so default replicates those there.
@@ -50,7 +53,7 @@ models::WorkloadOptions shape() {
   o.dim = 142;
   o.n_heads = 2;
   o.n_layers = 2;
-  o.seq_len = 64;
+  o.seq_len = 32;
   return o;
 }
 
@@ -195,7 +198,8 @@ void require_equivalent(const Trained& got, const Trained& want, const std::stri
     require_close(g.names, g.params, w.params, 1e-5, what);
     require_close(g.names, g.updates, w.updates, 1e-3, what + " updates");
   } else {
-    require_close(g.names, g.updates, w.updates, 2e-2, what + " updates");
+    const double bound = worker_env("DDP_TEST_DEVICE", "cpu") == "cuda" ? 2e-2 : 1e-1;
+    require_close(g.names, g.updates, w.updates, bound, what + " updates");
   }
 }
 

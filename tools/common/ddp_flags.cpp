@@ -106,10 +106,16 @@ void add_model_flags(CLI::App& app, models::WorkloadOptions& options) {
 std::string check_model_flags(const std::string& model, const models::WorkloadOptions& options,
                               int64_t tp) {
   const auto tied = models::tied_weights_workload_names();
+  const auto shaped = models::shaped_workload_names();
   const bool gpt = std::find(tied.begin(), tied.end(), model) != tied.end();
-  if (!gpt && (options.n_layers != 0 || options.n_heads != 0 || options.seq_len != 0 ||
-               options.dropout != 0)) {
-    return "--n-layer, --n-head, --seq-len and --dropout need a GPT model, got --model " + model;
+  if (std::find(shaped.begin(), shaped.end(), model) == shaped.end() &&
+      (options.n_layers != 0 || options.n_heads != 0 || options.seq_len != 0 ||
+       options.dropout != 0)) {
+    return "--n-layer, --n-head, --seq-len and --dropout need a GPT or Llama model, got --model " +
+           model;
+  }
+  if (!gpt && options.dropout != 0) {
+    return "--dropout needs a GPT model: --model " + model + " has no dropout";
   }
   if (options.dropout > 0 && tp > 0) {
     return "--dropout cannot be combined with --tp: the ranks of a tp group would drop different "

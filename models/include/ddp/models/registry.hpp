@@ -82,6 +82,14 @@ struct WorkloadOptions {
 //                                                   dim: d_model        next token
 //   gpt-char       GPT{vocab 256, seq_len 256, d_model 384, 6 heads, 6 layers}
 //                                                   dim: d_model        next token
+//   llama-tiny     Llama{vocab 4096, seq_len 128, d_model 256, 4 layers, 8 / 2 heads, FFN 768}
+//                                                   dim: d_model        next token
+//   llama-1b       Llama 3.2 1B: {vocab 128256, seq_len 8192, d_model 2048, 16 layers, 32 / 8
+//                  heads, FFN 8192, tied}           dim: d_model        next token
+//   llama-3b       Llama 3.2 3B: {d_model 3072, 28 layers, 24 / 8 heads, FFN 8192, tied}
+//                                                   dim: d_model        next token
+//   llama-8b       Llama 3.1 8B: {d_model 4096, 32 layers, 32 / 8 heads, FFN 14336, untied}
+//                                                   dim: d_model        next token
 //   resnet-small   ResNetSmall(10, width 64)        dim: width          image class
 // Regression: x ~ N(0, 1) per feature; target = a fixed random linear map of x of rank <= 16
 // (singular values falling as 1/k), scaled so that E|target|^2 = 1; loss = squared error summed
@@ -105,5 +113,9 @@ std::vector<std::string> workload_names();
 
 // The workloads that accept WorkloadOptions::tie_weights (the GPTs), in the same order.
 std::vector<std::string> tied_weights_workload_names();
+
+// The workloads that accept WorkloadOptions::n_layers, n_heads and seq_len (the GPTs and the
+// Llamas), in the same order.
+std::vector<std::string> shaped_workload_names();
 
 }  // namespace ddp::models
