@@ -7,7 +7,7 @@
 #   bash scripts/gpu-check.sh                 # build, tests, levers, table
 #   bash scripts/gpu-check.sh build tests     # only those stages
 #
-# Stages: build, tests, ac59 (issue 59: the FULLY_SHARD x activation checkpointing rows, and gpt2-medium per block with checkpointing against FSDP2), forensics (issue 49: a rank SIGSTOPped in eager and in captured training on NCCL, the dumps read by ddp-forensics), graphs (issue 25: captured steps, ours and PyTorch's recipe), recipe (issue 26:
+# Stages: build, tests, llama (issue 60: the Llama rows, ours against FSDP2 per block), ac59 (issue 59: the FULLY_SHARD x activation checkpointing rows, and gpt2-medium per block with checkpointing against FSDP2), forensics (issue 49: a rank SIGSTOPped in eager and in captured training on NCCL, the dumps read by ddp-forensics), graphs (issue 25: captured steps, ours and PyTorch's recipe), recipe (issue 26:
 # the GPT recipe, ours and PyTorch's in one bench/compare run, and ddp-train --data with MFU), text (ddp-train --data on the GPU), tpref (PyTorch's --tp reference checked on CPU Gloo), onegpu (ours vs PyTorch with one GPU: bare, DDP and FULLY_SHARD at world 1), sharded (FULLY_SHARD vs FSDP2), fsdpbest (issue 36: FULLY_SHARD vs FSDP2 under its reshard, prefetch and bf16 knobs), capture35 (issue 35: the GPT recipe as one captured step, ours and PyTorch's; GPT2=1 adds gpt2-small bare vs recipe, TRAIN=1 ddp-train --data eager vs captured, 3 epochs, a resume), attribution (issue 13: noop hook, --no-overlap), tp (issue 15: --tp 2), final (the documented table), overlap, levers (ours only: each tuning lever against our default), table (bench/compare,
 # ours vs PyTorch in the same run, with the 1-GPU baselines), parity (C++ vs PyTorch parameters).
 set -uo pipefail
@@ -402,6 +402,29 @@ if has ac59; then
             >"$log" 2>&1
           note "ac59 gpt2-medium per block + AC $side world $world ${extra:-fp32 params} pair $pair rc=$?: $(grep -m1 '^{' "$log")"
         done
+      done
+    done
+  done
+fi
+
+if has llama; then
+  # Issue 60: the Llama rows, ours (FULLY_SHARD per block) against FSDP2 (fully_shard per block
+  # and the root), both with activation checkpointing per block, AdamW, bf16 autocast, bf16
+  # gathers and fp32 reduce-scatters, at world NP, in pairs (ours, then PyTorch's). LLAMA_MODELS:
+  # "model:batch:seq_len" items (default llama-1b at 8192 tokens); LLAMA_PAIRS pairs.
+  for item in ${LLAMA_MODELS:-llama-1b:1:8192}; do
+    IFS=: read -r model batch seq <<<"$item"
+    flags="--model $model --batch-size $batch --seq-len $seq --device cuda --nproc $NP --fsdp"
+    flags="$flags --fsdp-wrap --fsdp-checkpoint --autocast-bf16 --param-dtype bf16"
+    flags="$flags --reduce-dtype fp32 --optimizer adamw --repeat ${LLAMA_REPEAT:-10} --warmup 3 --json"
+    for pair in $(seq "${LLAMA_PAIRS:-2}"); do
+      for side in ours torch; do
+        cmd="$BENCH"
+        [[ $side == torch ]] && cmd="$PY bench/reference/torch_ddp.py"
+        log="$OUT/llama-$model-b$batch-s$seq-$side-$pair.log"
+        start=$(date +%s)
+        timeout 480 $cmd $flags >"$log" 2>&1
+        note "llama $model b$batch x $seq world $NP $side pair $pair rc=$? ($(($(date +%s) - start)) s): $(grep -m1 '^{' "$log" || tail -2 "$log")"
       done
     done
   done

@@ -72,6 +72,7 @@ from zoo import (  # noqa: E402,F401
     FUSED_ATTENTION,
     GPT,
     MODELS,
+    SHAPES,
     build_model,
     loss_fn,
     random_batch,
@@ -91,6 +92,10 @@ def parse_args(argv):
     p.add_argument("--model", choices=MODELS, default="toy")
     p.add_argument("--tie-weights", action="store_true",
                    help="GPT models: lm_head shares the token embedding's weight (wte), as in GPT-2")
+    p.add_argument("--seq-len", type=int, default=None,
+                   help="GPT and Llama models: the sequence length (default: the row's)")
+    p.add_argument("--n-layer", type=int, default=None,
+                   help="GPT and Llama models: the number of blocks (default: the row's)")
     p.add_argument("--ddp", action="store_true", help="wrap in DistributedDataParallel")
     p.add_argument("--fsdp", action="store_true", help="FSDP2 fully_shard of the model (torch 2.x)")
     p.add_argument("--fsdp-wrap", action="store_true",
@@ -175,6 +180,8 @@ def parse_args(argv):
         args.model = "toy"
     if args.tie_weights and tie_weights_error(args.model) is not None:
         p.error(tie_weights_error(args.model))
+    if (args.seq_len or args.n_layer) and args.model not in SHAPES:
+        p.error(f"--seq-len and --n-layer need a GPT or Llama model, got --model {args.model}")
     if args.trace_file is not None:
         args.profile = True
     if args.trace_file is None:
@@ -281,7 +288,7 @@ def step_batches(args, data_rank, device="cpu"):
                                  f"into equal micro-batches")
         return batches, 0, len(batches)
     gen = torch.Generator().manual_seed(1000 + data_rank)
-    batch = random_batch(args.model, args.batch_size * args.grad_accum, gen, device)
+    batch = random_batch(args.model, args.batch_size * args.grad_accum, gen, device, args.seq_len)
     return [batch], args.warmup, args.repeat
 
 
@@ -429,7 +436,8 @@ def worker(args, unknown):
 
     # The same construction on every rank (DDP broadcasts rank 0's parameters anyway).
     torch.manual_seed(1234)
-    model = build_model(args.model, tie_weights=args.tie_weights)
+    model = build_model(args.model, tie_weights=args.tie_weights, seq_len=args.seq_len,
+                        n_layers=args.n_layer)
     if args.init_params:
         load_params(model, args.init_params)
     model.to(device)

@@ -381,22 +381,41 @@ def tie_weights_error(name):
             "which has no token embedding to tie")
 
 
-def build_model(name, tie_weights=False):
+# The GPT and Llama rows' shapes, which --seq-len and --n-layer change (ddp-bench's flags).
+SHAPES = {"gpt-tiny": (GPT, _GPT), "gpt2-small": (GPT, _GPT2_SMALL),
+          "gpt2-medium": (GPT, _GPT2_MEDIUM), "gpt-char": (GPT, _GPT_CHAR),
+          "llama-tiny": (Llama, _LLAMA_TINY), "llama-1b": (Llama, _LLAMA_1B),
+          "llama-3b": (Llama, _LLAMA_3B), "llama-8b": (Llama, _LLAMA_8B)}
+
+
+def build_model(name, tie_weights=False, seq_len=None, n_layers=None):
+    """The zoo's model `name`; seq_len / n_layers (None: the row's) for the GPTs and Llamas."""
     if tie_weights:
         error = tie_weights_error(name)
         if error is not None:
             raise ValueError(error)
-        return SPECS[name][0](tie=True)
-    return SPECS[name][0]()
+    if seq_len is None and n_layers is None:
+        return SPECS[name][0](tie=True) if tie_weights else SPECS[name][0]()
+    if name not in SHAPES:
+        raise ValueError(f"--seq-len and --n-layer need a GPT or Llama model, got --model {name}")
+    cls, shape = SHAPES[name]
+    shape = dict(shape, **({"seq_len": seq_len} if seq_len else {}),
+                 **({"n_layers": n_layers} if n_layers else {}))
+    if tie_weights:
+        shape["tie_weights"] = True
+    return cls(**shape)
 
 
 def loss_fn(name):
     return SPECS[name][1]
 
 
-def random_batch(name, batch, generator=None, device="cpu"):
-    """A batch (x, y) of the model's input/target shapes and dtypes, random."""
+def random_batch(name, batch, generator=None, device="cpu", seq_len=None):
+    """A batch (x, y) of the model's input/target shapes and dtypes, random; seq_len (None: the
+    row's) for the token models."""
     spec = SPECS[name][2]
+    if seq_len and spec[0] == "tokens":
+        spec = ("tokens", seq_len, spec[2])
     if spec[0] == "float":
         d = spec[1]
         x = torch.randn(batch, d, generator=generator)

@@ -108,6 +108,24 @@ class ModelsTest(unittest.TestCase):
                     + ["ln_f.weight", "ln_f.bias", "lm_head.weight"])
         self.assertEqual(self.names("gpt-tiny"), expected)
 
+    def test_llama_tiny_and_its_shape_flags(self):
+        # Meta's / torchtitan's names (models/include/ddp/models/llama.hpp), the rotary tables as
+        # buffers; --seq-len and --n-layer reach the model and the batches, as ddp-bench's do.
+        block = ["attention_norm.weight", "attention.wq.weight", "attention.wk.weight",
+                 "attention.wv.weight", "attention.wo.weight", "ffn_norm.weight",
+                 "feed_forward.w1.weight", "feed_forward.w2.weight", "feed_forward.w3.weight"]
+        expected = (["tok_embeddings.weight"] + [f"layers.{i}.{n}" for i in range(4) for n in block]
+                    + ["norm.weight", "output.weight"])
+        self.assertEqual(self.names("llama-tiny"), expected)
+        model = torch_ddp.build_model("llama-tiny", seq_len=32, n_layers=2)
+        self.assertEqual((len(model.layers), tuple(model.rope_cos.shape)), (2, (32, 16)))
+        x, y = torch_ddp.random_batch("llama-tiny", 3, seq_len=32)
+        self.assertEqual((tuple(x.shape), tuple(model(x).shape)), ((3, 32), (3, 32, 4096)))
+        with self.assertRaises(SystemExit), contextlib.redirect_stderr(io.StringIO()) as err:
+            torch_ddp.parse_args(["--model", "mlp-deep", "--seq-len", "32"])
+        self.assertIn("--seq-len and --n-layer need a GPT or Llama model, got --model mlp-deep",
+                      err.getvalue())
+
     def test_resnet_small_uses_torchvision_names(self):
         model = torch_ddp.build_model("resnet-small")
         shapes = {n: list(p.shape) for n, p in model.named_parameters()}
