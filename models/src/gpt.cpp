@@ -3,10 +3,10 @@
 #include <vector>
 
 #include <c10/util/Exception.h>
-#include <torch/nn/init.h>
 #include <torch/utils.h>
 
 #include "ddp/models/causal_attention.hpp"
+#include "ddp/models/normal_init.hpp"
 #include "ddp/models/replace_parameter.hpp"
 #include "ddp/models/unit_linear.hpp"
 #include "ddp/unit/call_unit.hpp"
@@ -92,19 +92,7 @@ GPTImpl::GPTImpl(const GPTConfig& config) : config_(config) {
       "lm_head",
       torch::nn::Linear(torch::nn::LinearOptions(config.d_model, config.vocab_size).bias(false)));
 
-  // Re-initialized in modules() order (fixed by construction), so the result depends only on the
-  // seed. LayerNorms keep their ones/zeros.
-  {
-    torch::NoGradGuard no_grad;
-    for (const auto& module : modules(/*include_self=*/false)) {
-      if (auto* linear = module->as<torch::nn::Linear>()) {
-        torch::nn::init::normal_(linear->weight, 0.0, 0.02);
-        if (linear->bias.defined()) torch::nn::init::zeros_(linear->bias);
-      } else if (auto* embedding = module->as<torch::nn::Embedding>()) {
-        torch::nn::init::normal_(embedding->weight, 0.0, 0.02);
-      }
-    }
-  }
+  normal_init(*this);  // the LayerNorms keep their ones and zeros
 
   if (config.tie_weights) {
     lm_head->weight = wte->weight;

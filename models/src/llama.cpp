@@ -4,10 +4,10 @@
 #include <vector>
 
 #include <c10/util/Exception.h>
-#include <torch/nn/init.h>
 #include <torch/utils.h>
 
 #include "ddp/models/causal_attention.hpp"
+#include "ddp/models/normal_init.hpp"
 #include "ddp/models/replace_parameter.hpp"
 #include "ddp/models/unit_linear.hpp"
 #include "ddp/unit/call_unit.hpp"
@@ -139,16 +139,7 @@ LlamaImpl::LlamaImpl(const LlamaConfig& config) : config_(config) {
       rotary_tables(config.seq_len, config.d_model / config.n_heads, config.rope_theta);
   rope_cos = register_buffer("rope_cos", cos);
   rope_sin = register_buffer("rope_sin", sin);
-  {
-    torch::NoGradGuard no_grad;
-    for (const auto& module : modules(/*include_self=*/false)) {
-      if (auto* linear = module->as<torch::nn::Linear>()) {
-        torch::nn::init::normal_(linear->weight, 0.0, 0.02);
-      } else if (auto* embedding = module->as<torch::nn::Embedding>()) {
-        torch::nn::init::normal_(embedding->weight, 0.0, 0.02);
-      }
-    }
-  }
+  normal_init(*this);  // the RMSNorms keep their ones
   if (config.tie_weights) {
     output->weight = tok_embeddings->weight;
     detail::replace_parameter(*output, "weight", tok_embeddings->weight);
@@ -166,6 +157,20 @@ torch::Tensor LlamaImpl::forward(const torch::Tensor& idx) {
     x = unit::call_unit(impl, x, checkpoint_units);
   }
   return unit_linear(output, norm(x));
+}
+
+LlamaConfig llama3_config(int64_t d_model, int64_t n_layers, int64_t n_heads, int64_t ffn_hidden,
+                          bool tied) {
+  LlamaConfig config;
+  config.vocab_size = 128256;
+  config.seq_len = 8192;
+  config.d_model = d_model;
+  config.n_layers = n_layers;
+  config.n_heads = n_heads;
+  config.n_kv_heads = 8;
+  config.ffn_hidden = ffn_hidden;
+  config.tie_weights = tied;
+  return config;
 }
 
 int64_t llama_parameter_count(const LlamaConfig& c) {

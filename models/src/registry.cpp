@@ -80,21 +80,6 @@ void build_llama(Workload& w, LlamaConfig config, const WorkloadOptions& options
   add_counting_task(w, config.vocab_size, config.seq_len, options.seed);
 }
 
-// Llama 3's shape beyond the tiny row's: vocabulary 128256, 8 key/value heads, context 8192.
-LlamaConfig llama3(int64_t d_model, int64_t n_layers, int64_t n_heads, int64_t ffn_hidden,
-                   bool tied) {
-  LlamaConfig config;
-  config.vocab_size = 128256;
-  config.seq_len = 8192;
-  config.d_model = d_model;
-  config.n_layers = n_layers;
-  config.n_heads = n_heads;
-  config.n_kv_heads = 8;
-  config.ffn_hidden = ffn_hidden;
-  config.tie_weights = tied;
-  return config;
-}
-
 struct Entry {
   const char* name;
   // Whether WorkloadOptions::tie_weights applies: the model has a token embedding and an output
@@ -200,17 +185,17 @@ const Entry kEntries[] = {
      default_lr},
     {"llama-1b", false, true,
      [](Workload& w, const WorkloadOptions& o) {
-       build_llama(w, llama3(pick(o.dim, 2048), 16, 32, 8192, /*tied=*/true), o);
+       build_llama(w, llama3_config(pick(o.dim, 2048), 16, 32, 8192, /*tied=*/true), o);
      },
      default_lr},
     {"llama-3b", false, true,
      [](Workload& w, const WorkloadOptions& o) {
-       build_llama(w, llama3(pick(o.dim, 3072), 28, 24, 8192, /*tied=*/true), o);
+       build_llama(w, llama3_config(pick(o.dim, 3072), 28, 24, 8192, /*tied=*/true), o);
      },
      default_lr},
     {"llama-8b", false, true,
      [](Workload& w, const WorkloadOptions& o) {
-       build_llama(w, llama3(pick(o.dim, 4096), 32, 32, 14336, /*tied=*/false), o);
+       build_llama(w, llama3_config(pick(o.dim, 4096), 32, 32, 14336, /*tied=*/false), o);
      },
      default_lr},
     {"resnet-small", false, false,

@@ -107,17 +107,7 @@ TEST(LlamaBlock, ForwardAndGradientsMatchAFloat64Oracle) {
 
 TEST(Llama, ShapesGiveTheirPublishedParameterCounts) {
   // Llama 3.2 1B, 3.2 3B (tied) and 3.1 8B (untied), as Meta's model cards count them.
-  const auto shape = [](int64_t d, int64_t layers, int64_t heads, int64_t ffn, bool tied) {
-    LlamaConfig c;
-    c.vocab_size = 128256;
-    c.d_model = d;
-    c.n_layers = layers;
-    c.n_heads = heads;
-    c.n_kv_heads = 8;
-    c.ffn_hidden = ffn;
-    c.tie_weights = tied;
-    return c;
-  };
+  const auto shape = llama3_config;
   EXPECT_EQ(llama_parameter_count(shape(2048, 16, 32, 8192, true)), 1235814400);
   EXPECT_EQ(llama_parameter_count(shape(3072, 28, 24, 8192, true)), 3212749824);
   EXPECT_EQ(llama_parameter_count(shape(4096, 32, 32, 14336, false)), 8030261248);

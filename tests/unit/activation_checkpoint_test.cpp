@@ -9,11 +9,13 @@
 
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <unordered_set>
 
 #include "ddp/autograd/accumulation_hook.hpp"
+#include "ddp/graphs/captured_step.hpp"
 #include "ddp/parallel/autocast.hpp"
 #include "ddp/shard/sharded_module.hpp"
 #include "support/error_text.hpp"
@@ -303,6 +305,40 @@ TEST(ActivationCheckpoint, RefusesDoubleBackward) {
       error_of([&] { torch::autograd::grad({out.pow(2).sum()}, {x}, {}, true, true); }),
       "ddp::activation_checkpoint: backward with create_graph=true (double backward) through a "
       "checkpoint is not supported: the recompute's gradients carry no graph");
+}
+
+// Inside a CUDA graph capture a generator's state can be neither read nor set: a checkpointed block
+// that draws (dropout) is refused by name at the capture, which falls back to eager steps, and one
+// that draws nothing is captured (the GPU matrix, Styles/CheckpointMatrixGpu.*). On the GPU stage.
+TEST(ActivationCheckpointGpu, ABlockThatDrawsIsRefusedByNameAtTheCaptureAndRunsEagerly) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const torch::Device cuda(torch::kCUDA, 0);
+  for (const double dropout : {0.0, 0.5}) {
+    auto net = make_mlp(dropout);
+    net->to(cuda);
+    const auto x = torch::randn({5, 6}, cuda);
+    graphs::CapturedStepOptions options;
+    options.warmup_steps = 2;
+    graphs::CapturedStep step(
+        [&] {
+          for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();
+          net->forward(x, /*checkpointed=*/true).pow(2).sum().backward();
+        },
+        cuda, options);
+    for (int i = 0; i < 4; ++i) step.run();
+    torch::cuda::synchronize();
+    if (dropout == 0) {
+      EXPECT_EQ(step.state(), graphs::CapturedStep::State::kReplaying) << step.fallback_reason();
+      continue;
+    }
+    EXPECT_EQ(step.state(), graphs::CapturedStep::State::kEager);
+    EXPECT_NE(step.fallback_reason().find(
+                  "ddp::activation_checkpoint: the checkpointed function drew random numbers on "
+                  "cuda:0 in forward during a CUDA graph capture (dropout?)"),
+              std::string::npos)
+        << step.fallback_reason();
+    EXPECT_TRUE(net->block[0]->as<torch::nn::Linear>()->weight.grad().defined());
+  }
 }
 
 // The seed's Net(checkpoint=True) under DDP against the oracle of the plain Net.

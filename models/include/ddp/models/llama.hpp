@@ -118,6 +118,11 @@ class LlamaImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Llama);
 
+// Llama 3's shape around the given widths: vocabulary 128256, 8 key/value heads, context 8192
+// (the registry's llama-1b, -3b and -8b rows).
+LlamaConfig llama3_config(int64_t d_model, int64_t n_layers, int64_t n_heads, int64_t ffn_hidden,
+                          bool tied);
+
 // Parameters of `config` (a tied weight once), and the model FLOPs of one token's forward and
 // backward as torchtitan counts them: 6 N (N without the token embedding when it is untied: a
 // lookup, no matmul) + 12 n_layers d_model seq_len (attention's two matmuls).
