@@ -64,7 +64,8 @@ int main(int argc, char** argv) {
   int steps = 20000;
   std::string models;
   app.add_option("--steps", steps, "steps a timed run (default 20000)")->check(CLI::PositiveNumber);
-  app.add_option("--models", models, "comma-separated zoo models (default: all but the Llama 3 rows)");
+  app.add_option("--models", models,
+                 "comma-separated zoo models (default: all but the Llama 3 rows)");
   CLI11_PARSE(app, argc, argv);
 
   std::vector<std::string> names;
