@@ -41,6 +41,7 @@ import inspect
 import json
 import os
 import re
+import resource
 import statistics
 import sys
 import time
@@ -391,7 +392,21 @@ def merge_traces(parts, out_path):
         json.dump({"traceEvents": events}, f)
 
 
+def init_report(start, world, rank, device):
+    """Every rank's seconds from the worker's start to the wrapped model and its optimizer, and
+    the process's resident high-water mark then (ru_maxrss), as ddp-bench's "init_s" and
+    "init_peak_bytes" (tools/common/init_report.hpp): a sum over slots that are zero but a rank's."""
+    slots = torch.zeros(2 * world, dtype=torch.int64, device=device)
+    slots[2 * rank] = int((time.monotonic() - start) * 1e6)
+    slots[2 * rank + 1] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    if world > 1:
+        dist.all_reduce(slots)
+    values = slots.cpu().tolist()
+    return [v / 1e6 for v in values[0::2]], values[1::2]
+
+
 def worker(args, unknown):
+    start = time.monotonic()
     torch.set_num_threads(args.threads)
     distributed = args.ddp or args.fsdp or args.tp > 0
     if distributed:
@@ -485,6 +500,7 @@ def worker(args, unknown):
     model.train()
     lossf = loss_fn(args.model)
     opt = make_optimizer(model, args, device)
+    init_s, init_peak_bytes = init_report(start, world, rank, device)
 
     batches, warmup, repeat = step_batches(args, data_rank, device)
     accum = args.grad_accum
@@ -638,12 +654,15 @@ def worker(args, unknown):
             "mean_ms": round(mean, 3),
             "min_ms": round(min(times_ms), 3),
             "repeat": repeat,
+            "init_s": [round(v, 3) for v in init_s],
+            "init_peak_bytes": init_peak_bytes,
             "memory": memory_per_rank(net, opt, device),
         }
         if args.json:
             print(json.dumps(fields, separators=(",", ":")))
         else:
-            fields.pop("memory")
+            for key in ("memory", "init_s", "init_peak_bytes"):
+                fields.pop(key)
             print("result " + " ".join(
                 f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in fields.items()))
         if args.verbose and args.ddp:

@@ -660,6 +660,11 @@ class RunTest(unittest.TestCase):
                              "--ddp", "--nproc", "2")
         fields = json.loads(proc.stdout.strip().splitlines()[-2])
         self.assertEqual((fields["world"], fields["side"], fields["repeat"]), (2, "pytorch", 2))
+        # Each rank's initialisation, as ddp-bench's: seconds, and a resident peak holding at least
+        # the whole model under DDP.
+        self.assertEqual((len(fields["init_s"]), len(fields["init_peak_bytes"])), (2, 2))
+        self.assertTrue(all(s > 0 for s in fields["init_s"]), fields["init_s"])
+        self.assertTrue(all(b >= fields["memory"]["param_bytes"] for b in fields["init_peak_bytes"]))
         self.assertRegex(proc.stdout.strip().splitlines()[-1], r"^mean latency ")
 
     def test_ddp_equals_single_process_on_the_concatenated_batch(self):

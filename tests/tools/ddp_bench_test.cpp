@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <sstream>
 #include <string>
 
 #include "ddp/files/posix_file.hpp"
@@ -220,6 +221,35 @@ TEST(DdpBench, UnitFlagsNeedAShardedStyle) {
                      "and --reduce-dtype need --fsdp or a sharded --style"),
             std::string::npos)
       << out;
+}
+
+// --json reports each rank's initialisation (issue 60): seconds from the worker's start to the
+// wrapped model, and the process's resident high-water mark then, which holds at least the whole
+// model under DDP (toy: four 2000 x 2000 fp32 weights, 64 MB).
+TEST(DdpBench, JsonReportsEachRanksInitialisation) {
+  const auto [out, code] = run_command(
+      kBench + " --model toy --nproc 2 --batch-size 4 --repeat 1 --warmup 0 --json --ddp");
+  ASSERT_EQ(code, 0) << out;
+  const auto list_of = [&out = out](const std::string& key) {
+    const size_t at = out.find("\"" + key + "\":[");
+    EXPECT_NE(at, std::string::npos) << out;
+    std::vector<double> values;
+    std::stringstream in(out.substr(at + key.size() + 4));
+    for (double v; in >> v;) {
+      values.push_back(v);
+      if (in.peek() != ',') break;
+      in.ignore();
+    }
+    return values;
+  };
+  const auto seconds = list_of("init_s"), peaks = list_of("init_peak_bytes");
+  ASSERT_EQ(seconds.size(), 2u) << out;
+  ASSERT_EQ(peaks.size(), 2u) << out;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_GT(seconds[r], 0) << "rank " << r;
+    EXPECT_LT(seconds[r], 120) << "rank " << r;
+    EXPECT_GE(peaks[r], 4 * 2000.0 * 2000 * 4) << "rank " << r;
+  }
 }
 
 // --json reports the bytes a rank holds: at world 2 the sharded parameters and gradients are half

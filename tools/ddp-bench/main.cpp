@@ -21,6 +21,7 @@
 #include "common/captured_recipe.hpp"
 #include "common/ddp_flags.hpp"
 #include "common/flag_parse.hpp"
+#include "common/init_report.hpp"
 #include "common/recipe_flags.hpp"
 #include "common/run_flags.hpp"
 #include "common/tool_error.hpp"
@@ -319,7 +320,7 @@ void time_eager(const Args& args, ddp::tools::TrainingRun& run, const std::vecto
 // Rank 0's result: one line (or JSON object) as the reference prints it, and with --verbose the
 // stats and memory lines.
 void print_result(const Args& args, ddp::tools::TrainingRun& run, const Memory& memory,
-                  const std::vector<double>& step_ms) {
+                  const ddp::tools::InitReport& init, const std::vector<double>& step_ms) {
   const Stats s = summarize(step_ms);
   const int timed = static_cast<int>(step_ms.size());
   std::string line;
@@ -337,6 +338,10 @@ void print_result(const Args& args, ddp::tools::TrainingRun& run, const Memory& 
     result["mean_ms"] = ms(s.mean);
     result["min_ms"] = ms(s.min);
     result["repeat"] = timed;
+    std::vector<double> init_s;
+    for (const double v : init.seconds) init_s.push_back(ms(v));  // to the millisecond
+    result["init_s"] = init_s;
+    result["init_peak_bytes"] = init.peak_bytes;
     result["memory"] = {{"param_bytes", memory.params},
                         {"grad_bytes", memory.grads},
                         {"optimizer_state_bytes", memory.optimizer_state},
@@ -415,6 +420,7 @@ void announce(const Args& args, ddp::tools::TrainingRun& run) {
 }
 
 int run_worker(const Args& args) {
+  const auto start = std::chrono::steady_clock::now();
   at::set_num_threads(args.threads);
   const bool cuda = args.device == "cuda";
   TORCH_CHECK(args.kernel_trace.empty() || (cuda && ddp::obs::KernelTrace::available()),
@@ -433,6 +439,7 @@ int run_worker(const Args& args) {
   // The process group, the model, --tp, the style, the comm hook, the optimizer (or, with
   // --optimizer-overlap, each parameter's inside backward): tools/common/training_run.hpp.
   ddp::tools::TrainingRun run(args, options);
+  const ddp::tools::InitReport init = ddp::tools::gather_init_report(run.world(), start);
   run.start_clip(/*first_step=*/0);
   const std::vector<Batch> batches = load_batches(args, run);
   if (run.lead() && args.ddp.verbose) announce(args, run);
@@ -468,7 +475,7 @@ int run_worker(const Args& args) {
     for (const auto& name : run.param_names()) out[name] = whole.at(name);
     if (run.lead()) ddp::io::save_safetensors(args.save_params, out);
   }
-  if (run.lead()) print_result(args, run, memory, timing.step_ms);
+  if (run.lead()) print_result(args, run, memory, init, timing.step_ms);
   if (run.world()) run.world()->barrier("end of benchmark");
   return 0;
 }
