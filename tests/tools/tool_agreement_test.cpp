@@ -1,7 +1,8 @@
 // ddp-bench and ddp-train agree on how a style is chosen (issue 46): the same flags (--style, and
 // its short forms --ddp and --fsdp), the same refusal of two that disagree, before any worker
 // starts; both refuse --nproc under another launcher and --device cuda without a device by name;
-// ddp-train --json's stdout under --nproc parses as JSON lines.
+// ddp-train --json's stdout under --nproc parses as JSON lines (the ranks' initialisation, then
+// the steps).
 
 #include <gtest/gtest.h>
 
@@ -139,9 +140,11 @@ TEST(ToolAgreement, DdpTrainJsonStdoutParsesLineByLineUnderNproc) {
       std::string(DDP_TRAIN_PATH) +
       " --nproc 2 --model net --steps 3 --json --timeout-s 60 2>/dev/null | /usr/bin/python3 -c "
       "'import json, sys; lines = [json.loads(l) for l in sys.stdin]; "
-      "assert [l[\"step\"] for l in lines] == [1, 2, 3], lines; print(\"parsed\", len(lines))'");
+      "assert len(lines[0][\"init_s\"]) == len(lines[0][\"init_peak_bytes\"]) == 2, lines; "
+      "assert [l[\"step\"] for l in lines[1:]] == [1, 2, 3], lines; "
+      "print(\"parsed\", len(lines))'");
   EXPECT_EQ(code, 0) << out;
-  EXPECT_EQ(out, "parsed 3\n");
+  EXPECT_EQ(out, "parsed 4\n");
 }
 
 // --tp that cannot split the world --nproc makes is refused once, before any worker starts (it

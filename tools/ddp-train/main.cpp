@@ -6,6 +6,7 @@
 #include <ATen/Parallel.h>
 #include <unistd.h>
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -13,10 +14,12 @@
 #include <cstdlib>
 #include <iostream>
 #include <optional>
+#include <sstream>
 
 #include "common/captured_recipe.hpp"
 #include "common/ddp_flags.hpp"
 #include "common/flag_parse.hpp"
+#include "common/init_report.hpp"
 #include "common/recipe_flags.hpp"
 #include "common/recipe_step.hpp"
 #include "common/run_flags.hpp"
@@ -278,6 +281,7 @@ void report_end(const Args& args, ddp::tools::TrainingRun& run, const ddp::tools
 }
 
 int run_worker(const Args& args) {
+  const auto start = std::chrono::steady_clock::now();
   at::set_num_threads(args.threads);
   // --json: stdout carries the JSON lines alone (written by C stdio in progress.cpp); every line
   // for people (the header, the summary, checkpoints) goes to stderr instead.
@@ -291,6 +295,7 @@ int run_worker(const Args& args) {
   // The process group, the model, --tp, the style, the comm hook, the optimizer (or, with
   // --optimizer-overlap, each parameter's inside backward): tools/common/training_run.hpp.
   ddp::tools::TrainingRun run(args, options);
+  const ddp::tools::InitReport init = ddp::tools::gather_init_report(run.world(), start);
   const ddp::comm::ProcessGroupPtr& pg = run.world();
   std::unique_ptr<ddp::tools::TextTraining> text = make_text(args, run);
   const auto forward = [&run](const torch::Tensor& x) { return run.forward(x); };
@@ -316,6 +321,17 @@ int run_worker(const Args& args) {
   const bool terminal =
       ::isatty(STDOUT_FILENO) || std::getenv("DDP_TRAIN_STDOUT_IS_TERMINAL") != nullptr;
   ddp::tools::Progress progress(args.steps, run.lead() && terminal, 20, args.json);
+  if (run.lead() && (args.json || args.ddp.verbose)) {
+    // Each rank's time to its wrapped model and its resident peak then (issue 60): --json's first
+    // line, --verbose's line.
+    nlohmann::json line{{"init_s", init.seconds}, {"init_peak_bytes", init.peak_bytes}};
+    std::ostringstream text;
+    text << "ddp-train: initialisation, rank by rank:";
+    for (size_t r = 0; r < init.seconds.size(); ++r) {
+      text << " " << init.seconds[r] << " s / " << init.peak_bytes[r] / (1 << 20) << " MiB";
+    }
+    progress.note(text.str(), line.dump());
+  }
   if (text) {
     progress.set_tokens_per_step(text->tokens_per_step() * args.recipe.grad_accum);
     const double peak = args.peak_tflops > 0
