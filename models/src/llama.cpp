@@ -74,6 +74,10 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
   const int64_t batch = x.size(0), seq = x.size(1);
   // The head counts come from the tensors (a tensor-parallel split holds some heads only).
   const auto heads = [&](const torch::Tensor& t) {
+    TORCH_CHECK(t.size(2) % head_dim_ == 0, "Llama: a projection of ", t.size(2),
+                " columns holds part of a head of ", head_dim_,
+                "; under tensor parallelism the "
+                "tp size must divide n_kv_heads");
     return t.view({batch, seq, t.size(2) / head_dim_, head_dim_});  // [B, T, H, hd]
   };
   const auto q = apply_rotary(heads(unit_linear(wq, x)), cos_, sin_).transpose(1, 2);
@@ -81,6 +85,10 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
   auto v = heads(unit_linear(wv, x)).transpose(1, 2);  // [B, H_kv, T, hd]
   // Grouped-query attention: each key/value head serves n_rep query heads in a row (Meta's
   // repeat_kv), expanded before the fused kernel, which 2.0-2.4 cannot share heads in.
+  TORCH_CHECK(q.size(1) % k.size(1) == 0, "Llama: this rank holds ", q.size(1), " query heads and ",
+              k.size(1),
+              " key/value heads; under tensor parallelism the tp "
+              "size must divide n_kv_heads");
   const int64_t n_rep = q.size(1) / k.size(1);
   if (n_rep > 1) {
     const auto repeat = [&](const torch::Tensor& t) {
@@ -157,6 +165,21 @@ torch::Tensor LlamaImpl::forward(const torch::Tensor& idx) {
     x = unit::call_unit(impl, x, checkpoint_units);
   }
   return unit_linear(output, norm(x));
+}
+
+tp::TpPlan llama_tensor_parallel_plan(const LlamaConfig& config) {
+  tp::TpPlan plan;
+  for (int64_t i = 0; i < config.n_layers; ++i) {
+    const std::string block = "layers." + std::to_string(i) + ".";
+    for (const char* name : {"attention.wq", "attention.wk", "attention.wv"}) {
+      plan.emplace_back(block + name, tp::ColwiseParallel());
+    }
+    plan.emplace_back(block + "attention.wo", tp::RowwiseParallel());
+    plan.emplace_back(block + "feed_forward.w1", tp::ColwiseParallel());
+    plan.emplace_back(block + "feed_forward.w3", tp::ColwiseParallel());
+    plan.emplace_back(block + "feed_forward.w2", tp::RowwiseParallel());
+  }
+  return plan;
 }
 
 LlamaConfig llama3_config(int64_t d_model, int64_t n_layers, int64_t n_heads, int64_t ffn_hidden,

@@ -76,6 +76,7 @@ void build_llama(Workload& w, LlamaConfig config, const WorkloadOptions& options
   for (int64_t i = 0; i < config.n_layers; ++i) {
     w.wrap_units.push_back("layers." + std::to_string(i));
   }
+  w.tp_plan = llama_tensor_parallel_plan(config);
   w.flops_per_token = llama_flops_per_token(config);
   add_counting_task(w, config.vocab_size, config.seq_len, options.seed);
 }

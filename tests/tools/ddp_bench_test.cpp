@@ -196,8 +196,8 @@ TEST(DdpBench, TensorParallelNeedsADataParallelStyleAndAPlan) {
       << out;
   std::tie(out, code) = run_command(kBench + " --model mlp --nproc 2 --tp 2 --repeat 1");
   EXPECT_NE(code, 0);
-  EXPECT_NE(out.find("ddp-bench: --tp: model mlp has no tensor-parallel plan (net, toy, toy8k and "
-                     "the GPTs have one)"),
+  EXPECT_NE(out.find("ddp-bench: --tp: model mlp has no tensor-parallel plan (net, toy, toy8k, "
+                     "the GPTs and the Llamas have one)"),
             std::string::npos)
       << out;
 }

@@ -6,7 +6,9 @@
 // that does not divide the sharded dim, each named.
 
 #include <gtest/gtest.h>
+
 #include <torch/torch.h>
+#include <functional>
 
 #include <sstream>
 
@@ -15,6 +17,7 @@
 #include "ddp/io/checkpoint_coordinator.hpp"
 #include "ddp/io/full_state_dict.hpp"
 #include "ddp/models/gpt.hpp"
+#include "ddp/models/llama.hpp"
 #include "ddp/models/net.hpp"
 #include "ddp/parallel/data_parallel.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
@@ -159,26 +162,30 @@ INSTANTIATE_TEST_SUITE_P(Meshes, TensorParallelSeedNet,
                                   std::to_string(info.param.tp) + "_" + info.param.dp_style;
                          });
 
-// The zoo GPT's plan (c_attn colwise by heads, projections rowwise, MLP colwise then rowwise) over
-// "tp", DDP over "dp": the same equality, gradients of step 1 and parameters after 3 steps.
-DDP_TEST_WORKER(tp_gpt) {
+// A zoo transformer's plan over "tp", DDP over "dp": the same equality, gradients of step 1 and
+// parameters after 3 steps. The GPT's (c_attn colwise by heads, projections rowwise, MLP colwise
+// then rowwise) and the Llama's (wq, wk, wv colwise by heads, with 8 query heads sharing 2
+// key/value heads; wo rowwise; w1, w3 colwise, w2 rowwise).
+template <typename Holder, typename Config>
+void train_tensor_parallel(const Config& config, const tp::TpPlan& plan, int64_t vocab,
+                           int64_t seq_len, const std::string& what,
+                           const std::function<int64_t(Holder&)>& first_split_rows,
+                           int64_t whole_rows) {
   auto pg = worker_process_group(std::chrono::seconds(60));
   const int64_t dp = std::stoll(worker_env("DDP_TEST_DP"));
   const int64_t tps = std::stoll(worker_env("DDP_TEST_TP"));
   comm::DeviceMesh mesh(pg, {dp, tps}, {"dp", "tp"});
   const int64_t dp_rank = mesh.coordinate()[0];
-  const models::GPTConfig config = tiny_gpt(/*n_layers=*/2, /*n_heads=*/4, /*tied=*/false);
+  // Every rank builds other weights: the plan and DDP make them the global rank 0's.
   torch::manual_seed(pg->rank());
-  models::GPT gpt(config);
+  Holder model_tp(config);
   torch::manual_seed(0);
-  models::GPT oracle(config);
-  auto tensor_parallel =
-      tp::parallelize_module(gpt.ptr(), mesh["tp"], models::gpt_tensor_parallel_plan(config));
-  require(gpt->h[0]->as<models::GPTBlockImpl>()->attn->c_attn->weight.size(0) ==
-              3 * config.d_model / tps,
-          "c_attn holds this rank's heads of q, k and v");
-  parallel::DistributedDataParallel<models::GPT> model(gpt, mesh["dp"]);
-  torch::optim::SGD opt(gpt->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  Holder oracle(config);
+  auto tensor_parallel = tp::parallelize_module(model_tp.ptr(), mesh["tp"], plan);
+  require(first_split_rows(model_tp) == whole_rows / tps,
+          what + ": the first colwise projection holds this rank's heads");
+  parallel::DistributedDataParallel<Holder> model(model_tp, mesh["dp"]);
+  torch::optim::SGD opt(model_tp->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   torch::optim::SGD oracle_opt(oracle->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   const auto loss = [](const torch::Tensor& logits, const torch::Tensor& targets) {
     return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
@@ -187,7 +194,7 @@ DDP_TEST_WORKER(tp_gpt) {
   const auto compare = [&](bool grads, const std::string& context) {
     std::vector<std::string> names;
     std::vector<torch::Tensor> ours, want;
-    for (const auto& item : gpt->named_parameters()) {
+    for (const auto& item : model_tp->named_parameters()) {
       const torch::Tensor mine = grads ? item.value().grad() : item.value();
       const torch::Tensor theirs =
           oracle->named_parameters()[item.key()];  // a copy: the dict is a temporary
@@ -200,19 +207,45 @@ DDP_TEST_WORKER(tp_gpt) {
   torch::manual_seed(1);
   const int64_t per_dp = 2;
   for (int step = 0; step < 3; ++step) {
-    const auto x = torch::randint(config.vocab_size, {per_dp * dp, config.seq_len});
-    const auto y = torch::randint(config.vocab_size, {per_dp * dp, config.seq_len});
+    const auto x = torch::randint(vocab, {per_dp * dp, seq_len});
+    const auto y = torch::randint(vocab, {per_dp * dp, seq_len});
     const auto mine = [&](const torch::Tensor& t) { return t.narrow(0, per_dp * dp_rank, per_dp); };
     loss(model(mine(x)), mine(y)).backward();
     loss(oracle->forward(x), y).backward();
-    if (step == 0) compare(true, "GPT plan, gradients of step 1");
+    if (step == 0) compare(true, what + " plan, gradients of step 1");
     opt.step();
     opt.zero_grad();
     oracle_opt.step();
     oracle_opt.zero_grad();
   }
-  compare(false, "GPT plan, mesh " + std::to_string(dp) + "x" + std::to_string(tps) +
+  compare(false, what + " plan, mesh " + std::to_string(dp) + "x" + std::to_string(tps) +
                      ", parameters after 3 steps");
+}
+
+DDP_TEST_WORKER(tp_gpt) {
+  const models::GPTConfig config = tiny_gpt(/*n_layers=*/2, /*n_heads=*/4, /*tied=*/false);
+  train_tensor_parallel<models::GPT>(
+      config, models::gpt_tensor_parallel_plan(config), config.vocab_size, config.seq_len, "GPT",
+      [](models::GPT& m) {
+        return m->h[0]->as<models::GPTBlockImpl>()->attn->c_attn->weight.size(0);
+      },
+      3 * config.d_model);
+}
+
+DDP_TEST_WORKER(tp_llama) {
+  models::LlamaConfig config;  // 8 query heads of 8, 2 key/value heads: 4 query heads each
+  config.vocab_size = 37;
+  config.seq_len = 8;
+  config.d_model = 64;
+  config.n_layers = 2;
+  config.ffn_hidden = 96;
+  train_tensor_parallel<models::Llama>(
+      config, models::llama_tensor_parallel_plan(config), config.vocab_size, config.seq_len,
+      "Llama",
+      [](models::Llama& m) {
+        return m->layers[0]->as<models::LlamaBlockImpl>()->attention->wk->weight.size(0);
+      },
+      config.n_kv_heads * (config.d_model / config.n_heads));
 }
 
 class TensorParallelGpt : public ::testing::TestWithParam<Mesh> {};
@@ -226,6 +259,22 @@ TEST_P(TensorParallelGpt, EqualsTheSingleProcessModelOnTheGlobalBatch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Meshes, TensorParallelGpt, ::testing::Values(Mesh{1, 2}, Mesh{2, 2}),
+                         [](const auto& info) {
+                           return "dp" + std::to_string(info.param.dp) + "_tp" +
+                                  std::to_string(info.param.tp);
+                         });
+
+class TensorParallelLlama : public ::testing::TestWithParam<Mesh> {};
+
+TEST_P(TensorParallelLlama, EqualsTheSingleProcessModelOnTheGlobalBatch) {
+  const Mesh m = GetParam();
+  const auto result =
+      run_workers("tp_llama", m.dp * m.tp,
+                  {{"DDP_TEST_DP", std::to_string(m.dp)}, {"DDP_TEST_TP", std::to_string(m.tp)}});
+  EXPECT_TRUE(result.ok()) << result.describe();
+}
+
+INSTANTIATE_TEST_SUITE_P(Meshes, TensorParallelLlama, ::testing::Values(Mesh{1, 2}, Mesh{2, 2}),
                          [](const auto& info) {
                            return "dp" + std::to_string(info.param.dp) + "_tp" +
                                   std::to_string(info.param.tp);

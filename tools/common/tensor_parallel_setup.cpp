@@ -33,7 +33,7 @@ TensorParallelSetup setup_tensor_parallel(const std::string& tool, int64_t tp,
   const std::string wrong = tp_world_refusal(tp, size);
   TORCH_CHECK(wrong.empty(), tool, ": ", wrong);
   TORCH_CHECK(!workload.tp_plan.empty(), tool, ": --tp: model ", model,
-              " has no tensor-parallel plan (net, toy, toy8k and the GPTs have one)");
+              " has no tensor-parallel plan (net, toy, toy8k, the GPTs and the Llamas have one)");
   out.mesh = std::make_unique<comm::DeviceMesh>(world, std::vector<int64_t>{size / tp, tp},
                                                 std::vector<std::string>{"dp", "tp"});
   out.tensor_parallel = tp::parallelize_module(workload.ptr, (*out.mesh)["tp"], workload.tp_plan);

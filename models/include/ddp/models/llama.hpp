@@ -16,6 +16,8 @@
 #include <torch/nn/pimpl.h>
 #include <torch/types.h>
 
+#include "ddp/tp/parallelize.hpp"
+
 namespace ddp::models {
 
 struct LlamaConfig {
@@ -122,6 +124,12 @@ TORCH_MODULE(Llama);
 // (the registry's llama-1b, -3b and -8b rows).
 LlamaConfig llama3_config(int64_t d_model, int64_t n_layers, int64_t n_heads, int64_t ffn_hidden,
                           bool tied);
+
+// The Llama's tensor-parallel plan (Megatron's, as torchtitan's): in every block attention.wq,
+// wk and wv colwise by heads, attention.wo rowwise, feed_forward.w1 and w3 colwise, w2 rowwise;
+// embeddings, norms and output stay replicated. The tp size must divide n_kv_heads (a rank holds
+// whole key/value heads and the query heads that share them).
+tp::TpPlan llama_tensor_parallel_plan(const LlamaConfig& config);
 
 // Parameters of `config` (a tied weight once), and the model FLOPs of one token's forward and
 // backward as torchtitan counts them: 6 N (N without the token embedding when it is untied: a
