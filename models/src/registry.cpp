@@ -88,6 +88,9 @@ struct Entry {
   bool ties_weights;
   // Whether WorkloadOptions::n_layers, n_heads and seq_len apply (the GPTs and the Llamas).
   bool shaped;
+  // The row's sequence length (WorkloadOptions::seq_len 0), known without building the model
+  // (ddp-train --data checks the text against it in the launcher); 0 for a model without tokens.
+  int64_t seq_len;
   void (*build)(Workload& w, const WorkloadOptions& options);  // options.dim 0 = default
   // Workload::lr, known without building the model (the tools check a schedule against it
   // before any worker starts); options.dim 0 = default.
@@ -99,29 +102,29 @@ double default_lr(const WorkloadOptions& /*options*/) { return Workload{}.lr; }
 
 // One row per workload; the order is the order of workload_names().
 const Entry kEntries[] = {
-    {"net", false, false,
+    {"net", false, false, 0,
      [](Workload& w, const WorkloadOptions& o) { build_net(w, pick(o.dim, 2000), o.seed); },
      [](const WorkloadOptions& o) { return net_lr(pick(o.dim, 2000)); }},
-    {"toy", false, false,
+    {"toy", false, false, 0,
      [](Workload& w, const WorkloadOptions& o) { build_net(w, pick(o.dim, 2000), o.seed); },
      [](const WorkloadOptions& o) { return net_lr(pick(o.dim, 2000)); }},
-    {"toy8k", false, false,
+    {"toy8k", false, false, 0,
      [](Workload& w, const WorkloadOptions& o) { build_net(w, pick(o.dim, 8192), o.seed); },
      [](const WorkloadOptions& o) { return net_lr(pick(o.dim, 8192)); }},
-    {"mlp", false, false,
+    {"mlp", false, false, 0,
      [](Workload& w, const WorkloadOptions& o) {
        const int64_t width = pick(o.dim, 64);
        build_mlp(w, MLPOptions{width, width, width, 4}, o.seed);
      },
      default_lr},
-    {"mlp-deep", false, false,
+    {"mlp-deep", false, false, 0,
      [](Workload& w, const WorkloadOptions& o) {
        MLPOptions options;
        if (o.dim != 0) options.in = options.hidden = options.out = o.dim;
        build_mlp(w, options, o.seed);
      },
      default_lr},
-    {"gpt", true, true,
+    {"gpt", true, true, 32,
      [](Workload& w, const WorkloadOptions& o) {
        // Small enough that 100 CPU steps take seconds.
        GPTConfig config;
@@ -132,14 +135,14 @@ const Entry kEntries[] = {
        build_gpt(w, config, o);
      },
      default_lr},
-    {"gpt-tiny", true, true,
+    {"gpt-tiny", true, true, 128,
      [](Workload& w, const WorkloadOptions& o) {
        GPTConfig config;
        config.d_model = pick(o.dim, config.d_model);
        build_gpt(w, config, o);
      },
      default_lr},
-    {"gpt2-small", true, true,
+    {"gpt2-small", true, true, 1024,
      [](Workload& w, const WorkloadOptions& o) {
        // GPT-2 small's shape (124 M parameters untied), vocab padded to 50304 as in nanoGPT.
        GPTConfig config;
@@ -151,7 +154,7 @@ const Entry kEntries[] = {
        build_gpt(w, config, o);
      },
      default_lr},
-    {"gpt2-medium", true, true,
+    {"gpt2-medium", true, true, 1024,
      [](Workload& w, const WorkloadOptions& o) {
        GPTConfig config;
        config.vocab_size = 50304;
@@ -162,7 +165,7 @@ const Entry kEntries[] = {
        build_gpt(w, config, o);
      },
      default_lr},
-    {"gpt-char", true, true,
+    {"gpt-char", true, true, 256,
      [](Workload& w, const WorkloadOptions& o) {
        // A small character-level GPT (nanoGPT's shakespeare_char shape: 6 layers, 384 wide, 6
        // heads, 256 tokens), byte vocabulary: every step is launch-bound on a GPU, the regime
@@ -176,7 +179,7 @@ const Entry kEntries[] = {
        build_gpt(w, config, o);
      },
      default_lr},
-    {"llama-tiny", false, true,
+    {"llama-tiny", false, true, 128,
      [](Workload& w, const WorkloadOptions& o) {
        // The CPU tests' Llama: 8 heads sharing 2 key/value heads, 128 tokens.
        LlamaConfig config;
@@ -184,22 +187,22 @@ const Entry kEntries[] = {
        build_llama(w, config, o);
      },
      default_lr},
-    {"llama-1b", false, true,
+    {"llama-1b", false, true, 8192,
      [](Workload& w, const WorkloadOptions& o) {
        build_llama(w, llama3_config(pick(o.dim, 2048), 16, 32, 8192, /*tied=*/true), o);
      },
      default_lr},
-    {"llama-3b", false, true,
+    {"llama-3b", false, true, 8192,
      [](Workload& w, const WorkloadOptions& o) {
        build_llama(w, llama3_config(pick(o.dim, 3072), 28, 24, 8192, /*tied=*/true), o);
      },
      default_lr},
-    {"llama-8b", false, true,
+    {"llama-8b", false, true, 8192,
      [](Workload& w, const WorkloadOptions& o) {
        build_llama(w, llama3_config(pick(o.dim, 4096), 32, 32, 14336, /*tied=*/false), o);
      },
      default_lr},
-    {"resnet-small", false, false,
+    {"resnet-small", false, false, 0,
      [](Workload& w, const WorkloadOptions& o) {
        const int64_t classes = 10;
        set_model(w, ResNetSmall(classes, pick(o.dim, 64)));
@@ -221,6 +224,15 @@ std::vector<std::string> workload_names() {
   std::vector<std::string> names;
   for (const auto& entry : kEntries) names.emplace_back(entry.name);
   return names;
+}
+
+int64_t workload_seq_len(const std::string& name, const WorkloadOptions& options) {
+  for (const auto& entry : kEntries) {
+    if (name != entry.name) continue;
+    return entry.shaped ? pick(options.seq_len, entry.seq_len) : 0;
+  }
+  TORCH_CHECK(false, "workload_seq_len: unknown workload '", name,
+              "'; valid names: ", joined(workload_names()));
 }
 
 std::vector<std::string> shaped_workload_names() {

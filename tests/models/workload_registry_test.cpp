@@ -38,6 +38,22 @@ TEST(WorkloadRegistry, LearningRateIsTheBuiltModels) {
   }
 }
 
+// The sequence length without a model is the built model's (its batches' length), for the rows
+// cheap to build; the Llama 3 rows' is their context, 8192; a model without tokens has none.
+TEST(WorkloadRegistry, SequenceLengthIsTheBuiltModels) {
+  for (const int64_t seq_len : {0, 16}) {
+    WorkloadOptions options;
+    options.seq_len = seq_len;
+    for (const char* name : {"gpt", "gpt-tiny", "gpt-char", "llama-tiny"}) {
+      EXPECT_EQ(workload_seq_len(name, options),
+                make_workload(name, options).batch(0, 1).first.size(1))
+          << name << " seq_len " << seq_len;
+    }
+  }
+  EXPECT_EQ(workload_seq_len("llama-8b"), 8192);
+  EXPECT_EQ(workload_seq_len("mlp"), 0);
+}
+
 TEST(WorkloadRegistry, AnUnknownNameIsRefusedWithTheValidOnes) {
   EXPECT_EQ(ddp::testing::error_of([] { workload_lr("gpt3"); }),
             "workload_lr: unknown workload 'gpt3'; valid names: net, toy, toy8k, mlp, mlp-deep, "

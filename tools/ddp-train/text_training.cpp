@@ -16,18 +16,19 @@
 
 #include "common/flag_parse.hpp"
 #include "ddp/models/gpt.hpp"
+#include "ddp/models/llama.hpp"
 
 namespace ddp::tools {
 namespace {
 
-const models::GPTImpl* as_gpt(const models::Workload& w) {
-  return dynamic_cast<const models::GPTImpl*>(w.ptr.get());
-}
-
+// The window length: the model's seq_len (the GPT's or the Llama's).
 int64_t seq_len_of(const models::Workload& w) {
-  const auto* gpt = as_gpt(w);
-  TORCH_CHECK(gpt != nullptr, "--data: model ", w.name, " is not a GPT");
-  return gpt->config().seq_len;
+  if (const auto* gpt = dynamic_cast<const models::GPTImpl*>(w.ptr.get())) {
+    return gpt->config().seq_len;
+  }
+  const auto* llama = dynamic_cast<const models::LlamaImpl*>(w.ptr.get());
+  TORCH_CHECK(llama != nullptr, "--data: model ", w.name, " is neither a GPT nor a Llama");
+  return llama->config().seq_len;
 }
 
 // The prompt: the validation text's first whole line (from its first line start, if one comes
@@ -80,19 +81,20 @@ std::string check_text_flags(const CLI::App& app, TextFlags& flags, std::string&
   }
   if (app.count("--model") == 0) model = "gpt";
   if (app.count("--optimizer") == 0) optimizer = "adam";
-  // The GPTs are the workloads with a token embedding (the ones that can tie it, registry.hpp).
-  const auto gpts = models::tied_weights_workload_names();
-  if (std::find(gpts.begin(), gpts.end(), model) != gpts.end()) return "";
+  // The GPTs and the Llamas: the workloads of tokens (registry.hpp's shaped ones).
+  const auto token_models = models::shaped_workload_names();
+  if (std::find(token_models.begin(), token_models.end(), model) != token_models.end()) return "";
   std::string list;
-  for (const auto& name : gpts) list += (list.empty() ? "" : ", ") + name;
-  return "--data trains a GPT on bytes, but --model " + model + " is not one; use " + list +
-         " (gpt is the default with --data)";
+  for (const auto& name : token_models) list += (list.empty() ? "" : ", ") + name;
+  return "--data trains a GPT or a Llama on bytes, but --model " + model + " is neither; use " +
+         list + " (gpt is the default with --data)";
 }
 
 void check_text_file(const TextFlags& flags, const std::string& model,
                      const models::WorkloadOptions& workload) {
-  // The window length is the model's seq_len; ByteText refuses a file too short for it.
-  const models::ByteText text(flags.path(), seq_len_of(models::make_workload(model, workload)));
+  // The window length is the model's seq_len (read from the zoo's table: a Llama 3 row is
+  // gigabytes to build); ByteText refuses a file too short for it.
+  const models::ByteText text(flags.path(), models::workload_seq_len(model, workload));
 }
 
 std::string check_plot_path(const std::string& path) {

@@ -108,6 +108,10 @@ Workload make_workload(const std::string& name, const WorkloadOptions& options =
 // worker starts. Throws for a name make_workload refuses.
 double workload_lr(const std::string& name, const WorkloadOptions& options = {});
 
+// The sequence length of a GPT or Llama workload (options.seq_len, else the row's), without
+// building the model; 0 for a workload without tokens. Throws for a name make_workload refuses.
+int64_t workload_seq_len(const std::string& name, const WorkloadOptions& options = {});
+
 // The names make_workload accepts, in the order of the table above.
 std::vector<std::string> workload_names();
 
