@@ -107,7 +107,18 @@ DDP_TEST_WORKER(desync) {
       "; rank 1's last, #1 (all-reduce (sum) of 4 Float elements for the user's own call), "
       "completed";
   require(error.find(last) != std::string::npos, "rank 1's last collective: " + error);
-  if (pg->rank() == 0) pg->store().set("test/release", std::vector<uint8_t>{1});
+  // Rank 0 holds the store, which every failing rank reads to build its report: it lets rank 1
+  // go (and itself end) only once every other rank has its report. A rank 2 slower than rank 0
+  // read a closed store ("Broken pipe") on a loaded machine.
+  pg->store().set("test/reported/" + std::to_string(pg->rank()), std::vector<uint8_t>{1});
+  if (pg->rank() == 0) {
+    std::vector<std::string> reported;
+    for (int r = 0; r < pg->world_size(); ++r) {
+      if (r != 1) reported.push_back("test/reported/" + std::to_string(r));
+    }
+    pg->store().wait(reported, std::chrono::seconds(60));
+    pg->store().set("test/release", std::vector<uint8_t>{1});
+  }
 }
 
 class Desync : public ::testing::TestWithParam<int> {};
