@@ -393,7 +393,7 @@ if has ac59; then
   mp="--param-dtype bf16 --reduce-dtype fp32"
   for world in $(printf '%s\n' 2 "$NP" | sort -u); do
     for pair in $(seq "${AC59_PAIRS:-2}"); do
-      for side in ours torch; do
+      for side in ${LLAMA_SIDES:-ours torch}; do
         cmd="$BENCH"
         [[ $side == torch ]] && cmd="$PY bench/reference/torch_ddp.py"
         for extra in "" "$mp"; do
@@ -418,7 +418,7 @@ if has llama; then
     flags="$flags --fsdp-wrap --fsdp-checkpoint --autocast-bf16 --param-dtype bf16"
     flags="$flags --reduce-dtype fp32 --optimizer adamw --repeat ${LLAMA_REPEAT:-10} --warmup 3 --json"
     for pair in $(seq "${LLAMA_PAIRS:-2}"); do
-      for side in ours torch; do
+      for side in ${LLAMA_SIDES:-ours torch}; do
         cmd="$BENCH"
         [[ $side == torch ]] && cmd="$PY bench/reference/torch_ddp.py"
         log="$OUT/llama-$model-b$batch-s$seq-$side-$pair.log"

@@ -83,14 +83,21 @@ GPTImpl::GPTImpl(const GPTConfig& config) : config_(config) {
   TORCH_CHECK(config.d_model % config.n_heads == 0, "GPT: d_model (", config.d_model,
               ") must be divisible by n_heads (", config.n_heads, ")");
 
+  // shard_now after each piece: under deferred initialisation every rank keeps only its rows of
+  // it (shard/deferred_init.hpp); otherwise a no-op.
   wte = register_module("wte", torch::nn::Embedding(config.vocab_size, config.d_model));
+  shard::shard_now(*wte);
   wpe = register_module("wpe", torch::nn::Embedding(config.seq_len, config.d_model));
   h = register_module("h", torch::nn::ModuleList());
-  for (int64_t i = 0; i < config.n_layers; ++i) h->push_back(GPTBlock(config));
+  for (int64_t i = 0; i < config.n_layers; ++i) {
+    h->push_back(GPTBlock(config));
+    shard::shard_now(*h[i]);
+  }
   ln_f = register_module("ln_f", torch::nn::LayerNorm(std::vector<int64_t>{config.d_model}));
   lm_head = register_module(
       "lm_head",
       torch::nn::Linear(torch::nn::LinearOptions(config.d_model, config.vocab_size).bias(false)));
+  shard::shard_now(*lm_head);
 
   normal_init(*this);  // the LayerNorms keep their ones and zeros
 
@@ -98,6 +105,7 @@ GPTImpl::GPTImpl(const GPTConfig& config) : config_(config) {
     lm_head->weight = wte->weight;
     detail::replace_parameter(*lm_head, "weight", wte->weight);
   }
+  shard::shard_now(*this);
 }
 
 torch::Tensor GPTImpl::forward(const torch::Tensor& idx) {

@@ -137,12 +137,19 @@ LlamaImpl::LlamaImpl(const LlamaConfig& config) : config_(config) {
               ") must be divisible by n_heads (", config.n_heads, ")");
   TORCH_CHECK(config.n_heads % config.n_kv_heads == 0, "Llama: n_heads (", config.n_heads,
               ") must be a multiple of n_kv_heads (", config.n_kv_heads, ")");
+  // shard_now after each piece: under deferred initialisation every rank keeps only its rows of
+  // it (shard/deferred_init.hpp); otherwise a no-op.
   tok_embeddings =
       register_module("tok_embeddings", torch::nn::Embedding(config.vocab_size, config.d_model));
+  shard::shard_now(*tok_embeddings);
   layers = register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < config.n_layers; ++i) layers->push_back(LlamaBlock(config));
+  for (int64_t i = 0; i < config.n_layers; ++i) {
+    layers->push_back(LlamaBlock(config));
+    shard::shard_now(*layers[i]);
+  }
   norm = register_module("norm", RMSNorm(config.d_model, config.norm_eps));
   output = register_module("output", no_bias(config.d_model, config.vocab_size));
+  shard::shard_now(*output);
   auto [cos, sin] =
       rotary_tables(config.seq_len, config.d_model / config.n_heads, config.rope_theta);
   rope_cos = register_buffer("rope_cos", cos);
@@ -152,6 +159,7 @@ LlamaImpl::LlamaImpl(const LlamaConfig& config) : config_(config) {
     output->weight = tok_embeddings->weight;
     detail::replace_parameter(*output, "weight", tok_embeddings->weight);
   }
+  shard::shard_now(*this);
 }
 
 torch::Tensor LlamaImpl::forward(const torch::Tensor& idx) {

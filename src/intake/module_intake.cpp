@@ -65,8 +65,29 @@ ModuleIntake take_in(const torch::nn::Module& module, const std::vector<std::str
   return in;
 }
 
+namespace {
+
+// A placeholder of deferred initialisation (shard/deferred_init.hpp): one value expanded to the
+// parameter's shape. No module owns such a parameter otherwise.
+bool is_placeholder(const at::Tensor& t) {
+  if (t.numel() <= 1) return false;
+  for (const int64_t stride : t.strides()) {
+    if (stride != 0) return false;
+  }
+  return true;
+}
+
+// Per tensor, the sum and the sum of squares of its values in float64 (NaNs as 0), where the
+// tensor lives.
+at::Tensor checksum(const at::Tensor& t) {
+  const at::Tensor values = at::nan_to_num(t.detach().to(at::kDouble));
+  return at::stack({values.sum(), values.square().sum()});
+}
+
+}  // namespace
+
 void synchronize_replicas(comm::ProcessGroup& group, const ModuleIntake& intake,
-                          const std::string& who) {
+                          const std::string& who, const AbsentValues& absent) {
   auto signature = replica_signature(intake.names, intake.params, "parameter");
   const auto buffers = replica_signature(intake.buffer_names, intake.buffers, "buffer");
   signature.insert(signature.end(), buffers.begin(), buffers.end());
@@ -74,29 +95,47 @@ void synchronize_replicas(comm::ProcessGroup& group, const ModuleIntake& intake,
     const comm::ForPurpose purpose({comm::Purpose::kCheck});
     verify_replicas(group, signature);
   }
+  for (size_t i = 0; i < intake.params.size(); ++i) {
+    TORCH_CHECK(absent.count(intake.params[i].unsafeGetTensorImpl()) != 0 ||
+                    !is_placeholder(intake.params[i]),
+                "ddp: ", who, ": parameter '", intake.names[i],
+                "' holds no values: deferred initialisation kept only this rank's rows of it, "
+                "for another style than this wrapper's; wrap the model with the style it was "
+                "built for");
+  }
   if (group.world_size() == 1) return;
   const comm::ForPurpose purpose({comm::Purpose::kParamBroadcast});
-  // Every rank starts from rank 0's state, as PyTorch's DDP does.
-  std::vector<at::Tensor> state = intake.params;
-  state.insert(state.end(), intake.buffers.begin(), intake.buffers.end());
-  std::vector<std::string> names = intake.names;
-  names.insert(names.end(), intake.buffer_names.begin(), intake.buffer_names.end());
-  comm::broadcast_coalesced(group, state, 0,
+  // Every rank starts from rank 0's state, as PyTorch's DDP does; a value no rank holds whole is
+  // only checked (every rank built it from the same draws: [Note: the same draws as one process]).
+  std::vector<at::Tensor> state;
+  std::vector<at::Tensor> whole;
+  std::vector<std::string> names;
+  std::vector<bool> is_param;
+  auto add = [&](const at::Tensor& t, const std::string& name, bool param) {
+    state.push_back(t);
+    names.push_back(name);
+    is_param.push_back(param);
+    if (absent.count(t.unsafeGetTensorImpl()) == 0) whole.push_back(t);
+  };
+  for (size_t i = 0; i < intake.params.size(); ++i) add(intake.params[i], intake.names[i], true);
+  for (size_t i = 0; i < intake.buffers.size(); ++i) {
+    add(intake.buffers[i], intake.buffer_names[i], false);
+  }
+  comm::broadcast_coalesced(group, whole, 0,
                             who + ": broadcast of rank 0's parameters and buffers");
   if (state.empty()) return;
-  // The checksum: per tensor, the sum and the sum of squares of its values in float64 (NaNs as
-  // 0), compared with rank 0's (one small broadcast) and the disagreements counted (one small
-  // all-reduce), so that every rank raises the same error. Exact equality is expected: the
-  // broadcast copied the bytes.
+  // The checksum of every tensor, compared with rank 0's (one small broadcast) and the
+  // disagreements counted (one small all-reduce), so that every rank raises the same error. Exact
+  // equality is expected: the broadcast copied the bytes. Computed where the tensors live and
+  // stacked there: no copy of the model to the host and one device sync (the comparison's)
+  // instead of two per tensor.
   at::NoGradGuard no_grad;
-  // Computed where the tensors live and stacked there: no copy of the model to the host and one
-  // device sync (the comparison's) instead of two per tensor.
-  const at::Device device = state[0].device();
+  const at::Device device = whole.empty() ? absent.begin()->second.device() : whole[0].device();
   std::vector<at::Tensor> sums;
   sums.reserve(state.size());
   for (const at::Tensor& t : state) {
-    const at::Tensor values = at::nan_to_num(t.detach().to(at::kDouble));
-    sums.push_back(at::stack({values.sum(), values.square().sum()}).to(device));
+    const auto it = absent.find(t.unsafeGetTensorImpl());
+    sums.push_back((it != absent.end() ? it->second : checksum(t)).to(device));
   }
   const at::Tensor device_mine = at::stack(sums);
   at::Tensor reference = device_mine.clone();
@@ -106,8 +145,15 @@ void synchronize_replicas(comm::ProcessGroup& group, const ModuleIntake& intake,
   const at::Tensor counts = differs.to(at::kCPU);
   for (size_t i = 0; i < state.size(); ++i) {
     const auto ranks = static_cast<int64_t>(counts[static_cast<int64_t>(i)].item<double>());
+    if (absent.count(state[i].unsafeGetTensorImpl()) != 0) {
+      TORCH_CHECK(ranks == 0, "ddp: ", who, ": parameter '", names[i],
+                  "' was initialised with other values on ", ranks,
+                  " rank(s) than on rank 0 (deferred initialisation keeps each rank's rows, so "
+                  "no broadcast can repair it): seed every rank alike before building the model");
+      continue;
+    }
     TORCH_CHECK(ranks == 0, "ddp: ", who, ": after the broadcast of rank 0's state, ",
-                i < intake.params.size() ? "parameter '" : "buffer '", names[i],
+                is_param[i] ? "parameter '" : "buffer '", names[i],
                 "' still differs from rank 0's on ", ranks,
                 " rank(s); it must be a tensor the module owns (not a view of another "
                 "tensor or a copy the module replaces in forward)");

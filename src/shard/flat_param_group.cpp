@@ -8,6 +8,7 @@
 #include "ddp/comm/flat_shards.hpp"
 #include "ddp/comm/flight_recorder.hpp"
 #include "ddp/detail/torch_compat.hpp"
+#include "ddp/shard/deferred_init.hpp"
 
 namespace ddp::shard {
 namespace {
@@ -126,6 +127,14 @@ FlatParamGroup::FlatParamGroup(const ShardPlan& plan, size_t unit,
   at::NoGradGuard no_grad;
   for (Member& m : params_) {
     const int64_t rows_here = comm::FlatShards{m.rows, world_}.length(rank);
+    // Deferred initialisation kept only these rows (deferred_init.hpp): the parameter is a
+    // placeholder until point_at_shards below.
+    if (const std::optional<KeptRows> kept = take_kept_rows(m.param)) {
+      if (rows_here > 0) {
+        shard_.narrow(0, m.offset, rows_here * m.row_numel).copy_(kept->rows.reshape({-1}));
+      }
+      continue;
+    }
     if (rows_here == 0) continue;
     const int64_t first = comm::FlatShards{m.rows, world_}.offset(rank);
     shard_.narrow(0, m.offset, rows_here * m.row_numel)

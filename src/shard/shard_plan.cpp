@@ -33,13 +33,6 @@ size_t owner_of(const ParamShape& p, const std::vector<std::string>& unit_names,
   return best;
 }
 
-// [Note: styles]: whether the style shards `p` on dim 0 over `world` ranks.
-bool shards(const ParamShape& p, int world, DataParallelStyle style) {
-  if (style == DataParallelStyle::kReplicate || p.shape.empty() || !p.trainable) return false;
-  if (style == DataParallelStyle::kFullyShard) return true;
-  return p.shape[0] % world == 0;
-}
-
 std::string shape_text(const std::vector<int64_t>& shape) {
   std::string out = "[";
   for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
@@ -47,6 +40,12 @@ std::string shape_text(const std::vector<int64_t>& shape) {
 }
 
 }  // namespace
+
+bool style_shards(const ParamShape& p, int world, DataParallelStyle style) {
+  if (style == DataParallelStyle::kReplicate || p.shape.empty() || !p.trainable) return false;
+  if (style == DataParallelStyle::kFullyShard) return true;
+  return p.shape[0] % world == 0;
+}
 
 int64_t ParamShard::rows() const { return layout.shape.empty() ? 1 : layout.shape[0]; }
 
@@ -99,7 +98,8 @@ ShardPlan plan_shards(const std::vector<ParamShape>& params,
     ParamShard& s = plan.params[i];
     s.layout.shape = p.shape;
     s.layout.mesh = {world};
-    if (shards(p, world, style)) s.layout.placements.push_back(layout::Placement::shard(0, 0));
+    if (style_shards(p, world, style))
+      s.layout.placements.push_back(layout::Placement::shard(0, 0));
     members[owner_of(p, unit_names, root)].push_back(i);
   }
   for (size_t u = 0; u < unit_names.size(); ++u) {

@@ -14,6 +14,7 @@
 #include "ddp/gradients/unit_storage.hpp"
 #include "ddp/intake/module_intake.hpp"
 #include "ddp/obs/log.hpp"
+#include "ddp/shard/deferred_init.hpp"
 #include "ddp/shard/flat_param_group.hpp"
 #include "ddp/shard/unit_schedule.hpp"
 
@@ -39,7 +40,19 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module,
   // decides its unit (the plan puts it where all its users are). Every rank starts from rank 0's
   // parameters and buffers, before they are split (intake/module_intake.hpp).
   const intake::ModuleIntake intake = intake::take_in(*module_ptr());
-  intake::synchronize_replicas(*pg, intake, "ShardedModule");
+  // Deferred initialisation (deferred_init.hpp) kept only this rank's rows of some parameters:
+  // they are checked by checksum, not broadcast, and the groups take their rows.
+  intake::AbsentValues absent;
+  for (size_t i = 0; i < intake.params.size(); ++i) {
+    const std::optional<KeptRows> kept = kept_rows(intake.params[i]);
+    if (!kept) continue;
+    TORCH_CHECK(kept->world == pg->world_size() && kept->rank == pg->rank(), "ddp: parameter '",
+                intake.names[i], "' was built under deferred initialisation as rank ", kept->rank,
+                " of ", kept->world, ", but this ShardedModule is rank ", pg->rank(), " of ",
+                pg->world_size(), "; build it with the process group it is wrapped with");
+    absent.emplace(intake.params[i].unsafeGetTensorImpl(), kept->checksum);
+  }
+  intake::synchronize_replicas(*pg, intake, "ShardedModule", absent);
   params_ = intake.params;
   names_ = intake.names;
   std::vector<ParamShape> shapes;
@@ -49,6 +62,15 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module,
     shapes.back().trainable = params_[i].requires_grad();
   }
   plan_ = plan_shards(shapes, options_.units, pg->world_size(), options_.style);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    TORCH_CHECK(plan_.params[i].sharded() || absent.count(params_[i].unsafeGetTensorImpl()) == 0,
+                "ddp: parameter '", names_[i],
+                "' was built under deferred initialisation keeping only this rank's rows, but "
+                "style ",
+                style_name(options_.style), " replicates it (dim 0 of ",
+                plan_.shapes[i].shape.empty() ? 1 : plan_.shapes[i].shape[0], " over ",
+                pg->world_size(), " ranks); build it under the style it is wrapped with");
+  }
   layouts_.mesh = {pg->world_size()};
   layouts_.coordinate = {pg->rank()};
   for (size_t i = 0; i < plan_.shapes.size(); ++i) {

@@ -13,6 +13,7 @@
 #include "ddp/obs/cpu_memory.hpp"
 #include "ddp/optim/device_step.hpp"
 #include "ddp/parallel/grad_clip.hpp"
+#include "ddp/shard/deferred_init.hpp"
 
 namespace ddp::tools {
 
@@ -55,6 +56,16 @@ TrainingRun::TrainingRun(const TrainingFlags& flags, TrainingRunOptions options)
   }
   // On the CPU the device peak counts tensor storages, the model's included: from here on.
   if (options_.count_cpu_memory && !device_.is_cuda()) obs::count_cpu_memory();
+  // Deferred initialisation (shard/deferred_init.hpp): the zoo's large models drop what this rank
+  // will not hold after each block, so no rank builds the whole model (and DDP's pieces go to the
+  // device as they are built). Not with --tp (it splits whole parameters) or --init-params (it
+  // loads whole ones).
+  const shard::DataParallelStyle style =
+      shard::parse_style(flags.shard.style.empty() ? "replicate" : flags.shard.style);
+  std::optional<shard::DeferredInit> deferred;
+  if (options_.wrap && world_ && flags.tp == 0 && options_.init_params.empty()) {
+    deferred.emplace(*world_, shard::DeferredInitOptions{style, device_});
+  }
   workload_ = models::make_workload(flags.model, flags.workload);
   if (flags.shard.checkpoint) {
     TORCH_CHECK(workload_.set_checkpointing, "--fsdp-checkpoint: model ", flags.model,
@@ -82,9 +93,7 @@ TrainingRun::TrainingRun(const TrainingFlags& flags, TrainingRunOptions options)
     dp_options.shard = flags.shard.options;
     dp_options.shard.verbose = dp_options.ddp.verbose;
     if (flags.shard.fsdp_wrap) dp_options.shard.units = workload_.wrap_units;
-    model_.emplace(workload_.module, split_.dp_group,
-                   shard::parse_style(flags.shard.style.empty() ? "replicate" : flags.shard.style),
-                   std::move(dp_options));
+    model_.emplace(workload_.module, split_.dp_group, style, std::move(dp_options));
     // One gradient runtime for every style: the hook reduces DDP's buckets and the sharded units.
     if (auto hook = make_comm_hook(flags.comm_hook, split_.dp_group)) {
       model_->register_comm_hook(hook);

@@ -20,6 +20,7 @@
 
 #include <cstddef>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace torch::nn {
@@ -52,11 +53,18 @@ struct ModuleIntake {
 // names it.
 ModuleIntake take_in(const torch::nn::Module& module, const std::vector<std::string>& ignore = {});
 
+// Values no rank holds whole, by parameter: deferred initialisation (shard/deferred_init.hpp) kept
+// only each rank's rows of them and their checksum (float64 [sum, sum of squares] of the whole
+// value, NaNs as 0), which synchronize_replicas compares instead of broadcasting them.
+using AbsentValues = std::unordered_map<const c10::TensorImpl*, at::Tensor>;
+
 // Collective over `group`: the replica check, rank 0's parameters and buffers broadcast, then the
 // values checksummed (one all-reduce): a tensor whose values still differ afterwards is an error
 // naming it and how many ranks disagree with rank 0, on every rank. `who` names the caller (the
 // wrapper being built) in the broadcast's and the checksum's errors.
+// A parameter in `absent` is not broadcast, its checksum is compared; a placeholder not in it is
+// an error naming it (built for another style).
 void synchronize_replicas(comm::ProcessGroup& group, const ModuleIntake& intake,
-                          const std::string& who);
+                          const std::string& who, const AbsentValues& absent = {});
 
 }  // namespace ddp::intake

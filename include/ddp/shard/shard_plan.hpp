@@ -98,6 +98,9 @@ struct ShardPlan {
   int64_t local_param_bytes() const;
 };
 
+// [Note: styles]: whether `style` shards `p` on dim 0 over `world` ranks (else it is replicated).
+bool style_shards(const ParamShape& p, int world, DataParallelStyle style);
+
 // Plans `params` over a group of `world` ranks. `unit_names`: qualified submodule names (none: the
 // whole model is one unit, the root). Throws c10::Error when world < 1, when a unit name is
 // listed twice, or when a unit holds no parameter ("ddp: unit 'h.9' holds no parameter: no

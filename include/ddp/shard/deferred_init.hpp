@@ -1,0 +1,110 @@
+#pragma once
+// Deferred, sharded initialisation: a model too large for one rank is built piece by piece, and
+// after each piece every rank keeps only what its style will hold between steps (its dim-0 rows of
+// a sharded parameter, the whole of a replicated one), on the training device. The wrapper
+// (ShardedModule, or DistributedDataParallel for REPLICATE) then takes the kept rows instead of
+// splitting whole parameters, so no rank ever holds the whole model, in host or device memory.
+//
+//   ddp::shard::DeferredInit deferred(*pg, {DataParallelStyle::kFullyShard, device});
+//   auto net = Llama(config);   // its constructor calls shard_now(piece) after each block
+//   ddp::shard::FullyShardedDataParallel<Llama> model(net, pg, options);
+//
+// [Note: the same draws as one process] The values are bit-identical to a single process's
+// construction with the same seed, because every rank still builds every piece whole, on the CPU,
+// in the constructor's order, drawing from the same generator; it only drops the rows it does not
+// keep as soon as the piece is built. A re-initialisation after the pieces were dropped
+// (GPT-2's N(0, 0.02) over the whole model, models/normal_init.hpp) goes through fill_full,
+// which fills a whole CPU temporary of one parameter (the same draws) and keeps its rows again:
+// the host holds the kept rows, one piece and one parameter at most. FSDP2's meta-device path
+// (build on meta, shard, to_empty, init_weights on the shards) draws different numbers on every
+// rank count; this path gives every world size the same model.
+//
+// [Note: placeholders] libtorch's modules allocate and initialise their parameters in their
+// constructors (there is no default-device context in C++), and the module, the optimizer and the
+// module's own fields hold the same TensorImpl. A dropped parameter keeps its identity, its shape,
+// dtype and device: its data becomes one NaN expanded to the full shape (stride 0; 1 element of
+// memory). A forward through the model before it is wrapped therefore gives NaN, never plausible
+// numbers; the wrapper replaces the placeholder with the parameter's shard (set_, as it does for
+// every sharded parameter). Every rank checks at the wrap that all ranks built the same values:
+// the checksum of each whole value (sum and sum of squares in float64) is computed when the piece
+// is dropped and compared as the broadcast's checksum is (intake/module_intake.hpp).
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <functional>
+#include <optional>
+
+#include "ddp/comm/process_group.hpp"
+#include "ddp/shard/data_parallel_style.hpp"
+
+namespace torch::nn {
+class Module;
+}
+
+namespace ddp::shard {
+
+struct DeferredInitOptions {
+  // The style the model will be wrapped with: which parameters keep only this rank's rows
+  // ([Note: styles] in shard_plan.hpp). Default fully_shard: the style that needs this most.
+  DataParallelStyle style = DataParallelStyle::kFullyShard;
+  // Where the kept rows, the replicated parameters and the buffers go: the training device, so
+  // that the host holds no more than one piece. Default the CPU (Gloo).
+  at::Device device = at::kCPU;
+};
+
+// What deferred initialisation kept of one parameter: this rank's rows of dim 0 (torch.chunk's
+// split over `world`: comm/flat_shards.hpp) on the device, and the checksum of the whole value
+// (float64 [sum, sum of squares], NaNs as 0).
+struct KeptRows {
+  at::Tensor rows;
+  at::Tensor checksum;
+  int world = 1;
+  int rank = 0;
+};
+
+// Active on the constructing thread from construction to destruction (one at a time): while it
+// is, shard_now and fill_full drop and keep. The kept rows outlive it (the wrapper takes them).
+class DeferredInit {
+ public:
+  DeferredInit(const comm::ProcessGroup& group, DeferredInitOptions options = {});
+  DeferredInit(int world, int rank, DeferredInitOptions options = {});
+  ~DeferredInit();
+  DeferredInit(const DeferredInit&) = delete;
+  DeferredInit& operator=(const DeferredInit&) = delete;
+
+  int world() const { return world_; }
+  int rank() const { return rank_; }
+  const DeferredInitOptions& options() const { return options_; }
+  // Whether the style keeps only this rank's rows of `param` (else it keeps the whole).
+  bool keeps_rows(const at::Tensor& param) const;
+
+ private:
+  int world_ = 1;
+  int rank_ = 0;
+  DeferredInitOptions options_;
+};
+
+// The DeferredInit active on this thread, or null.
+DeferredInit* active_deferred_init();
+
+// Called after a piece of a model is built (a block, an embedding, and the root at the end of the
+// constructor): under an active DeferredInit, every parameter under `module` (itself included)
+// that is still whole keeps this rank's rows (a placeholder left in its place) or moves whole to
+// the device, and every buffer moves to the device. No-op without one: single-process code runs
+// unchanged.
+void shard_now(torch::nn::Module& module);
+
+// Writes `param`'s whole value with `fill` (an in-place initialiser such as normal_): directly
+// when the parameter is whole on the CPU; otherwise on a whole CPU temporary (the draws a single
+// process makes), then kept as shard_now keeps it. Under NoGradGuard.
+void fill_full(at::Tensor& param, const std::function<void(at::Tensor&)>& fill);
+
+// Whether `param` is a placeholder whose rows deferred initialisation kept.
+bool is_deferred(const at::Tensor& param);
+// The kept rows of `param` (looked up, not taken): nullopt when it is not deferred.
+std::optional<KeptRows> kept_rows(const at::Tensor& param);
+// Takes them (the wrapper, once it holds them in its shard): nullopt when it is not deferred.
+std::optional<KeptRows> take_kept_rows(const at::Tensor& param);
+
+}  // namespace ddp::shard

@@ -1,0 +1,180 @@
+#include "ddp/shard/deferred_init.hpp"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <c10/util/intrusive_ptr.h>
+#include <torch/csrc/autograd/grad_mode.h>
+#include <torch/nn/module.h>
+
+#include <limits>
+#include <mutex>
+#include <unordered_map>
+
+#include "ddp/comm/flat_shards.hpp"
+#include "ddp/shard/shard_plan.hpp"
+
+namespace ddp::shard {
+namespace {
+
+thread_local DeferredInit* active = nullptr;
+
+// The kept rows of every placeholder in the process, by parameter. An entry whose parameter died
+// (a weight replaced by a tied one) is dropped at the next insertion: the entry must not keep the
+// rows of a parameter nobody can wrap.
+class KeptStore {
+ public:
+  void put(const at::Tensor& param, KeptRows rows) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    prune_locked();
+    entries_.erase(param.unsafeGetTensorImpl());
+    entries_.emplace(
+        param.unsafeGetTensorImpl(),
+        Entry{c10::weak_intrusive_ptr<c10::TensorImpl>(param.getIntrusivePtr()), std::move(rows)});
+  }
+  void prune() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    prune_locked();
+  }
+  std::optional<KeptRows> find(const at::Tensor& param, bool take) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = entries_.find(param.unsafeGetTensorImpl());
+    if (it == entries_.end() || it->second.owner.expired()) return std::nullopt;
+    KeptRows out = it->second.rows;
+    if (take) entries_.erase(it);
+    return out;
+  }
+
+ private:
+  void prune_locked() {
+    for (auto it = entries_.begin(); it != entries_.end();) {
+      it = it->second.owner.expired() ? entries_.erase(it) : std::next(it);
+    }
+  }
+  struct Entry {
+    c10::weak_intrusive_ptr<c10::TensorImpl> owner;
+    KeptRows rows;
+  };
+  std::mutex mutex_;
+  std::unordered_map<const c10::TensorImpl*, Entry> entries_;
+};
+
+KeptStore& store() {
+  static KeptStore* instance = new KeptStore();  // never destroyed: used by static teardown
+  return *instance;
+}
+
+// float64 [sum, sum of squares] of `whole` (NaNs as 0), a few million elements at a time: a
+// float64 copy of a whole embedding would double the host peak this path bounds.
+at::Tensor checksum(const at::Tensor& whole) {
+  constexpr int64_t kSlice = int64_t{1} << 22;
+  const at::Tensor flat = whole.detach().reshape({-1});
+  at::Tensor sums = at::zeros({2}, flat.options().dtype(at::kDouble));
+  for (int64_t start = 0; start < flat.numel(); start += kSlice) {
+    const at::Tensor values = at::nan_to_num(
+        flat.narrow(0, start, std::min(kSlice, flat.numel() - start)).to(at::kDouble));
+    sums += at::stack({values.sum(), values.square().sum()});
+  }
+  return sums;
+}
+
+// One NaN of `param`'s dtype on `device`, expanded to its shape: [Note: placeholders].
+at::Tensor placeholder(const at::Tensor& param, at::Device device) {
+  return at::full({1}, std::numeric_limits<double>::quiet_NaN(), param.options().device(device))
+      .expand(param.sizes());
+}
+
+// Keeps this rank's rows of `whole` (the value of `param`, anywhere) and leaves a placeholder.
+void keep_rows(const DeferredInit& init, at::Tensor& param, const at::Tensor& whole) {
+  const int64_t rows = whole.size(0);
+  const comm::FlatShards split{rows, init.world()};
+  const int64_t mine = split.length(init.rank());
+  // A copy of its own: a view would keep the whole value's storage alive.
+  const at::Tensor view = whole.narrow(0, split.offset(init.rank()), mine);
+  at::Tensor kept =
+      at::empty(view.sizes(), view.options().device(init.options().device)).copy_(view);
+  const bool placed = is_deferred(param) && param.device() == init.options().device;
+  store().put(param, KeptRows{kept, checksum(whole), init.world(), init.rank()});
+  if (!placed) param.set_data(placeholder(param, init.options().device));
+}
+
+// shard_now's work on one parameter that may already be dropped.
+void keep(const DeferredInit& init, at::Tensor& param) {
+  if (is_deferred(param)) return;
+  if (init.keeps_rows(param)) {
+    keep_rows(init, param, param.detach());
+    return;
+  }
+  if (param.device() != init.options().device) {
+    param.set_data(param.detach().to(init.options().device));
+  }
+}
+
+}  // namespace
+
+DeferredInit::DeferredInit(const comm::ProcessGroup& group, DeferredInitOptions options)
+    : DeferredInit(group.world_size(), group.rank(), options) {}
+
+DeferredInit::DeferredInit(int world, int rank, DeferredInitOptions options)
+    : world_(world), rank_(rank), options_(options) {
+  TORCH_CHECK(world >= 1 && rank >= 0 && rank < world, "ddp: DeferredInit: rank ", rank,
+              " of world ", world);
+  TORCH_CHECK(active == nullptr,
+              "ddp: DeferredInit: another deferred initialisation is active on this thread; "
+              "build one model at a time");
+  active = this;
+}
+
+DeferredInit::~DeferredInit() { active = nullptr; }
+
+bool DeferredInit::keeps_rows(const at::Tensor& param) const {
+  ParamShape shape("", param.sizes().vec(), param.scalar_type());
+  shape.trainable = param.requires_grad();
+  return style_shards(shape, world_, options_.style);
+}
+
+DeferredInit* active_deferred_init() { return active; }
+
+void shard_now(torch::nn::Module& module) {
+  const DeferredInit* init = active;
+  if (init == nullptr) return;
+  at::NoGradGuard no_grad;
+  for (auto& param : module.parameters(/*recurse=*/true)) keep(*init, param);
+  for (auto& buffer : module.buffers(/*recurse=*/true)) {
+    if (buffer.device() != init->options().device) {
+      buffer.set_data(buffer.to(init->options().device));
+    }
+  }
+  store().prune();  // the rows of a weight replaced by a tied one
+}
+
+void fill_full(at::Tensor& param, const std::function<void(at::Tensor&)>& fill) {
+  at::NoGradGuard no_grad;
+  const DeferredInit* init = active;
+  const bool deferred = is_deferred(param);
+  if (!deferred && param.device().is_cpu()) {
+    fill(param);
+    return;
+  }
+  TORCH_CHECK(init != nullptr || !deferred, "ddp: fill_full: the parameter of shape ",
+              param.sizes(),
+              " holds only this rank's rows of a deferred initialisation that has ended; "
+              "initialise it while the DeferredInit is alive");
+  // The draws a single process makes come from the CPU generator, whatever the device.
+  at::Tensor whole = at::empty(param.sizes(), param.options().device(at::kCPU));
+  fill(whole);
+  if (deferred || (init != nullptr && init->keeps_rows(param))) {
+    keep_rows(*init, param, whole);
+    return;
+  }
+  param.copy_(whole);
+}
+
+bool is_deferred(const at::Tensor& param) { return store().find(param, false).has_value(); }
+
+std::optional<KeptRows> kept_rows(const at::Tensor& param) { return store().find(param, false); }
+
+std::optional<KeptRows> take_kept_rows(const at::Tensor& param) {
+  return store().find(param, true);
+}
+
+}  // namespace ddp::shard

@@ -1,0 +1,288 @@
+// Deferred, sharded initialisation (shard/deferred_init.hpp). In one process: the rows a rank keeps
+// are the rows of a single process's construction with the same seed (the zoo's Llama, whose
+// normal re-initialisation runs after its blocks were dropped), a dropped parameter is a NaN
+// placeholder, buffers are kept whole. At worlds 1, 2 and 3 on Gloo, for DDP, FULLY_SHARD and
+// DEFAULT: the wrapped model's whole parameters and buffers equal the single-process model bit for
+// bit, no rank held any sharded parameter whole after its piece was built, and one SGD step on the
+// global batch equals the single-process step (rel. err < 1e-5). Bad input: ranks seeded apart,
+// a model built for FULLY_SHARD wrapped with DDP or with DEFAULT, each refused naming the
+// parameter.
+
+#include "ddp/shard/deferred_init.hpp"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "ddp/comm/flat_shards.hpp"
+#include "ddp/intake/module_intake.hpp"
+#include "ddp/models/registry.hpp"
+#include "ddp/parallel/data_parallel.hpp"
+#include "support/error_text.hpp"
+#include "support/param_names.hpp"
+#include "support/workers.hpp"
+
+namespace ddp::testing {
+namespace {
+
+// A user's own model, not the zoo's: built piece by piece with shard_now after each, a BatchNorm's
+// buffers among them; dim 0 of 6, 6, 3, 3, 2, 2 (DEFAULT replicates some at worlds 2 and 3).
+struct PiecewiseImpl : torch::nn::Module {
+  PiecewiseImpl() {
+    fc1 = register_module("fc1", torch::nn::Linear(5, 6));
+    shard::shard_now(*fc1);
+    norm = register_module("norm", torch::nn::BatchNorm1d(6));
+    shard::shard_now(*norm);
+    fc2 = register_module("fc2", torch::nn::Linear(6, 3));
+    shard::shard_now(*fc2);
+    fc3 = register_module("fc3", torch::nn::Linear(3, 2));
+    shard::shard_now(*this);
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return fc3(torch::relu(fc2(torch::relu(norm(fc1(x))))));
+  }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
+  torch::nn::BatchNorm1d norm{nullptr};
+};
+TORCH_MODULE(Piecewise);
+
+// The workload `name` ("piecewise": the model above) built with `seed`.
+models::Workload build(const std::string& name, uint64_t seed) {
+  if (name != "piecewise") {
+    models::WorkloadOptions options;
+    options.seed = seed;
+    return models::make_workload(name, options);
+  }
+  torch::manual_seed(static_cast<int64_t>(seed));
+  models::Workload w;
+  Piecewise net;
+  w.name = name;
+  w.module = torch::nn::AnyModule(net);
+  w.ptr = net.ptr();
+  w.wrap_units = {"fc1", "fc2"};
+  w.lr = 0.1;
+  w.batch = [](int64_t offset, int64_t n) {  // sample i from seed 99 + i alone
+    std::vector<torch::Tensor> xs, ys;
+    for (int64_t i = offset; i < offset + n; ++i) {
+      torch::Generator gen = at::detail::createCPUGenerator(static_cast<uint64_t>(99 + i));
+      xs.push_back(torch::randn({1, 5}, gen));
+      ys.push_back(torch::randn({1, 2}, gen));
+    }
+    return std::make_pair(torch::cat(xs), torch::cat(ys));
+  };
+  w.loss = [](const torch::Tensor& out, const torch::Tensor& y) { return torch::mse_loss(out, y); };
+  return w;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> named_values(const torch::nn::Module& m) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& item : m.named_parameters()) out.emplace_back(item.key(), item.value());
+  for (const auto& item : m.named_buffers()) out.emplace_back(item.key(), item.value());
+  return out;
+}
+
+TEST(DeferredInit, ARankKeepsTheRowsOfTheSingleProcessModelAndPlaceholdersElsewhere) {
+  // llama-tiny: N(0, 0.02) over the whole model after every block was already dropped
+  // (fill_full), tied embedding, RoPE buffers.
+  const models::Workload oracle = build("llama-tiny", 5);
+  for (int rank : {0, 2}) {
+    models::Workload w;
+    {
+      shard::DeferredInit deferred(3, rank, {shard::DataParallelStyle::kFullyShard, at::kCPU});
+      w = build("llama-tiny", 5);
+    }
+    const auto whole = named_values(*oracle.ptr);
+    const auto mine = named_values(*w.ptr);
+    ASSERT_EQ(whole.size(), mine.size());
+    for (size_t i = 0; i < whole.size(); ++i) {
+      const auto& [name, value] = mine[i];
+      ASSERT_EQ(name, whole[i].first);
+      ASSERT_EQ(value.sizes(), whole[i].second.sizes()) << name;
+      const std::optional<shard::KeptRows> kept = shard::kept_rows(value);
+      if (!kept) {  // a buffer: kept whole
+        EXPECT_TRUE(torch::equal(value, whole[i].second)) << name;
+        continue;
+      }
+      EXPECT_EQ(static_cast<int64_t>(value.storage().nbytes()), value.element_size())
+          << name << ": one element";
+      EXPECT_TRUE(value.isnan().all().item<bool>()) << name << ": a NaN placeholder";
+      const comm::FlatShards split{value.size(0), 3};
+      EXPECT_TRUE(torch::equal(kept->rows,
+                               whole[i].second.narrow(0, split.offset(rank), split.length(rank))))
+          << name << " rank " << rank;
+      const torch::Tensor values = whole[i].second.to(torch::kDouble);
+      EXPECT_TRUE(torch::allclose(kept->checksum,
+                                  torch::stack({values.sum(), values.square().sum()}), 1e-12))
+          << name;
+    }
+  }
+}
+
+TEST(DeferredInit, AForwardBeforeTheWrapGivesNaNNotPlausibleNumbers) {
+  models::Workload w;
+  {
+    shard::DeferredInit deferred(2, 1, {shard::DataParallelStyle::kFullyShard, at::kCPU});
+    w = build("piecewise", 3);
+  }
+  torch::NoGradGuard no_grad;
+  w.ptr->eval();
+  EXPECT_TRUE(w.module.forward(torch::randn({4, 5})).isnan().all().item<bool>());
+}
+
+TEST(DeferredInit, WithoutOneShardNowAndFillFullChangeNothing) {
+  const models::Workload a = build("llama-tiny", 8);
+  const models::Workload b = build("llama-tiny", 8);
+  const auto x = named_values(*a.ptr), y = named_values(*b.ptr);
+  for (size_t i = 0; i < x.size(); ++i) {
+    EXPECT_FALSE(shard::is_deferred(x[i].second)) << x[i].first;
+    EXPECT_TRUE(torch::equal(x[i].second, y[i].second)) << x[i].first;
+  }
+}
+
+DDP_TEST_WORKER(deferred_init_matches_one_process) {
+  auto pg = worker_process_group(std::chrono::seconds(60));
+  const int w = pg->world_size(), r = pg->rank();
+  const auto style = shard::parse_style(worker_env("DDP_TEST_STYLE"));
+  const std::string model = worker_env("DDP_TEST_MODEL");
+  const uint64_t seed = 11;
+  models::Workload oracle = build(model, seed);
+  models::Workload mine;
+  {
+    shard::DeferredInit deferred(*pg, {style, at::kCPU});
+    mine = build(model, seed);
+    // No sharded parameter is whole on this rank once its piece is built.
+    for (const auto& p : intake::take_in(*mine.ptr).params) {
+      if (!deferred.keeps_rows(p)) continue;
+      require(
+          shard::is_deferred(p) && static_cast<int64_t>(p.storage().nbytes()) == p.element_size(),
+          "a parameter of shape " + std::to_string(p.numel()) + " elements is whole");
+    }
+  }
+  parallel::DataParallelOptions options;
+  options.shard.units = mine.wrap_units;
+  parallel::DataParallel<torch::nn::AnyModule> dp(mine.module, pg, style, options);
+  const auto wrapped_values = [&] {
+    std::vector<std::pair<std::string, torch::Tensor>> out;
+    if (dp.sharded() != nullptr) {
+      out = dp.sharded()->full_parameters();
+    } else {
+      for (const auto& item : mine.ptr->named_parameters())
+        out.emplace_back(item.key(), item.value());
+    }
+    for (const auto& item : mine.ptr->named_buffers()) out.emplace_back(item.key(), item.value());
+    return out;
+  };
+  const auto oracle_values = [&] {
+    std::map<std::string, torch::Tensor> out;
+    for (const auto& [name, value] : named_values(*oracle.ptr)) out[name] = value;
+    return out;
+  };
+  std::map<std::string, torch::Tensor> expected = oracle_values();
+  for (const auto& [name, value] : wrapped_values()) {
+    require(expected.count(name) == 1, "no oracle value for " + name);
+    require(torch::equal(value, expected[name]), name + " differs from one process's value");
+  }
+  // One SGD step: this rank's part of the global batch against the oracle's whole batch. In eval
+  // mode: a BatchNorm normalizes by its running statistics, not by each rank's batch (issue 61).
+  mine.ptr->eval();
+  oracle.ptr->eval();
+  const int64_t per_rank = 2;
+  torch::optim::SGD opt(dp.module_ptr()->parameters(), torch::optim::SGDOptions(mine.lr));
+  torch::optim::SGD oracle_opt(oracle.ptr->parameters(), torch::optim::SGDOptions(oracle.lr));
+  const auto [x, y] = mine.batch(r * per_rank, per_rank);
+  mine.loss(dp.forward(x), y).backward();
+  opt.step();
+  const auto [gx, gy] = oracle.batch(0, w * per_rank);
+  oracle.loss(oracle.module.forward(gx), gy).backward();
+  oracle_opt.step();
+  expected = oracle_values();
+  for (const auto& [name, value] : wrapped_values()) {
+    if (!value.is_floating_point()) {  // BatchNorm's num_batches_tracked
+      require(torch::equal(value, expected[name]), name + " after one step differs");
+      continue;
+    }
+    const double err = (value - expected[name]).norm().item<double>() /
+                       std::max(expected[name].norm().item<double>(), 1e-30);
+    require(err < 1e-5, name + " after one step: rel. error " + std::to_string(err));
+  }
+}
+
+struct Case {
+  std::string style, model;
+  int world;
+};
+
+class DeferredInitWorlds : public ::testing::TestWithParam<Case> {};
+
+TEST_P(DeferredInitWorlds, TheWrappedModelIsTheSingleProcessModelBitForBitAndTrainsAsIt) {
+  const Case& c = GetParam();
+  const auto result = run_workers("deferred_init_matches_one_process", c.world,
+                                  {{"DDP_TEST_STYLE", c.style}, {"DDP_TEST_MODEL", c.model}});
+  EXPECT_TRUE(result.ok()) << result.describe();
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  for (const char* style : {"replicate", "fully_shard", "default"}) {
+    for (const char* model : {"llama-tiny", "gpt", "piecewise"}) {
+      for (int world : {1, 2, 3}) out.push_back({style, model, world});
+    }
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(StylesModels, DeferredInitWorlds, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           std::string name = info.param.style + "_" + info.param.model + "_" +
+                                              std::to_string(info.param.world);
+                           for (char& ch : name) ch = std::isalnum(ch) ? ch : '_';
+                           return name;
+                         });
+
+DDP_TEST_WORKER(deferred_init_refused) {
+  auto pg = worker_process_group(std::chrono::seconds(60));
+  const std::string what = worker_env("DDP_TEST_WHAT");
+  models::Workload mine;
+  {
+    shard::DeferredInit deferred(*pg, {shard::DataParallelStyle::kFullyShard, at::kCPU});
+    mine = build("piecewise", what == "seeds" ? 20 + pg->rank() : 20);
+  }
+  const std::string got = error_of([&] {
+    parallel::DataParallel<torch::nn::AnyModule> dp(
+        mine.module, pg, shard::parse_style(worker_env("DDP_TEST_STYLE")));
+  });
+  require(got == worker_env("DDP_TEST_EXPECTED"), "refused with '" + got + "'");
+}
+
+void expect_refused(const std::string& what, const std::string& style,
+                    const std::string& expected) {
+  const auto result = run_workers(
+      "deferred_init_refused", 2,
+      {{"DDP_TEST_WHAT", what}, {"DDP_TEST_STYLE", style}, {"DDP_TEST_EXPECTED", expected}});
+  EXPECT_TRUE(result.ok()) << result.describe();
+}
+
+TEST(DeferredInitRefuses, RanksSeededApartByNameAtTheWrap) {
+  expect_refused("seeds", "fully_shard",
+                 "ddp: ShardedModule: parameter 'fc1.weight' was initialised with other values "
+                 "on 1 rank(s) than on rank 0 (deferred initialisation keeps each rank's rows, "
+                 "so no broadcast can repair it): seed every rank alike before building the "
+                 "model");
+}
+
+TEST(DeferredInitRefuses, AModelBuiltForFullyShardWrappedWithDdp) {
+  expect_refused("style", "replicate",
+                 "ddp: DistributedDataParallel: parameter 'fc1.weight' holds no values: deferred "
+                 "initialisation kept only this rank's rows of it, for another style than this "
+                 "wrapper's; wrap the model with the style it was built for");
+}
+
+TEST(DeferredInitRefuses, AModelBuiltForFullyShardWrappedWithDefault) {
+  // At world 2, DEFAULT replicates fc2 (dim 0 of 3) that FULLY_SHARD split.
+  expect_refused("style", "default",
+                 "ddp: parameter 'fc2.weight' was built under deferred initialisation keeping "
+                 "only this rank's rows, but style default replicates it (dim 0 of 3 over 2 "
+                 "ranks); build it under the style it is wrapped with");
+}
+
+}  // namespace
+}  // namespace ddp::testing
