@@ -56,6 +56,9 @@ struct Args : ddp::tools::TrainingFlags {
   int repeat = 10;
   int warmup = 3;
   bool json = false;
+  // --init-only: build, shard and wrap the model, report the initialisation, take no step (a
+  // large model's initialisation measured where its steps would not fit).
+  bool init_only = false;
   bool profile = false;
   std::string trace_file = "profile.json";
   // --kernel-trace FILE: kKernelTraceSteps more steps after the timed ones, untimed, traced by
@@ -401,6 +404,40 @@ void print_result(const Args& args, ddp::tools::TrainingRun& run, const Memory& 
   std::fflush(stdout);
 }
 
+// --init-only's line: every rank's init_s and init_peak_bytes, and the bound issue 60 sets for a
+// sharded model: this rank's parameters (its shards) plus the largest unit whole, plus 25%.
+void print_init_only(const Args& args, ddp::tools::TrainingRun& run,
+                     const ddp::tools::InitReport& init) {
+  int64_t param_bytes = 0;
+  for (const auto& p : run.params()) param_bytes += p.numel() * p.element_size();
+  int64_t largest_unit = 0;
+  if (const auto* sharded = run.model() ? run.model()->sharded() : nullptr) {
+    const ddp::shard::ShardPlan& plan = sharded->plan();
+    for (const auto& unit : plan.units) {
+      int64_t bytes = 0;
+      for (size_t i : unit.params) {
+        int64_t numel = 1;
+        for (int64_t d : plan.shapes[i].shape) numel *= d;
+        bytes += numel * static_cast<int64_t>(c10::elementSize(plan.shapes[i].dtype));
+      }
+      largest_unit = std::max(largest_unit, bytes);
+    }
+  }
+  if (!run.lead()) return;
+  nlohmann::ordered_json result;
+  result["model"] = args.model;
+  result["world"] = run.world_size();
+  result["device"] = args.device;
+  result["side"] = "ours";
+  result["init_s"] = init.seconds;
+  result["init_peak_bytes"] = init.peak_bytes;
+  result["param_bytes"] = param_bytes;
+  result["largest_unit_bytes"] = largest_unit;
+  result["init_bound_bytes"] =
+      static_cast<int64_t>(1.25 * static_cast<double>(param_bytes + largest_unit));
+  std::cout << result.dump() << std::endl;
+}
+
 // The first line with --verbose: the model, the world, the attention, --tp's plan.
 void announce(const Args& args, ddp::tools::TrainingRun& run) {
   int64_t numel = 0;
@@ -440,6 +477,10 @@ int run_worker(const Args& args) {
   // --optimizer-overlap, each parameter's inside backward): tools/common/training_run.hpp.
   ddp::tools::TrainingRun run(args, options);
   const ddp::tools::InitReport init = ddp::tools::gather_init_report(run.world(), start);
+  if (args.init_only) {
+    print_init_only(args, run, init);
+    return 0;
+  }
   run.start_clip(/*first_step=*/0);
   const std::vector<Batch> batches = load_batches(args, run);
   if (run.lead() && args.ddp.verbose) announce(args, run);
@@ -504,6 +545,10 @@ int main(int argc, char** argv) {
   app.add_flag("--autocast-bf16", args.autocast_bf16,
                "forward and loss under bf16 autocast (parameters and gradients stay fp32)");
   app.add_flag("--json", args.json, "one JSON object per result");
+  app.add_flag("--init-only", args.init_only,
+               "build, shard and wrap the model, print the initialisation's time and resident "
+               "peak per rank beside the bound (this rank's parameter bytes plus the largest "
+               "unit's, plus 25%), take no step");
   app.add_flag("--profile", args.profile, "write a Chrome trace");
   app.add_option("--kernel-trace", args.kernel_trace,
                  "after the timed steps, trace 3 more with torch's Kineto profiler (every kernel "
