@@ -109,7 +109,10 @@ TEST(DeferredInit, ARankKeepsTheRowsOfTheSingleProcessModelAndPlaceholdersElsewh
       EXPECT_TRUE(torch::equal(kept->rows,
                                whole[i].second.narrow(0, split.offset(rank), split.length(rank))))
           << name << " rank " << rank;
-      const torch::Tensor values = whole[i].second.to(torch::kDouble);
+      const torch::Tensor flat = whole[i].second.reshape({-1});
+      const torch::Tensor values =
+          flat.slice(0, 0, flat.numel(), std::max<int64_t>(1, flat.numel() / 65536))
+              .to(torch::kDouble);
       EXPECT_TRUE(torch::allclose(kept->checksum,
                                   torch::stack({values.sum(), values.square().sum()}), 1e-12))
           << name;

@@ -26,8 +26,8 @@
 // memory). A forward through the model before it is wrapped therefore gives NaN, never plausible
 // numbers; the wrapper replaces the placeholder with the parameter's shard (set_, as it does for
 // every sharded parameter). Every rank checks at the wrap that all ranks built the same values:
-// the checksum of each whole value (sum and sum of squares in float64) is computed when the piece
-// is dropped and compared as the broadcast's checksum is (intake/module_intake.hpp).
+// the checksum of each whole value (sum and sum of squares in float64 of a sample spread over it:
+// a rank seeded apart differs in every value) is computed when the piece is dropped and compared as the broadcast's checksum is (intake/module_intake.hpp).
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
@@ -55,7 +55,7 @@ struct DeferredInitOptions {
 
 // What deferred initialisation kept of one parameter: this rank's rows of dim 0 (torch.chunk's
 // split over `world`: comm/flat_shards.hpp) on the device, and the checksum of the whole value
-// (float64 [sum, sum of squares], NaNs as 0).
+// (float64 [sum, sum of squares], NaNs as 0, of at most 65536 values spread evenly over it).
 struct KeptRows {
   at::Tensor rows;
   at::Tensor checksum;
