@@ -7,7 +7,7 @@
 #   bash scripts/gpu-check.sh                 # build, tests, levers, table
 #   bash scripts/gpu-check.sh build tests     # only those stages
 #
-# Stages: build, tests, llama (issue 60: the Llama rows, ours against FSDP2 per block), ac59 (issue 59: the FULLY_SHARD x activation checkpointing rows, and gpt2-medium per block with checkpointing against FSDP2), forensics (issue 49: a rank SIGSTOPped in eager and in captured training on NCCL, the dumps read by ddp-forensics), graphs (issue 25: captured steps, ours and PyTorch's recipe), recipe (issue 26:
+# Stages: build, tests, llama (issue 60: the Llama rows, ours against FSDP2 per block), fit (issue 60: the memory plan refuses DDP of llama-8b), ac59 (issue 59: the FULLY_SHARD x activation checkpointing rows, and gpt2-medium per block with checkpointing against FSDP2), forensics (issue 49: a rank SIGSTOPped in eager and in captured training on NCCL, the dumps read by ddp-forensics), graphs (issue 25: captured steps, ours and PyTorch's recipe), recipe (issue 26:
 # the GPT recipe, ours and PyTorch's in one bench/compare run, and ddp-train --data with MFU), text (ddp-train --data on the GPU), tpref (PyTorch's --tp reference checked on CPU Gloo), onegpu (ours vs PyTorch with one GPU: bare, DDP and FULLY_SHARD at world 1), sharded (FULLY_SHARD vs FSDP2), fsdpbest (issue 36: FULLY_SHARD vs FSDP2 under its reshard, prefetch and bf16 knobs), capture35 (issue 35: the GPT recipe as one captured step, ours and PyTorch's; GPT2=1 adds gpt2-small bare vs recipe, TRAIN=1 ddp-train --data eager vs captured, 3 epochs, a resume), attribution (issue 13: noop hook, --no-overlap), tp (issue 15: --tp 2), final (the documented table), overlap, levers (ours only: each tuning lever against our default), table (bench/compare,
 # ours vs PyTorch in the same run, with the 1-GPU baselines), parity (C++ vs PyTorch parameters).
 set -uo pipefail
@@ -428,6 +428,14 @@ if has llama; then
       done
     done
   done
+fi
+
+if has fit; then
+  # Issue 60 item 3: llama-8b under DDP on 80 GB GPUs is refused before the wrap by the memory
+  # plan, naming the numbers and the style that fits; under fully_shard the plan is printed.
+  timeout 400 $BENCH --model llama-8b --nproc $NP --device cuda --ddp --optimizer adamw \
+    --batch-size 1 --seq-len 1024 --repeat 1 --warmup 0 >"$OUT/fit-ddp.log" 2>&1
+  note "fit llama-8b ddp rc=$? (a refusal expected): $(grep -m1 'needs an estimated' "$OUT/fit-ddp.log")"
 fi
 
 if has sharded; then

@@ -49,6 +49,7 @@
 #include "ddp/parallel/ddp_options.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
 #include "ddp/parallel/grad_clip.hpp"
+#include "ddp/parallel/memory_estimate.hpp"
 #include "ddp/shard/deferred_init.hpp"
 #include "ddp/shard/sharded_module.hpp"
 #include "ddp/tp/parallelize.hpp"

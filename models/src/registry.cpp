@@ -41,6 +41,18 @@ void build_mlp(Workload& w, const MLPOptions& options, uint64_t seed) {
   add_regression_task(w, options.in, options.out, seed);
 }
 
+// Workload::activation_bytes of a decoder of `layers` blocks of width `d` over `vocab` tokens.
+std::function<int64_t(int64_t, int64_t, bool, int64_t)> decoder_activations(int64_t layers,
+                                                                            int64_t d,
+                                                                            int64_t vocab) {
+  return [layers, d, vocab](int64_t batch, int64_t seq, bool checkpointing, int64_t element) {
+    const int64_t tokens = batch * seq;
+    const int64_t layer = 17 * element * tokens * d;  // 34 s b h at 2 bytes
+    const int64_t blocks = checkpointing ? layers * tokens * d * element + layer : layers * layer;
+    return blocks + tokens * vocab * (element + 4);
+  };
+}
+
 // The GPT rows' shapes, with the options every GPT takes (tie_weights, seed).
 void build_gpt(Workload& w, GPTConfig config, const WorkloadOptions& options) {
   config.tie_weights = options.tie_weights;
@@ -59,6 +71,7 @@ void build_gpt(Workload& w, GPTConfig config, const WorkloadOptions& options) {
   params -= config.seq_len * config.d_model;
   w.flops_per_token = 6.0 * static_cast<double>(params) +
                       12.0 * static_cast<double>(config.n_layers * config.d_model * config.seq_len);
+  w.activation_bytes = decoder_activations(config.n_layers, config.d_model, config.vocab_size);
   add_counting_task(w, config.vocab_size, config.seq_len, options.seed);
 }
 
@@ -78,6 +91,7 @@ void build_llama(Workload& w, LlamaConfig config, const WorkloadOptions& options
   }
   w.tp_plan = llama_tensor_parallel_plan(config);
   w.flops_per_token = llama_flops_per_token(config);
+  w.activation_bytes = decoder_activations(config.n_layers, config.d_model, config.vocab_size);
   add_counting_task(w, config.vocab_size, config.seq_len, options.seed);
 }
 

@@ -42,6 +42,16 @@ void reset_device_peak(const c10::Device& device) {
   if (device.is_cpu()) reset_cpu_peak();
 }
 
+int64_t device_capacity_bytes(const c10::Device& device) {
+#if DDP_HAVE_NCCL
+  if (device.is_cuda()) {
+    return static_cast<int64_t>(at::cuda::getDeviceProperties(device.index())->totalGlobalMem);
+  }
+#endif
+  (void)device;
+  return -1;
+}
+
 std::string device_name(const c10::Device& device) {
 #if DDP_HAVE_NCCL
   if (device.is_cuda()) return at::cuda::getDeviceProperties(device.index())->name;

@@ -252,6 +252,29 @@ TEST(DdpBench, JsonReportsEachRanksInitialisation) {
   }
 }
 
+// --json gives the memory plan made before the first step (parallel/memory_estimate.hpp): under
+// fully_shard at world 2 its parameter and gradient bytes are the ones the run then holds, and
+// replicate's are twice them (mlp's 64 rows divide evenly).
+TEST(DdpBench, JsonGivesTheMemoryPlanMadeBeforeTheFirstStep) {
+  const auto [out, code] = run_command(
+      kBench + " --model mlp --nproc 2 --batch-size 4 --repeat 1 --warmup 0 --json --fsdp");
+  ASSERT_EQ(code, 0) << out;
+  const auto value_after = [&out = out](const std::string& from, const std::string& key) {
+    const size_t at = out.find(from);
+    EXPECT_NE(at, std::string::npos) << out;
+    const size_t k = out.find("\"" + key + "\":", at);
+    EXPECT_NE(k, std::string::npos) << out;
+    return std::stoll(out.substr(k + key.size() + 3));
+  };
+  const long long held = value_after("\"memory\":", "param_bytes");
+  EXPECT_GT(held, 0);
+  EXPECT_EQ(value_after("\"fully_shard\":", "param_bytes"), held) << out;
+  EXPECT_EQ(value_after("\"fully_shard\":", "grad_bytes"),
+            value_after("\"memory\":", "grad_bytes"));
+  EXPECT_EQ(value_after("\"replicate\":", "param_bytes"), 2 * held) << out;
+  EXPECT_EQ(value_after("\"replicate\":", "gathered_bytes"), 0) << out;
+}
+
 // --json reports the bytes a rank holds: at world 2 the sharded parameters and gradients are half
 // of DDP's (mlp's 64 rows divide evenly), the gathered peak is counted by owner, and the step's
 // memory by phase.

@@ -4,6 +4,7 @@
 #include <c10/util/accumulate.h>
 #include <torch/optim/optimizer.h>
 
+#include <iostream>
 #include <unordered_set>
 
 #include "ddp/comm/env.hpp"
@@ -11,8 +12,10 @@
 #include "ddp/intake/module_intake.hpp"
 #include "ddp/io/safetensors.hpp"
 #include "ddp/obs/cpu_memory.hpp"
+#include "ddp/obs/device_memory.hpp"
 #include "ddp/optim/device_step.hpp"
 #include "ddp/parallel/grad_clip.hpp"
+#include "ddp/parallel/memory_estimate.hpp"
 #include "ddp/shard/deferred_init.hpp"
 
 namespace ddp::tools {
@@ -56,17 +59,19 @@ TrainingRun::TrainingRun(const TrainingFlags& flags, TrainingRunOptions options)
   }
   // On the CPU the device peak counts tensor storages, the model's included: from here on.
   if (options_.count_cpu_memory && !device_.is_cuda()) obs::count_cpu_memory();
-  // Deferred initialisation (shard/deferred_init.hpp): the zoo's large models drop what this rank
-  // will not hold after each block, so no rank builds the whole model (and DDP's pieces go to the
-  // device as they are built). Not with --tp (it splits whole parameters) or --init-params (it
-  // loads whole ones).
+  // Deferred initialisation (shard/deferred_init.hpp): under a sharded style the zoo's large
+  // models drop what this rank will not hold after each block, so no rank builds the whole model.
+  // Not with --tp (it splits whole parameters) or --init-params (it loads whole ones); not under
+  // DDP, whose whole model stays on the host until the memory plan below says it fits.
   const shard::DataParallelStyle style =
       shard::parse_style(flags.shard.style.empty() ? "replicate" : flags.shard.style);
   std::optional<shard::DeferredInit> deferred;
-  if (options_.wrap && world_ && flags.tp == 0 && options_.init_params.empty()) {
+  if (options_.wrap && world_ && flags.tp == 0 && options_.init_params.empty() &&
+      style != shard::DataParallelStyle::kReplicate) {
     deferred.emplace(*world_, shard::DeferredInitOptions{style, device_});
   }
   workload_ = models::make_workload(flags.model, flags.workload);
+  if (options_.wrap && world_ && flags.tp == 0) plan_memory(style);
   if (flags.shard.checkpoint) {
     TORCH_CHECK(workload_.set_checkpointing, "--fsdp-checkpoint: model ", flags.model,
                 " has no activation checkpointing");
@@ -125,6 +130,41 @@ TrainingRun::TrainingRun(const TrainingFlags& flags, TrainingRunOptions options)
     // step count on the device, fused kernels on CUDA.
     optimizer_ = make(params_);
   }
+}
+
+void TrainingRun::plan_memory(shard::DataParallelStyle style) {
+  parallel::MemoryInputs in;
+  const intake::ModuleIntake intake = intake::take_in(*workload_.ptr);
+  for (size_t i = 0; i < intake.params.size(); ++i) {
+    in.params.emplace_back(intake.names[i], intake.params[i].sizes().vec(),
+                           intake.params[i].scalar_type(), intake.aliases[i]);
+    in.params.back().trainable = intake.params[i].requires_grad();
+  }
+  if (flags_.shard.fsdp_wrap) in.units = workload_.wrap_units;
+  in.world = world_size();
+  in.param_dtype = flags_.shard.options.param_dtype;
+  in.reduce_dtype = flags_.shard.options.reduce_dtype;
+  in.prefetch = flags_.shard.options.prefetch;
+  const std::string& optimizer = flags_.recipe.optimizer;
+  in.optimizer_state_per_param_byte =
+      optimizer == "adam" || optimizer == "adamw" ? 2.0 : (options_.sgd_momentum != 0 ? 1.0 : 0.0);
+  if (workload_.activation_bytes) {
+    const int64_t seq = models::workload_seq_len(flags_.model, flags_.workload);
+    in.activation_bytes = workload_.activation_bytes(
+        flags_.batch_size, seq, flags_.shard.checkpoint, flags_.autocast_bf16 ? 2 : 4);
+  }
+  memory_estimates_ = parallel::estimate_memory(in);
+  if (lead() && flags_.ddp.verbose) {
+    for (const auto& e : memory_estimates_) {
+      std::cout << options_.tool << ": memory estimate a rank, " << parallel::format_estimate(e)
+                << std::endl;
+    }
+  }
+  const int64_t capacity = obs::device_capacity_bytes(device_);
+  if (capacity <= 0) return;
+  const std::string refusal =
+      parallel::memory_refusal(memory_estimates_, style, capacity, world_size());
+  TORCH_CHECK(refusal.empty(), options_.tool, ": ", refusal);
 }
 
 double TrainingRun::lr_at(int64_t index) const {

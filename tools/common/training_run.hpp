@@ -31,6 +31,7 @@
 #include "ddp/io/full_state_dict.hpp"
 #include "ddp/models/registry.hpp"
 #include "ddp/parallel/data_parallel.hpp"
+#include "ddp/parallel/memory_estimate.hpp"
 
 namespace torch::optim {
 class Optimizer;
@@ -87,6 +88,9 @@ class TrainingRun {
   // One GPU per worker, the launcher's LOCAL_RANK; or the CPU.
   const c10::Device& device() const { return device_; }
   models::Workload& workload() { return workload_; }
+  // The memory plan made before the wrap (parallel/memory_estimate.hpp): replicate, fully_shard,
+  // default; empty for the bare model or under --tp.
+  const std::vector<parallel::StyleEstimate>& memory_estimates() const { return memory_estimates_; }
   // --tp's mesh and split (none without --tp), the data-parallel group and this rank's samples.
   const TensorParallelSetup& split() const { return split_; }
   const comm::ProcessGroupPtr& dp_group() const { return split_.dp_group; }
@@ -130,12 +134,16 @@ class TrainingRun {
 
  private:
   comm::Sharding make_sharding() const;
+  // Estimates every style's bytes a rank from the built (or deferred) model's shapes, prints them
+  // with --verbose, and refuses `style` by name before the wrap when it cannot fit the device.
+  void plan_memory(shard::DataParallelStyle style);
 
   const TrainingFlags& flags_;
   TrainingRunOptions options_;
   comm::ProcessGroupPtr world_;
   c10::Device device_;
   models::Workload workload_;
+  std::vector<parallel::StyleEstimate> memory_estimates_;
   TensorParallelSetup split_;
   std::optional<DataParallel<torch::nn::AnyModule>> model_;
   std::vector<at::Tensor> params_;

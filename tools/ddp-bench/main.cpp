@@ -320,6 +320,19 @@ void time_eager(const Args& args, ddp::tools::TrainingRun& run, const std::vecto
   }
 }
 
+// The memory plan made before the wrap (parallel/memory_estimate.hpp), one object a style.
+nlohmann::ordered_json estimate_json(const ddp::tools::TrainingRun& run) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  for (const auto& e : run.memory_estimates()) {
+    out[ddp::shard::style_name(e.style)] = {{"param_bytes", e.params},
+                                            {"grad_bytes", e.grads},
+                                            {"optimizer_state_bytes", e.optimizer_state},
+                                            {"gathered_bytes", e.gathered},
+                                            {"activation_bytes", e.activations}};
+  }
+  return out;
+}
+
 // Rank 0's result: one line (or JSON object) as the reference prints it, and with --verbose the
 // stats and memory lines.
 void print_result(const Args& args, ddp::tools::TrainingRun& run, const Memory& memory,
@@ -361,6 +374,7 @@ void print_result(const Args& args, ddp::tools::TrainingRun& run, const Memory& 
           {"gather_output_bytes", memory.peak_by_owner.gather_output},
           {"reduce_input_bytes", memory.peak_by_owner.reduce_input}};
     }
+    if (!run.memory_estimates().empty()) result["memory_estimate"] = estimate_json(run);
     line = result.dump();
   } else {
     char text[512];
@@ -435,6 +449,7 @@ void print_init_only(const Args& args, ddp::tools::TrainingRun& run,
   result["largest_unit_bytes"] = largest_unit;
   result["init_bound_bytes"] =
       static_cast<int64_t>(1.25 * static_cast<double>(param_bytes + largest_unit));
+  if (!run.memory_estimates().empty()) result["memory_estimate"] = estimate_json(run);
   std::cout << result.dump() << std::endl;
 }
 

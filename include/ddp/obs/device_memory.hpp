@@ -16,6 +16,10 @@ int64_t device_peak_allocated_bytes(const c10::Device& device);
 int64_t device_allocated_bytes(const c10::Device& device);
 void reset_device_peak(const c10::Device& device);
 
+// The device's memory in bytes (CUDA: its total global memory), for the refusal of a style that
+// cannot fit (parallel/memory_estimate.hpp); -1 for the CPU or a build without CUDA.
+int64_t device_capacity_bytes(const c10::Device& device);
+
 // The device's marketing name ("NVIDIA H100 80GB HBM3"), for a table of peak FLOP/s; "" for the
 // CPU or a build without CUDA.
 std::string device_name(const c10::Device& device);

@@ -46,6 +46,14 @@ struct Workload {
   // 6 N (N: the parameters but the position embedding) + 12 n_layers d_model seq_len for the
   // attention's two matmuls per layer. 0 for a model without tokens (no MFU is shown).
   double flops_per_token = 0;
+  // The forward's saved activations for `batch` sequences of `seq` tokens with `element`-byte
+  // activations (2 under bf16 autocast, 4 in fp32), with or without activation checkpointing per
+  // block: Korthikanti et al.'s 34 s b h bytes a layer at 16 bits (fused attention), s b h
+  // elements a layer when checkpointed plus one layer recomputed, and the logits (s b V, in the
+  // element and in fp32 for the loss). An estimate for the memory plan
+  // (parallel/memory_estimate.hpp); empty for a model without tokens.
+  std::function<int64_t(int64_t batch, int64_t seq, bool checkpointing, int64_t element)>
+      activation_bytes;
 };
 
 struct WorkloadOptions {
