@@ -7,7 +7,7 @@
 #   bash scripts/gpu-check.sh                 # build, tests, levers, table
 #   bash scripts/gpu-check.sh build tests     # only those stages
 #
-# Stages: build, tests, llama (issue 60: the Llama rows, ours against FSDP2 per block), fit (issue 60: the memory plan refuses DDP of llama-8b), ac59 (issue 59: the FULLY_SHARD x activation checkpointing rows, and gpt2-medium per block with checkpointing against FSDP2), forensics (issue 49: a rank SIGSTOPped in eager and in captured training on NCCL, the dumps read by ddp-forensics), graphs (issue 25: captured steps, ours and PyTorch's recipe), recipe (issue 26:
+# Stages: build, tests, llama (issue 60: the Llama rows, ours against FSDP2 per block), fit (issue 60: the memory plan refuses DDP of llama-8b), attr60 (issue 60: kernel traces of the llama step, ours and FSDP2's, read by bench/trace_attribution.py), ac59 (issue 59: the FULLY_SHARD x activation checkpointing rows, and gpt2-medium per block with checkpointing against FSDP2), forensics (issue 49: a rank SIGSTOPped in eager and in captured training on NCCL, the dumps read by ddp-forensics), graphs (issue 25: captured steps, ours and PyTorch's recipe), recipe (issue 26:
 # the GPT recipe, ours and PyTorch's in one bench/compare run, and ddp-train --data with MFU), text (ddp-train --data on the GPU), tpref (PyTorch's --tp reference checked on CPU Gloo), onegpu (ours vs PyTorch with one GPU: bare, DDP and FULLY_SHARD at world 1), sharded (FULLY_SHARD vs FSDP2), fsdpbest (issue 36: FULLY_SHARD vs FSDP2 under its reshard, prefetch and bf16 knobs), capture35 (issue 35: the GPT recipe as one captured step, ours and PyTorch's; GPT2=1 adds gpt2-small bare vs recipe, TRAIN=1 ddp-train --data eager vs captured, 3 epochs, a resume), attribution (issue 13: noop hook, --no-overlap), tp (issue 15: --tp 2), final (the documented table), overlap, levers (ours only: each tuning lever against our default), table (bench/compare,
 # ours vs PyTorch in the same run, with the 1-GPU baselines), parity (C++ vs PyTorch parameters).
 set -uo pipefail
@@ -428,6 +428,24 @@ if has llama; then
       done
     done
   done
+fi
+
+if has attr60; then
+  # Issue 60 item 4: where the llama step goes, ours and FSDP2's, from kernel traces of three
+  # steps each (not timed: the timing pairs are the llama stage's). ATTR_MODEL "model:batch:seq".
+  IFS=: read -r model batch seq <<<"${ATTR_MODEL:-llama-8b:1:8192}"
+  flags="--model $model --batch-size $batch --seq-len $seq --device cuda --nproc $NP --fsdp"
+  flags="$flags --fsdp-wrap --fsdp-checkpoint --autocast-bf16 --param-dtype bf16"
+  flags="$flags --reduce-dtype fp32 --optimizer adamw --warmup 2"
+  timeout 480 $BENCH $flags --repeat 2 --kernel-trace "$OUT/attr-ours.json" >"$OUT/attr-ours.log" 2>&1
+  note "attr60 ours $model b$batch x $seq rc=$?"
+  $PY bench/trace_attribution.py "$OUT/attr-ours.json" >"$OUT/attr-ours.txt" 2>&1
+  head -12 "$OUT/attr-ours.txt" | tee -a "$SUMMARY"
+  timeout 480 $PY bench/reference/torch_ddp.py $flags --repeat 3 --trace-file "$OUT/attr-torch.json" \
+    >"$OUT/attr-torch.log" 2>&1
+  note "attr60 torch $model b$batch x $seq rc=$?"
+  $PY bench/trace_attribution.py "$OUT/attr-torch.json" >"$OUT/attr-torch.txt" 2>&1
+  head -12 "$OUT/attr-torch.txt" | tee -a "$SUMMARY"
 fi
 
 if has fit; then
