@@ -107,19 +107,13 @@ void synchronize_replicas(comm::ProcessGroup& group, const ModuleIntake& intake,
   const comm::ForPurpose purpose({comm::Purpose::kParamBroadcast});
   // Every rank starts from rank 0's state, as PyTorch's DDP does; a value no rank holds whole is
   // only checked (every rank built it from the same draws: [Note: the same draws as one process]).
-  std::vector<at::Tensor> state;
+  std::vector<at::Tensor> state = intake.params;
+  state.insert(state.end(), intake.buffers.begin(), intake.buffers.end());
+  std::vector<std::string> names = intake.names;
+  names.insert(names.end(), intake.buffer_names.begin(), intake.buffer_names.end());
   std::vector<at::Tensor> whole;
-  std::vector<std::string> names;
-  std::vector<bool> is_param;
-  auto add = [&](const at::Tensor& t, const std::string& name, bool param) {
-    state.push_back(t);
-    names.push_back(name);
-    is_param.push_back(param);
+  for (const at::Tensor& t : state) {
     if (absent.count(t.unsafeGetTensorImpl()) == 0) whole.push_back(t);
-  };
-  for (size_t i = 0; i < intake.params.size(); ++i) add(intake.params[i], intake.names[i], true);
-  for (size_t i = 0; i < intake.buffers.size(); ++i) {
-    add(intake.buffers[i], intake.buffer_names[i], false);
   }
   comm::broadcast_coalesced(group, whole, 0,
                             who + ": broadcast of rank 0's parameters and buffers");
@@ -153,7 +147,7 @@ void synchronize_replicas(comm::ProcessGroup& group, const ModuleIntake& intake,
       continue;
     }
     TORCH_CHECK(ranks == 0, "ddp: ", who, ": after the broadcast of rank 0's state, ",
-                is_param[i] ? "parameter '" : "buffer '", names[i],
+                i < intake.params.size() ? "parameter '" : "buffer '", names[i],
                 "' still differs from rank 0's on ", ranks,
                 " rank(s); it must be a tensor the module owns (not a view of another "
                 "tensor or a copy the module replaces in forward)");

@@ -64,6 +64,13 @@ StyleEstimate sharded(const MemoryInputs& in, shard::DataParallelStyle style) {
   return e;
 }
 
+// "parameters 8.03 GB, gradients ...; activations ~9.50 GB": format_estimate's and the refusal's.
+std::string parts(const StyleEstimate& e) {
+  return "parameters " + gb(e.params) + ", gradients " + gb(e.grads) + ", optimizer state " +
+         gb(e.optimizer_state) + ", gathered " + gb(e.gathered) + "; activations " +
+         (e.activations > 0 ? "~" + gb(e.activations) : std::string("not estimated"));
+}
+
 }  // namespace
 
 std::vector<StyleEstimate> estimate_memory(const MemoryInputs& in) {
@@ -84,10 +91,7 @@ std::vector<StyleEstimate> estimate_memory(const MemoryInputs& in) {
 }
 
 std::string format_estimate(const StyleEstimate& e) {
-  std::string text = std::string(shard::style_name(e.style)) + ": parameters " + gb(e.params) +
-                     ", gradients " + gb(e.grads) + ", optimizer state " + gb(e.optimizer_state) +
-                     ", gathered " + gb(e.gathered) + "; activations ";
-  return text + (e.activations > 0 ? "~" + gb(e.activations) : std::string("not estimated"));
+  return std::string(shard::style_name(e.style)) + ": " + parts(e);
 }
 
 std::string memory_refusal(const std::vector<StyleEstimate>& estimates,
@@ -95,11 +99,10 @@ std::string memory_refusal(const std::vector<StyleEstimate>& estimates,
   const auto it = std::find_if(estimates.begin(), estimates.end(),
                                [&](const StyleEstimate& e) { return e.style == chosen; });
   if (it == estimates.end() || it->held() <= capacity) return "";
-  std::string text =
-      std::string("ddp: style ") + shard::style_name(chosen) + " needs an estimated " +
-      gb(it->held()) + " a rank before activations (" +
-      format_estimate(*it).substr(std::string(shard::style_name(chosen)).size() + 2) +
-      ") but the device holds " + gb(capacity);
+  const std::string text = std::string("ddp: style ") + shard::style_name(chosen) +
+                           " needs an estimated " + gb(it->held()) +
+                           " a rank before activations (" + parts(*it) + ") but the device holds " +
+                           gb(capacity);
   const StyleEstimate* fits = nullptr;
   for (const StyleEstimate& e : estimates) {
     if (e.held() <= capacity && (fits == nullptr || e.held() < fits->held())) fits = &e;

@@ -69,7 +69,7 @@ KeptStore& store() {
 // float64 [sum, sum of squares] (NaNs as 0) of a sample of `whole`: at most kSample values spread
 // evenly over it. Ranks seeded apart differ in every value, so a sample finds them; summing every
 // value (5 passes over a float64 copy) made an 8 B model's initialisation several times slower.
-at::Tensor checksum(const at::Tensor& whole) {
+at::Tensor sampled_checksum(const at::Tensor& whole) {
   constexpr int64_t kSample = int64_t{1} << 16;
   const at::Tensor flat = whole.detach().reshape({-1});
   const int64_t step = std::max<int64_t>(1, flat.numel() / kSample);
@@ -94,7 +94,7 @@ void keep_rows(const DeferredInit& init, at::Tensor& param, const at::Tensor& wh
   const at::Tensor view = whole.narrow(0, split.offset(init.rank()), mine);
   at::Tensor kept =
       at::empty(view.sizes(), view.options().device(init.options().device)).copy_(view);
-  store().put(param, KeptRows{kept, checksum(whole), init.world(), init.rank()});
+  store().put(param, KeptRows{kept, sampled_checksum(whole), init.world(), init.rank()});
   if (!placed) param.set_data(placeholder(param, init.options().device));
 }
 
@@ -142,8 +142,6 @@ bool DeferredInit::keeps_rows(const at::Tensor& param) const {
   shape.trainable = param.requires_grad();
   return style_shards(shape, world_, options_.style);
 }
-
-DeferredInit* active_deferred_init() { return active; }
 
 void shard_now(torch::nn::Module& module) {
   const DeferredInit* init = active;

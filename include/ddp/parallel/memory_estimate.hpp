@@ -58,7 +58,6 @@ struct StyleEstimate {
   int64_t activations = 0;
   // What a refusal counts: everything but the activations.
   int64_t held() const { return params + grads + optimizer_state + gathered; }
-  int64_t total() const { return held() + activations; }
 };
 
 // replicate, fully_shard and default, in that order.

@@ -27,7 +27,8 @@
 // numbers; the wrapper replaces the placeholder with the parameter's shard (set_, as it does for
 // every sharded parameter). Every rank checks at the wrap that all ranks built the same values:
 // the checksum of each whole value (sum and sum of squares in float64 of a sample spread over it:
-// a rank seeded apart differs in every value) is computed when the piece is dropped and compared as the broadcast's checksum is (intake/module_intake.hpp).
+// a rank seeded apart differs in every value) is computed when the piece is dropped and compared as
+// the broadcast's checksum is (intake/module_intake.hpp).
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
@@ -84,9 +85,6 @@ class DeferredInit {
   int rank_ = 0;
   DeferredInitOptions options_;
 };
-
-// The DeferredInit active on this thread, or null.
-DeferredInit* active_deferred_init();
 
 // Called after a piece of a model is built (a block, an embedding, and the root at the end of the
 // constructor): under an active DeferredInit, every parameter under `module` (itself included)
