@@ -7,7 +7,7 @@
 #   bash scripts/gpu-check.sh                 # build, tests, levers, table
 #   bash scripts/gpu-check.sh build tests     # only those stages
 #
-# Stages: build, tests, llama (issue 60: the Llama rows, ours against FSDP2 per block), fit (issue 60: the memory plan refuses DDP of llama-8b), attr60 (issue 60: kernel traces of the llama step, ours and FSDP2's, read by bench/trace_attribution.py), ac59 (issue 59: the FULLY_SHARD x activation checkpointing rows, and gpt2-medium per block with checkpointing against FSDP2), forensics (issue 49: a rank SIGSTOPped in eager and in captured training on NCCL, the dumps read by ddp-forensics), graphs (issue 25: captured steps, ours and PyTorch's recipe), recipe (issue 26:
+# Stages: build, tests, llama (issue 60: the Llama rows, ours against FSDP2 per block), floors60 (issue 60: the batch-1 regime against its compute-only and communication-only floors, and FSDP2), train60 (issue 60: ddp-train --data with llama-1b, a save and a resume), fit (issue 60: the memory plan refuses DDP of llama-8b), attr60 (issue 60: kernel traces of the llama step, ours and FSDP2's, read by bench/trace_attribution.py), ac59 (issue 59: the FULLY_SHARD x activation checkpointing rows, and gpt2-medium per block with checkpointing against FSDP2), forensics (issue 49: a rank SIGSTOPped in eager and in captured training on NCCL, the dumps read by ddp-forensics), graphs (issue 25: captured steps, ours and PyTorch's recipe), recipe (issue 26:
 # the GPT recipe, ours and PyTorch's in one bench/compare run, and ddp-train --data with MFU), text (ddp-train --data on the GPU), tpref (PyTorch's --tp reference checked on CPU Gloo), onegpu (ours vs PyTorch with one GPU: bare, DDP and FULLY_SHARD at world 1), sharded (FULLY_SHARD vs FSDP2), fsdpbest (issue 36: FULLY_SHARD vs FSDP2 under its reshard, prefetch and bf16 knobs), capture35 (issue 35: the GPT recipe as one captured step, ours and PyTorch's; GPT2=1 adds gpt2-small bare vs recipe, TRAIN=1 ddp-train --data eager vs captured, 3 epochs, a resume), attribution (issue 13: noop hook, --no-overlap), tp (issue 15: --tp 2), final (the documented table), overlap, levers (ours only: each tuning lever against our default), table (bench/compare,
 # ours vs PyTorch in the same run, with the 1-GPU baselines), parity (C++ vs PyTorch parameters).
 set -uo pipefail
@@ -448,6 +448,54 @@ if has attr60; then
   head -12 "$OUT/attr-torch.txt" | tee -a "$SUMMARY"
 fi
 
+if has floors60; then
+  # Issue 60 item 4 / done means: the batch-1 regime (1024 tokens a rank, communication-bound)
+  # against its floors at world NP, the llama stage's flags: ours with the last timed step's
+  # collectives replayed alone afterwards (--comm-floor: the communication-only floor), ours with
+  # every collective a no-op (--no-comm: the compute-only floor, the same shards and kernels), and
+  # FSDP2. FLOOR_MODELS: llama-8b, gpt5b (the issue's 5.2 B GPT: gpt2-medium at 4096 x 24).
+  for name in ${FLOOR_MODELS:-llama-8b gpt5b}; do
+    shape="--model $name"
+    [[ $name == gpt5b ]] && shape="--model gpt2-medium --n-embd 4096 --n-head 32 --n-layer 24"
+    flags="$shape --batch-size 1 --seq-len 1024 --device cuda --nproc $NP --fsdp --fsdp-wrap"
+    flags="$flags --fsdp-checkpoint --autocast-bf16 --param-dtype bf16 --reduce-dtype fp32"
+    flags="$flags --optimizer adamw --repeat ${FLOOR_REPEAT:-8} --warmup 3 --json"
+    for side in ${FLOOR_SIDES:-ours nocomm torch}; do
+      case $side in
+        ours) cmd="$BENCH $flags --comm-floor 5" ;;
+        nocomm) cmd="$BENCH $flags --no-comm" ;;
+        torch) cmd="$PY bench/reference/torch_ddp.py $flags" ;;
+      esac
+      log="$OUT/floors-$name-$side.log"
+      start=$(date +%s)
+      timeout 400 $cmd >"$log" 2>&1
+      note "floors $name b1 x 1024 world $NP $side rc=$? ($(($(date +%s) - start)) s): $(grep -m1 '^{' "$log" | cut -c1-200) $(grep -o '"comm_floor":{[^}]*}' "$log")"
+    done
+  done
+fi
+if has train60; then
+  # Issue 60 item 5: llama-1b trained for real on bytes (ddp-train --data) at world NP:
+  # FULLY_SHARD per block, activation checkpointing, AdamW in decay groups, warmup-cosine, clip,
+  # bf16 autocast and gathers; a save at the end and a resume that goes on (TRAIN60_STEPS).
+  steps=${TRAIN60_STEPS:-200}
+  common="--nproc $NP --device cuda --data --model llama-1b --batch-size 4 --seq-len 1024"
+  common="$common --fsdp --fsdp-wrap --fsdp-checkpoint --autocast-bf16 --param-dtype bf16 --reduce-dtype fp32"
+  common="$common --optimizer adamw --weight-decay 0.1 --beta2 0.95 --lr 0.0003 --warmup-steps 20"
+  common="$common --lr-decay-steps $((2 * steps)) --min-lr 0.00003 --grad-clip 1.0 --eval-every 50"
+  common="$common --sample-bytes 0 --timeout-s 300 --checkpoint-dir /tmp/ckpt60"
+  rm -rf /tmp/ckpt60
+  start=$(date +%s)
+  timeout 500 build-gpu/ddp-train $common --steps "$steps" --checkpoint-every "$steps" --json \
+    >"$OUT/train60.log" 2>&1
+  note "train60 llama-1b --data world $NP $steps steps rc=$? ($(($(date +%s) - start)) s): $(grep -c '"step"' "$OUT/train60.log") step lines; $(grep -E 'val_loss|validation' "$OUT/train60.log" | tail -2 | tr '\n' ' ')"
+  grep -E '"step":(1|50|100|150|200),' "$OUT/train60.log" | cut -c1-300 | tee -a "$SUMMARY"
+  du -sb /tmp/ckpt60 2>/dev/null | tee -a "$SUMMARY"
+  start=$(date +%s)
+  timeout 300 build-gpu/ddp-train $common --steps $((steps + 20)) --resume --json \
+    >"$OUT/train60-resume.log" 2>&1
+  note "train60 resumed at $steps to $((steps + 20)) rc=$? ($(($(date +%s) - start)) s): $(grep -m1 'resumed from' "$OUT/train60-resume.log") $(grep -E '"step":'$((steps + 20))',' "$OUT/train60-resume.log" | cut -c1-200)"
+  rm -rf /tmp/ckpt60
+fi
 if has fit; then
   # Issue 60 item 3: llama-8b under DDP on 80 GB GPUs is refused before the wrap by the memory
   # plan, naming the numbers and the style that fits; under fully_shard the plan is printed.

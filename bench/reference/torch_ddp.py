@@ -97,6 +97,10 @@ def parse_args(argv):
                    help="GPT and Llama models: the sequence length (default: the row's)")
     p.add_argument("--n-layer", type=int, default=None,
                    help="GPT and Llama models: the number of blocks (default: the row's)")
+    p.add_argument("--n-embd", type=int, default=None,
+                   help="GPT and Llama models: the width, d_model (default: the row's)")
+    p.add_argument("--n-head", type=int, default=None,
+                   help="GPT and Llama models: attention heads (default: the row's)")
     p.add_argument("--ddp", action="store_true", help="wrap in DistributedDataParallel")
     p.add_argument("--fsdp", action="store_true", help="FSDP2 fully_shard of the model (torch 2.x)")
     p.add_argument("--fsdp-wrap", action="store_true",
@@ -181,8 +185,9 @@ def parse_args(argv):
         args.model = "toy"
     if args.tie_weights and tie_weights_error(args.model) is not None:
         p.error(tie_weights_error(args.model))
-    if (args.seq_len or args.n_layer) and args.model not in SHAPES:
-        p.error(f"--seq-len and --n-layer need a GPT or Llama model, got --model {args.model}")
+    if (args.seq_len or args.n_layer or args.n_embd or args.n_head) and args.model not in SHAPES:
+        p.error("--seq-len, --n-layer, --n-embd and --n-head need a GPT or Llama model, "
+                f"got --model {args.model}")
     if args.trace_file is not None:
         args.profile = True
     if args.trace_file is None:
@@ -392,7 +397,7 @@ def worker(args, unknown):
     # The same construction on every rank (DDP broadcasts rank 0's parameters anyway).
     torch.manual_seed(1234)
     model = build_model(args.model, tie_weights=args.tie_weights, seq_len=args.seq_len,
-                        n_layers=args.n_layer)
+                        n_layers=args.n_layer, d_model=args.n_embd, n_heads=args.n_head)
     if args.init_params:
         load_params(model, args.init_params)
     model.to(device)

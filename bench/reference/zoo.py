@@ -381,26 +381,30 @@ def tie_weights_error(name):
             "which has no token embedding to tie")
 
 
-# The GPT and Llama rows' shapes, which --seq-len and --n-layer change (ddp-bench's flags).
+# The GPT and Llama rows' shapes, which --seq-len, --n-layer, --n-embd and --n-head change
+# (ddp-bench's flags).
 SHAPES = {"gpt-tiny": (GPT, _GPT), "gpt2-small": (GPT, _GPT2_SMALL),
           "gpt2-medium": (GPT, _GPT2_MEDIUM), "gpt-char": (GPT, _GPT_CHAR),
           "llama-tiny": (Llama, _LLAMA_TINY), "llama-1b": (Llama, _LLAMA_1B),
           "llama-3b": (Llama, _LLAMA_3B), "llama-8b": (Llama, _LLAMA_8B)}
 
 
-def build_model(name, tie_weights=False, seq_len=None, n_layers=None):
-    """The zoo's model `name`; seq_len / n_layers (None: the row's) for the GPTs and Llamas."""
+def build_model(name, tie_weights=False, seq_len=None, n_layers=None, d_model=None, n_heads=None):
+    """The zoo's model `name`; seq_len / n_layers / d_model / n_heads (None: the row's) for the
+    GPTs and Llamas."""
     if tie_weights:
         error = tie_weights_error(name)
         if error is not None:
             raise ValueError(error)
-    if seq_len is None and n_layers is None:
+    changed = {key: value for key, value in (("seq_len", seq_len), ("n_layers", n_layers),
+                                             ("d_model", d_model), ("n_heads", n_heads)) if value}
+    if not changed:
         return SPECS[name][0](tie=True) if tie_weights else SPECS[name][0]()
     if name not in SHAPES:
-        raise ValueError(f"--seq-len and --n-layer need a GPT or Llama model, got --model {name}")
+        raise ValueError("--seq-len, --n-layer, --n-embd and --n-head need a GPT or Llama model, "
+                         f"got --model {name}")
     cls, shape = SHAPES[name]
-    shape = dict(shape, **({"seq_len": seq_len} if seq_len else {}),
-                 **({"n_layers": n_layers} if n_layers else {}))
+    shape = dict(shape, **changed)
     if tie_weights:
         shape["tie_weights"] = True
     return cls(**shape)

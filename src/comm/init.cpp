@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 
+#include "ddp/comm/fake_backend.hpp"
 #include "ddp/comm/made_backend.hpp"
 #include "ddp/comm/rendezvous.hpp"
 #include "ddp/detail/torch_compat.hpp"
@@ -146,7 +147,9 @@ ProcessGroupPtr init_process_group(const InitOptions& options) {
   config.rank = world.rank;
   config.size = world.world_size;
   config.timeout = options.timeout;
-  config.make_backend = backend_factory(backend, world, options.timeout, options.nccl);
+  config.make_backend = options.fake_collectives
+                            ? fake_backend_factory()
+                            : backend_factory(backend, world, options.timeout, options.nccl);
   config.watch_collectives = options.watch_collectives;
   config.check_collectives = options.check_collectives.value_or(check_collectives_from_env());
   config.device = pinned_device(backend, world, options.device_index);

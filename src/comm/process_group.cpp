@@ -197,6 +197,8 @@ std::string ProcessGroup::progress_report() const { return progress_->report(nul
 
 int64_t ProcessGroup::collectives_issued() const { return progress_->count(); }
 
+FlightGroup ProcessGroup::flight_snapshot() const { return progress_->ring().snapshot(); }
+
 std::shared_ptr<const CapturedCollectives> ProcessGroup::captured_since(int64_t issued_before) {
   return std::make_shared<const CapturedCollectives>(
       progress_->ring().capture_since(issued_before));

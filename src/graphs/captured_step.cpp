@@ -224,10 +224,23 @@ struct CapturedStep::Impl {
           reason = e.what_without_backtrace();
         }
       } else {
-        // End the broken capture so that the stream can run eagerly again.
-        cudaGraph_t broken = nullptr;
-        (void)cudaStreamEndCapture(stream.stream(), &broken);
-        if (broken != nullptr) (void)cudaGraphDestroy(broken);
+        // End the failed capture so that the stream can run eagerly again: through CUDAGraph
+        // while the capture is still valid (a step that threw before any illegal CUDA call, such
+        // as the checkpoint's refusal of a block that draws), since only its end also takes the
+        // generators out of capture mode (else the next eager draw fails with "Offset increment
+        // outside graph capture encountered unexpectedly", measured on torch 2.11) and stops the
+        // allocator routing into the graph's pool; by hand when CUDA already invalidated it.
+        bool ended = false;
+        try {
+          graph->capture_end();
+          ended = true;
+        } catch (const c10::Error&) {
+        }
+        if (!ended) {
+          cudaGraph_t broken = nullptr;
+          (void)cudaStreamEndCapture(stream.stream(), &broken);
+          if (broken != nullptr) (void)cudaGraphDestroy(broken);
+        }
         (void)cudaGetLastError();
       }
     });

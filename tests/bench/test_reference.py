@@ -103,8 +103,11 @@ class ModelsTest(unittest.TestCase):
         self.assertEqual((tuple(x.shape), tuple(model(x).shape)), ((3, 32), (3, 32, 4096)))
         with self.assertRaises(SystemExit), contextlib.redirect_stderr(io.StringIO()) as err:
             torch_ddp.parse_args(["--model", "mlp-deep", "--seq-len", "32"])
-        self.assertIn("--seq-len and --n-layer need a GPT or Llama model, got --model mlp-deep",
-                      err.getvalue())
+        self.assertIn("--seq-len, --n-layer, --n-embd and --n-head need a GPT or Llama model, got "
+                      "--model mlp-deep", err.getvalue())
+        # The 5.2 B GPT is gpt2-medium widened: --n-embd and --n-head change its rows.
+        wide = torch_ddp.build_model("gpt-tiny", d_model=64, n_heads=2, n_layers=1)
+        self.assertEqual(tuple(wide.lm_head.weight.shape), (4096, 64))
 
     def test_resnet_small_uses_torchvision_names(self):
         model = torch_ddp.build_model("resnet-small")

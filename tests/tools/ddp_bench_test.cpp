@@ -358,3 +358,72 @@ TEST(DdpBench, ParamDtypeGathersBFloat16AndKeepsFp32Shards) {
 }
 
 }  // namespace
+
+namespace {
+
+// The value of `key` in the JSON object that follows `from` in `out`.
+long long json_number(const std::string& out, const std::string& from, const std::string& key) {
+  const size_t at = out.find(from);
+  EXPECT_NE(at, std::string::npos) << out;
+  const size_t k = out.find("\"" + key + "\":", at);
+  EXPECT_NE(k, std::string::npos) << out;
+  return k == std::string::npos ? -1 : std::stoll(out.substr(k + key.size() + 3));
+}
+
+// --comm-floor replays the last timed step's collectives: under DDP the mlp's one bucket (one
+// all-reduce of every parameter: the model's bytes), under fully_shard with one unit its gather
+// and its reduce-scatter, each of the whole flat parameter (world x the rank's shard, padded to
+// even rows at world 3).
+TEST(DdpBench, CommFloorReplaysTheStepsCollectives) {
+  for (const int world : {2, 3}) {
+    const std::string common = kBench + " --model mlp --batch-size 4 --repeat 2 --warmup 1 " +
+                               "--json --comm-floor 2 --nproc " + std::to_string(world);
+    const auto [ddp_out, ddp_code] = run_command(common + " --ddp");
+    ASSERT_EQ(ddp_code, 0) << ddp_out;
+    const long long whole = json_number(ddp_out, "\"memory\":", "param_bytes");
+    EXPECT_EQ(json_number(ddp_out, "\"comm_floor\":", "collectives"), 1) << ddp_out;
+    EXPECT_EQ(json_number(ddp_out, "\"comm_floor\":", "skipped"), 0) << ddp_out;
+    EXPECT_EQ(json_number(ddp_out, "\"comm_floor\":", "bytes"), whole) << ddp_out;
+    const auto [fsdp_out, fsdp_code] = run_command(common + " --fsdp");
+    ASSERT_EQ(fsdp_code, 0) << fsdp_out;
+    EXPECT_EQ(json_number(fsdp_out, "\"comm_floor\":", "collectives"), 2) << fsdp_out;
+    const long long shard = json_number(fsdp_out, "\"memory\":", "param_bytes");
+    EXPECT_GE(world * shard, whole);
+    EXPECT_EQ(json_number(fsdp_out, "\"comm_floor\":", "bytes"), 2 * world * shard) << fsdp_out;
+  }
+}
+
+// --no-comm runs the same step with every collective a no-op: the same shards (the bytes a rank
+// holds are the real run's), no loss check, and the JSON says the collectives were fake.
+TEST(DdpBench, NoCommRunsTheStepOnTheSameShardsWithoutCollectives) {
+  const std::string common =
+      kBench + " --model mlp --nproc 2 --batch-size 4 --repeat 2 --warmup 1 --json --fsdp";
+  const auto [real_out, real_code] = run_command(common);
+  ASSERT_EQ(real_code, 0) << real_out;
+  const auto [fake_out, fake_code] = run_command(common + " --no-comm");
+  ASSERT_EQ(fake_code, 0) << fake_out;
+  EXPECT_NE(fake_out.find("\"collectives\":\"fake\""), std::string::npos) << fake_out;
+  EXPECT_EQ(real_out.find("\"collectives\":"), std::string::npos) << real_out;
+  for (const char* key : {"param_bytes", "grad_bytes"}) {
+    EXPECT_EQ(json_number(fake_out, "\"memory\":", key), json_number(real_out, "\"memory\":", key))
+        << key;
+  }
+}
+
+TEST(DdpBench, TheFloorsRefuseWhatTheyCannotMeasure) {
+  const auto [bare, bare_code] = run_command(kBench + " --model mlp --no-comm");
+  EXPECT_EQ(bare_code, 2);
+  EXPECT_NE(bare.find("ddp-bench: --no-comm needs --ddp or a sharded --style (the plain model "
+                      "issues no collectives)"),
+            std::string::npos)
+      << bare;
+  const auto [both, both_code] =
+      run_command(kBench + " --model mlp --nproc 2 --ddp --no-comm --comm-floor 2");
+  EXPECT_EQ(both_code, 2);
+  EXPECT_NE(both.find("ddp-bench: --no-comm and --comm-floor measure the two floors in separate "
+                      "runs (with --no-comm there are no collectives to replay)"),
+            std::string::npos)
+      << both;
+}
+
+}  // namespace

@@ -55,7 +55,9 @@ TrainingRun::TrainingRun(const TrainingFlags& flags, TrainingRunOptions options)
       device_(device_of(flags)),
       timeout_(flags.timeout_s) {
   if (!options_.backend.empty()) {
-    world_ = comm::init_process_group(init_options(flags, options_.backend));
+    comm::InitOptions init = init_options(flags, options_.backend);
+    init.fake_collectives = options_.fake_collectives;
+    world_ = comm::init_process_group(init);
   }
   // On the CPU the device peak counts tensor storages, the model's included: from here on.
   if (options_.count_cpu_memory && !device_.is_cuda()) obs::count_cpu_memory();

@@ -71,6 +71,8 @@ struct TrainingRunOptions {
   // ddp-bench on the CPU: count tensor storages from before the model is made, so the device
   // peak it reports includes the model (obs/cpu_memory.hpp). Off: no counting cost.
   bool count_cpu_memory = false;
+  // ddp-bench --no-comm: the group's collectives are no-ops (comm::InitOptions::fake_collectives).
+  bool fake_collectives = false;
 };
 
 class TrainingRun {

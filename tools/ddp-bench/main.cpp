@@ -18,6 +18,7 @@
 #include <numeric>
 #include <optional>
 
+#include "comm_floor.hpp"
 #include "common/captured_recipe.hpp"
 #include "common/ddp_flags.hpp"
 #include "common/flag_parse.hpp"
@@ -64,6 +65,12 @@ struct Args : ddp::tools::TrainingFlags {
   // --kernel-trace FILE: kKernelTraceSteps more steps after the timed ones, untimed, traced by
   // Kineto (obs/kernel_trace.hpp); rank r > 0 writes FILE.rank<r>.
   std::string kernel_trace;
+  // --no-comm: every collective a no-op (comm/fake_backend.hpp): the step's compute alone at this
+  // world size, its shards and memory; the losses are not checked (they are wrong).
+  bool no_comm = false;
+  // --comm-floor N: after the timed steps, the last timed step's collectives replayed N times
+  // back to back with no compute (comm_floor.hpp); 0: none.
+  int comm_floor = 0;
   std::string graph_dot;
   std::string init_params;
   std::string inputs;
@@ -142,6 +149,10 @@ std::string cuda_graph_refusal(const Args& args) {
   if (args.profile) return "--cuda-graph cannot be combined with --profile (per-phase timers)";
   if (!args.inputs.empty()) return "--cuda-graph cannot be combined with --inputs (parity runs)";
   if (!args.graph_dot.empty()) return "--cuda-graph cannot be combined with --graph-dot";
+  if (args.comm_floor > 0) {
+    return "--cuda-graph cannot be combined with --comm-floor (it replays an eager step's "
+           "collectives)";
+  }
   return "";
 }
 
@@ -210,6 +221,9 @@ struct Timing {
   ddp::obs::StepMemoryMeter meter;
   std::optional<ddp::obs::KernelTrace> kernel_trace;
   int64_t capture_peak = -1;  // --cuda-graph: the device peak of the step that captured
+  // The wrapped model's collectives numbered before the last timed step and after it
+  // (--comm-floor); -1: not recorded.
+  int64_t issued_before_last = -1, issued_after_last = -1;
   int warmup, timed, traced;  // untimed steps first, timed steps, kernel-traced steps after
   bool cuda;
   int device_index;
@@ -239,7 +253,7 @@ void time_captured(const Args& args, ddp::tools::TrainingRun& run, const Batch& 
       timing.capture_peak = ddp::obs::device_peak_allocated_bytes(run.device());
     }
     const int64_t t3 = ddp::obs::trace_now_ns();
-    TORCH_CHECK(std::isfinite(captured->loss().item<double>()),
+    TORCH_CHECK(args.no_comm || std::isfinite(captured->loss().item<double>()),
                 "ddp-bench: the loss became non-finite at step ", i, " (learning rate ", run.lr(),
                 "); lower --lr");
     if (i >= untimed && i < untimed + timing.timed) {
@@ -278,7 +292,12 @@ void time_eager(const Args& args, ddp::tools::TrainingRun& run, const std::vecto
                                    : ddp::obs::StepPhase::kOptimizer);
   };
   const int steps = timing.warmup + timing.timed + timing.traced;
+  const auto issued = [&] {
+    return run.wrapped() ? run.wrapped()->group()->collectives_issued() : int64_t{-1};
+  };
   for (; i < steps; ++i) {
+    if (i == timing.warmup + timing.timed - 1) timing.issued_before_last = issued();
+    if (i == timing.warmup + timing.timed) timing.issued_after_last = issued();
     const auto inputs =
         micro_batches(batches[static_cast<size_t>(i) % batches.size()], args.recipe.grad_accum);
     timing.sync();
@@ -300,7 +319,7 @@ void time_eager(const Args& args, ddp::tools::TrainingRun& run, const std::vecto
       timing.meter.step_end();
     }
     const int64_t t3 = ddp::obs::trace_now_ns();
-    TORCH_CHECK(std::isfinite(loss.item<double>()),
+    TORCH_CHECK(args.no_comm || std::isfinite(loss.item<double>()),
                 "ddp-bench: the loss became non-finite at step ", i, " (learning rate ", run.lr(),
                 "); lower --lr");
     if (measured) timing.step_ms.push_back(static_cast<double>(t3 - t0) / 1e6);
@@ -309,6 +328,7 @@ void time_eager(const Args& args, ddp::tools::TrainingRun& run, const std::vecto
     if ((i + 1 == timing.warmup || (timing.warmup == 0 && i == 0)) && run.wrapped()) {
       run.wrapped()->reset_peak_memory();
     }
+    if (i + 1 == steps && timing.issued_after_last < 0) timing.issued_after_last = issued();
     if (args.profile) {
       timing.trace.add({"forward", "compute", 0, t0, t1, i, -1});
       timing.trace.add({"backward", "compute", 0, t1, t2, i, -1});
@@ -336,7 +356,8 @@ nlohmann::ordered_json estimate_json(const ddp::tools::TrainingRun& run) {
 // Rank 0's result: one line (or JSON object) as the reference prints it, and with --verbose the
 // stats and memory lines.
 void print_result(const Args& args, ddp::tools::TrainingRun& run, const Memory& memory,
-                  const ddp::tools::InitReport& init, const std::vector<double>& step_ms) {
+                  const ddp::tools::InitReport& init, const std::vector<double>& step_ms,
+                  const std::optional<ddp::tools::CommFloor>& floor) {
   const Stats s = summarize(step_ms);
   const int timed = static_cast<int>(step_ms.size());
   std::string line;
@@ -375,6 +396,13 @@ void print_result(const Args& args, ddp::tools::TrainingRun& run, const Memory& 
           {"reduce_input_bytes", memory.peak_by_owner.reduce_input}};
     }
     if (!run.memory_estimates().empty()) result["memory_estimate"] = estimate_json(run);
+    if (args.no_comm) result["collectives"] = "fake";
+    if (floor) {
+      result["comm_floor"] = {{"median_ms", ms(floor->median_ms)},
+                              {"collectives", floor->collectives},
+                              {"skipped", floor->skipped},
+                              {"bytes", floor->bytes}};
+    }
     line = result.dump();
   } else {
     char text[512];
@@ -386,6 +414,12 @@ void print_result(const Args& args, ddp::tools::TrainingRun& run, const Memory& 
                   args.shard.chosen ? args.shard.style.c_str() : "none",
                   static_cast<long long>(args.tp));
     line = text;
+    if (args.no_comm) line += " collectives=fake";
+    if (floor) {
+      std::snprintf(text, sizeof(text), " comm_floor_ms=%.3f comm_floor_collectives=%d",
+                    floor->median_ms, floor->collectives);
+      line += text;
+    }
   }
   std::cout << line << "\n";
   if (args.ddp.verbose && run.wrapped()) {
@@ -488,6 +522,7 @@ int run_worker(const Args& args) {
   options.sgd_momentum = 0.0;
   options.init_params = args.init_params;
   options.count_cpu_memory = true;
+  options.fake_collectives = args.no_comm;
   // The process group, the model, --tp, the style, the comm hook, the optimizer (or, with
   // --optimizer-overlap, each parameter's inside backward): tools/common/training_run.hpp.
   ddp::tools::TrainingRun run(args, options);
@@ -531,7 +566,12 @@ int run_worker(const Args& args) {
     for (const auto& name : run.param_names()) out[name] = whole.at(name);
     if (run.lead()) ddp::io::save_safetensors(args.save_params, out);
   }
-  if (run.lead()) print_result(args, run, memory, init, timing.step_ms);
+  std::optional<ddp::tools::CommFloor> floor;
+  if (args.comm_floor > 0) {
+    floor = ddp::tools::comm_floor(*run.wrapped()->group(), timing.issued_before_last + 1,
+                                   timing.issued_after_last, args.comm_floor);
+  }
+  if (run.lead()) print_result(args, run, memory, init, timing.step_ms, floor);
   if (run.world()) run.world()->barrier("end of benchmark");
   return 0;
 }
@@ -560,6 +600,13 @@ int main(int argc, char** argv) {
   app.add_flag("--autocast-bf16", args.autocast_bf16,
                "forward and loss under bf16 autocast (parameters and gradients stay fp32)");
   app.add_flag("--json", args.json, "one JSON object per result");
+  app.add_flag("--no-comm", args.no_comm,
+               "every collective a no-op: the step's compute alone at this world size (its "
+               "shards, its memory); the model does not train");
+  app.add_option("--comm-floor", args.comm_floor,
+                 "after the timed steps, replay the last timed step's collectives N times back to "
+                 "back with no compute and report their median (comm_floor in --json)")
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--init-only", args.init_only,
                "build, shard and wrap the model, print the initialisation's time and resident "
                "peak per rank beside the bound (this rank's parameter bytes plus the largest "
@@ -600,6 +647,19 @@ int main(int argc, char** argv) {
   if (const std::string wrong = ddp::tools::check_shard_flags(args.shard, ddp_only);
       !wrong.empty()) {
     std::cerr << "ddp-bench: " << wrong << std::endl;
+    return 2;
+  }
+  // The floors measure a wrapped model's step: its collectives, or its compute without them.
+  if ((args.no_comm || args.comm_floor > 0) && !args.shard.chosen) {
+    std::cerr << "ddp-bench: " << (args.no_comm ? "--no-comm" : "--comm-floor")
+              << " needs --ddp or a sharded --style (the plain model issues no collectives)"
+              << std::endl;
+    return 2;
+  }
+  if (args.no_comm && args.comm_floor > 0) {
+    std::cerr << "ddp-bench: --no-comm and --comm-floor measure the two floors in separate runs "
+                 "(with --no-comm there are no collectives to replay)"
+              << std::endl;
     return 2;
   }
   if (const std::string wrong = ddp::tools::environment_refusal(args, "DDP_BENCH_WORKER");

@@ -61,6 +61,11 @@ struct InitOptions {
   // before it is issued. Unset: DDP_CHECK_COLLECTIVES=1 turns it on; off otherwise (it costs a
   // store round trip per collective).
   std::optional<bool> check_collectives;
+  // Every collective of the group (and its sub-groups) a no-op that completes at once
+  // (comm/fake_backend.hpp, PyTorch's FakeProcessGroup): a step's compute alone at this world
+  // size, its shards and memory, for a benchmark's compute-only floor (ddp-bench --no-comm). The
+  // results are wrong at world > 1. The group keeps `backend`'s traits and device. Default false.
+  bool fake_collectives = false;
 };
 
 // Creates the world process group (store prefix "ddp/world"): the rendezvous of rendezvous.hpp,

@@ -51,6 +51,7 @@ namespace ddp::comm {
 struct MadeBackend;
 struct CollectiveOp;
 struct CapturedCollectives;
+struct FlightGroup;
 class CollectiveCheck;
 class CollectiveProgress;
 class CollectiveWatchdog;
@@ -235,6 +236,9 @@ class ProcessGroup {
   std::string progress_report() const;
   // Collectives this rank has issued on this group so far (each counted once, when issued).
   int64_t collectives_issued() const;
+  // This group's flight ring as a dump writes it (comm/flight_ring.hpp): the collectives it
+  // issued, newest last (none when the recorder is off).
+  FlightGroup flight_snapshot() const;
 
   // CUDA-graph replays in the flight recorder (graphs/captured_step.hpp). A capture issues its
   // collectives once, into the graph; they run only when it is replayed. captured_since(n), n
