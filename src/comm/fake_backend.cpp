@@ -1,9 +1,8 @@
 #include "ddp/comm/fake_backend.hpp"
 
-#include <ATen/ATen.h>
-#include <ATen/core/ivalue.h>
+#include "ddp/comm/done_work.hpp"
 
-#include <algorithm>
+#include <ATen/ATen.h>
 
 #include <string>
 #include <vector>
@@ -11,33 +10,8 @@
 namespace ddp::comm {
 namespace {
 
-// A collective that is over before it is returned. Its future holds the tensors it was given, as
-// Gloo's and NCCL's do (the comm hooks read the first); on the tensors' devices, which a future
-// of CUDA tensors must name.
-class DoneWork : public c10d::Work {
- public:
-  explicit DoneWork(std::vector<at::Tensor> tensors) : tensors_(std::move(tensors)) { finish(); }
-  std::vector<at::Tensor> result() override { return tensors_; }
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
-    std::vector<c10::Device> devices;
-    for (const auto& t : tensors_) {
-      if (!t.device().is_cpu() &&
-          std::find(devices.begin(), devices.end(), t.device()) == devices.end()) {
-        devices.push_back(t.device());
-      }
-    }
-    auto future = c10::make_intrusive<c10::ivalue::Future>(
-        c10::ListType::create(c10::TensorType::get()), devices);
-    future->markCompleted(c10::IValue(tensors_));
-    return future;
-  }
-
- private:
-  std::vector<at::Tensor> tensors_;
-};
-
 c10::intrusive_ptr<c10d::Work> done(std::vector<at::Tensor> tensors = {}) {
-  return c10::make_intrusive<DoneWork>(std::move(tensors));
+  return done_work(std::move(tensors));
 }
 
 class FakeBackend : public detail::CollectiveBackend {

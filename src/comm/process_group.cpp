@@ -3,6 +3,7 @@
 #include "ddp/comm/collective_check.hpp"
 #include "ddp/comm/collective_progress.hpp"
 #include "ddp/comm/collective_watchdog.hpp"
+#include "ddp/comm/done_work.hpp"
 #include "ddp/comm/flat_shards.hpp"
 #include "ddp/comm/flight_recorder.hpp"
 #include "ddp/comm/made_backend.hpp"
@@ -252,6 +253,9 @@ bool ProcessGroup::can_sum(at::ScalarType dtype) const {
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce_sum_async(at::Tensor& tensor) {
+  // Nothing to send (every rank passes the same numel, so every rank skips it, as the flat
+  // collectives do): Gloo's ring algorithms divide by the element count.
+  if (tensor.numel() == 0) return done_work({tensor});
   std::vector<at::Tensor> tensors{tensor};
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d::ReduceOp::SUM;
@@ -265,7 +269,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce_avg_async(at::Tensor& ten
   // one rank still launches a scaling kernel over the whole buffer (a read and a write of every
   // bucket: the toy's captured DDP step on an H100 took 80 us more with AVG than with no
   // collective at all); its in-place SUM at one rank launches nothing.
-  if (world_size() == 1) return allreduce_sum_async(tensor);
+  if (world_size() == 1 || tensor.numel() == 0) return allreduce_sum_async(tensor);
   if (!reduces_avg()) {
     tensor.div_(world_size());
     return allreduce_sum_async(tensor);
@@ -283,6 +287,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::allreduce_avg_coalesced_async(
   TORCH_CHECK(!tensors.empty(), "ddp: allreduce_avg_coalesced_async needs at least one tensor");
   int64_t numel = 0;
   for (const auto& t : tensors) numel += t.numel();
+  if (numel == 0) return done_work(tensors);  // as allreduce_sum_async
   c10d::AllreduceCoalescedOptions opts;
   opts.timeout = timeout_;
   // One rank: an in-place sum launches nothing (see allreduce_avg_async); a backend that cannot
@@ -355,6 +360,7 @@ void ProcessGroup::allreduce_sum(at::Tensor& tensor, const std::string& what) {
 }
 
 void ProcessGroup::broadcast(at::Tensor& tensor, int root, const std::string& what) {
+  if (tensor.numel() == 0) return;  // as allreduce_sum_async
   std::vector<at::Tensor> tensors{tensor};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
@@ -368,6 +374,8 @@ std::vector<at::Tensor> ProcessGroup::all_gather_each(const at::Tensor& tensor,
                                                       const std::string& what) {
   std::vector<std::vector<at::Tensor>> outputs(1);
   for (int r = 0; r < world_size(); ++r) outputs[0].push_back(at::empty_like(tensor));
+  // Gloo's all-gather of zero elements divides by zero (SIGFPE); every rank's is empty anyway.
+  if (tensor.numel() == 0) return outputs[0];
   std::vector<at::Tensor> inputs{tensor};
   c10d::AllgatherOptions opts;
   opts.timeout = timeout_;
