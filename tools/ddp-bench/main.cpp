@@ -66,7 +66,8 @@ struct Args : ddp::tools::TrainingFlags {
   // Kineto (obs/kernel_trace.hpp); rank r > 0 writes FILE.rank<r>.
   std::string kernel_trace;
   // --no-comm: every collective a no-op (comm/fake_backend.hpp): the step's compute alone at this
-  // world size, its shards and memory; the losses are not checked (they are wrong).
+  // world size, its shards and memory; the losses are not checked (they are wrong), and the other
+  // ranks' init reports read as 0 (gathered through the same no-op collectives).
   bool no_comm = false;
   // --comm-floor N: after the timed steps, the last timed step's collectives replayed N times
   // back to back with no compute (comm_floor.hpp); 0: none.
