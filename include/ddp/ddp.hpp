@@ -40,6 +40,7 @@
 #include "ddp/io/checkpoint_coordinator.hpp"
 #include "ddp/io/full_state_dict.hpp"
 #include "ddp/io/torch_save.hpp"
+#include "ddp/nn/sync_batch_norm.hpp"
 #include "ddp/optim/adam.hpp"
 #include "ddp/optim/grad_clip.hpp"
 #include "ddp/optim/lr_schedule.hpp"

@@ -124,7 +124,11 @@ void synchronize_replicas(comm::ProcessGroup& group, const ModuleIntake& intake,
   // stacked there: no copy of the model to the host and one device sync (the comparison's)
   // instead of two per tensor.
   at::NoGradGuard no_grad;
-  const at::Device device = whole.empty() ? absent.begin()->second.device() : whole[0].device();
+  // On the group's device (a control tensor's, comm/control_scalars.hpp): the sampled checksums of
+  // deferred values are made on the host, so a model whose every value is deferred (a GPT under
+  // fully_shard: no buffer) stacked them there, and NCCL refused the broadcast ("Tensors must be
+  // CUDA and dense", 2x H200).
+  const at::Device device = group.device();
   std::vector<at::Tensor> sums;
   sums.reserve(state.size());
   for (const at::Tensor& t : state) {

@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "ddp/gradients/gradient_runtime.hpp"
+#include "ddp/nn/sync_batch_norm.hpp"
 
 namespace ddp::wrap {
 
@@ -23,6 +24,9 @@ WrappedModel::WrappedModel(std::shared_ptr<torch::nn::Module> module, comm::Proc
       stats_(checked_stats_every(stats_every, wrapper)) {
   TORCH_CHECK(module_, "ddp: ", wrapper, " needs a module");
   TORCH_CHECK(pg_, "ddp: ", wrapper, " needs a process group");
+  // Every SyncBatchNorm of the model combines the batches of this wrapper's ranks, unless bound
+  // to another group by hand first (nn/sync_batch_norm.hpp).
+  nn::bind_sync_batch_norms(*module_, pg_, /*only_unbound=*/true);
 }
 
 WrappedModel::~WrappedModel() = default;

@@ -28,6 +28,13 @@ std::string temp_dir(const std::string& tag) {
   return dir.string();
 }
 
+// ddp-bench with `args` exits 2 having printed `text`: a flag refused before any worker starts.
+void expect_refused(const std::string& args, const std::string& text) {
+  const auto [out, code] = run_command(kBench + " " + args);
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_NE(out.find(text), std::string::npos) << out;
+}
+
 TEST(DdpBench, PrintsTheResultAndTheSeedsLastLine) {
   const auto [out, code] = run_command(
       kBench + " --ddp --nproc 2 --model mlp-deep --batch-size 8 --repeat 3 --warmup 1");
@@ -56,12 +63,9 @@ TEST(DdpBench, JsonModeAndWorldOneBaseline) {
 
 // A captured step needs the GPU: refused before any worker starts, naming the device.
 TEST(DdpBench, CudaGraphOnCpuIsRefused) {
-  const auto [out, code] = run_command(kBench + " --ddp --cuda-graph --model toy");
-  EXPECT_EQ(code, 2);
-  EXPECT_NE(out.find("ddp-bench: --cuda-graph needs --device cuda, not --device cpu: CUDA graphs "
-                     "capture GPU work only"),
-            std::string::npos)
-      << out;
+  expect_refused("--ddp --cuda-graph --model toy",
+                 "ddp-bench: --cuda-graph needs --device cuda, not --device cpu: CUDA graphs "
+                 "capture GPU work only");
 }
 
 // A kernel trace is Kineto's view of the device: refused on the CPU by name, before any step.
@@ -411,19 +415,12 @@ TEST(DdpBench, NoCommRunsTheStepOnTheSameShardsWithoutCollectives) {
 }
 
 TEST(DdpBench, TheFloorsRefuseWhatTheyCannotMeasure) {
-  const auto [bare, bare_code] = run_command(kBench + " --model mlp --no-comm");
-  EXPECT_EQ(bare_code, 2);
-  EXPECT_NE(bare.find("ddp-bench: --no-comm needs --ddp or a sharded --style (the plain model "
-                      "issues no collectives)"),
-            std::string::npos)
-      << bare;
-  const auto [both, both_code] =
-      run_command(kBench + " --model mlp --nproc 2 --ddp --no-comm --comm-floor 2");
-  EXPECT_EQ(both_code, 2);
-  EXPECT_NE(both.find("ddp-bench: --no-comm and --comm-floor measure the two floors in separate "
-                      "runs (with --no-comm there are no collectives to replay)"),
-            std::string::npos)
-      << both;
+  expect_refused("--model mlp --no-comm",
+                 "ddp-bench: --no-comm needs --ddp or a sharded --style (the plain model issues "
+                 "no collectives)");
+  expect_refused("--model mlp --nproc 2 --ddp --no-comm --comm-floor 2",
+                 "ddp-bench: --no-comm and --comm-floor measure the two floors in separate runs "
+                 "(with --no-comm there are no collectives to replay)");
 }
 
 }  // namespace
