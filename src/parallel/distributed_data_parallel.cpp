@@ -109,7 +109,13 @@ void DistributedDataParallelBase::sync_buffers() {
 void DistributedDataParallelBase::pre_forward() {
   stats().collect(num_synchronized_backwards());
   stats().forward_started();
-  if (!torch::GradMode::is_enabled()) return;  // inference: nothing to synchronize
+  if (!torch::GradMode::is_enabled()) {
+    // An evaluation's forward (no_grad): nothing of the gradients to prepare, but rank 0's buffers
+    // still come first, as PyTorch's DDP does, so every rank evaluates with the same BatchNorm
+    // statistics (they drift apart within a step: each rank's batch moves its own).
+    if (options_.broadcast_buffers && require_sync()) sync_buffers();
+    return;
+  }
   gradients::GradientRuntime& runtime = *gradients();
   runtime.follow_current_stream();
   if (joining_) {
