@@ -14,7 +14,8 @@ namespace ddp::parallel {
 // logging_data(), --verbose and docs/options.md (a test keeps the page and this list in step).
 struct DDPOptions {
   // Default true, as PyTorch: rank 0's buffers (e.g. BatchNorm running stats) are broadcast before
-  // each synchronized forward, so every rank normalizes with the same statistics at eval time.
+  // each synchronized forward, an evaluation's under no_grad included (every rank must make it),
+  // so every rank normalizes with the same statistics at eval time.
   bool broadcast_buffers = true;
   // Default true: predict the gradient-ready order from the autograd graph at the first forward and
   // bucket by it from iteration 1 (the dynamo DDPOptimizer's idea). False: PyTorch eager's way,
