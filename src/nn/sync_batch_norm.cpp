@@ -91,9 +91,10 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
   }
 };
 
-// torch's BatchNorm forward (BatchNormImplBase::forward): what an unbound SyncBatchNorm, one of a
-// group of one rank, and evaluation run.
-at::Tensor plain_batch_norm(const at::Tensor& input, const BatchNormState& s) {
+// A training forward's step of the running statistics, as torch's BatchNormImplBase::forward
+// takes it: num_batches_tracked counts the batch, and the factor is the momentum, or 1 / that
+// count without one (a cumulative average).
+double running_stats_factor(const BatchNormState& s) {
   const auto& options = *s.options;
   double factor = options.momentum().value_or(0.0);
   if (s.training && options.track_running_stats() && s.num_batches_tracked.defined()) {
@@ -101,9 +102,15 @@ at::Tensor plain_batch_norm(const at::Tensor& input, const BatchNormState& s) {
     s.num_batches_tracked.add_(1);
     if (!options.momentum()) factor = 1.0 / s.num_batches_tracked.item<double>();
   }
+  return factor;
+}
+
+// torch's BatchNorm forward: what an unbound SyncBatchNorm, one of a group of one rank, and
+// evaluation run.
+at::Tensor plain_batch_norm(const at::Tensor& input, const BatchNormState& s) {
   return torch::nn::functional::detail::batch_norm(
       input, s.running_mean, s.running_var, s.weight, s.bias,
-      s.training || !options.track_running_stats(), factor, options.eps());
+      s.training || !s.options->track_running_stats(), running_stats_factor(s), s.options->eps());
 }
 
 }  // namespace
@@ -120,15 +127,16 @@ at::Tensor sync_batch_norm(const at::Tensor& input, const BatchNormState& state,
   const int64_t channels = input.size(1);
   const int64_t local_count = channels > 0 ? input.numel() / channels : 0;
   const auto dims = channel_reduce_dims(input);
-  // This rank's count, mean and sum of squared deviations per channel, in float64: one small
-  // gathered tensor of 2C + 1 values a rank.
+  // This rank's count, mean and sum of squared deviations per channel (one pass in fp32 over the
+  // activation, as torch's batch_norm_stats; no float64 copy of it), combined in float64: one
+  // small gathered tensor of 2C + 1 values a rank.
   const auto f64 = input.options().dtype(at::kDouble);
   at::Tensor local_mean = at::zeros({channels}, f64), local_m2 = at::zeros({channels}, f64);
   if (local_count > 0) {
     at::NoGradGuard no_grad;
-    const at::Tensor x = input.to(at::kDouble);
-    local_mean = x.mean(dims);
-    local_m2 = (x - per_channel(local_mean, x)).pow(2).sum(dims);
+    const auto [var, mean] = at::var_mean(input.to(at::kFloat), dims, /*unbiased=*/false);
+    local_mean = mean.to(at::kDouble);
+    local_m2 = var.to(at::kDouble) * static_cast<double>(local_count);
   }
   const at::Tensor packed =
       at::cat({local_mean, local_m2, at::full({1}, static_cast<double>(local_count), f64)});
@@ -151,11 +159,7 @@ at::Tensor sync_batch_norm(const at::Tensor& input, const BatchNormState& state,
   const at::Tensor invstd = (var + options.eps()).rsqrt();
   if (options.track_running_stats() && state.running_mean.defined()) {
     at::NoGradGuard no_grad;
-    double factor = options.momentum().value_or(0.0);
-    if (state.num_batches_tracked.defined()) {
-      state.num_batches_tracked.add_(1);
-      if (!options.momentum()) factor = 1.0 / state.num_batches_tracked.item<double>();
-    }
+    const double factor = running_stats_factor(state);
     const at::Tensor unbiased = var * (static_cast<double>(total) / static_cast<double>(total - 1));
     state.running_mean.mul_(1 - factor).add_(mean.to(state.running_mean.scalar_type()), factor);
     state.running_var.mul_(1 - factor).add_(unbiased.to(state.running_var.scalar_type()), factor);
