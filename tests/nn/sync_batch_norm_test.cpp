@@ -3,13 +3,19 @@
 // with none; one step and ten steps, parameters and running statistics within 1e-5.
 
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <map>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "ddp/graphs/captured_step.hpp"
 #include "ddp/nn/sync_batch_norm.hpp"
+#include "ddp/optim/sgd.hpp"
+#include "ddp/parallel/autocast.hpp"
 #include "ddp/parallel/data_parallel.hpp"
 #include "ddp/shard/sharded_module.hpp"
 #include "support/workers.hpp"
@@ -44,9 +50,10 @@ constexpr int64_t kGlobal = 7;  // samples in the global batch
 constexpr int kSteps = 10;
 constexpr double kLr = 0.05;
 
-// Rank r's samples of the global batch: uneven, and rank 1 of 3 has none.
+// Rank r's samples of the global batch: uneven, and rank 1 of 3 or 4 has none.
 std::pair<int64_t, int64_t> local_slice(int rank, int world) {
-  static const std::map<int, std::vector<int64_t>> sizes = {{1, {7}}, {2, {4, 3}}, {3, {4, 0, 3}}};
+  static const std::map<int, std::vector<int64_t>> sizes = {
+      {1, {7}}, {2, {4, 3}}, {3, {4, 0, 3}}, {4, {2, 0, 2, 3}}};
   const auto& s = sizes.at(world);
   int64_t offset = 0;
   for (int r = 0; r < rank; ++r) offset += s[static_cast<size_t>(r)];
@@ -66,27 +73,56 @@ std::map<std::string, torch::Tensor> values_of(torch::nn::Module& m) {
 }
 
 void require_close(const std::map<std::string, torch::Tensor>& got,
-                   const std::map<std::string, torch::Tensor>& want, const std::string& what) {
+                   const std::map<std::string, torch::Tensor>& want, double tolerance,
+                   const std::string& what) {
   require(got.size() == want.size(), what + ": " + std::to_string(got.size()) +
                                          " values, expected " + std::to_string(want.size()));
   for (const auto& [name, w] : want) {
     const auto& g = got.at(name);
     const double err = (g.to(torch::kDouble) - w.to(torch::kDouble)).abs().max().item<double>() /
                        std::max(1e-12, w.to(torch::kDouble).abs().max().item<double>());
-    require(err < 1e-5, what + ": " + name + " differs by " + std::to_string(err));
+    require(err < tolerance, what + ": " + name + " differs by " + std::to_string(err));
   }
 }
 
-DDP_TEST_WORKER(sync_batch_norm_styles) {
-  auto pg = worker_process_group();
+// How a run trains: the CPU runs fp32 eager; the GPU adds channels_last, bf16 autocast and a
+// captured step (CUDA graphs).
+struct Mode {
+  std::string name;
+  bool channels_last = false;
+  bool autocast = false;
+  bool captured = false;
+  double tolerance = 1e-5;  // fp32; bf16 autocast rounds differently for other batch sizes
+};
+
+torch::Device test_device() {
+  if (worker_env("DDP_TEST_DEVICE", "cpu") == "cpu") return torch::kCPU;
+  return torch::Device(torch::kCUDA,
+                       static_cast<c10::DeviceIndex>(std::stoi(worker_env("LOCAL_RANK", "0"))));
+}
+
+std::map<std::string, torch::Tensor> on_cpu(std::map<std::string, torch::Tensor> values) {
+  for (auto& [name, value] : values) value = value.cpu();
+  return values;
+}
+
+void train_and_compare(const comm::ProcessGroupPtr& pg, shard::DataParallelStyle style,
+                       const Mode& mode, const torch::Device& device) {
   const int w = pg->world_size(), r = pg->rank();
-  const auto style = shard::parse_style(worker_env("STYLE"));
+  const auto layout = [&](const torch::Tensor& x) {
+    return mode.channels_last ? x.contiguous(torch::MemoryFormat::ChannelsLast) : x;
+  };
+  const auto autocast = [&](std::optional<parallel::AutocastGuard>& guard) {
+    if (mode.autocast) guard.emplace(device.type(), torch::kBFloat16);
+  };
   auto oracle = make_net<torch::nn::BatchNorm2d>();
+  oracle->to(device);
   auto mine = make_net<nn::SyncBatchNorm2d>();
+  mine->to(device);
   torch::optim::SGD oracle_opt(oracle->parameters(), torch::optim::SGDOptions(kLr));
   parallel::DataParallel<std::shared_ptr<ConvNetImpl<nn::SyncBatchNorm2d>>> dp(mine, pg, style);
   require(mine->bn->group() == pg, "the wrapper did not bind the SyncBatchNorm to its group");
-  torch::optim::SGD opt(dp.module_ptr()->parameters(), torch::optim::SGDOptions(kLr));
+  optim::Sgd opt(dp.module_ptr()->parameters(), torch::optim::SGDOptions(kLr));
   const auto [offset, count] = local_slice(r, w);
   const auto wrapped_values = [&] {
     std::map<std::string, torch::Tensor> out;
@@ -96,28 +132,75 @@ DDP_TEST_WORKER(sync_batch_norm_styles) {
       for (const auto& p : mine->named_parameters()) out[p.key()] = p.value().detach().clone();
     }
     for (const auto& b : mine->named_buffers()) out[b.key()] = b.value().detach().clone();
-    return out;
+    return on_cpu(out);
   };
-  for (int step = 1; step <= kSteps; ++step) {
-    const auto [x, y] = global_batch(step);
-    oracle_opt.zero_grad();
-    (oracle->forward(x) - y).pow(2).sum().div(kGlobal).backward();
-    oracle_opt.step();
-    opt.zero_grad();
+  // Static: a replay reads them; refilled before every step.
+  const torch::Tensor x = layout(torch::zeros({count, 3, 5, 5}, device));
+  const torch::Tensor y = torch::zeros({count, 2}, device);
+  const auto body = [&] {
+    optim::zero_grad(opt, /*set_to_none=*/true);
+    torch::Tensor out;
+    {
+      std::optional<parallel::AutocastGuard> guard;
+      autocast(guard);
+      out = dp.forward(x);
+    }
     // This rank's samples weighed as the global batch weighs them (the wrapper averages).
-    const auto out = dp.forward(x.narrow(0, offset, count));
-    (out - y.narrow(0, offset, count))
-        .pow(2)
-        .sum()
-        .mul(static_cast<double>(w) / kGlobal)
-        .backward();
+    (out.to(torch::kFloat) - y).pow(2).sum().mul(static_cast<double>(w) / kGlobal).backward();
     opt.step();
+  };
+  std::unique_ptr<graphs::CapturedStep> captured;
+  if (mode.captured) {
+    graphs::CapturedStepOptions options;
+    options.warmup_steps = 3;
+    options.error_on_fallback = true;  // a capture that fails says why, here
+    options.group = pg;
+    captured = std::make_unique<graphs::CapturedStep>(body, device, options);
+  }
+  const std::string what =
+      std::string(shard::style_name(style)) + " " + mode.name + " at world " + std::to_string(w);
+  for (int step = 1; step <= kSteps; ++step) {
+    const auto [gx, gy] = global_batch(step);
+    oracle_opt.zero_grad();
+    torch::Tensor want;
+    {
+      std::optional<parallel::AutocastGuard> guard;
+      autocast(guard);
+      want = oracle->forward(layout(gx.to(device)));
+    }
+    (want.to(torch::kFloat) - gy.to(device)).pow(2).sum().div(kGlobal).backward();
+    oracle_opt.step();
+    x.copy_(gx.narrow(0, offset, count));
+    y.copy_(gy.narrow(0, offset, count));
+    if (captured) {
+      captured->run();
+    } else {
+      body();
+    }
     if (step == 1 || step == kSteps) {
-      require_close(wrapped_values(), values_of(*oracle),
-                    std::string(shard::style_name(style)) + " at world " + std::to_string(w) +
-                        " after step " + std::to_string(step) + ", rank " + std::to_string(r));
+      require_close(wrapped_values(), on_cpu(values_of(*oracle)), mode.tolerance,
+                    what + " after step " + std::to_string(step) + ", rank " + std::to_string(r));
     }
   }
+  if (captured) {
+    require(captured->state() == graphs::CapturedStep::State::kReplaying,
+            what + ": not replaying (" + graphs::state_name(captured->state()) + ")");
+  }
+}
+
+DDP_TEST_WORKER(sync_batch_norm_styles) {
+  const torch::Device device = test_device();
+  auto pg = worker_process_group(std::chrono::seconds(120), device.is_cuda() ? "nccl" : "gloo");
+  const auto style = shard::parse_style(worker_env("STYLE"));
+  std::vector<Mode> modes{{"fp32"}};
+  if (device.is_cuda()) {
+    // fp32 means fp32: cuDNN's convolutions default to TF32, whose rounding depends on the batch.
+    at::globalContext().setAllowTF32CuDNN(false);
+    modes.push_back({"channels_last", true});
+    modes.push_back({"bf16 autocast", true, true, false, 2e-2});
+    modes.push_back({"captured", false, false, true});
+  }
+  for (const Mode& mode : modes) train_and_compare(pg, style, mode, device);
 }
 
 struct StyleWorld {
@@ -137,6 +220,29 @@ INSTANTIATE_TEST_SUITE_P(StylesWorlds, SyncBatchNormStyles,
                          ::testing::Values(StyleWorld{"replicate", 1}, StyleWorld{"replicate", 2},
                                            StyleWorld{"replicate", 3}, StyleWorld{"fully_shard", 2},
                                            StyleWorld{"fully_shard", 3}, StyleWorld{"default", 3}),
+                         [](const ::testing::TestParamInfo<StyleWorld>& info) {
+                           return info.param.style + "_world" + std::to_string(info.param.world);
+                         });
+
+class SyncBatchNormStylesGpu : public ::testing::TestWithParam<StyleWorld> {};
+
+TEST_P(SyncBatchNormStylesGpu, TrainsAsOneProcessWithBatchNormOnTheGlobalBatch) {
+  const StyleWorld c = GetParam();
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  if (static_cast<int>(torch::cuda::device_count()) < c.world) {
+    GTEST_SKIP() << "needs " << c.world << " GPUs, found " << torch::cuda::device_count();
+  }
+  const auto result =
+      run_workers("sync_batch_norm_styles", c.world,
+                  {{"STYLE", c.style}, {"DDP_TEST_DEVICE", "cuda"}, {"NCCL_NVLS_ENABLE", "0"}},
+                  std::chrono::seconds(300));
+  EXPECT_TRUE(result.ok()) << result.describe();
+}
+
+INSTANTIATE_TEST_SUITE_P(StylesWorlds, SyncBatchNormStylesGpu,
+                         ::testing::Values(StyleWorld{"replicate", 2}, StyleWorld{"fully_shard", 2},
+                                           StyleWorld{"default", 2}, StyleWorld{"replicate", 4},
+                                           StyleWorld{"fully_shard", 4}, StyleWorld{"default", 4}),
                          [](const ::testing::TestParamInfo<StyleWorld>& info) {
                            return info.param.style + "_world" + std::to_string(info.param.world);
                          });
