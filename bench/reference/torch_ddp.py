@@ -93,6 +93,9 @@ def parse_args(argv):
     p.add_argument("--model", choices=MODELS, default="toy")
     p.add_argument("--tie-weights", action="store_true",
                    help="GPT models: lm_head shares the token embedding's weight (wte), as in GPT-2")
+    p.add_argument("--sync-bn", action="store_true",
+                   help="resnet-small: SyncBatchNorm over the group (convert_sync_batchnorm); "
+                        "default per-rank BatchNorm statistics")
     p.add_argument("--seq-len", type=int, default=None,
                    help="GPT and Llama models: the sequence length (default: the row's)")
     p.add_argument("--n-layer", type=int, default=None,
@@ -183,6 +186,10 @@ def parse_args(argv):
     args, unknown = p.parse_known_args(argv)
     if args.toy_model:
         args.model = "toy"
+    if args.sync_bn and args.model != "resnet-small":
+        p.error(f"--sync-bn needs a model with BatchNorm (resnet-small), got --model {args.model}")
+    if args.sync_bn and args.device != "cuda":
+        p.error("--sync-bn needs --device cuda: PyTorch's SyncBatchNorm runs only on GPUs")
     if args.tie_weights and tie_weights_error(args.model) is not None:
         p.error(tie_weights_error(args.model))
     if (args.seq_len or args.n_layer or args.n_embd or args.n_head) and args.model not in SHAPES:
@@ -400,6 +407,8 @@ def worker(args, unknown):
                         n_layers=args.n_layer, d_model=args.n_embd, n_heads=args.n_head)
     if args.init_params:
         load_params(model, args.init_params)
+    if args.sync_bn:
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model.to(device)
     if args.fsdp_checkpoint:
         torch_fsdp.checkpoint_blocks(model)

@@ -219,7 +219,7 @@ const Entry kEntries[] = {
     {"resnet-small", false, false, 0,
      [](Workload& w, const WorkloadOptions& o) {
        const int64_t classes = 10;
-       set_model(w, ResNetSmall(classes, pick(o.dim, 64)));
+       set_model(w, ResNetSmall(classes, pick(o.dim, 64), o.sync_batch_norm));
        w.wrap_units = {"layer1", "layer2", "layer3", "layer4"};
        add_image_class_task(w, classes, o.seed);
      },

@@ -22,13 +22,13 @@ BasicBlockImpl::BasicBlockImpl(int64_t in_channels, int64_t out_channels, int64_
               "BasicBlock: needs positive channel counts and stride 1 or 2, got in=", in_channels,
               " out=", out_channels, " stride=", stride);
   conv1 = register_module("conv1", conv(in_channels, out_channels, 3, stride));
-  bn1 = register_module("bn1", torch::nn::BatchNorm2d(out_channels));
+  bn1 = register_module("bn1", ddp::nn::SyncBatchNorm2d(out_channels));
   conv2 = register_module("conv2", conv(out_channels, out_channels, 3, 1));
-  bn2 = register_module("bn2", torch::nn::BatchNorm2d(out_channels));
+  bn2 = register_module("bn2", ddp::nn::SyncBatchNorm2d(out_channels));
   if (stride != 1 || in_channels != out_channels) {
     downsample = register_module("downsample",
                                  torch::nn::Sequential(conv(in_channels, out_channels, 1, stride),
-                                                       torch::nn::BatchNorm2d(out_channels)));
+                                                       ddp::nn::SyncBatchNorm2d(out_channels)));
   }
 }
 
@@ -39,14 +39,14 @@ torch::Tensor BasicBlockImpl::forward(const torch::Tensor& x) {
   return torch::relu(out + shortcut);
 }
 
-ResNetSmallImpl::ResNetSmallImpl(int64_t num_classes, int64_t width) {
+ResNetSmallImpl::ResNetSmallImpl(int64_t num_classes, int64_t width, bool sync_batch_norm) {
   TORCH_CHECK(num_classes > 0 && width > 0,
               "ResNetSmall: sizes must be positive, got num_classes=", num_classes,
               " width=", width);
   // A 3x3 stride-1 stem instead of torchvision's 7x7 stride-2 conv and max-pool: at 32x32 those
   // would leave layer4 a 1x1 map.
   conv1 = register_module("conv1", conv(3, width, 3, 1));
-  bn1 = register_module("bn1", torch::nn::BatchNorm2d(width));
+  bn1 = register_module("bn1", ddp::nn::SyncBatchNorm2d(width));
   auto make_layer = [](int64_t in, int64_t out, int64_t stride) {
     return torch::nn::Sequential(BasicBlock(in, out, stride), BasicBlock(out, out, 1));
   };
@@ -62,9 +62,10 @@ ResNetSmallImpl::ResNetSmallImpl(int64_t num_classes, int64_t width) {
   for (const auto& module : modules(/*include_self=*/false)) {
     if (auto* c = module->as<torch::nn::Conv2d>()) {
       torch::nn::init::kaiming_normal_(c->weight, 0.0, torch::kFanOut, torch::kReLU);
-    } else if (auto* bn = module->as<torch::nn::BatchNorm2d>()) {
+    } else if (auto* bn = module->as<ddp::nn::SyncBatchNorm2d>()) {
       torch::nn::init::ones_(bn->weight);
       torch::nn::init::zeros_(bn->bias);
+      if (!sync_batch_norm) bn->keep_local();
     }
   }
 }

@@ -126,27 +126,36 @@ void add_affine_token_task(Workload& w, int64_t vocab, uint64_t seed) {
   w.loss = token_cross_entropy;
 }
 
-// Images x ~ N(0, 1) of shape [3, 32, 32]; class = argmax over 10 fixed unit vectors w_c of
-// w_c . m, where m is the per-channel mean of the image. Unit vectors in 3-d are all vertices of
-// their convex hull, so every class owns a cone of m and occurs; the label depends only on
-// channel means, which a CNN with global average pooling can represent, so the task is learnable.
-// Samples come from a generator seeded per sample (sample i is the same in any (offset, n)); the
-// teacher runs in double so that the label does not depend on the batch's BLAS blocking.
+// Class c is an oriented colour grating: cos(2 pi * 4 / 32 * (h cos t_c + w sin t_c) + phase)
+// on each channel ch scaled by a fixed unit colour v_c[ch], with t_c = pi * c / classes, under
+// N(0, 1) noise of the same amplitude. The label and the phase (uniform in [0, 2 pi)) are drawn
+// per sample, so the class is the grating's orientation and colour, never its position: a CNN
+// with global average pooling learns it, and a trained one separates the classes. Samples come
+// from a generator seeded per sample (sample i is the same in any (offset, n)).
 void add_image_class_task(Workload& w, int64_t classes, uint64_t seed) {
   auto gen = cpu_generator(stream_seed(seed, Stream::kTeacher, 0));
-  const auto dbl = torch::TensorOptions().dtype(torch::kDouble);
-  auto teacher = torch::randn({classes, 3}, gen, dbl);
-  teacher /= teacher.pow(2).sum(1, /*keepdim=*/true).sqrt();
+  auto colours = torch::randn({classes, 3}, gen);
+  colours /= colours.pow(2).sum(1, /*keepdim=*/true).sqrt();
+  const auto pixels = torch::arange(32, torch::kFloat);
+  const auto rows = pixels.view({32, 1}), cols = pixels.view({1, 32});
   const std::string name = w.name;
-  w.batch = [name, seed, teacher](int64_t offset, int64_t n) {
+  w.batch = [name, seed, classes, colours, rows, cols](int64_t offset, int64_t n) {
     check_range(name.c_str(), offset, n);
     auto x = torch::empty({n, 3, 32, 32}, torch::kFloat);
+    auto y = torch::empty({n}, torch::kLong);
+    auto labels = y.accessor<int64_t, 1>();
+    constexpr double kPi = 3.14159265358979323846;
     for (int64_t j = 0; j < n; ++j) {
-      const auto sample = static_cast<uint64_t>(offset + j);
-      x.select(0, j).normal_(0.0, 1.0, cpu_generator(stream_seed(seed, Stream::kSample, sample)));
+      auto sample_gen =
+          cpu_generator(stream_seed(seed, Stream::kSample, static_cast<uint64_t>(offset + j)));
+      const int64_t label = torch::randint(classes, {1}, sample_gen).item<int64_t>();
+      const double phase = 2 * kPi * torch::rand({1}, sample_gen).item<double>();
+      const double angle = kPi * static_cast<double>(label) / static_cast<double>(classes);
+      const auto grating = torch::cos(
+          (rows * std::cos(angle) + cols * std::sin(angle)) * (2 * kPi * 4 / 32) + phase);
+      x.select(0, j).normal_(0.0, 1.0, sample_gen).add_(colours[label].view({3, 1, 1}) * grating);
+      labels[j] = label;
     }
-    const auto means = x.to(torch::kDouble).mean({2, 3});  // [n, 3]
-    auto y = means.mm(teacher.t()).argmax(1);              // int64 [n]
     return std::make_pair(x, y);
   };
   w.loss = token_cross_entropy;

@@ -149,7 +149,7 @@ int bind_sync_batch_norms(torch::nn::Module& module, const comm::ProcessGroupPtr
   int bound = 0;
   const auto bind_one = [&](torch::nn::Module& m) {
     if (auto* sync = dynamic_cast<SyncBatchNormGroup*>(&m)) {
-      if (only_unbound && sync->group()) return;
+      if (only_unbound && (sync->group() || sync->local())) return;
       sync->bind(group);
       ++bound;
     }

@@ -187,6 +187,18 @@ class GptRegimeTest(unittest.TestCase):
             torch_ddp.build_model("mlp-deep", tie_weights=True)
 
 
+    def test_sync_bn_needs_a_batch_norm_model_on_gpus(self):
+        for args, error in (
+                (["--model", "toy"], "--sync-bn needs a model with BatchNorm (resnet-small), got "
+                                     "--model toy"),
+                (["--model", "resnet-small"], "--sync-bn needs --device cuda: PyTorch's "
+                                              "SyncBatchNorm runs only on GPUs")):
+            proc = subprocess.run([sys.executable, SCRIPT, *args, "--sync-bn"],
+                                  capture_output=True, text=True, timeout=120, cwd=ROOT)
+            self.assertEqual(proc.returncode, 2, proc.stderr)
+            self.assertIn("torch_ddp.py: error: " + error, proc.stderr)
+
+
 class TensorParallelPlanTest(unittest.TestCase):
     """torch_tp.py's pure parts, on any torch: the plan and the head order of c_attn's rows."""
 

@@ -120,6 +120,15 @@ TEST(DdpBench, TieWeightsNeedsAGptModel) {
       << out;
 }
 
+TEST(DdpBench, SyncBnNeedsAModelWithBatchNorm) {
+  const auto [out, code] = run_command(kBench + " --ddp --nproc 2 --model toy --sync-bn");
+  EXPECT_EQ(code, 2);
+  EXPECT_NE(out.find("ddp-bench: --sync-bn needs a model with BatchNorm (resnet-small), got "
+                     "--model toy"),
+            std::string::npos)
+      << out;
+}
+
 TEST(DdpBench, ProfileWritesOneTrackPerRankWithComputeAndBucketSpans) {
   const std::string dir = temp_dir("profile");
   const std::string trace = dir + "/trace.json", dot = dir + "/graph.dot";

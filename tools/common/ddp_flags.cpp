@@ -101,6 +101,9 @@ void add_model_flags(CLI::App& app, models::WorkloadOptions& options) {
   app.add_option("--dropout", options.dropout,
                  "GPT models: dropout in training (embeddings, attention and MLP outputs)")
       ->check(CLI::Range(0.0, 0.99));
+  app.add_flag("--sync-bn", options.sync_batch_norm,
+               "resnet-small: SyncBatchNorm over the group (PyTorch's convert_sync_batchnorm); "
+               "default per-rank BatchNorm statistics");
 }
 
 std::string check_model_flags(const std::string& model, const models::WorkloadOptions& options,
@@ -113,6 +116,9 @@ std::string check_model_flags(const std::string& model, const models::WorkloadOp
        options.dropout != 0)) {
     return "--n-layer, --n-head, --seq-len and --dropout need a GPT or Llama model, got --model " +
            model;
+  }
+  if (options.sync_batch_norm && model != "resnet-small") {
+    return "--sync-bn needs a model with BatchNorm (resnet-small), got --model " + model;
   }
   if (!gpt && options.dropout != 0) {
     return "--dropout needs a GPT model: --model " + model + " has no dropout";

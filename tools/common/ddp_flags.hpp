@@ -29,7 +29,8 @@ void add_comm_hook_flag(CLI::App& app, std::string& name);
 hooks::CommHookPtr make_comm_hook(const std::string& name, comm::ProcessGroupPtr pg);
 
 // The zoo's model flags, shared by ddp-bench and ddp-train: --tie-weights (GPT-2's tied wte /
-// lm_head weight, WorkloadOptions::tie_weights); each writes into `options`.
+// lm_head weight, WorkloadOptions::tie_weights) and --sync-bn (resnet-small's SyncBatchNorm,
+// WorkloadOptions::sync_batch_norm); each writes into `options`.
 void add_model_flags(CLI::App& app, models::WorkloadOptions& options);
 // After parsing: the complaint about a model flag that --model `model` cannot take ("" when it
 // can), so that it is refused before any worker starts.

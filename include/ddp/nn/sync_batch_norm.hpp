@@ -45,10 +45,22 @@ class SyncBatchNormGroup {
   virtual ~SyncBatchNormGroup() = default;
   // Null: unbound (a plain BatchNorm until a wrapper or bind_sync_batch_norms binds it).
   const comm::ProcessGroupPtr& group() const { return group_; }
-  void bind(comm::ProcessGroupPtr group) { group_ = std::move(group); }
+  void bind(comm::ProcessGroupPtr group) {
+    group_ = std::move(group);
+    local_ = false;
+  }
+  // Per-rank statistics by choice: unbound, and left so by the wrappers (bind_sync_batch_norms
+  // with only_unbound). One model type built both ways: the zoo's resnet-small without --sync-bn,
+  // PyTorch's BatchNorm unless converted.
+  void keep_local() {
+    group_.reset();
+    local_ = true;
+  }
+  bool local() const { return local_; }
 
  private:
   comm::ProcessGroupPtr group_;
+  bool local_ = false;  // keep_local() was called and no bind() since
 };
 
 // The tensors and flags of one BatchNorm call: what sync_batch_norm reads and updates.
@@ -107,7 +119,8 @@ TORCH_MODULE(SyncBatchNorm2d);
 TORCH_MODULE(SyncBatchNorm3d);
 
 // Binds every SyncBatchNorm in `module`'s tree (itself included) to `group`; `only_unbound`:
-// those not bound yet (what the wrappers do, so a hand-bound sub-group stays). Returns how many
+// those neither bound yet nor kept local (what the wrappers do, so a hand-bound sub-group and a
+// keep_local() stay). Returns how many
 // were bound.
 int bind_sync_batch_norms(torch::nn::Module& module, const comm::ProcessGroupPtr& group,
                           bool only_unbound = false);

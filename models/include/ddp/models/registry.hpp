@@ -73,6 +73,10 @@ struct WorkloadOptions {
   int64_t n_heads = 0;
   int64_t seq_len = 0;
   double dropout = 0;
+  // false (default): resnet-small's BatchNorms keep per-rank statistics, as PyTorch's model before
+  // convert_sync_batchnorm. true (--sync-bn): SyncBatchNorm over the wrapper's group. Any other
+  // workload refuses it (it has no BatchNorm).
+  bool sync_batch_norm = false;
 };
 
 // Names, model, what `dim` sets, task:

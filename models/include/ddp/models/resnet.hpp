@@ -5,17 +5,20 @@
 // layer2.0.downsample.0.weight, ..., fc.weight, fc.bias), so checkpoints and
 // bench/reference/torch_ddp.py line up by name. The BatchNorm layers carry buffers (running_mean,
 // running_var, num_batches_tracked), the one zoo model at benchmark scale that exercises buffer
-// broadcast.
+// broadcast. They are ddp::nn::SyncBatchNorm2d: synchronised across the wrapper's group when
+// built with sync_batch_norm (--sync-bn, PyTorch's convert_sync_batchnorm), per-rank BatchNorms
+// (bit for bit torch's) otherwise.
 
 #include <cstdint>
 
 #include <torch/nn/module.h>
-#include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 #include <torch/types.h>
+
+#include "ddp/nn/sync_batch_norm.hpp"
 
 namespace ddp::models {
 
@@ -31,9 +34,9 @@ class BasicBlockImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);
 
   torch::nn::Conv2d conv1{nullptr};
-  torch::nn::BatchNorm2d bn1{nullptr};
+  ddp::nn::SyncBatchNorm2d bn1{nullptr};
   torch::nn::Conv2d conv2{nullptr};
-  torch::nn::BatchNorm2d bn2{nullptr};
+  ddp::nn::SyncBatchNorm2d bn2{nullptr};
   // Null (and not registered) when the shortcut is the identity, as in torchvision.
   torch::nn::Sequential downsample{nullptr};
 };
@@ -48,14 +51,17 @@ TORCH_MODULE(BasicBlock);
 class ResNetSmallImpl : public torch::nn::Module {
  public:
   // 10 classes: CIFAR-10's count. width 64: ResNet-18's; smaller widths keep CPU tests quick.
-  explicit ResNetSmallImpl(int64_t num_classes = 10, int64_t width = 64);
+  // sync_batch_norm false (default): every BatchNorm keeps per-rank statistics (keep_local), as
+  // PyTorch's model before convert_sync_batchnorm.
+  explicit ResNetSmallImpl(int64_t num_classes = 10, int64_t width = 64,
+                           bool sync_batch_norm = false);
 
   // x: float [B, 3, H, W] (32x32 intended; any size >= 8 works) -> logits [B, num_classes].
   // Training mode needs B >= 2 (BatchNorm batch statistics), like any BatchNorm network.
   torch::Tensor forward(const torch::Tensor& x);
 
   torch::nn::Conv2d conv1{nullptr};
-  torch::nn::BatchNorm2d bn1{nullptr};
+  ddp::nn::SyncBatchNorm2d bn1{nullptr};
   torch::nn::Sequential layer1{nullptr};
   torch::nn::Sequential layer2{nullptr};
   torch::nn::Sequential layer3{nullptr};

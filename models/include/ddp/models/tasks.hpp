@@ -30,8 +30,8 @@ void add_counting_task(Workload& w, int64_t vocab, int64_t seq_len, uint64_t see
 // Classification of single tokens: target = (3 * input + 1) mod vocab; cross entropy.
 void add_affine_token_task(Workload& w, int64_t vocab, uint64_t seed);
 
-// Image class: x ~ N(0, 1) of shape [3, 32, 32], the class a fixed function of the channel
-// means; cross entropy.
+// Image class: x [3, 32, 32], an oriented colour grating per class (its phase random) under
+// N(0, 1) noise; cross entropy.
 void add_image_class_task(Workload& w, int64_t classes, uint64_t seed);
 
 }  // namespace ddp::models
