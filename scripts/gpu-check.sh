@@ -7,7 +7,7 @@
 #   bash scripts/gpu-check.sh                 # build, tests, levers, table
 #   bash scripts/gpu-check.sh build tests     # only those stages
 #
-# Stages: build, tests, llama (issue 60: the Llama rows, ours against FSDP2 per block), floors60 (issue 60: the batch-1 regime against its compute-only and communication-only floors, and FSDP2), train60 (issue 60: ddp-train --data with llama-1b, a save and a resume), fit (issue 60: the memory plan refuses DDP of llama-8b), attr60 (issue 60: kernel traces of the llama step, ours and FSDP2's, read by bench/trace_attribution.py), ac59 (issue 59: the FULLY_SHARD x activation checkpointing rows, and gpt2-medium per block with checkpointing against FSDP2), forensics (issue 49: a rank SIGSTOPped in eager and in captured training on NCCL, the dumps read by ddp-forensics), graphs (issue 25: captured steps, ours and PyTorch's recipe), recipe (issue 26:
+# Stages: build, tests, llama (issue 60: the Llama rows, ours against FSDP2 per block), syncbn61 (issue 61: resnet-small with and without SyncBatchNorm, ours and PyTorch's DDP), floors60 (issue 60: the batch-1 regime against its compute-only and communication-only floors, and FSDP2), train60 (issue 60: ddp-train --data with llama-1b, a save and a resume), fit (issue 60: the memory plan refuses DDP of llama-8b), attr60 (issue 60: kernel traces of the llama step, ours and FSDP2's, read by bench/trace_attribution.py), ac59 (issue 59: the FULLY_SHARD x activation checkpointing rows, and gpt2-medium per block with checkpointing against FSDP2), forensics (issue 49: a rank SIGSTOPped in eager and in captured training on NCCL, the dumps read by ddp-forensics), graphs (issue 25: captured steps, ours and PyTorch's recipe), recipe (issue 26:
 # the GPT recipe, ours and PyTorch's in one bench/compare run, and ddp-train --data with MFU), text (ddp-train --data on the GPU), tpref (PyTorch's --tp reference checked on CPU Gloo), onegpu (ours vs PyTorch with one GPU: bare, DDP and FULLY_SHARD at world 1), sharded (FULLY_SHARD vs FSDP2), fsdpbest (issue 36: FULLY_SHARD vs FSDP2 under its reshard, prefetch and bf16 knobs), capture35 (issue 35: the GPT recipe as one captured step, ours and PyTorch's; GPT2=1 adds gpt2-small bare vs recipe, TRAIN=1 ddp-train --data eager vs captured, 3 epochs, a resume), attribution (issue 13: noop hook, --no-overlap), tp (issue 15: --tp 2), final (the documented table), overlap, levers (ours only: each tuning lever against our default), table (bench/compare,
 # ours vs PyTorch in the same run, with the 1-GPU baselines), parity (C++ vs PyTorch parameters).
 set -uo pipefail
@@ -470,6 +470,25 @@ if has floors60; then
       start=$(date +%s)
       timeout 400 $cmd >"$log" 2>&1
       note "floors $name b1 x 1024 world $NP $side rc=$? ($(($(date +%s) - start)) s): $(grep -m1 '^{' "$log" | cut -c1-200) $(grep -o '"comm_floor":{[^}]*}' "$log")"
+    done
+  done
+fi
+if has syncbn61; then
+  # Issue 61 item 1: resnet-small (ResNet-18 at 32x32) under DDP, bf16 autocast, SYNCBN_BATCH
+  # images a rank, ours and PyTorch's in the same call, with per-rank BatchNorm and with
+  # SyncBatchNorm (--sync-bn: ours, and PyTorch's convert_sync_batchnorm).
+  flags="--model resnet-small --batch-size ${SYNCBN_BATCH:-128} --device cuda --nproc $NP --ddp"
+  flags="$flags --autocast-bf16 --repeat ${SYNCBN_REPEAT:-30} --warmup 5 --json"
+  for bn in "" "--sync-bn"; do
+    for side in ours torch; do
+      case $side in
+        ours) cmd="$BENCH $flags $bn" ;;
+        torch) cmd="$PY bench/reference/torch_ddp.py $flags $bn" ;;
+      esac
+      log="$OUT/syncbn-$side${bn:+-sync}.log"
+      start=$(date +%s)
+      timeout 300 $cmd >"$log" 2>&1
+      note "resnet-small b${SYNCBN_BATCH:-128} world $NP bf16 ${bn:-per-rank-bn} $side rc=$? ($(($(date +%s) - start)) s): $(grep -m1 '^{' "$log" | cut -c1-220)"
     done
   done
 fi
