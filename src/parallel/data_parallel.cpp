@@ -31,6 +31,8 @@ std::unique_ptr<wrap::WrappedModel> make_wrapped(std::shared_ptr<torch::nn::Modu
   TORCH_CHECK(conflict.empty(), conflict);
   const std::string ignored = gather_setting_conflict(style, options.shard);
   TORCH_CHECK(ignored.empty(), ignored);
+  const std::string buffers = buffer_setting_conflict(style, options);
+  TORCH_CHECK(buffers.empty(), buffers);
   TORCH_CHECK(group, "ddp::data_parallel needs a process group");
   if (style == DataParallelStyle::kReplicate) {
     return std::make_unique<DistributedDataParallelBase>(std::move(module), std::move(group),
@@ -58,6 +60,22 @@ std::string gather_setting_conflict(DataParallelStyle style, const shard::ShardO
          " is set but the style is replicate, which gathers and reduce-scatters nothing (every "
          "rank holds the parameters whole): for bf16 compute use autocast, for bf16 all-reduces a "
          "bf16 comm hook, or choose a sharded style";
+}
+
+std::string buffer_setting_conflict(DataParallelStyle style, const DataParallelOptions& options) {
+  // Each style reads its own struct's broadcast_buffers; one turned off in the struct the style
+  // does not read would be ignored.
+  if (style == DataParallelStyle::kReplicate && !options.shard.broadcast_buffers) {
+    return "ddp::data_parallel: DataParallelOptions::shard.broadcast_buffers is false but the "
+           "style is replicate, which reads ddp.broadcast_buffers: set that one";
+  }
+  if (style != DataParallelStyle::kReplicate && !options.ddp.broadcast_buffers) {
+    return std::string(
+               "ddp::data_parallel: DataParallelOptions::ddp.broadcast_buffers is false "
+               "but the style is ") +
+           shard::style_name(style) + ", which reads shard.broadcast_buffers: set that one";
+  }
+  return "";
 }
 
 }  // namespace ddp::parallel

@@ -50,7 +50,7 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
   // replica and the broadcast but not the reducer, buffers broadcast: intake/module_intake.hpp.
   const intake::ModuleIntake intake = intake::take_in(*module_ptr(), options_.params_to_ignore);
   all_params_ = intake.params;
-  buffers_ = intake.buffers;
+  set_buffers(intake.buffers);
   buffer_names_ = intake.buffer_names;
   param_names_ = intake.trainable_names();
   const std::vector<torch::Tensor> grad_params = intake.trainable_params();
@@ -99,11 +99,6 @@ std::string DistributedDataParallelBase::plan_summary() const {
 std::vector<std::pair<std::string, std::string>> DistributedDataParallelBase::describe_options()
     const {
   return describe(options_);
-}
-
-void DistributedDataParallelBase::sync_buffers() {
-  const comm::ForPurpose purpose({comm::Purpose::kParamBroadcast});
-  comm::broadcast_coalesced(*group(), buffers_, 0, "broadcast of rank 0's buffers");
 }
 
 void DistributedDataParallelBase::pre_forward() {
@@ -191,7 +186,7 @@ void DistributedDataParallelBase::join(const std::function<void()>& train_loop,
     }
   }
   std::vector<torch::Tensor> state = all_params_;
-  state.insert(state.end(), buffers_.begin(), buffers_.end());
+  state.insert(state.end(), buffers().begin(), buffers().end());
   comm::broadcast_coalesced(*group(), state, authority, "join: broadcast of the final state");
 }
 

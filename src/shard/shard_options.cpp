@@ -21,6 +21,7 @@ void describe(const ShardOptions& options, const std::string& prefix,
   out.emplace_back(prefix + "prefetch", flag(options.prefetch));
   out.emplace_back(prefix + "param_dtype", dtype(options.param_dtype));
   out.emplace_back(prefix + "reduce_dtype", dtype(options.reduce_dtype));
+  out.emplace_back(prefix + "broadcast_buffers", flag(options.broadcast_buffers));
   out.emplace_back(prefix + "stats_every", std::to_string(options.stats_every));
   out.emplace_back(prefix + "verbose", flag(options.verbose));
   gradients::describe(options.replicated, prefix + "replicated.", out);

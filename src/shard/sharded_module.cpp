@@ -55,6 +55,7 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module,
   intake::synchronize_replicas(*pg, intake, "ShardedModule", absent);
   params_ = intake.params;
   names_ = intake.names;
+  set_buffers(intake.buffers);
   std::vector<ParamShape> shapes;
   for (size_t i = 0; i < params_.size(); ++i) {
     shapes.emplace_back(names_[i], params_[i].sizes().vec(), params_[i].scalar_type(),
@@ -240,6 +241,9 @@ void ShardedModule::pre_forward() {
   phase_ = Phase::kForward;
   stats().collect(num_synchronized_backwards());
   stats().forward_started();
+  // Rank 0's buffers first, as DDP's forward (ShardOptions::broadcast_buffers), an evaluation's
+  // under no_grad included.
+  if (options_.broadcast_buffers && require_sync()) sync_buffers();
   schedule_->begin_forward();
   // The gradient runtime is ready from here, so a backward of the module's own forward is reduced
   // as the wrapper's is.

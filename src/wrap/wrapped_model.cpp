@@ -3,6 +3,8 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include "ddp/comm/broadcast_coalesced.hpp"
+#include "ddp/comm/flight_recorder.hpp"
 #include "ddp/gradients/gradient_runtime.hpp"
 #include "ddp/nn/sync_batch_norm.hpp"
 
@@ -30,6 +32,11 @@ WrappedModel::WrappedModel(std::shared_ptr<torch::nn::Module> module, comm::Proc
 }
 
 WrappedModel::~WrappedModel() = default;
+
+void WrappedModel::sync_buffers() {
+  const comm::ForPurpose purpose({comm::Purpose::kParamBroadcast});
+  comm::broadcast_coalesced(*pg_, buffers_, 0, "broadcast of rank 0's buffers");
+}
 
 void WrappedModel::set_gradients(std::unique_ptr<gradients::GradientRuntime> gradients) {
   TORCH_CHECK(!gradients_, "ddp: the gradient runtime is set once");

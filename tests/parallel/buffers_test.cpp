@@ -1,10 +1,12 @@
-// DDP's buffers at evaluation: each rank's batch moves its own BatchNorm statistics within a step,
-// so after training they differ across ranks; an evaluation forward through the wrapper (eval
-// mode, no_grad) broadcasts rank 0's first, as PyTorch's DDP does, and every rank computes the
-// same outputs. Worlds 2 and 3.
+// Buffers at evaluation, every style: each rank's batch moves its own BatchNorm statistics within
+// a step, so after training they differ across ranks; an evaluation forward through the wrapper
+// (eval mode, no_grad) broadcasts rank 0's first, as PyTorch's DDP does, and every rank computes
+// the same outputs; with broadcast_buffers off each rank keeps its own. Worlds 2 and 3.
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+
+#include <string>
 
 #include "ddp/parallel/data_parallel.hpp"
 #include "support/workers.hpp"
@@ -29,12 +31,18 @@ bool all_equal(const std::vector<torch::Tensor>& each) {
   return true;
 }
 
-DDP_TEST_WORKER(ddp_evaluation_buffers) {
+// STYLE: the wrapper's style; BROADCAST: "1" leaves broadcast_buffers at its default (true),
+// "0" turns it off in the struct the style reads.
+DDP_TEST_WORKER(evaluation_buffers) {
   auto pg = worker_process_group();
+  const auto style = shard::parse_style(worker_env("STYLE"));
+  const bool broadcast = worker_env("BROADCAST") == "1";
   torch::manual_seed(3);
   auto net = std::make_shared<BnNetImpl>();
-  parallel::DataParallel<std::shared_ptr<BnNetImpl>> dp(net, pg,
-                                                        shard::DataParallelStyle::kReplicate);
+  parallel::DataParallelOptions options;
+  options.ddp.broadcast_buffers = broadcast || style != shard::DataParallelStyle::kReplicate;
+  options.shard.broadcast_buffers = broadcast || style == shard::DataParallelStyle::kReplicate;
+  parallel::DataParallel<std::shared_ptr<BnNetImpl>> dp(net, pg, style, options);
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
   for (int step = 0; step < 2; ++step) {
     torch::manual_seed(10 * step + pg->rank());  // each rank its own batch
@@ -51,24 +59,58 @@ DDP_TEST_WORKER(ddp_evaluation_buffers) {
     torch::manual_seed(99);  // the same input on every rank
     out = dp.forward(torch::randn({5, 4}));
   }
-  require(all_equal(pg->all_gather_each(out, "evaluation outputs")),
-          "the ranks' evaluation outputs differ: the evaluation forward did not broadcast rank "
-          "0's buffers");
-  require(all_equal(pg->all_gather_each(net->bn->running_var, "running variances")),
-          "the running variances differ after the evaluation forward");
+  const std::string what = std::string(shard::style_name(style)) + " with broadcast_buffers " +
+                           (broadcast ? "on" : "off");
+  require(all_equal(pg->all_gather_each(out, "evaluation outputs")) == broadcast,
+          what + ": the ranks' evaluation outputs " + (broadcast ? "differ" : "agree"));
+  require(all_equal(pg->all_gather_each(net->bn->running_var, "running variances")) == broadcast,
+          what + ": the running variances " + (broadcast ? "differ" : "agree") +
+              " after the evaluation forward");
 }
 
-class DdpEvaluationBuffers : public ::testing::TestWithParam<int> {};
+struct Case {
+  std::string style;
+  bool broadcast;
+  int world;
+};
 
-TEST_P(DdpEvaluationBuffers, AnEvaluationForwardSeesRankZerosBuffers) {
-  const auto result = run_workers("ddp_evaluation_buffers", GetParam());
+class EvaluationBuffers : public ::testing::TestWithParam<Case> {};
+
+TEST_P(EvaluationBuffers, AnEvaluationForwardSeesRankZerosBuffersUnlessTurnedOff) {
+  const Case c = GetParam();
+  const auto result = run_workers("evaluation_buffers", c.world,
+                                  {{"STYLE", c.style}, {"BROADCAST", c.broadcast ? "1" : "0"}});
   EXPECT_TRUE(result.ok()) << result.describe();
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, DdpEvaluationBuffers, ::testing::Values(2, 3),
-                         [](const ::testing::TestParamInfo<int>& info) {
-                           return "world" + std::to_string(info.param);
+INSTANTIATE_TEST_SUITE_P(StylesWorlds, EvaluationBuffers,
+                         ::testing::Values(Case{"replicate", true, 2}, Case{"replicate", true, 3},
+                                           Case{"replicate", false, 2},
+                                           Case{"fully_shard", true, 2},
+                                           Case{"fully_shard", true, 3},
+                                           Case{"fully_shard", false, 2}, Case{"default", true, 3},
+                                           Case{"default", false, 2}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return info.param.style +
+                                  (info.param.broadcast ? "_broadcast" : "_local") + "_world" +
+                                  std::to_string(info.param.world);
                          });
+
+// broadcast_buffers turned off where the style does not read it would be ignored: refused.
+TEST(EvaluationBuffers, OffInTheStructTheStyleDoesNotReadIsRefused) {
+  parallel::DataParallelOptions options;
+  options.ddp.broadcast_buffers = false;
+  EXPECT_EQ(parallel::buffer_setting_conflict(shard::DataParallelStyle::kFullyShard, options),
+            "ddp::data_parallel: DataParallelOptions::ddp.broadcast_buffers is false but the "
+            "style is fully_shard, which reads shard.broadcast_buffers: set that one");
+  EXPECT_EQ(parallel::buffer_setting_conflict(shard::DataParallelStyle::kReplicate, options), "");
+  options = {};
+  options.shard.broadcast_buffers = false;
+  EXPECT_EQ(parallel::buffer_setting_conflict(shard::DataParallelStyle::kReplicate, options),
+            "ddp::data_parallel: DataParallelOptions::shard.broadcast_buffers is false but the "
+            "style is replicate, which reads ddp.broadcast_buffers: set that one");
+  EXPECT_EQ(parallel::buffer_setting_conflict(shard::DataParallelStyle::kDefault, options), "");
+}
 
 }  // namespace
 }  // namespace ddp::testing

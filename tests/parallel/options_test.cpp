@@ -59,11 +59,12 @@ TEST(Options, ShardOptionsDescribeReachesNestedFields) {
   shard::describe(options, "shard.", out);
   std::map<std::string, std::string> d(out.begin(), out.end());
   EXPECT_EQ(d.size(), out.size()) << "duplicate option names";
-  EXPECT_EQ(d.size(), 15u);
+  EXPECT_EQ(d.size(), 16u);
   EXPECT_EQ(d.at("shard.style"), "fully_shard");
   EXPECT_EQ(d.at("shard.units"), "[h.0,h.1]");
   EXPECT_EQ(d.at("shard.param_dtype"), "BFloat16");
   EXPECT_EQ(d.at("shard.reduce_dtype"), "none");
+  EXPECT_EQ(d.at("shard.broadcast_buffers"), "true");
   EXPECT_EQ(d.at("shard.stats_every"), "100");
   EXPECT_EQ(d.at("shard.verbose"), "false");
   EXPECT_EQ(d.at("shard.replicated.buckets.bucket_cap_bytes"), "7");

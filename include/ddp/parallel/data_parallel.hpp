@@ -65,6 +65,11 @@ struct DataParallelOptions {
   shard::ShardOptions shard;
 };
 
+// The refusal of broadcast_buffers turned off in the struct the call's style does not read
+// (ddp.broadcast_buffers under a sharded style, shard.broadcast_buffers under kReplicate), which
+// would be silently ignored; "" otherwise.
+std::string buffer_setting_conflict(DataParallelStyle style, const DataParallelOptions& options);
+
 // The data-parallel group of `mesh`: dim "dp", or the only dim. Throws naming the mesh's dims.
 comm::ProcessGroupPtr data_parallel_group(const comm::DeviceMesh& mesh);
 

@@ -52,10 +52,6 @@ class DistributedDataParallelBase : public wrap::WrappedModel {
   comm::ProcessGroup& process_group() { return *group(); }
   const DDPOptions& options() const { return options_; }
 
-  // Broadcasts rank 0's buffers to every rank (done before each synchronized forward when
-  // DDPOptions::broadcast_buffers is set).
-  void sync_buffers();
-
   // Uneven inputs: runs `train_loop` (this rank's loop over its batches); a rank whose loop ends
   // first keeps shadowing the collectives of the ranks still training, until every rank is done.
   // Then all ranks take the state of the rank that trained longest (highest rank on ties).
@@ -80,7 +76,6 @@ class DistributedDataParallelBase : public wrap::WrappedModel {
   layout::TensorLayouts layouts_;  // replicated over {world}: no parameter named
   std::vector<std::string> param_names_;
   std::vector<torch::Tensor> all_params_;  // every distinct parameter not ignored (broadcast set)
-  std::vector<torch::Tensor> buffers_;
   std::vector<std::string> buffer_names_;
   // Join state: inside join(), every synchronized forward first all-reduces "still training".
   bool joining_ = false;

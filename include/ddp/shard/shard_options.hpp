@@ -50,6 +50,12 @@ struct ShardOptions {
   // a rounding of the sum; a dtype the backend cannot reduce (Gloo: bf16) is refused at
   // construction, naming it.
   std::optional<c10::ScalarType> reduce_dtype;
+  // Default true, as DDPOptions::broadcast_buffers (one buffer policy for every style; FSDP2 has
+  // none): rank 0's buffers (BatchNorm's running statistics) are broadcast before every
+  // synchronized forward, an evaluation's under no_grad included, so every rank normalises with
+  // the same statistics and a checkpoint's (rank 0's) are every rank's. False: each rank keeps its
+  // own (rank-local on purpose, or no buffer that changes: saves a collective per forward).
+  bool broadcast_buffers = true;
   // Default 100, as DDPOptions::stats_every (PyTorch's logger): the units' reduce-scatters are
   // sampled in iterations 1-10, then every N-th, for logging_data().
   int64_t stats_every = 100;

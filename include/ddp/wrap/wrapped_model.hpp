@@ -74,6 +74,10 @@ class WrappedModel {
   // Zeroes every gradient the runtime reduces, in place (DDP's bucket views, the shards'). Not
   // while a backward runs.
   void zero_grad();
+  // Broadcasts rank 0's buffers (BatchNorm's running statistics, ...) to every rank, in one
+  // coalesced collective: what every style's forward does first when its options'
+  // broadcast_buffers is set (DDPOptions, ShardOptions). Collective.
+  void sync_buffers();
 
   // Runtime stats and configuration (PyTorch's _get_ddp_logging_data), and the last synchronized
   // backward's timeline.
@@ -111,6 +115,10 @@ class WrappedModel {
   // The runtime reducing this model's gradients (null: nothing to reduce), once, from the
   // derived constructor; the stats listen to it from then on.
   void set_gradients(std::unique_ptr<gradients::GradientRuntime> gradients);
+  // The buffers sync_buffers broadcasts (the module's, less any ignored), once, from the derived
+  // constructor.
+  void set_buffers(std::vector<at::Tensor> buffers) { buffers_ = std::move(buffers); }
+  const std::vector<at::Tensor>& buffers() const { return buffers_; }
   gradients::GradientRuntime* gradients() const { return gradients_.get(); }
   // Drops the gradient runtime (its autograd hooks) first, from a derived destructor, before the
   // derived members its hooks and observers use.
@@ -132,7 +140,8 @@ class WrappedModel {
 
   std::shared_ptr<torch::nn::Module> module_;
   comm::ProcessGroupPtr pg_;
-  bool require_sync_ = true;  // false inside no_sync()
+  bool require_sync_ = true;         // false inside no_sync()
+  std::vector<at::Tensor> buffers_;  // what sync_buffers broadcasts
   // Listeners on the gradient runtime; declared before it so they outlive it.
   obs::GradientStats stats_;
   std::unique_ptr<optim::OptimizerInBackward> optimizer_in_backward_;
