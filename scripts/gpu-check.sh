@@ -7,7 +7,7 @@
 #   bash scripts/gpu-check.sh                 # build, tests, levers, table
 #   bash scripts/gpu-check.sh build tests     # only those stages
 #
-# Stages: build, tests, llama (issue 60: the Llama rows, ours against FSDP2 per block), syncbn61 (issue 61: resnet-small with and without SyncBatchNorm, ours and PyTorch's DDP), floors60 (issue 60: the batch-1 regime against its compute-only and communication-only floors, and FSDP2), train60 (issue 60: ddp-train --data with llama-1b, a save and a resume), fit (issue 60: the memory plan refuses DDP of llama-8b), attr60 (issue 60: kernel traces of the llama step, ours and FSDP2's, read by bench/trace_attribution.py), ac59 (issue 59: the FULLY_SHARD x activation checkpointing rows, and gpt2-medium per block with checkpointing against FSDP2), forensics (issue 49: a rank SIGSTOPped in eager and in captured training on NCCL, the dumps read by ddp-forensics), graphs (issue 25: captured steps, ours and PyTorch's recipe), recipe (issue 26:
+# Stages: build, tests, llama (issue 60: the Llama rows, ours against FSDP2 per block), syncbn61 (issue 61: resnet-small with and without SyncBatchNorm, ours and PyTorch's DDP), check61 (issue 61: the replica check's cost), vision61 (issue 61: examples/vision_cnn installed and run on GPUs), floors60 (issue 60: the batch-1 regime against its compute-only and communication-only floors, and FSDP2), train60 (issue 60: ddp-train --data with llama-1b, a save and a resume), fit (issue 60: the memory plan refuses DDP of llama-8b), attr60 (issue 60: kernel traces of the llama step, ours and FSDP2's, read by bench/trace_attribution.py), ac59 (issue 59: the FULLY_SHARD x activation checkpointing rows, and gpt2-medium per block with checkpointing against FSDP2), forensics (issue 49: a rank SIGSTOPped in eager and in captured training on NCCL, the dumps read by ddp-forensics), graphs (issue 25: captured steps, ours and PyTorch's recipe), recipe (issue 26:
 # the GPT recipe, ours and PyTorch's in one bench/compare run, and ddp-train --data with MFU), text (ddp-train --data on the GPU), tpref (PyTorch's --tp reference checked on CPU Gloo), onegpu (ours vs PyTorch with one GPU: bare, DDP and FULLY_SHARD at world 1), sharded (FULLY_SHARD vs FSDP2), fsdpbest (issue 36: FULLY_SHARD vs FSDP2 under its reshard, prefetch and bf16 knobs), capture35 (issue 35: the GPT recipe as one captured step, ours and PyTorch's; GPT2=1 adds gpt2-small bare vs recipe, TRAIN=1 ddp-train --data eager vs captured, 3 epochs, a resume), attribution (issue 13: noop hook, --no-overlap), tp (issue 15: --tp 2), final (the documented table), overlap, levers (ours only: each tuning lever against our default), table (bench/compare,
 # ours vs PyTorch in the same run, with the 1-GPU baselines), parity (C++ vs PyTorch parameters).
 set -uo pipefail
@@ -490,6 +490,34 @@ if has syncbn61; then
       timeout 300 $cmd >"$log" 2>&1
       note "resnet-small b${SYNCBN_BATCH:-128} world $NP bf16 ${bn:-per-rank-bn} $side rc=$? ($(($(date +%s) - start)) s): $(grep -m1 '^{' "$log" | cut -c1-220)"
     done
+  done
+fi
+if has check61; then
+  # Issue 61 item 4: the replica check's cost, gpt2-small under DDP (bf16 autocast, 8 x 1024 tokens
+  # a rank), checked every forward (--check-replicas-every 1: its worst case) and never.
+  flags="--model gpt2-small --batch-size 8 --device cuda --nproc $NP --ddp --autocast-bf16"
+  flags="$flags --repeat 20 --warmup 5 --json"
+  for every in 0 1 10; do
+    log="$OUT/check61-every$every.log"
+    timeout 300 $BENCH $flags --check-replicas-every $every >"$log" 2>&1
+    note "gpt2-small b8 world $NP --check-replicas-every $every rc=$?: $(grep -m1 '^{' "$log" | cut -c1-160)"
+  done
+fi
+if has vision61; then
+  # Issue 61 item 6: examples/vision_cnn as a user builds it (installed libddp, find_package) and
+  # runs it on GPUs (NCCL, channels_last, bf16 autocast) at world 2, DDP and FULLY_SHARD.
+  TORCH_PREFIX="$($PY -c 'import torch;print(torch.utils.cmake_prefix_path)')"
+  prefix=/tmp/ddp-prefix
+  rm -rf "$prefix" /tmp/vision-build
+  { cmake --install build-gpu --prefix "$prefix" &&
+    cmake -S examples/vision_cnn -B /tmp/vision-build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_PREFIX_PATH="$prefix;$TORCH_PREFIX" && cmake --build /tmp/vision-build; } \
+    >"$OUT/vision-build.log" 2>&1 || { note "vision_cnn build failed"; tail -20 "$OUT/vision-build.log"; }
+  for style in replicate fully_shard; do
+    log="$OUT/vision-$style.log"
+    timeout 300 "$prefix/bin/ddp-run" --nproc-per-node 2 -- /tmp/vision-build/vision_cnn \
+      --device cuda --style $style --steps 200 --eval-every 100 >"$log" 2>&1
+    note "vision_cnn cuda world 2 $style rc=$?: $(grep 'final:' "$log" | tr '\n' ' ')"
   done
 fi
 if has train60; then

@@ -356,7 +356,7 @@ void ProcessGroup::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::s
 }
 
 void ProcessGroup::allreduce_sum(at::Tensor& tensor, const std::string& what) {
-  wait(allreduce_sum_async(tensor), what);
+  wait_on_stream(allreduce_sum_async(tensor), what);
 }
 
 void ProcessGroup::broadcast(at::Tensor& tensor, int root, const std::string& what) {
@@ -365,9 +365,9 @@ void ProcessGroup::broadcast(at::Tensor& tensor, int root, const std::string& wh
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
   opts.timeout = timeout_;
-  wait(issue({"broadcast", tensor.numel(), tensor.scalar_type(), root},
-             [&] { return made_->backend->broadcast(tensors, opts); }),
-       what);
+  wait_on_stream(issue({"broadcast", tensor.numel(), tensor.scalar_type(), root},
+                       [&] { return made_->backend->broadcast(tensors, opts); }),
+                 what);
 }
 
 std::vector<at::Tensor> ProcessGroup::all_gather_each(const at::Tensor& tensor,
@@ -379,9 +379,9 @@ std::vector<at::Tensor> ProcessGroup::all_gather_each(const at::Tensor& tensor,
   std::vector<at::Tensor> inputs{tensor};
   c10d::AllgatherOptions opts;
   opts.timeout = timeout_;
-  wait(issue({"all-gather", tensor.numel(), tensor.scalar_type()},
-             [&] { return made_->backend->allgather(outputs, inputs, opts); }),
-       what);
+  wait_on_stream(issue({"all-gather", tensor.numel(), tensor.scalar_type()},
+                       [&] { return made_->backend->allgather(outputs, inputs, opts); }),
+                 what);
   return outputs[0];
 }
 

@@ -72,6 +72,13 @@ DistributedSampler::DistributedSampler(SamplerOptions options)
   shard_ = epoch_indices(0);
 }
 
+int64_t DistributedSampler::real_samples() const {
+  if (options_.drop_last) return samples_per_rank_;
+  const int64_t w = options_.world_size, r = options_.rank;
+  const int64_t real = options_.size > r ? (options_.size - r + w - 1) / w : 0;
+  return std::min(real, samples_per_rank_);
+}
+
 void DistributedSampler::set_epoch(int64_t epoch) {
   TORCH_CHECK(epoch >= 0, "DistributedSampler::set_epoch: epoch must be >= 0, got ", epoch);
   // consumed() = epoch * samples_per_rank must stay representable.

@@ -77,13 +77,6 @@ bool is_placeholder(const at::Tensor& t) {
   return true;
 }
 
-// Per tensor, the sum and the sum of squares of its values in float64 (NaNs as 0), where the
-// tensor lives.
-at::Tensor checksum(const at::Tensor& t) {
-  const at::Tensor values = at::nan_to_num(t.detach().to(at::kDouble));
-  return at::stack({values.sum(), values.square().sum()});
-}
-
 }  // namespace
 
 void synchronize_replicas(comm::ProcessGroup& group, const ModuleIntake& intake,
@@ -124,25 +117,15 @@ void synchronize_replicas(comm::ProcessGroup& group, const ModuleIntake& intake,
   // stacked there: no copy of the model to the host and one device sync (the comparison's)
   // instead of two per tensor.
   at::NoGradGuard no_grad;
-  // On the group's device (a control tensor's, comm/control_scalars.hpp): the sampled checksums of
-  // deferred values are made on the host, so a model whose every value is deferred (a GPT under
-  // fully_shard: no buffer) stacked them there, and NCCL refused the broadcast ("Tensors must be
-  // CUDA and dense", 2x H200).
-  const at::Device device = group.device();
   std::vector<at::Tensor> sums;
   sums.reserve(state.size());
   for (const at::Tensor& t : state) {
     const auto it = absent.find(t.unsafeGetTensorImpl());
-    sums.push_back((it != absent.end() ? it->second : checksum(t)).to(device));
+    sums.push_back(it != absent.end() ? it->second : checksum(t));
   }
-  const at::Tensor device_mine = at::stack(sums);
-  at::Tensor reference = device_mine.clone();
-  group.broadcast(reference, 0, who + ": checksum of rank 0's parameters and buffers");
-  at::Tensor differs = device_mine.ne(reference).any(1).to(at::kDouble);
-  group.allreduce_sum(differs, who + ": comparison of the parameter and buffer checksums");
-  const at::Tensor counts = differs.to(at::kCPU);
+  const std::vector<int64_t> counts = ranks_differing_from_rank0(group, sums, who);
   for (size_t i = 0; i < state.size(); ++i) {
-    const auto ranks = static_cast<int64_t>(counts[static_cast<int64_t>(i)].item<double>());
+    const int64_t ranks = counts[i];
     if (absent.count(state[i].unsafeGetTensorImpl()) != 0) {
       TORCH_CHECK(ranks == 0, "ddp: ", who, ": parameter '", names[i],
                   "' was initialised with other values on ", ranks,

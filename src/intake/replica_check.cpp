@@ -1,5 +1,6 @@
 #include "ddp/intake/replica_check.hpp"
 
+#include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
 #include <sstream>
@@ -91,6 +92,37 @@ void verify_replicas(comm::ProcessGroup& pg, const std::vector<std::string>& sig
   }
   const std::string error = compare_signatures(all);
   TORCH_CHECK(error.empty(), error);
+}
+
+at::Tensor checksum(const at::Tensor& t) {
+  const at::Tensor values = at::nan_to_num(t.detach().to(at::kDouble));
+  return at::stack({values.sum(), values.square().sum()});
+}
+
+std::vector<int64_t> ranks_differing_from_rank0(comm::ProcessGroup& group,
+                                                const std::vector<at::Tensor>& checksums,
+                                                const std::string& who) {
+  if (checksums.empty()) return {};
+  // On the group's device (a control tensor's, comm/control_scalars.hpp): the sampled checksums of
+  // deferred values are made on the host, so a model whose every value is deferred (a GPT under
+  // fully_shard: no buffer) stacked them there, and NCCL refused the broadcast ("Tensors must be
+  // CUDA and dense", 2x H200).
+  const at::Device device = group.device();
+  std::vector<at::Tensor> here;
+  here.reserve(checksums.size());
+  for (const at::Tensor& c : checksums) here.push_back(c.to(device));
+  const at::Tensor mine = at::stack(here);
+  at::Tensor reference = mine.clone();
+  group.broadcast(reference, 0, who + ": checksum of rank 0's parameters and buffers");
+  at::Tensor differs = mine.ne(reference).any(1).to(at::kDouble);
+  group.allreduce_sum(differs, who + ": comparison of the parameter and buffer checksums");
+  const at::Tensor counts = differs.to(at::kCPU);
+  std::vector<int64_t> out;
+  out.reserve(checksums.size());
+  for (int64_t i = 0; i < counts.numel(); ++i) {
+    out.push_back(static_cast<int64_t>(counts[i].item<double>()));
+  }
+  return out;
 }
 
 }  // namespace ddp::intake

@@ -121,7 +121,12 @@ at::Tensor sync_batch_norm(const at::Tensor& input, const BatchNormState& state,
     const at::Tensor packed = at::cat({local.mean.to(at::kDouble),
                                        local.var.to(at::kDouble) * static_cast<double>(local_count),
                                        at::full({1}, static_cast<double>(local_count), f64)});
-    all = at::stack(group->all_gather_each(packed, "SyncBatchNorm's forward statistics"));
+    // Flat: one buffer of world x (2C + 1) values, no per-rank copies (torch's
+    // all_gather_into_tensor); the caller's stream waits for it, the host does not.
+    const int64_t width = packed.numel(), world = group->world_size();
+    all = group->all_gather_async(packed, world * width)
+              .wait_on_stream("SyncBatchNorm's forward statistics")
+              .view({world, width});
   }
   const at::Tensor counts = all.select(1, 2 * channels);  // [world]
   const at::Tensor total = counts.sum();

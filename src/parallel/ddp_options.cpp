@@ -11,6 +11,7 @@ std::vector<std::pair<std::string, std::string>> describe(const DDPOptions& opti
   out.emplace_back("graph_planning", flag(options.graph_planning));
   out.emplace_back("params_to_ignore", "[" + ignored + "]");
   out.emplace_back("stats_every", std::to_string(options.stats_every));
+  out.emplace_back("check_replicas_every", std::to_string(options.check_replicas_every));
   out.emplace_back("verbose", flag(options.verbose));
   gradients::describe(options.gradients, "gradients.", out);
   return out;

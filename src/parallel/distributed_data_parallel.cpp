@@ -15,6 +15,7 @@
 #include "ddp/comm/flight_recorder.hpp"
 #include "ddp/gradients/gradient_runtime.hpp"
 #include "ddp/intake/module_intake.hpp"
+#include "ddp/intake/replica_check.hpp"
 #include "ddp/obs/log.hpp"
 #include "ddp/obs/timeline.hpp"
 #include "ddp/planner/reachability.hpp"
@@ -50,6 +51,7 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
   // replica and the broadcast but not the reducer, buffers broadcast: intake/module_intake.hpp.
   const intake::ModuleIntake intake = intake::take_in(*module_ptr(), options_.params_to_ignore);
   all_params_ = intake.params;
+  all_param_names_ = intake.names;
   set_buffers(intake.buffers);
   buffer_names_ = intake.buffer_names;
   param_names_ = intake.trainable_names();
@@ -101,6 +103,11 @@ std::vector<std::pair<std::string, std::string>> DistributedDataParallelBase::de
   return describe(options_);
 }
 
+void DistributedDataParallelBase::begin_evaluation() {
+  // The parameters are whole already; the buffers become rank 0's, as an evaluation forward's.
+  if (options_.broadcast_buffers) sync_buffers_for(ForwardKind::kEvaluationScope);
+}
+
 void DistributedDataParallelBase::pre_forward() {
   stats().collect(num_synchronized_backwards());
   stats().forward_started();
@@ -108,7 +115,7 @@ void DistributedDataParallelBase::pre_forward() {
     // An evaluation's forward (no_grad): nothing of the gradients to prepare, but rank 0's buffers
     // still come first, as PyTorch's DDP does, so every rank evaluates with the same BatchNorm
     // statistics (they drift apart within a step: each rank's batch moves its own).
-    if (options_.broadcast_buffers && require_sync()) sync_buffers();
+    if (options_.broadcast_buffers && require_sync()) sync_buffers_for(ForwardKind::kEvaluation);
     return;
   }
   gradients::GradientRuntime& runtime = *gradients();
@@ -123,6 +130,46 @@ void DistributedDataParallelBase::pre_forward() {
     if (!join_options_.divide_by_initial_world_size) runtime.set_divisor_for_next_backward(n);
   }
   if (options_.broadcast_buffers && require_sync()) sync_buffers();
+  if (options_.check_replicas_every > 0 && require_sync() &&
+      ++checked_forwards_ % options_.check_replicas_every == 0) {
+    check_replicas();
+  }
+}
+
+void DistributedDataParallelBase::check_replicas() {
+  // After the buffer broadcast: the buffers then agree unless a rank broke them, and without the
+  // broadcast they may differ by design, so only the parameters are compared.
+  std::vector<at::Tensor> tensors = all_params_;
+  std::vector<std::string> names = all_param_names_;
+  if (options_.broadcast_buffers) {
+    tensors.insert(tensors.end(), buffers().begin(), buffers().end());
+    names.insert(names.end(), buffer_names_.begin(), buffer_names_.end());
+  }
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> sums;
+  sums.reserve(tensors.size());
+  for (const at::Tensor& t : tensors) sums.push_back(intake::checksum(t));
+  const std::string when =
+      "replica check at synchronized forward " + std::to_string(checked_forwards_);
+  std::vector<int64_t> counts;
+  {
+    const comm::ForPurpose purpose({comm::Purpose::kCheck});
+    counts = intake::ranks_differing_from_rank0(*group(), sums, "DistributedDataParallel: " + when);
+  }
+  int64_t differing = 0;
+  size_t first = counts.size();
+  for (size_t i = 0; i < counts.size(); ++i) {
+    if (counts[i] == 0) continue;
+    if (first == counts.size()) first = i;
+    ++differing;
+  }
+  TORCH_CHECK(first == counts.size(), "ddp: DistributedDataParallel: ", when, ": ",
+              first < all_params_.size() ? "parameter '" : "buffer '", names[first],
+              "' differs from rank 0's on ", counts[first], " rank(s) (", differing, " of ",
+              counts.size(),
+              " tensors differ): the replicas drifted apart; every rank must make the same "
+              "optimizer steps on the same gradients (a rank that skipped optimizer.step(), or "
+              "changed its parameters alone)");
 }
 
 void DistributedDataParallelBase::end_forward(const std::vector<torch::Tensor>& outputs) {

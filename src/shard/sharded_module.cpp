@@ -243,7 +243,10 @@ void ShardedModule::pre_forward() {
   stats().forward_started();
   // Rank 0's buffers first, as DDP's forward (ShardOptions::broadcast_buffers), an evaluation's
   // under no_grad included.
-  if (options_.broadcast_buffers && require_sync()) sync_buffers();
+  if (options_.broadcast_buffers && require_sync()) {
+    sync_buffers_for(at::GradMode::is_enabled() ? ForwardKind::kTraining
+                                                : ForwardKind::kEvaluation);
+  }
   schedule_->begin_forward();
   // The gradient runtime is ready from here, so a backward of the module's own forward is reduced
   // as the wrapper's is.
@@ -293,6 +296,14 @@ at::Tensor ShardedModule::cast_input(const at::Tensor& input) const {
 }
 
 at::Tensor ShardedModule::before_unit_forward(size_t unit, const at::Tensor& input) {
+  // Between steps the parameters are this rank's shards: a unit run through the module itself
+  // would compute on them (a head's logits cut to its rows), so it is refused by name.
+  TORCH_CHECK(phase_ != Phase::kIdle || schedule_->group_of_unit(unit) < 0, "ddp: unit '",
+              plan_.units[unit].name,
+              "' ran outside the wrapper's forward while its parameters are sharded (",
+              style_name(options_.style),
+              "): run the model through the wrapper (model(x)), or inside model.evaluation() "
+              "(every unit gathered, wrap/evaluation.hpp)");
   schedule_->before_unit_forward(unit, phase_ == Phase::kForward);
   return cast_input(input);
 }
@@ -369,6 +380,20 @@ std::vector<std::pair<std::string, at::Tensor>> ShardedModule::full_parameters()
     out.emplace_back(names_[i], full[i].defined() ? full[i] : params_[i].detach().clone());
   }
   return out;
+}
+
+void ShardedModule::begin_evaluation() {
+  TORCH_CHECK(phase_ == Phase::kIdle,
+              "ddp: model.evaluation() between steps only (a forward or a backward is under way)");
+  // As an evaluation forward: rank 0's buffers first (ShardOptions::broadcast_buffers).
+  if (options_.broadcast_buffers) sync_buffers_for(ForwardKind::kEvaluationScope);
+  schedule_->gather_all();
+  phase_ = Phase::kEvaluation;
+}
+
+void ShardedModule::end_evaluation() {
+  schedule_->reshard_all();
+  phase_ = Phase::kIdle;
 }
 
 void ShardedModule::reshard() {

@@ -98,6 +98,10 @@ void UnitSchedule::reshard_all() {
   gather_pool_.release();
 }
 
+void UnitSchedule::gather_all() {
+  for (size_t g = 0; g < groups_.size(); ++g) gather(g);
+}
+
 void UnitSchedule::end_step() { gather_pool_.release(); }
 
 void UnitSchedule::note_memory() {

@@ -1,5 +1,6 @@
 #include "ddp/wrap/wrapped_model.hpp"
 
+#include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
@@ -33,9 +34,48 @@ WrappedModel::WrappedModel(std::shared_ptr<torch::nn::Module> module, comm::Proc
 
 WrappedModel::~WrappedModel() = default;
 
-void WrappedModel::sync_buffers() {
+namespace {
+
+const char* kind_text(int kind) {
+  switch (kind) {
+    case 1:
+      return "a training forward";
+    case 2:
+      return "an evaluation forward (no_grad)";
+    case 3:
+      return "model.evaluation()";
+    default:
+      return "an unknown forward";
+  }
+}
+
+}  // namespace
+
+// [Note: the forward's kind] A forward made by some ranks only (rank 0 evaluates alone) pairs its
+// collectives with the other ranks' next ones: the buffer broadcasts match, the gathers or
+// reductions that follow do not, and Gloo then aborts the process on the size mismatch
+// ("terminate called after throwing gloo::EnforceNotMet"), with no word of ours. So rank 0's kind
+// of forward travels in the buffer broadcast that starts it (one more element of the first
+// buffer's dtype: the same flat collective), and a rank that made another kind stops there, naming
+// both. On a CPU group only, where reading it back costs nothing; under NCCL such a mismatch hangs
+// in the next collective and the watchdog names it.
+void WrappedModel::sync_buffers_for(ForwardKind kind) {
   const comm::ForPurpose purpose({comm::Purpose::kParamBroadcast});
-  comm::broadcast_coalesced(*pg_, buffers_, 0, "broadcast of rank 0's buffers");
+  std::vector<at::Tensor> tensors = buffers_;
+  at::Tensor header;
+  if (!buffers_.empty() && pg_->world_size() > 1 && pg_->device().is_cpu() &&
+      buffers_[0].scalar_type() != at::kBool) {
+    header = at::full({1}, static_cast<int>(kind), buffers_[0].options());
+    tensors.push_back(header);
+  }
+  comm::broadcast_coalesced(*pg_, tensors, 0, "broadcast of rank 0's buffers");
+  if (!header.defined() || pg_->rank() == 0) return;
+  const int theirs = static_cast<int>(header.item<double>());
+  TORCH_CHECK(theirs == static_cast<int>(kind), "ddp: rank 0 made ", kind_text(theirs),
+              " where rank ", pg_->rank(), " made ", kind_text(static_cast<int>(kind)),
+              ": every rank of the group must make every forward through the wrapper and open "
+              "every model.evaluation() together (under DDP, evaluate on one rank alone by "
+              "calling the module itself, which communicates nothing)");
 }
 
 void WrappedModel::set_gradients(std::unique_ptr<gradients::GradientRuntime> gradients) {

@@ -8,7 +8,7 @@
 # seconds instead of a libtorch translation unit's ~25 s each.
 set -euo pipefail
 build=$1 src=$2 work=$3
-examples=(minimal_ddp fsdp_checkpoint gpt_recipe)
+examples=(minimal_ddp fsdp_checkpoint gpt_recipe vision_cnn)
 [[ -n "$work" && "$work" != / ]] || { echo "check_examples.sh: bad WORK_DIR '$work'"; exit 2; }
 rm -rf "$work"
 mkdir -p "$work"
@@ -99,6 +99,26 @@ check_gpt_recipe() {
   awk '{ if (!($1 > 0 && $1 < 1e30)) bad = 1 } END { exit bad }' <<<"$norms" ||
     { echo "gpt_recipe: a grad norm that is not a norm:"; echo "$norms"; exit 1; }
   echo "gpt_recipe: fully_shard at world 2, loss $first -> $final0 in 60 steps"
+}
+
+# A CNN with SyncBatchNorm under DDP and FULLY_SHARD, evaluated inside model.evaluation() every 20
+# steps: both ranks report the same validation loss (one reduced metric), over all 400 samples,
+# and the trained model classifies far better than chance (1 in 10).
+check_vision_cnn() {
+  local style log loss0 loss1 acc
+  for style in replicate fully_shard; do
+    log=$work/vision-$style.log
+    run2 "$log" "$work/vision_cnn/vision_cnn" --style "$style" --steps 60 --eval-every 20
+    loss0=$(field "$log" 0 "final: step 60 validation loss")
+    loss1=$(field "$log" 1 "final: step 60 validation loss")
+    close "$loss0" "$loss1" "vision_cnn $style validation loss, rank 0 vs rank 1"
+    acc=$(field "$log" 0 "accuracy")
+    grep -q "rank 0: final: step 60 .*(400 samples)" "$log" ||
+      { echo "vision_cnn $style did not evaluate all 400 samples:"; cat "$log"; exit 1; }
+    awk -v a="$acc" 'BEGIN { exit !(a > 0.5) }' ||
+      { echo "vision_cnn $style: accuracy $acc"; cat "$log"; exit 1; }
+    echo "vision_cnn: $style at world 2, validation loss $loss0, accuracy $acc"
+  done
 }
 
 for ex in "${examples[@]}"; do "check_$ex"; done

@@ -24,7 +24,8 @@ TEST(Options, DescribeReachesNestedFields) {
   for (const auto& [name, value] : parallel::describe(options)) {
     EXPECT_TRUE(d.emplace(name, value).second) << "duplicate option name " << name;
   }
-  EXPECT_EQ(d.size(), 12u);
+  EXPECT_EQ(d.size(), 13u);
+  EXPECT_EQ(d.at("check_replicas_every"), "0");
   EXPECT_EQ(d.at("gradients.static_graph"), "true");
   EXPECT_EQ(d.at("gradients.find_unused_parameters"), "false");
   EXPECT_EQ(d.at("gradients.buckets.bucket_cap_bytes"), "12345");

@@ -8,6 +8,7 @@
 #include <exception>
 #include <iostream>
 #include <stdexcept>
+#include <string>
 
 #include "ddp/comm/init.hpp"
 
@@ -26,6 +27,10 @@ WorkerRegistrar::WorkerRegistrar(const std::string& name, WorkerFn fn) {
   registry()[name] = std::move(fn);
 }
 
+// A worker's exit code when its rendezvous store's port was taken (EX_TEMPFAIL): run_workers
+// tries again on a fresh port.
+constexpr int kPortTaken = 75;
+
 launch::SpawnResult run_workers(const std::string& name, int world,
                                 const std::map<std::string, std::string>& env,
                                 std::chrono::seconds timeout) {
@@ -39,7 +44,17 @@ launch::SpawnResult run_workers(const std::string& name, int world,
   // Ctrl-C and ctest's timeout must still end the test binary itself; the workers die with it.
   options.forward_signals = false;
   options.name = "ddp_tests";
-  return launch::spawn_local_workers(options);
+  // The store's port is free when picked and bound a moment later; another process (NCCL's
+  // bootstrap binds ephemeral ports) may take it in between. A group whose rank 0 could not bind
+  // it (exit code kPortTaken) runs again on a fresh port, at most twice more.
+  launch::SpawnResult result;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    result = launch::spawn_local_workers(options);
+    const bool port_taken = !result.workers.empty() && !result.workers[0].signaled &&
+                            result.workers[0].exit_code == kPortTaken;
+    if (!port_taken) break;
+  }
+  return result;
 }
 
 int maybe_run_worker() {
@@ -58,7 +73,9 @@ int maybe_run_worker() {
   } catch (const std::exception& e) {
     std::cerr << "[worker " << name << " rank " << (rank ? rank : "?") << "] FAILED: " << e.what()
               << "\n";
-    return 1;
+    // rendezvous.cpp's words when the store's port was taken after it was picked.
+    const bool port_taken = std::string(e.what()).find("is the port in use?") != std::string::npos;
+    return port_taken ? kPortTaken : 1;
   }
 }
 

@@ -52,6 +52,11 @@ void add_ddp_flags(CLI::App& app, parallel::DDPOptions& options) {
   app.add_flag_callback(
       "--no-overlap", [&options] { options.gradients.overlap = false; },
       "launch every bucket after backward (attribution: what overlap hides)");
+  app.add_option("--check-replicas-every", options.check_replicas_every,
+                 "every K-th synchronized forward compares a checksum of every parameter (and "
+                 "buffer) with rank 0's, naming the first that differs (0: never)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_flag_callback(
       "--no-graph-planning", [&options] { options.graph_planning = false; },
       "bucket in reverse order, rebuild after iteration 1 (PyTorch eager's way; the seed's "

@@ -202,7 +202,10 @@ class ProcessGroup {
   // The same into a new flat tensor of `numel` elements.
   PendingCollective all_gather_async(const at::Tensor& shard, int64_t numel);
 
-  // Blocking forms; each waits at most timeout() and names `what` in its error.
+  // Complete forms: the result is ready for what the caller runs next (wait_on_stream: under NCCL
+  // the caller's stream waits and the host goes on, so a collective inside a captured step or
+  // between kernels costs no device synchronisation, and a host read of the result waits for it;
+  // Gloo waits on the host). Each bounded by timeout() and naming `what` in its error.
   void allreduce_sum(at::Tensor& tensor, const std::string& what);
   void broadcast(at::Tensor& tensor, int root, const std::string& what);
   // Every rank's `tensor` (same shape everywhere), one per rank in rank order; all_gather below

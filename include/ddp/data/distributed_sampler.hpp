@@ -74,6 +74,11 @@ class DistributedSampler : public torch::data::samplers::Sampler<std::vector<siz
   const SamplerOptions& options() const { return options_; }
   // Samples this rank takes per epoch: ceil(size / world_size), or floor with drop_last.
   int64_t samples_per_rank() const { return samples_per_rank_; }
+  // Of those, the ones that are not padding: this rank's k-th sample is position rank + k *
+  // world_size of the padded order, a repeat once that is past size. They come first in the
+  // epoch, so an evaluation counts the first real_samples() (comm/metric_reduction.hpp). All of
+  // them with drop_last.
+  int64_t real_samples() const;
   int64_t epoch() const { return epoch_; }
   // Starts `epoch` (>= 0) from its beginning.
   void set_epoch(int64_t epoch);

@@ -23,4 +23,15 @@ std::string compare_signatures(const std::vector<std::vector<std::string>>& per_
 // Exchanges signatures through the process group's store and throws the comparison's error.
 void verify_replicas(comm::ProcessGroup& pg, const std::vector<std::string>& signature);
 
+// A tensor's values in two numbers, float64 [sum, sum of squares] (NaNs as 0), computed where the
+// tensor lives: what the replica comparisons below compare.
+at::Tensor checksum(const at::Tensor& t);
+
+// For each of `checksums` (one per tensor, any device), on how many ranks it differs from rank
+// 0's: one broadcast of rank 0's checksums and one all-reduce of the disagreements on the group's
+// device, one host read, so every rank returns the same counts. Collective; `who` names it.
+std::vector<int64_t> ranks_differing_from_rank0(comm::ProcessGroup& group,
+                                                const std::vector<at::Tensor>& checksums,
+                                                const std::string& who);
+
 }  // namespace ddp::intake

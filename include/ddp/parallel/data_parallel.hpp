@@ -28,6 +28,7 @@
 #include "ddp/parallel/distributed_data_parallel.hpp"
 #include "ddp/shard/data_parallel_style.hpp"
 #include "ddp/shard/sharded_module.hpp"
+#include "ddp/wrap/evaluation.hpp"
 #include "ddp/wrap/wrapped_model.hpp"
 
 namespace ddp::tp {
@@ -106,6 +107,9 @@ class DataParallel {
   wrap::WrappedModel& wrapped() { return *wrapped_; }
   const wrap::WrappedModel& wrapped() const { return *wrapped_; }
 
+  // The scope of an evaluation, every style (wrap/evaluation.hpp): eval mode, no grad, rank 0's
+  // buffers, every unit gathered; the module itself and the wrapper compute whole. Collective.
+  [[nodiscard]] wrap::Evaluation evaluation() { return wrapped_->evaluation(); }
   // As DistributedDataParallel::no_sync, for every style.
   [[nodiscard]] wrap::WrappedModel::NoSyncGuard no_sync() { return wrapped_->no_sync(); }
   // The data-parallel group and the wrapped module.

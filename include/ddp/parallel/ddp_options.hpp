@@ -26,6 +26,13 @@ struct DDPOptions {
   std::vector<std::string> params_to_ignore;
   // Default 100, as PyTorch's DDP logger: stats are sampled in iterations 1-10, then every N-th.
   int64_t stats_every = 100;
+  // Default 0 (off; PyTorch has no such check): every K-th synchronized training forward first
+  // compares a checksum of every parameter (and, with broadcast_buffers, every buffer) with rank
+  // 0's, one broadcast and one all-reduce of 2 values per tensor and a host read, and throws on
+  // every rank naming the first tensor that differs and on how many ranks: replicas that drifted
+  // apart (a rank that skipped optimizer.step(), a rank-local edit) are named instead of training
+  // on silently. Its cost: docs/vision.md.
+  int64_t check_replicas_every = 0;
   // Default false: when true, rank 0 prints the bucket table whenever the plan changes
   // (DDP_LOG_LEVEL=info does the same).
   bool verbose = false;

@@ -25,6 +25,7 @@
 #include "ddp/intake/module_call.hpp"
 #include "ddp/layout/tensor_layouts.hpp"
 #include "ddp/parallel/ddp_options.hpp"
+#include "ddp/wrap/evaluation.hpp"
 #include "ddp/wrap/wrapped_model.hpp"
 
 namespace ddp::parallel {
@@ -72,15 +73,21 @@ class DistributedDataParallelBase : public wrap::WrappedModel {
  private:
   friend gradients::GradientRuntime& detail::gradients_of(DistributedDataParallelBase& model);
 
+  void begin_evaluation() override;
+  // DDPOptions::check_replicas_every: compares every kept tensor's checksum with rank 0's.
+  void check_replicas();
+
   DDPOptions options_;
   layout::TensorLayouts layouts_;  // replicated over {world}: no parameter named
   std::vector<std::string> param_names_;
   std::vector<torch::Tensor> all_params_;  // every distinct parameter not ignored (broadcast set)
+  std::vector<std::string> all_param_names_;  // their first names
   std::vector<std::string> buffer_names_;
   // Join state: inside join(), every synchronized forward first all-reduces "still training".
   bool joining_ = false;
   JoinOptions join_options_;
-  int64_t iterations_ = 0;  // synchronized forwards on this rank (join picks the longest)
+  int64_t iterations_ = 0;        // synchronized forwards on this rank (join picks the longest)
+  int64_t checked_forwards_ = 0;  // synchronized training forwards, for check_replicas_every
 };
 
 template <typename ModuleType>

@@ -46,6 +46,7 @@
 #include "ddp/shard/shard_options.hpp"
 #include "ddp/shard/shard_plan.hpp"
 #include "ddp/unit/unit_scope.hpp"
+#include "ddp/wrap/evaluation.hpp"
 #include "ddp/wrap/wrapped_model.hpp"
 
 namespace ddp::shard {
@@ -121,11 +122,15 @@ class ShardedModule : public wrap::WrappedModel, private unit::UnitListener {
   void end_forward(const std::vector<at::Tensor>& outputs) override;
   at::Tensor attach_start_backward(const at::Tensor& output) override;
   std::vector<std::pair<std::string, std::string>> describe_options() const override;
+  // An Evaluation (wrap/evaluation.hpp): every unit gathered until its end, then resharded.
+  void begin_evaluation() override;
+  void end_evaluation() override;
 
  private:
   // What the runtime is doing; checked where a step moves on. kForward lasts from a forward under
-  // grad mode to its backward: [Note: a forward whose backward never runs].
-  enum class Phase { kIdle, kForward, kBackward };
+  // grad mode to its backward: [Note: a forward whose backward never runs]. kEvaluation: an
+  // Evaluation is open and every unit is gathered.
+  enum class Phase { kIdle, kForward, kBackward, kEvaluation };
 
   const char* kind() const override { return "sharded data-parallel"; }
   at::Tensor before_unit_forward(size_t unit, const at::Tensor& input) override;

@@ -84,6 +84,8 @@ class UnitSchedule {
   void unit_reduced(size_t g, bool synchronized);
   // Every group back to its shards (an evaluation forward, or after an error).
   void reshard_all();
+  // Every group gathered, until reshard_all (an Evaluation: the module used whole).
+  void gather_all();
   // The step is over (end of backward): the gather pool's buffer is freed, so that between steps
   // a rank holds its shards only.
   void end_step();

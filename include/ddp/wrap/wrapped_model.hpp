@@ -48,6 +48,8 @@ class GradientRuntime;
 
 namespace ddp::wrap {
 
+class Evaluation;
+
 class WrappedModel {
  public:
   virtual ~WrappedModel();
@@ -74,10 +76,13 @@ class WrappedModel {
   // Zeroes every gradient the runtime reduces, in place (DDP's bucket views, the shards'). Not
   // while a backward runs.
   void zero_grad();
+  // The scope of an evaluation (wrap/evaluation.hpp, which defines it): eval mode, no grad, rank
+  // 0's buffers, the parameters whole. Collective.
+  [[nodiscard]] Evaluation evaluation();
   // Broadcasts rank 0's buffers (BatchNorm's running statistics, ...) to every rank, in one
   // coalesced collective: what every style's forward does first when its options'
   // broadcast_buffers is set (DDPOptions, ShardOptions). Collective.
-  void sync_buffers();
+  void sync_buffers() { sync_buffers_for(ForwardKind::kTraining); }
 
   // Runtime stats and configuration (PyTorch's _get_ddp_logging_data), and the last synchronized
   // backward's timeline.
@@ -115,6 +120,12 @@ class WrappedModel {
   // The runtime reducing this model's gradients (null: nothing to reduce), once, from the
   // derived constructor; the stats listen to it from then on.
   void set_gradients(std::unique_ptr<gradients::GradientRuntime> gradients);
+  // What a forward through the wrapper is, which every rank must agree on: [Note: the forward's
+  // kind] in wrapped_model.cpp.
+  enum class ForwardKind { kTraining = 1, kEvaluation = 2, kEvaluationScope = 3 };
+  // sync_buffers for a forward of `kind`: on a CPU group the kind rides in the same broadcast
+  // and a rank whose kind differs from rank 0's throws naming both.
+  void sync_buffers_for(ForwardKind kind);
   // The buffers sync_buffers broadcasts (the module's, less any ignored), once, from the derived
   // constructor.
   void set_buffers(std::vector<at::Tensor> buffers) { buffers_ = std::move(buffers); }
@@ -134,14 +145,20 @@ class WrappedModel {
   virtual at::Tensor attach_start_backward(const at::Tensor& output) { return output; }
   // The style's options, as (dotted name, value), for logging_data.
   virtual std::vector<std::pair<std::string, std::string>> describe_options() const = 0;
+  // An Evaluation (wrap/evaluation.hpp) opens and closes: the style makes the module whole and
+  // every rank's buffers rank 0's, then puts its shards back. Collective where they communicate.
+  virtual void begin_evaluation() = 0;
+  virtual void end_evaluation() {}
 
  private:
   friend class WrappedForward;
+  friend class Evaluation;
 
   std::shared_ptr<torch::nn::Module> module_;
   comm::ProcessGroupPtr pg_;
   bool require_sync_ = true;         // false inside no_sync()
   std::vector<at::Tensor> buffers_;  // what sync_buffers broadcasts
+  bool evaluating_ = false;          // an Evaluation is open: forwards run the module alone
   // Listeners on the gradient runtime; declared before it so they outlive it.
   obs::GradientStats stats_;
   std::unique_ptr<optim::OptimizerInBackward> optimizer_in_backward_;
@@ -156,6 +173,13 @@ class WrappedForward {
  public:
   template <typename ModuleType, typename... Args>
   static auto run(WrappedModel& model, ModuleType& module, Args&&... args) {
+    if (model.evaluating_) {
+      // Inside an Evaluation everything the forward needs is in place (whole parameters, rank
+      // 0's buffers): the module's own forward, nothing communicated.
+      auto output = intake::call_forward(module, cast(model, std::forward<Args>(args))...);
+      auto same = [](const at::Tensor& t) { return t; };
+      return intake::map_tensors(output, same);
+    }
     {
       RECORD_USER_SCOPE("ddp::pre_forward");
       model.pre_forward();
