@@ -32,6 +32,7 @@
 #include "ddp/comm/env.hpp"
 #include "ddp/comm/flight_recorder.hpp"
 #include "ddp/comm/init.hpp"
+#include "ddp/comm/metric_reduction.hpp"
 #include "ddp/comm/process_group.hpp"
 #include "ddp/data/distributed_sampler.hpp"
 #include "ddp/data/loader_sampler.hpp"
@@ -64,8 +65,10 @@ using comm::dump_flight_recorder;
 using comm::FlightRecorderOptions;
 using comm::init_process_group;
 using comm::InitOptions;
+using comm::MetricTotal;
 using comm::note_step;
 using comm::ProcessGroupPtr;
+using comm::reduce_metric;
 using comm::world_info_from_env;
 using data::DistributedSampler;
 using data::LoaderSampler;

@@ -14,20 +14,11 @@
 #include "ddp/io/checkpoint_state.hpp"
 #include "ddp/parallel/data_parallel.hpp"
 #include "support/temp_dir.hpp"
+#include "support/test_nets.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::testing {
 namespace {
-
-struct BnNetImpl : torch::nn::Module {
-  BnNetImpl() {
-    fc = register_module("fc", torch::nn::Linear(4, 6));
-    bn = register_module("bn", torch::nn::BatchNorm1d(6));
-  }
-  torch::Tensor forward(const torch::Tensor& x) { return bn(fc(x)); }
-  torch::nn::Linear fc{nullptr};
-  torch::nn::BatchNorm1d bn{nullptr};
-};
 
 constexpr int kSaveAt = 3;
 constexpr int kSteps = 5;
@@ -38,8 +29,8 @@ std::map<std::string, torch::Tensor> train(const comm::ProcessGroupPtr& pg,
                                            shard::DataParallelStyle style, bool resume,
                                            const std::string& root, bool save) {
   torch::manual_seed(resume ? 50 + pg->rank() : 3);  // a resumed run starts elsewhere
-  auto net = std::make_shared<BnNetImpl>();
-  parallel::DataParallel<std::shared_ptr<BnNetImpl>> dp(net, pg, style);
+  auto net = std::make_shared<BatchNormNetImpl>(4, 6, 3);
+  parallel::DataParallel<std::shared_ptr<BatchNormNetImpl>> dp(net, pg, style);
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
   io::TrainingState state;
   state.model = net.get();

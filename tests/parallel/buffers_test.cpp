@@ -9,20 +9,11 @@
 #include <string>
 
 #include "ddp/parallel/data_parallel.hpp"
+#include "support/test_nets.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::testing {
 namespace {
-
-struct BnNetImpl : torch::nn::Module {
-  BnNetImpl() {
-    fc = register_module("fc", torch::nn::Linear(4, 3));
-    bn = register_module("bn", torch::nn::BatchNorm1d(3));
-  }
-  torch::Tensor forward(const torch::Tensor& x) { return bn(fc(x)); }
-  torch::nn::Linear fc{nullptr};
-  torch::nn::BatchNorm1d bn{nullptr};
-};
 
 bool all_equal(const std::vector<torch::Tensor>& each) {
   for (const auto& t : each) {
@@ -38,11 +29,11 @@ DDP_TEST_WORKER(evaluation_buffers) {
   const auto style = shard::parse_style(worker_env("STYLE"));
   const bool broadcast = worker_env("BROADCAST") == "1";
   torch::manual_seed(3);
-  auto net = std::make_shared<BnNetImpl>();
+  auto net = std::make_shared<BatchNormNetImpl>(4, 6, 3);
   parallel::DataParallelOptions options;
   options.ddp.broadcast_buffers = broadcast || style != shard::DataParallelStyle::kReplicate;
   options.shard.broadcast_buffers = broadcast || style == shard::DataParallelStyle::kReplicate;
-  parallel::DataParallel<std::shared_ptr<BnNetImpl>> dp(net, pg, style, options);
+  parallel::DataParallel<std::shared_ptr<BatchNormNetImpl>> dp(net, pg, style, options);
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
   for (int step = 0; step < 2; ++step) {
     torch::manual_seed(10 * step + pg->rank());  // each rank its own batch

@@ -11,27 +11,18 @@
 #include <string>
 
 #include "ddp/parallel/data_parallel.hpp"
+#include "support/test_nets.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::testing {
 namespace {
 
-struct BnNetImpl : torch::nn::Module {
-  BnNetImpl() {
-    fc = register_module("fc", torch::nn::Linear(4, 6));
-    bn = register_module("bn", torch::nn::BatchNorm1d(6));
-  }
-  torch::Tensor forward(const torch::Tensor& x) { return bn(fc(x)); }
-  torch::nn::Linear fc{nullptr};
-  torch::nn::BatchNorm1d bn{nullptr};
-};
-
 DDP_TEST_WORKER(forward_on_one_rank) {
   auto pg = worker_process_group(std::chrono::seconds(10));
   const auto style = shard::parse_style(worker_env("STYLE"));
   torch::manual_seed(3);
-  auto net = std::make_shared<BnNetImpl>();
-  parallel::DataParallel<std::shared_ptr<BnNetImpl>> dp(net, pg, style);
+  auto net = std::make_shared<BatchNormNetImpl>(4, 6, 3);
+  parallel::DataParallel<std::shared_ptr<BatchNormNetImpl>> dp(net, pg, style);
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
   const auto step = [&] {
     opt.zero_grad();

@@ -12,6 +12,7 @@
 
 #include "ddp/parallel/data_parallel.hpp"
 #include "ddp/unit/unit_scope.hpp"
+#include "support/error_text.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::testing {
@@ -33,15 +34,6 @@ struct EvalNetImpl : torch::nn::Module {
   torch::nn::Sequential body{nullptr};
   torch::nn::Linear head{nullptr};
 };
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
-}
 
 DDP_TEST_WORKER(evaluation_scope) {
   auto pg = worker_process_group();
