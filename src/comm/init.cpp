@@ -130,6 +130,16 @@ c10::Device pinned_device(Backend backend, const WorldInfo& world, std::optional
 
 }  // namespace
 
+std::chrono::milliseconds default_collective_timeout() {
+  const char* text = std::getenv("DDP_TIMEOUT_S");
+  if (text == nullptr || *text == '\0') return std::chrono::minutes(5);
+  char* end = nullptr;
+  const double seconds = std::strtod(text, &end);
+  TORCH_CHECK(end != text && *end == '\0' && seconds > 0 && seconds <= 1e7, "ddp: DDP_TIMEOUT_S='",
+              text, "' is not a collective timeout: expected a positive number of seconds");
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
+}
+
 ProcessGroupPtr init_process_group(const InitOptions& options) {
   const Backend backend = parse_backend(options.backend);
   const WorldInfo world = options.world ? *options.world : world_info_from_env(process_env());

@@ -2,9 +2,13 @@
 
 #include <c10/util/Exception.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <map>
+#include <string>
 
 #include "ddp/comm/env.hpp"
+#include "ddp/comm/init.hpp"
 
 namespace ddp::comm {
 namespace {
@@ -153,3 +157,31 @@ TEST(Env, InvalidValuesNameTheVariableAndTheRange) {
 
 }  // namespace
 }  // namespace ddp::comm
+
+// The collective timeout from the launcher (ddp-run --timeout-s sets DDP_TIMEOUT_S): seconds, a
+// fraction allowed; unset or empty, PyTorch's 5 minutes; anything else refused by name.
+TEST(Env, TheCollectiveTimeoutComesFromDdpTimeoutS) {
+  const char* saved = std::getenv("DDP_TIMEOUT_S");
+  const std::string kept = saved ? saved : "";
+  ::unsetenv("DDP_TIMEOUT_S");
+  EXPECT_EQ(ddp::comm::default_collective_timeout(), std::chrono::minutes(5));
+  ::setenv("DDP_TIMEOUT_S", "2.5", 1);
+  EXPECT_EQ(ddp::comm::default_collective_timeout(), std::chrono::milliseconds(2500));
+  EXPECT_EQ(ddp::comm::InitOptions{}.timeout, std::chrono::milliseconds(2500));
+  for (const char* bad : {"0", "-3", "ten", "5s"}) {
+    ::setenv("DDP_TIMEOUT_S", bad, 1);
+    try {
+      ddp::comm::default_collective_timeout();
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const c10::Error& e) {
+      EXPECT_EQ(std::string(e.what_without_backtrace()),
+                std::string("ddp: DDP_TIMEOUT_S='") + bad +
+                    "' is not a collective timeout: expected a positive number of seconds");
+    }
+  }
+  if (saved) {
+    ::setenv("DDP_TIMEOUT_S", kept.c_str(), 1);
+  } else {
+    ::unsetenv("DDP_TIMEOUT_S");
+  }
+}

@@ -453,15 +453,27 @@ TEST(DdpRun, GivesUpWhenTheRestartsAreSpent) {
 TEST(DdpRun, TheJobTimeoutStopsEveryWorker) {
   TempDir dir;
   const auto l = start_ddp_run(
-      sh({"--nproc-per-node", "2", "--timeout-s", "0.5"}, record_pid(dir) + "exec sleep 60"), dir);
+      sh({"--nproc-per-node", "2", "--job-timeout-s", "0.5"}, record_pid(dir) + "exec sleep 60"),
+      dir);
   const auto f = wait_ddp_run(l);
   const auto pids = wait_for_pids(dir, {0, 1});  // written long before the timeout
   reap_leftovers(pids);
   EXPECT_EQ(f.code, 1) << f.err;
-  EXPECT_NE(f.err.find("ddp-run: timed out (--timeout-s)"), std::string::npos) << f.err;
+  EXPECT_NE(f.err.find("ddp-run: timed out (--job-timeout-s)"), std::string::npos) << f.err;
   EXPECT_LT(f.seconds, 8.0);
   ASSERT_EQ(pids.size(), 2u);
   for (pid_t p : pids) EXPECT_TRUE(process_gone(p));
+}
+
+// --timeout-s is every worker's collective timeout (DDP_TIMEOUT_S), not a bound on the job: a
+// worker sees it in its environment and outlives it.
+TEST(DdpRun, TheCollectiveTimeoutReachesEveryWorker) {
+  TempDir dir;
+  const auto f = ddp_run(sh({"--nproc-per-node", "2", "--timeout-s", "0.5"},
+                            "sleep 1; echo \"timeout $DDP_TIMEOUT_S\""),
+                         dir);
+  EXPECT_EQ(f.code, 0) << f.err;
+  EXPECT_EQ(count(f.out, "] timeout 0.5\n"), 2) << f.out;
 }
 
 TEST(DdpRun, AProgramThatCannotRunIsReported) {
@@ -557,6 +569,8 @@ INSTANTIATE_TEST_SUITE_P(
                  "ddp-run: --max-restarts must be at least 0, got -1\n"},
         BadFlags{{"--timeout-s", "0", "--", "/bin/sh", "-c", "PROGRAM"},
                  "ddp-run: --timeout-s must be greater than 0, got 0\n"},
+        BadFlags{{"--job-timeout-s", "-2", "--", "/bin/sh", "-c", "PROGRAM"},
+                 "ddp-run: --job-timeout-s must be greater than 0, got -2\n"},
         BadFlags{{"--grace-s", "-1", "--", "/bin/sh", "-c", "PROGRAM"},
                  "ddp-run: --grace-s must be at least 0, got -1\n"},
         BadFlags{{"--nproc-per-node", "two", "--", "/bin/sh", "-c", "PROGRAM"}, "--nproc-per-node"},
@@ -643,10 +657,11 @@ TEST(DdpRun, TwoNodesFormOneJob) {
   TempDir dir;
   const std::string port = std::to_string(ddp::launch::find_free_port());
   auto node = [&](int rank) {
-    return start_ddp_run({"--nproc-per-node", "1", "--nnodes", "2", "--node-rank",
-                          std::to_string(rank), "--master-port", port, "--timeout-s", "120", "--",
-                          DDP_TRAIN_PATH, "--model", "mlp", "--steps", "5", "--timeout-s", "60"},
-                         dir, "node" + std::to_string(rank));
+    return start_ddp_run(
+        {"--nproc-per-node", "1", "--nnodes", "2", "--node-rank", std::to_string(rank),
+         "--master-port", port, "--job-timeout-s", "120", "--", DDP_TRAIN_PATH, "--model", "mlp",
+         "--steps", "5", "--timeout-s", "60"},
+        dir, "node" + std::to_string(rank));
   };
   const auto l0 = node(0);
   const auto l1 = node(1);

@@ -39,7 +39,10 @@ void add_run_flags(CLI::App& app, RunFlags& flags, bool& verbose) {
   app.add_option("--lr", flags.lr, "learning rate (0: the model's default)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  app.add_option("--timeout-s", flags.timeout_s, "collective timeout in seconds")
+  // Default: DDP_TIMEOUT_S (ddp-run --timeout-s), else 300 (comm/init.hpp).
+  flags.timeout_s = static_cast<int>((comm::default_collective_timeout().count() + 999) / 1000);
+  app.add_option("--timeout-s", flags.timeout_s,
+                 "collective timeout in seconds (default: DDP_TIMEOUT_S, else 300)")
       ->check(CLI::Range(1, 86400))
       ->capture_default_str();
   app.add_option("--flight-recorder", flags.flight_recorder,

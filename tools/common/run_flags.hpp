@@ -21,7 +21,7 @@ struct RunFlags {
   int nproc = 0;                   // --nproc N: spawn N local workers; 0: the tool's default
   int threads = 1;                 // --threads: intra-op threads per worker (2 cores: 1 each)
   double lr = 0;                   // --lr: learning rate; 0: the model's own (Workload::lr)
-  int timeout_s = 300;             // --timeout-s: bound of every collective
+  int timeout_s = 300;  // --timeout-s: bound of every collective (default: DDP_TIMEOUT_S, else 300)
   bool optimizer_overlap = false;  // --optimizer-overlap: optimizer in backward (every style)
   // --cuda-graph: the whole step captured in a CUDA graph after the warm-up and replayed
   // (graphs/captured_step.hpp) with the capturable optimizers (optim/capturable.hpp).

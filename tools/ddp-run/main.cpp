@@ -31,7 +31,9 @@ struct Args {
   int master_port = 0;  // 0: a free loopback port per attempt (single node only)
   int max_restarts = 0;
   double grace_s = 10;
-  double timeout_s = 0;  // 0: no bound on the job
+  // --timeout-s: every worker's collective timeout (DDP_TIMEOUT_S); 0: the workers' own default.
+  double timeout_s = 0;
+  double job_timeout_s = 0;  // --job-timeout-s: bound on the whole job; 0: none
   bool no_python = false;
   // --flight-recorder DIR: DDP_FLIGHT_RECORDER_DIR for every worker (comm/flight_recorder.hpp),
   // and where the dumps are said when the job fails; "" (default): none.
@@ -113,7 +115,9 @@ int run(const Args& a, bool port_given) {
   g.master_port = port_given ? static_cast<uint16_t>(a.master_port) : 0;  // 0: fresh per attempt
   g.max_restarts = a.max_restarts;
   g.grace = to_ms(a.grace_s);
-  if (a.timeout_s > 0) g.timeout = to_ms(a.timeout_s);
+  if (a.job_timeout_s > 0) g.timeout = to_ms(a.job_timeout_s);
+  g.timeout_source = "--job-timeout-s";
+  if (a.timeout_s > 0) g.env["DDP_TIMEOUT_S"] = format(a.timeout_s);
   if (!a.flight_recorder.empty()) g.env["DDP_FLIGHT_RECORDER_DIR"] = a.flight_recorder;
   const int code = ddp::launch::run_worker_group(g).exit_code();
   if (code != 0 && !a.flight_recorder.empty()) {
@@ -165,7 +169,10 @@ int main(int argc, char** argv) {
                  "directory for every worker's flight recorder dump (libddp programs; read them "
                  "with ddp-forensics)");
   auto* timeout = app.add_option("--timeout-s", a.timeout_s,
-                                 "bound on the whole job in seconds (default: none)");
+                                 "every worker's collective timeout in seconds, as DDP_TIMEOUT_S "
+                                 "(default: the workers' own, 300 for libddp's)");
+  auto* job_timeout = app.add_option("--job-timeout-s", a.job_timeout_s,
+                                     "bound on the whole job in seconds (default: none)");
   try {
     app.parse(flags_end, argv);
   } catch (const CLI::ExtrasError& e) {
@@ -178,6 +185,9 @@ int main(int argc, char** argv) {
   }
   if (timeout->count() > 0 && !(a.timeout_s > 0)) {
     return usage_error("--timeout-s must be greater than 0, got " + format(a.timeout_s));
+  }
+  if (job_timeout->count() > 0 && !(a.job_timeout_s > 0)) {
+    return usage_error("--job-timeout-s must be greater than 0, got " + format(a.job_timeout_s));
   }
   const std::string bad = check_args(a, port->count() > 0);
   if (!bad.empty()) return usage_error(bad);

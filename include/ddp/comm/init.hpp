@@ -29,14 +29,20 @@ struct NcclOptions {
   int min_ctas = -1;
 };
 
+// The collective timeout of a program that names none: DDP_TIMEOUT_S (seconds, > 0; what ddp-run
+// --timeout-s sets for its workers), else 5 minutes, as PyTorch. A value that is not a positive
+// number is refused naming the variable and the value.
+std::chrono::milliseconds default_collective_timeout();
+
 struct InitOptions {
   // "gloo" (CPU tensors) or "nccl" (CUDA tensors; only in a CUDA build), parsed by
   // parse_backend (backend.hpp); text, so that a tool's --backend flag passes straight through.
   // Default gloo: it works everywhere, and CI has no GPU.
   std::string backend = backend_name(Backend::kGloo);
-  // One bound for every collective and for the rendezvous. Default 5 minutes, as PyTorch: long
-  // enough for a slow first step, short enough that a dead rank ends the job instead of hanging it.
-  std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  // One bound for every collective and for the rendezvous. Default default_collective_timeout():
+  // DDP_TIMEOUT_S from the launcher, else 5 minutes, as PyTorch: long enough for a slow first
+  // step, short enough that a dead rank ends the job instead of hanging it.
+  std::chrono::milliseconds timeout = default_collective_timeout();
   // Bound for the rendezvous alone (every rank reaching the store); unset: `timeout`. Workers of
   // one job may start seconds apart (a loaded machine, a slow node), while a short collective
   // timeout is what detects a dead rank quickly: the two are separate knobs, as in torchrun.

@@ -66,7 +66,7 @@ struct WorkerGroupOptions {
   // Bound on the whole job, restarts included; default none.
   std::optional<std::chrono::milliseconds> timeout;
   // What set `timeout`, named in "timed out (<timeout_source>)"; default ddp-run's flag.
-  std::string timeout_source = "--timeout-s";
+  std::string timeout_source = "--job-timeout-s";
   // The workers' stdout/stderr go through pipes to ours, whole lines with "[rank R] " in front.
   // Default true. False: they write to our stdout/stderr directly (for output that a program
   // parses line by line and that only rank 0 writes, e.g. ddp-bench's result lines).
