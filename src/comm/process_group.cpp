@@ -151,6 +151,21 @@ void ProcessGroup::end_process_after_timeout(const std::string& what, const c10d
   std::_Exit(kCollectiveTimeoutExitCode);
 }
 
+namespace {
+
+// The failure of a collective as one line of text: torch's errors carry a backtrace in what()
+// (13 lines of frames), which belongs in the flight dump, not in the error a user reads.
+std::string without_backtrace(const std::exception& e) {
+  if (const auto* error = dynamic_cast<const c10::Error*>(&e)) {
+    std::string text = error->what_without_backtrace();
+    const size_t raised = text.find("\nException raised from");
+    return raised == std::string::npos ? text : text.substr(0, raised);
+  }
+  return e.what();
+}
+
+}  // namespace
+
 std::string ProcessGroup::failed(const c10d::Work* work, const std::string& what,
                                  const std::string& error) const {
   // c10d says "Timed out" (Gloo) or "timed out" / "Watchdog caught collective operation timeout"
@@ -313,8 +328,8 @@ void ProcessGroup::wait_on_stream(const c10::intrusive_ptr<c10d::Work>& work,
   } catch (const std::exception& e) {
     const std::string report = progress_->report(work.get());
     TORCH_CHECK(false, "ddp: ", what, " failed on rank ", rank(), " of ", world_size(),
-                " (collective timeout ", timeout_.count(), " ms", report, "): ", e.what(),
-                failed(work.get(), what, e.what()));
+                " (collective timeout ", timeout_.count(), " ms", report,
+                "): ", without_backtrace(e), failed(work.get(), what, e.what()));
   }
   if (watchdog_ && !detail::is_capturing(config_.device)) watch_stream_after();
   progress_->done(work.get());
@@ -350,7 +365,7 @@ void ProcessGroup::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::s
     TORCH_CHECK(false, "ddp: ", what, " failed on rank ", rank(), " of ", world_size(),
                 " (collective timeout ", timeout_.count(),
                 " ms; another rank may have died, hung, or issued different collectives", report,
-                "): ", e.what(), failed(work.get(), what, e.what()));
+                "): ", without_backtrace(e), failed(work.get(), what, e.what()));
   }
   progress_->done(work.get());
 }

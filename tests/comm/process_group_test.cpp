@@ -64,6 +64,10 @@ DDP_TEST_WORKER(collective_timeout) {
               std::string::npos,
           "error does not name the collective and timeout: " + error);
   require(waited < std::chrono::seconds(30), "the timeout was not honoured");
+  // One line: torch's backtrace of the underlying failure stays in the flight dump (issue 62).
+  require(error.find("Exception raised from") == std::string::npos &&
+              error.find("frame #") == std::string::npos,
+          "the error carries torch's backtrace: " + error);
 }
 
 TEST(ProcessGroup, CollectiveTimesOutWithANamedError) {
