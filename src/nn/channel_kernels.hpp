@@ -36,7 +36,9 @@ at::Tensor input_grad(const at::Tensor& grad_output, const at::Tensor& input,
                       const at::Tensor& sum_dy, const at::Tensor& sum_dy_xmu,
                       const at::Tensor& counts);
 
-// The input as the kernels read it: channels_last (2d or 3d) kept, anything else contiguous.
+// The input as the kernels read it: channels_last (2d or 3d) kept, anything else contiguous. The
+// caller lays the activation and its gradient out once; the functions above check it again
+// (a no-op for a tensor already laid out).
 at::Tensor kernel_layout(const at::Tensor& t, const at::Tensor& like);
 
 }  // namespace ddp::nn::detail

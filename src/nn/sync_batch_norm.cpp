@@ -48,7 +48,8 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     const comm::ProcessGroupPtr group =
         c10::static_intrusive_pointer_cast<GroupCapsule>(ctx->saved_data["group"].toCapsule())
             ->group;
-    const at::Tensor& dy = grad_outputs[0];
+    // In the input's kernel layout once here: the two kernels below read it as it is.
+    const at::Tensor dy = detail::kernel_layout(grad_outputs[0], input);
     const detail::LocalGradSums local = detail::local_grad_sums(dy, input, mean, invstd, weight);
     const int64_t channels = mean.numel();
     at::Tensor sums = at::cat({local.sum_dy, local.sum_dy_xmu});
@@ -109,6 +110,9 @@ at::Tensor sync_batch_norm(const at::Tensor& input, const BatchNormState& state,
     return plain_batch_norm(input, state);
   }
   const auto& options = *state.options;
+  // The kernels' layout (channels_last kept, anything else contiguous) made once: the statistics,
+  // the normalisation and the saved input for backward all read this one tensor.
+  const at::Tensor x = detail::kernel_layout(input, input);
   const int64_t channels = input.size(1);
   const int64_t local_count = channels > 0 ? input.numel() / channels : 0;
   // This rank's count, mean and biased variance per channel (one fp32 pass over the activation),
@@ -116,7 +120,7 @@ at::Tensor sync_batch_norm(const at::Tensor& input, const BatchNormState& state,
   at::Tensor all;
   {
     at::NoGradGuard no_grad;
-    const detail::LocalStats local = detail::local_stats(input);
+    const detail::LocalStats local = detail::local_stats(x);
     const auto f64 = input.options().dtype(at::kDouble);
     const at::Tensor packed = at::cat({local.mean.to(at::kDouble),
                                        local.var.to(at::kDouble) * static_cast<double>(local_count),
@@ -145,7 +149,7 @@ at::Tensor sync_batch_norm(const at::Tensor& input, const BatchNormState& state,
     state.running_mean.mul_(1 - factor).add_(mean.to(state.running_mean.scalar_type()), factor);
     state.running_var.mul_(1 - factor).add_(unbiased.to(state.running_var.scalar_type()), factor);
   }
-  return SyncBatchNormFunction::apply(input, state.weight, state.bias, mean.to(at::kFloat),
+  return SyncBatchNormFunction::apply(x, state.weight, state.bias, mean.to(at::kFloat),
                                       invstd.to(at::kFloat), counts, group);
 }
 
