@@ -3,9 +3,14 @@
 #include "ddp/comm/collective_check.hpp"
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdio>
+#include <future>
 #include <iterator>
+#include <memory>
+#include <mutex>
 #include <sstream>
+#include <thread>
 
 namespace ddp::comm {
 
@@ -14,15 +19,22 @@ namespace {
 // Under the group's store prefix ("ddp/world/progress/1"): each group numbers its own collectives.
 std::string key_of(int rank) { return "progress/" + std::to_string(rank); }
 
+// How long a failed wait reads the store for its report: rank 0 serves the store and may itself be
+// the rank that is stopped, so the read is bounded and the error goes out without it.
+constexpr std::chrono::seconds kReportBound{2};
+
 int64_t unix_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
 
-}  // namespace
-
-namespace {
+// "1.0": the heartbeat's interval in seconds.
+std::string every(std::chrono::milliseconds interval) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.1f", static_cast<double>(interval.count()) / 1000.0);
+  return text;
+}
 
 std::vector<int> identity_if_empty(std::vector<int> global_ranks, int world_size) {
   if (global_ranks.empty()) {
@@ -33,6 +45,68 @@ std::vector<int> identity_if_empty(std::vector<int> global_ranks, int world_size
 
 }  // namespace
 
+namespace {
+
+// "<issued> <unix ms>[ <state> <fingerprint>]": what a rank publishes of its progress.
+std::string state_of(const FlightRing& ring) {
+  const std::optional<FlightEntry> newest = ring.newest();
+  const int64_t issued = newest ? newest->seq : ring.issued();
+  std::string value = std::to_string(issued) + " " + std::to_string(unix_ms());
+  if (newest) {
+    std::string state = flight_state_name(newest->state);
+    std::replace(state.begin(), state.end(), ' ', '_');
+    value += " " + state + " " + CollectiveCheck::fingerprint(newest->op, newest->purpose);
+  }
+  return value;
+}
+
+// What a failed wait reads from the store: every rank's published state, and the collective
+// check's finding. Runs on a thread of its own that holds only its copies, so that a store which
+// never answers (rank 0 serves it, and may be the rank that is stopped) leaves it behind and
+// nothing else.
+struct StoreReading {
+  std::vector<std::string> states;
+  std::string check_found;  // "; the collective check found: ..." or ""
+  std::string error;        // the store could not be read: why
+};
+
+StoreReading read_store(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
+                        const std::string& mine) {
+  StoreReading r;
+  r.states.resize(static_cast<size_t>(world_size));
+  try {
+    store->set(key_of(rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+    for (int other = 0; other < world_size; ++other) {
+      // check() does not wait: a rank that never published is reported as such.
+      if (!store->check({key_of(other)})) continue;
+      const auto bytes = store->get(key_of(other));
+      r.states[static_cast<size_t>(other)] = std::string(bytes.begin(), bytes.end());
+    }
+  } catch (const std::exception& e) {
+    r.error = e.what();
+    return r;
+  }
+  try {
+    if (store->check({CollectiveCheck::differs_key()})) {
+      const auto bytes = store->get(CollectiveCheck::differs_key());
+      r.check_found = "; the collective check found: " + std::string(bytes.begin(), bytes.end());
+    }
+  } catch (const std::exception&) {
+    // The store is gone: the rest of the report stands.
+  }
+  return r;
+}
+
+}  // namespace
+
+struct CollectiveProgress::Heartbeat {
+  std::mutex mutex;  // guards stop and ended
+  std::condition_variable cv;
+  bool stop = false;   // set by the destructor
+  bool ended = false;  // set by the thread as it leaves
+  std::thread thread;
+};
+
 CollectiveProgress::CollectiveProgress(c10::intrusive_ptr<c10d::Store> store, int rank,
                                        int world_size, std::chrono::milliseconds interval,
                                        std::string name, std::vector<int> global_ranks,
@@ -41,58 +115,60 @@ CollectiveProgress::CollectiveProgress(c10::intrusive_ptr<c10d::Store> store, in
       rank_(rank),
       world_size_(world_size),
       interval_(interval),
-      ring_(std::move(name), rank, identity_if_empty(std::move(global_ranks), world_size),
-            capacity) {
-  if (world_size_ > 1 && store_) heartbeat_ = std::thread([this] { heartbeat_loop(); });
+      ring_(std::make_shared<FlightRing>(std::move(name), rank,
+                                         identity_if_empty(std::move(global_ranks), world_size),
+                                         capacity)) {
+  if (world_size_ <= 1 || !store_) return;
+  heartbeat_ = std::make_shared<Heartbeat>();
+  heartbeat_->thread = std::thread(
+      [beat = heartbeat_, store = store_, rank = rank_, ring = ring_, interval = interval_] {
+        std::unique_lock<std::mutex> lock(beat->mutex);
+        while (!beat->stop) {
+          lock.unlock();
+          try {
+            const std::string value = state_of(*ring);
+            store->set(key_of(rank), std::vector<uint8_t>(value.begin(), value.end()));
+          } catch (const std::exception&) {
+            // The store is gone (rank 0 exited first at the end of a job): nothing to report to.
+            lock.lock();
+            break;
+          }
+          lock.lock();
+          beat->cv.wait_for(lock, interval, [&] { return beat->stop; });
+        }
+        beat->ended = true;
+        beat->cv.notify_all();
+      });
 }
 
 CollectiveProgress::~CollectiveProgress() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stop_ = true;
+  if (!heartbeat_) return;
+  std::unique_lock<std::mutex> lock(heartbeat_->mutex);
+  heartbeat_->stop = true;
+  heartbeat_->cv.notify_all();
+  const bool ended =
+      heartbeat_->cv.wait_for(lock, kReportBound, [this] { return heartbeat_->ended; });
+  lock.unlock();
+  if (ended) {
+    heartbeat_->thread.join();
+  } else {
+    heartbeat_->thread.detach();  // stuck in the store; it holds only what it shares
   }
-  stop_cv_.notify_all();
-  if (heartbeat_.joinable()) heartbeat_.join();
 }
 
 int64_t CollectiveProgress::issued(const c10d::Work* work, const CollectiveOp& op) {
-  return ring_.record(work, op);
+  return ring_->record(work, op);
 }
 
 void CollectiveProgress::refused(const CollectiveOp& op) {
-  ring_.record(nullptr, op, FlightState::kRefused);
+  ring_->record(nullptr, op, FlightState::kRefused);
 }
 
-void CollectiveProgress::done(const c10d::Work* work, FlightState state) { ring_.end(work, state); }
-
-int64_t CollectiveProgress::count() const { return ring_.issued(); }
-
-void CollectiveProgress::publish() {
-  const std::optional<FlightEntry> newest = ring_.newest();
-  const int64_t issued = newest ? newest->seq : ring_.issued();
-  std::string value = std::to_string(issued) + " " + std::to_string(unix_ms());
-  if (newest) {
-    std::string state = flight_state_name(newest->state);
-    std::replace(state.begin(), state.end(), ' ', '_');
-    value += " " + state + " " + CollectiveCheck::fingerprint(newest->op, newest->purpose);
-  }
-  store_->set(key_of(rank_), std::vector<uint8_t>(value.begin(), value.end()));
+void CollectiveProgress::done(const c10d::Work* work, FlightState state) {
+  ring_->end(work, state);
 }
 
-void CollectiveProgress::heartbeat_loop() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  while (!stop_) {
-    lock.unlock();
-    try {
-      publish();
-    } catch (const std::exception&) {
-      // The store is gone (rank 0 exited first at the end of a job): nothing left to report to.
-      return;
-    }
-    lock.lock();
-    stop_cv_.wait_for(lock, interval_, [this] { return stop_; });
-  }
-}
+int64_t CollectiveProgress::count() const { return ring_->issued(); }
 
 std::string CollectiveProgress::describe(int64_t waiting_on, const std::string& op, int rank,
                                          const std::vector<std::string>& states, int64_t now_ms,
@@ -120,9 +196,12 @@ std::string CollectiveProgress::describe(int64_t waiting_on, const std::string& 
     std::snprintf(age, sizeof(age), "%.1f", age_s < 0 ? 0.0 : age_s);
     const bool silent = now_ms - stamp > 3 * interval.count();
     if (issued < waiting_on) {
-      behind << "; rank " << r << " is behind: it issued " << issued
-             << " collectives, this rank waits on #" << waiting_on << " (last report " << age
-             << " s ago" << (silent ? ": it is dead or stuck outside collectives" : "") << ")";
+      // The count is as of the rank's last report, not now: said with its age, so that a rank
+      // that ran on between reports and then stopped is not taken for one that never got there.
+      behind << "; rank " << r << " is behind: it had issued " << issued
+             << " collectives at its last report " << age << " s ago (reports every "
+             << every(interval) << " s" << (silent ? "; silent since: dead or stopped" : "")
+             << "), this rank waits on #" << waiting_on;
       if (!theirs.empty() && issued > 0) {
         behind << "; rank " << r << "'s last, #" << issued << " (" << theirs << "), "
                << (state == "issued" ? "still in flight" : state);
@@ -134,7 +213,7 @@ std::string CollectiveProgress::describe(int64_t waiting_on, const std::string& 
              << theirs << " (this rank: " << fingerprint << ")";
     } else if (silent) {
       stale << "; rank " << r << " reached #" << issued << " but last reported " << age
-            << " s ago (dead or stuck)";
+            << " s ago (dead or stopped)";
     }
   }
   const std::string who = behind.str() + stale.str();
@@ -144,38 +223,29 @@ std::string CollectiveProgress::describe(int64_t waiting_on, const std::string& 
 }
 
 std::string CollectiveProgress::report(const c10d::Work* work) {
-  int64_t seq = ring_.issued();
+  int64_t seq = ring_->issued();
   std::string op, fingerprint;
-  if (const std::optional<FlightEntry> entry = ring_.pending(work)) {
+  if (const std::optional<FlightEntry> entry = ring_->pending(work)) {
     seq = entry->seq;
     op = entry->op.describe();
     fingerprint = CollectiveCheck::fingerprint(entry->op, entry->purpose);
   }
   if (world_size_ == 1 || !store_) return "; collective #" + std::to_string(seq);
-  std::vector<std::string> states(static_cast<size_t>(world_size_));
-  try {
-    publish();
-    for (int r = 0; r < world_size_; ++r) {
-      // check() does not wait: a rank that never published is reported as such.
-      if (!store_->check({key_of(r)})) continue;
-      const auto bytes = store_->get(key_of(r));
-      states[static_cast<size_t>(r)] = std::string(bytes.begin(), bytes.end());
-    }
-  } catch (const std::exception& e) {
-    return "; collective #" + std::to_string(seq) + (op.empty() ? "" : " (" + op + ")") +
-           "; the store could not be read to compare ranks: " + e.what();
+  const std::string here =
+      "; collective #" + std::to_string(seq) + (op.empty() ? "" : " (" + op + ")");
+  auto promise = std::make_shared<std::promise<StoreReading>>();
+  std::future<StoreReading> reading = promise->get_future();
+  std::thread([store = store_, rank = rank_, world = world_size_, mine = state_of(*ring_),
+               promise] {
+    promise->set_value(read_store(store, rank, world, mine));
+  }).detach();
+  if (reading.wait_for(kReportBound) != std::future_status::ready) {
+    return here + "; the store did not answer within " + std::to_string(kReportBound.count()) +
+           " s to say which rank is behind (rank 0 serves it: it may be the one stopped)";
   }
-  return describe(seq, op, rank_, states, unix_ms(), interval_, fingerprint) + check_found();
-}
-
-std::string CollectiveProgress::check_found() const {
-  try {
-    if (!store_->check({CollectiveCheck::differs_key()})) return "";
-    const auto bytes = store_->get(CollectiveCheck::differs_key());
-    return "; the collective check found: " + std::string(bytes.begin(), bytes.end());
-  } catch (const std::exception&) {
-    return "";  // the store is gone: the rest of the report stands
-  }
+  const StoreReading r = reading.get();
+  if (!r.error.empty()) return here + "; the store could not be read to compare ranks: " + r.error;
+  return describe(seq, op, rank_, r.states, unix_ms(), interval_, fingerprint) + r.check_found;
 }
 
 }  // namespace ddp::comm

@@ -18,6 +18,8 @@ const char* purpose_name(Purpose purpose) {
       return "unit reduce";
     case Purpose::kParamBroadcast:
       return "parameter broadcast";
+    case Purpose::kBufferBroadcast:
+      return "buffer broadcast";
     case Purpose::kCheckpoint:
       return "checkpoint";
     case Purpose::kControl:
@@ -38,6 +40,10 @@ std::string CollectivePurpose::describe() const {
       return "unit " + std::to_string(index) + "'s gradients";
     case Purpose::kUser:
       return "the user's own call";
+    case Purpose::kParamBroadcast:
+      return "rank 0's parameters and buffers";
+    case Purpose::kBufferBroadcast:
+      return "rank 0's buffers";
     default:
       return purpose_name(what);
   }

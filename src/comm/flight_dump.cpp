@@ -2,14 +2,11 @@
 
 #include <dirent.h>
 #include <algorithm>
-#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
-#include <map>
 #include <nlohmann/json.hpp>
-#include <optional>
 #include <sstream>
 #include <stdexcept>
 
@@ -117,41 +114,6 @@ DumpedGroup read_group(const json& g, const std::string& path, const std::string
   return group;
 }
 
-std::string join_ranks(const std::vector<int>& ranks) {
-  std::string out;
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    out += (i == 0 ? "" : i + 1 == ranks.size() ? " and " : ", ") + std::to_string(ranks[i]);
-  }
-  return out;
-}
-
-std::string ranks_word(const std::vector<int>& ranks) {
-  return (ranks.size() == 1 ? "rank " : "ranks ") + join_ranks(ranks);
-}
-
-// One group as every rank dumped it: the global rank of each dump holding it.
-struct GroupView {
-  std::string name;
-  std::map<int, const DumpedGroup*> by_rank;  // global rank -> its dump of the group
-};
-
-const DumpedCollective* entry_at(const DumpedGroup& g, int64_t seq) {
-  if (g.entries.empty() || seq < g.entries.front().seq || seq > g.entries.back().seq) {
-    return nullptr;
-  }
-  return &g.entries[static_cast<size_t>(seq - g.entries.front().seq)];
-}
-
-// Completed, or captured into a CUDA graph (it runs in the replays, recorded on their own): not
-// where a rank waits.
-bool ended_well(const DumpedCollective& e) {
-  return e.state == "completed" || e.state == "captured";
-}
-
-// A rank whose last collective ended less than this before its dump was still running: 1 s, a
-// hundred steps of a fast model, far below any collective timeout.
-constexpr int64_t kRunningUs = 1000000;
-
 }  // namespace
 
 std::string DumpedCollective::describe() const {
@@ -212,6 +174,8 @@ RankDump parse_flight_dump(const std::string& text_in, const std::string& path) 
   }
   d.reason = text(j, "reason", path, "");
   d.dumped_us = integer(j, "dumped_us", path, "");
+  // Optional: dumps written before SIGCONT was recorded have none.
+  if (j.contains("continued_us")) d.continued_us = integer(j, "continued_us", path, "");
   // A named prefix, not a temporary: the reference returned points into `j`, but GCC 13+ warns
   // (-Wdangling-reference) on a reference returned from a call that took a temporary.
   const std::string top;
@@ -265,165 +229,6 @@ std::vector<RankDump> read_flight_dumps(const std::string& dir) {
     }
   }
   return dumps;
-}
-
-Divergence first_divergence(const std::vector<RankDump>& dumps, int world_size) {
-  std::map<std::string, GroupView> groups;
-  std::map<int, int64_t> dumped_at;  // by rank
-  for (const RankDump& d : dumps) {
-    dumped_at[d.rank] = d.dumped_us;
-    for (const DumpedGroup& g : d.groups) {
-      groups[g.name].name = g.name;
-      groups[g.name].by_rank[d.rank] = &g;
-    }
-  }
-  // 1. Different collectives at one number: the earliest issued across groups.
-  std::optional<Divergence> mismatch;
-  int64_t mismatch_at = 0;
-  for (const auto& [name, view] : groups) {
-    int64_t common = INT64_MAX;
-    for (const auto& [rank, g] : view.by_rank) common = std::min(common, g->issued);
-    for (int64_t seq = 1; seq <= common; ++seq) {
-      std::map<std::string, std::vector<int>> by_signature;
-      std::map<std::string, const DumpedCollective*> example;
-      int64_t issued = INT64_MAX;
-      for (const auto& [rank, g] : view.by_rank) {
-        const DumpedCollective* e = entry_at(*g, seq);
-        if (e == nullptr) continue;  // overwritten in that rank's ring
-        by_signature[e->signature()].push_back(rank);
-        example[e->signature()] = e;
-        issued = std::min(issued, e->issued_us);
-      }
-      if (by_signature.size() <= 1) continue;
-      if (mismatch && issued >= mismatch_at) break;
-      // The largest agreeing set first: the odd ranks out are named last.
-      std::vector<std::pair<std::string, std::vector<int>>> sets(by_signature.begin(),
-                                                                 by_signature.end());
-      std::sort(sets.begin(), sets.end(), [](const auto& a, const auto& b) {
-        if (a.second.size() != b.second.size()) return a.second.size() > b.second.size();
-        return a.second.front() < b.second.front();  // a tie: the set with rank 0 first
-      });
-      Divergence d;
-      d.kind = "mismatch";
-      d.group = name;
-      d.seq = seq;
-      d.sentence = "collective #" + std::to_string(seq) + " of group " + name + " differs: ";
-      for (size_t i = 0; i < sets.size(); ++i) {
-        // A rank the collective check stopped never issued it (its state says so).
-        const bool refused = example[sets[i].first]->state == "refused";
-        const char* verb = !refused ? " issued "
-                           : sets[i].second.size() == 1
-                               ? " was stopped by the collective check before issuing "
-                               : " were stopped by the collective check before issuing ";
-        d.sentence += (i == 0 ? "" : "; ") + ranks_word(sets[i].second) + verb +
-                      example[sets[i].first]->describe();
-        if (i > 0) d.ranks.insert(d.ranks.end(), sets[i].second.begin(), sets[i].second.end());
-      }
-      mismatch = d;
-      mismatch_at = issued;
-      break;
-    }
-  }
-  if (mismatch) return *mismatch;
-  // 2. A rank that never issued what others issued: the lowest count of any group.
-  std::optional<Divergence> missing;
-  int64_t missing_count = INT64_MAX;
-  for (const auto& [name, view] : groups) {
-    int64_t most = 0;
-    for (const auto& [rank, g] : view.by_rank) most = std::max(most, g->issued);
-    for (const auto& [rank, g] : view.by_rank) {
-      if (g->issued >= most || g->issued >= missing_count) continue;
-      const int64_t seq = g->issued + 1;
-      std::vector<int> ahead;
-      const DumpedCollective* next = nullptr;
-      for (const auto& [other, og] : view.by_rank) {
-        if (og->issued < seq) continue;
-        ahead.push_back(other);
-        const DumpedCollective* e = entry_at(*og, seq);
-        if (e != nullptr && (next == nullptr || e->issued_us < next->issued_us)) next = e;
-      }
-      Divergence d;
-      d.kind = "missing";
-      d.group = name;
-      d.seq = seq;
-      d.ranks = {rank};
-      d.sentence = "rank " + std::to_string(rank) + " never issued collective #" +
-                   std::to_string(seq) + " of group " + name;
-      if (next != nullptr) d.sentence += " (" + next->describe() + ")";
-      d.sentence += ", which " + ranks_word(ahead) + " issued";
-      if (next != nullptr) d.sentence += " from " + clock_time(next->issued_us);
-      const DumpedCollective* last = g->entries.empty() ? nullptr : &g->entries.back();
-      if (last == nullptr) {
-        d.sentence += "; rank " + std::to_string(rank) + " issued none in this group";
-      } else {
-        bool all_completed = true;
-        for (const DumpedCollective& e : g->entries) all_completed &= ended_well(e);
-        d.sentence += "; rank " + std::to_string(rank) + "'s last collective #" +
-                      std::to_string(last->seq) + " " +
-                      (last->state == "issued" ? "was issued" : last->state) + " at " +
-                      clock_time(last->state == "issued" ? last->issued_us : last->ended_us);
-        // Stuck only when nothing happened for a while before its dump; a dump of a running
-        // job (SIGTERM, SIGUSR1) catches the ranks a collective or two apart.
-        const int64_t idle_us = dumped_at.at(rank) - std::max(last->issued_us, last->ended_us);
-        if (all_completed && idle_us >= kRunningUs) {
-          d.sentence += " (every collective it issued completed: it is stuck outside collectives)";
-        } else if (all_completed) {
-          d.sentence += " (" + std::to_string(idle_us / 1000) +
-                        " ms before its dump: it was running, not stuck)";
-        }
-      }
-      missing = d;
-      missing_count = g->issued;
-    }
-  }
-  if (missing) return *missing;
-  // 3. Ranks without a dump.
-  std::vector<int> absent;
-  for (int r = 0; r < world_size; ++r) {
-    if (std::none_of(dumps.begin(), dumps.end(), [&](const RankDump& d) { return d.rank == r; })) {
-      absent.push_back(r);
-    }
-  }
-  if (!absent.empty()) {
-    Divergence d;
-    d.kind = "no dump";
-    d.ranks = absent;
-    d.sentence = ranks_word(absent) + " left no dump (killed, or never started) and the others " +
-                 "agree on every collective they hold";
-    // Where the others are: the oldest collective not completed (waiting, failed or timed out),
-    // when it is the same one on the dumped ranks that have one.
-    const DumpedCollective* waiting = nullptr;
-    std::string waiting_group;
-    std::vector<int> waiters;
-    for (const auto& [name, view] : groups) {
-      for (const auto& [rank, g] : view.by_rank) {
-        for (const DumpedCollective& e : g->entries) {
-          if (ended_well(e)) continue;
-          if (waiting == nullptr || (name == waiting_group && e.seq == waiting->seq)) {
-            if (waiting == nullptr) waiting_group = name;
-            waiting = &e;
-            waiters.push_back(rank);
-          }
-          break;
-        }
-      }
-    }
-    if (waiting != nullptr) {
-      d.group = waiting_group;
-      d.seq = waiting->seq;
-      d.sentence += "; " + ranks_word(waiters) + " " +
-                    (waiting->state == "issued" ? "wait in" : "ended in") + " collective #" +
-                    std::to_string(waiting->seq) + " of group " + waiting_group + " (" +
-                    waiting->describe() + ", step " + std::to_string(waiting->step) +
-                    ", issued at " + clock_time(waiting->issued_us) +
-                    (waiting->state == "issued" ? "" : ", " + waiting->state) + ")";
-    }
-    return d;
-  }
-  Divergence d;
-  d.kind = "none";
-  d.sentence = "no divergence: every rank issued the same collectives in every group";
-  return d;
 }
 
 }  // namespace ddp::comm

@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 
 #include "ddp/comm/flight_ring.hpp"
 #include "ddp/files/posix_file.hpp"
+#include "ddp/launch/launcher_channel.hpp"
 
 namespace ddp::comm {
 
@@ -30,6 +32,19 @@ using json = nlohmann::json;
 
 thread_local CollectivePurpose t_purpose;
 std::atomic<int64_t> g_step{-1};
+// When SIGCONT last continued this process (unix us; 0: never). The launcher continues only a
+// stopped worker, so a dump that carries it says the rank was stopped (SIGSTOP, a debugger) until
+// then: ddp-forensics names it even when it ran on after being continued.
+std::atomic<int64_t> g_continued_us{0};
+static_assert(std::atomic<int64_t>::is_always_lock_free, "written from a signal handler");
+
+// One dump at a time: the signal thread's (SIGTERM) and a failed wait's on another thread would
+// otherwise write the same temporary file, and SIGTERM's ending of the process could cut the other
+// one short and leave it behind. Leaked, as settings().
+std::mutex& dump_mutex() {
+  static auto* m = new std::mutex();
+  return *m;
+}
 
 FlightRecorderOptions options_from_env() {
   FlightRecorderOptions o;
@@ -132,8 +147,28 @@ Dump make_dump(const std::string& reason) {
                      {"host", host},
                      {"reason", reason},
                      {"dumped_us", unix_us()},
+                     {"continued_us", g_continued_us.load()},
                      {"groups", std::move(groups)}};
   return {global_rank, world_size, dump.dump(1) + "\n"};
+}
+
+// The dump itself; the caller holds dump_mutex().
+std::string write_dump(const std::string& reason) {
+  const std::string dir = flight_recorder_options().dir;
+  if (dir.empty()) return "";
+  try {
+    const Dump dump = make_dump(reason);
+    // No group alive (none made yet, or all destroyed while the process ends): nothing to say, and
+    // an earlier dump of this rank (a failed wait's) must not be overwritten by an empty one.
+    if (dump.world_size == 0) return "";
+    const std::string path = dir + "/flight-rank" + std::to_string(dump.rank) + ".json";
+    files::write_file_atomic(path, dump.text);
+    return path;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ddp: the flight recorder could not write its dump to '%s': %s\n",
+                 dir.c_str(), e.what());
+    return "";
+  }
 }
 
 int g_signal_pipe[2] = {-1, -1};
@@ -143,6 +178,13 @@ std::atomic<bool> g_aborting{false};
 pthread_t g_signal_thread{};
 
 void on_signal(int signo) {
+  if (signo == SIGCONT) {
+    // clock_gettime is async-signal-safe; the store is a lock-free atomic.
+    struct timespec now {};
+    ::clock_gettime(CLOCK_REALTIME, &now);
+    g_continued_us.store(int64_t(now.tv_sec) * 1000000 + now.tv_nsec / 1000);
+    return;
+  }
   const auto byte = static_cast<unsigned char>(signo);
   const int saved = errno;  // a handler must leave errno as it found it
   (void)!::write(g_signal_pipe[1], &byte, 1);
@@ -183,9 +225,14 @@ void signal_loop() {
       (void)!::write(g_dumped_pipe[1], &done, 1);
       continue;  // the aborting thread ends the process
     }
-    dump_flight_recorder("SIGTERM");
-    ::signal(SIGTERM, SIG_DFL);  // then end as SIGTERM would have: the launcher reads the signal
-    ::raise(SIGTERM);
+    // SIGTERM, or SIGPIPE: a rank continued after its peers left writes into their closed
+    // sockets, and SIGPIPE's default would end it before any dump. Holding the dump lock to the
+    // end: no other thread's dump is cut short by the ending.
+    const int signo = byte;
+    std::lock_guard<std::mutex> lock(dump_mutex());
+    write_dump(signo == SIGPIPE ? "SIGPIPE (a peer closed its connection)" : "SIGTERM");
+    ::signal(signo, SIG_DFL);  // then end as the signal would have: the launcher reads it
+    ::raise(signo);
   }
 }
 
@@ -199,6 +246,12 @@ void install_signals() {
   action.sa_flags = SA_RESTART;
   ::sigaction(SIGUSR1, &action, nullptr);
   ::sigaction(SIGTERM, &action, nullptr);
+  ::sigaction(SIGCONT, &action, nullptr);
+  // SIGPIPE only where it would end the process (a program that ignores it keeps ignoring it).
+  struct sigaction pipe_before {};
+  if (::sigaction(SIGPIPE, nullptr, &pipe_before) == 0 && pipe_before.sa_handler == SIG_DFL) {
+    ::sigaction(SIGPIPE, &action, nullptr);
+  }
   std::thread loop(signal_loop);
   g_signal_thread = loop.native_handle();
   loop.detach();
@@ -237,28 +290,17 @@ ForPurpose::ForPurpose(CollectivePurpose purpose) : saved_(t_purpose) { t_purpos
 
 ForPurpose::~ForPurpose() { t_purpose = saved_; }
 
-void note_step(int64_t step) { g_step.store(step, std::memory_order_relaxed); }
+void note_step(int64_t step) {
+  if (g_step.exchange(step, std::memory_order_relaxed) != step) launch::tell_launcher_step(step);
+}
 
 CollectivePurpose current_purpose() { return t_purpose; }
 
 int64_t current_step() { return g_step.load(std::memory_order_relaxed); }
 
 std::string dump_flight_recorder(const std::string& reason) {
-  const std::string dir = flight_recorder_options().dir;
-  if (dir.empty()) return "";
-  try {
-    const Dump dump = make_dump(reason);
-    // No group alive (none made yet, or all destroyed while the process ends): nothing to say, and
-    // an earlier dump of this rank (a failed wait's) must not be overwritten by an empty one.
-    if (dump.world_size == 0) return "";
-    const std::string path = dir + "/flight-rank" + std::to_string(dump.rank) + ".json";
-    files::write_file_atomic(path, dump.text);
-    return path;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "ddp: the flight recorder could not write its dump to '%s': %s\n",
-                 dir.c_str(), e.what());
-    return "";
-  }
+  std::lock_guard<std::mutex> lock(dump_mutex());
+  return write_dump(reason);
 }
 
 }  // namespace ddp::comm

@@ -9,6 +9,7 @@
 #include "ddp/comm/made_backend.hpp"
 #include "ddp/comm/rendezvous.hpp"
 #include "ddp/detail/torch_compat.hpp"
+#include "ddp/launch/launcher_channel.hpp"
 
 #if DDP_HAVE_GLOO
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -175,6 +176,8 @@ ProcessGroupPtr init_process_group(const InitOptions& options) {
   // From now on the store's own waits (replica check, exchanges, sub-groups) use the collective
   // timeout.
   store->setTimeout(options.timeout);
+  // Joined: a failure from now on is not one at start-up (launch/launcher_channel.hpp).
+  launch::tell_launcher_ready();
   return group;
 }
 

@@ -16,9 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
-#include <future>
 #include <memory>
-#include <thread>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "ddp/detail/capture_status.hpp"
@@ -32,9 +30,6 @@ namespace {
 std::string dump_note(const std::string& path) {
   return path.empty() ? "" : "; flight recorder dump: " + path;
 }
-
-// How long a process that ends after a timeout waits for the store to say who is behind.
-constexpr std::chrono::seconds kReportBound{2};
 
 std::chrono::milliseconds heartbeat_interval() {
   long interval_ms = 1000;
@@ -118,22 +113,8 @@ bool ProcessGroup::watch(std::function<bool()> finished, std::string what) {
 void ProcessGroup::end_process_after_timeout(const std::string& what, const c10d::Work* work,
                                              std::chrono::milliseconds waited,
                                              const std::string& error) const {
-  // Who is behind, from the store, bounded: the store is served by rank 0, which may be the rank
-  // that is stopped. The reading thread is left behind when it does not answer; the process ends.
-  auto promise = std::make_shared<std::promise<std::string>>();
-  std::future<std::string> report = promise->get_future();
-  std::thread([this, work, promise] {
-    try {
-      promise->set_value(progress_->report(work));
-    } catch (const std::exception& e) {
-      promise->set_value(std::string("; the ranks' progress could not be read: ") + e.what());
-    }
-  }).detach();
-  const std::string who =
-      report.wait_for(kReportBound) == std::future_status::ready
-          ? report.get()
-          : "; the store did not answer within " + std::to_string(kReportBound.count()) +
-                " s to say which rank is behind (rank 0 serves it: it may be the one stopped)";
+  // Who is behind, from the store (bounded: CollectiveProgress::report).
+  const std::string who = progress_->report(work);
   if (work != nullptr) {
     progress_->done(work, error.empty() ? FlightState::kTimedOut : FlightState::kFailed);
   }

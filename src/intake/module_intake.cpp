@@ -97,7 +97,8 @@ void synchronize_replicas(comm::ProcessGroup& group, const ModuleIntake& intake,
                 "built for");
   }
   if (group.world_size() == 1) return;
-  const comm::ForPurpose purpose({comm::Purpose::kParamBroadcast});
+  const comm::CollectivePurpose what{comm::Purpose::kParamBroadcast};
+  const comm::ForPurpose purpose(what);
   // Every rank starts from rank 0's state, as PyTorch's DDP does; a value no rank holds whole is
   // only checked (every rank built it from the same draws: [Note: the same draws as one process]).
   std::vector<at::Tensor> state = intake.params;
@@ -108,8 +109,7 @@ void synchronize_replicas(comm::ProcessGroup& group, const ModuleIntake& intake,
   for (const at::Tensor& t : state) {
     if (absent.count(t.unsafeGetTensorImpl()) == 0) whole.push_back(t);
   }
-  comm::broadcast_coalesced(group, whole, 0,
-                            who + ": broadcast of rank 0's parameters and buffers");
+  comm::broadcast_coalesced(group, whole, 0, who + ": broadcast of " + what.describe());
   if (state.empty()) return;
   // The checksum of every tensor, compared with rank 0's (one small broadcast) and the
   // disagreements counted (one small all-reduce), so that every rank raises the same error. Exact

@@ -70,6 +70,8 @@ SpawnResult spawn_local_workers(const SpawnOptions& options) {
   group.master_port = options.master_port;
   group.env = options.env;
   group.restart_count = options.restart_count;
+  group.max_restarts = options.max_restarts;
+  group.min_nproc = options.min_nproc;
   group.grace = options.grace;
   group.timeout = options.timeout;
   group.timeout_source = "the job timeout";

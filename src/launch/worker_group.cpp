@@ -15,6 +15,7 @@
 
 #include "ddp/files/posix_file.hpp"
 #include "ddp/launch/free_port.hpp"
+#include "ddp/launch/launcher_channel.hpp"
 #include "ddp/launch/line_relay.hpp"
 
 extern char** environ;
@@ -48,6 +49,21 @@ sigset_t handled_set() {
   return set;
 }
 
+// Whether `pid` is stopped (SIGSTOP, a terminal's stop, a tracer's): /proc/<pid>/stat's state,
+// the first field after the parenthesised command name (which may itself hold ") ").
+bool is_stopped(pid_t pid) {
+  const int fd = ::open(("/proc/" + std::to_string(pid) + "/stat").c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;  // gone already
+  char buffer[1024];
+  const ssize_t n = ::read(fd, buffer, sizeof(buffer));
+  ::close(fd);
+  if (n <= 0) return false;
+  const std::string stat(buffer, static_cast<size_t>(n));
+  const size_t end = stat.rfind(") ");
+  return end != std::string::npos && end + 2 < stat.size() &&
+         (stat[end + 2] == 'T' || stat[end + 2] == 't');
+}
+
 [[noreturn]] void fail(const std::string& what) {
   throw std::runtime_error(what + ": " + std::strerror(errno));
 }
@@ -78,22 +94,51 @@ struct Attempt {
   uint16_t master_port = 0;
   int restart_count = 0;
   std::optional<Clock::time_point> deadline;
+  // The local slots this attempt runs, in order: worker i runs in slots[i]. Every slot until one
+  // is dropped (WorkerGroupOptions::min_nproc).
+  std::vector<int> slots;
 };
+
+// CUDA_VISIBLE_DEVICES for the slots left: the inherited list's entries at those slots (or the
+// slot numbers themselves), so that LOCAL_RANK i still finds its GPU at index i.
+std::string visible_devices(const std::vector<int>& slots) {
+  std::vector<std::string> inherited;
+  if (const char* list = std::getenv("CUDA_VISIBLE_DEVICES")) {
+    std::string rest = list;
+    for (size_t at = 0; at <= rest.size();) {
+      const size_t comma = std::min(rest.find(',', at), rest.size());
+      inherited.push_back(rest.substr(at, comma - at));
+      at = comma + 1;
+    }
+  }
+  std::string out;
+  for (int slot : slots) {
+    const auto s = static_cast<size_t>(slot);
+    out += (out.empty() ? "" : ",") + (s < inherited.size() ? inherited[s] : std::to_string(slot));
+  }
+  return out;
+}
 
 // The worker's environment: the launcher's own, with the launcher variables replaced. Built
 // before fork so that the child only calls async-signal-safe functions until exec.
-std::vector<std::string> worker_environment(const Attempt& a, int local_rank) {
+std::vector<std::string> worker_environment(const Attempt& a, int local_rank, int channel_fd) {
   const WorkerGroupOptions& o = a.o;
+  const int nproc = static_cast<int>(a.slots.size());
   std::vector<std::pair<std::string, std::string>> ours = {
-      {"RANK", std::to_string(o.node_rank * o.nproc_per_node + local_rank)},
+      {"RANK", std::to_string(o.node_rank * nproc + local_rank)},
       {"LOCAL_RANK", std::to_string(local_rank)},
-      {"WORLD_SIZE", std::to_string(o.nnodes * o.nproc_per_node)},
-      {"LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node)},
+      {"WORLD_SIZE", std::to_string(o.nnodes * nproc)},
+      {"LOCAL_WORLD_SIZE", std::to_string(nproc)},
       {"GROUP_RANK", std::to_string(o.node_rank)},
       {"MASTER_ADDR", o.master_addr},
       {"MASTER_PORT", std::to_string(a.master_port)},
       {"DDP_RESTART_COUNT", std::to_string(a.restart_count)},
+      {kLauncherFdVar, std::to_string(channel_fd)},
+      // The world the job started with: a smaller one after a dropped slot (min_nproc) keeps
+      // what depends on it, the global batch.
+      {"DDP_STARTED_WORLD_SIZE", std::to_string(o.nnodes * o.nproc_per_node)},
   };
+  if (nproc < o.nproc_per_node) ours.emplace_back("CUDA_VISIBLE_DEVICES", visible_devices(a.slots));
   const auto is_ours = [&](const std::string& key) {
     return std::any_of(ours.begin(), ours.end(), [&](const auto& kv) { return kv.first == key; });
   };
@@ -110,7 +155,7 @@ std::vector<std::string> worker_environment(const Attempt& a, int local_rank) {
   }
   for (const auto& [k, v] : ours) env.push_back(k + "=" + v);
   // As torchrun: N workers each using every core oversubscribe the machine N times over.
-  if (!has_omp && o.nproc_per_node > 1) env.push_back("OMP_NUM_THREADS=1");
+  if (!has_omp && nproc > 1) env.push_back("OMP_NUM_THREADS=1");
   return env;
 }
 
@@ -120,11 +165,13 @@ struct Worker {
   int out_fd = -1;  // read ends of the worker's stdout/stderr pipes; -1 once closed (or unused)
   int err_fd = -1;
   std::unique_ptr<LineRelay> out, err;
+  int channel_fd = -1;  // read end of its launcher channel; -1 once closed
+  std::string channel;  // what the channel sent after its last whole line
 };
 
 // Between fork and exec: async-signal-safe calls only.
 [[noreturn]] void exec_worker(const WorkerGroupOptions& o, const std::vector<std::string>& env,
-                              int out_w, int err_w, pid_t launcher) {
+                              int out_w, int err_w, int channel_w, pid_t launcher) {
   // Own process group: see [Note: worker process groups] in worker_group.hpp.
   ::setpgid(0, 0);
   for (int sig : kHandled) ::signal(sig, SIG_DFL);
@@ -137,6 +184,7 @@ struct Worker {
   if (null_fd >= 0) ::dup2(null_fd, STDIN_FILENO);
   if (out_w >= 0) ::dup2(out_w, STDOUT_FILENO);  // dup2 clears O_CLOEXEC on the copy only
   if (err_w >= 0) ::dup2(err_w, STDERR_FILENO);
+  ::fcntl(channel_w, F_SETFD, 0);  // the launcher channel crosses exec (DDP_LAUNCHER_FD)
   std::vector<char*> args, envp;
   for (const auto& a : o.argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
@@ -184,11 +232,16 @@ class GroupRunner {
 
   void start_workers() {
     const pid_t self = ::getpid();
-    workers_.resize(o_.nproc_per_node);
-    for (int lr = 0; lr < o_.nproc_per_node; ++lr) {
+    const int nproc = static_cast<int>(a_.slots.size());
+    workers_.resize(nproc);
+    for (int lr = 0; lr < nproc; ++lr) {
       Worker& w = workers_[lr];
-      w.exit.rank = o_.node_rank * o_.nproc_per_node + lr;
-      const auto env = worker_environment(a_, lr);
+      w.exit.rank = o_.node_rank * nproc + lr;
+      w.exit.slot = a_.slots[lr];
+      // The launcher channel: non-blocking at both ends (a worker's line never waits for us).
+      int channel[2] = {-1, -1};
+      if (::pipe2(channel, O_CLOEXEC | O_NONBLOCK) != 0) fail(o_.name + ": pipe");
+      const auto env = worker_environment(a_, lr, channel[1]);
       int out_pipe[2] = {-1, -1}, err_pipe[2] = {-1, -1};
       if (o_.relay_output) {
         const std::string prefix = "[rank " + std::to_string(w.exit.rank) + "] ";
@@ -204,15 +257,15 @@ class GroupRunner {
       sigset_t old;
       ::sigprocmask(SIG_BLOCK, &set, &old);
       const pid_t pid = ::fork();
-      if (pid == 0) exec_worker(o_, env, out_pipe[1], err_pipe[1], self);
+      if (pid == 0) exec_worker(o_, env, out_pipe[1], err_pipe[1], channel[1], self);
       const int fork_errno = errno;
       if (pid > 0) ::setpgid(pid, pid);  // also here, so kill(-pid) works before the child runs
       ::sigprocmask(SIG_SETMASK, &old, nullptr);
-      for (int fd : {out_pipe[1], err_pipe[1]}) {
+      for (int fd : {out_pipe[1], err_pipe[1], channel[1]}) {
         if (fd >= 0) ::close(fd);
       }
       if (pid < 0) {
-        for (int fd : {out_pipe[0], err_pipe[0]}) {
+        for (int fd : {out_pipe[0], err_pipe[0], channel[0]}) {
           if (fd >= 0) ::close(fd);
         }
         errno = fork_errno;
@@ -222,6 +275,7 @@ class GroupRunner {
       w.pid = pid;
       w.out_fd = out_pipe[0];
       w.err_fd = err_pipe[0];
+      w.channel_fd = channel[0];
       for (int fd : {w.out_fd, w.err_fd}) {
         if (fd >= 0) ::fcntl(fd, F_SETFL, O_NONBLOCK);
       }
@@ -233,10 +287,14 @@ class GroupRunner {
   void signal_workers(int sig) {
     for (Worker& w : workers_) {
       if (w.pid <= 0) continue;
+      // Asked before the signal: SIGKILL would end the stop itself.
+      const bool stopped = is_stopped(w.pid);
       ::kill(-w.pid, sig);
       // A stopped worker (SIGSTOP, a debugger's stop) acts on nothing until continued: without
       // this it would outlive the grace and take SIGKILL, `grace` after the failure it caused.
-      ::kill(-w.pid, SIGCONT);
+      // Only a stopped one: its flight recorder notes the SIGCONT, which tells ddp-forensics the
+      // rank was stopped.
+      if (stopped) ::kill(-w.pid, SIGCONT);
       w.exit.killed_by_launcher = true;
     }
   }
@@ -283,6 +341,7 @@ class GroupRunner {
     std::vector<pollfd> fds;
     std::vector<std::pair<Worker*, bool>> owners;  // (worker, is_stdout) per fds entry after 0
     fds.push_back({g_wake[0], POLLIN, 0});         // -1 without forwarding: poll skips it
+    std::vector<Worker*> listening;                // the channels, after the output pipes
     for (Worker& w : workers_) {
       if (w.out_fd >= 0) {
         fds.push_back({w.out_fd, POLLIN, 0});
@@ -291,6 +350,12 @@ class GroupRunner {
       if (w.err_fd >= 0) {
         fds.push_back({w.err_fd, POLLIN, 0});
         owners.emplace_back(&w, false);
+      }
+    }
+    for (Worker& w : workers_) {
+      if (w.channel_fd >= 0) {
+        fds.push_back({w.channel_fd, POLLIN, 0});
+        listening.push_back(&w);
       }
     }
     // With the handlers, every exit and signal wakes poll through the self-pipe and the cap is
@@ -315,8 +380,35 @@ class GroupRunner {
     }
     for (size_t i = 1; i < fds.size(); ++i) {
       if (fds[i].revents == 0) continue;
+      if (i > owners.size()) {
+        listen(*listening[i - 1 - owners.size()]);
+        continue;
+      }
       auto [w, is_out] = owners[i - 1];
       pump(*w, is_out, /*drain=*/false);
+    }
+  }
+
+  // Reads the worker's launcher channel: "ready" and "step N" lines (launcher_channel.hpp).
+  void listen(Worker& w) {
+    char buf[4096];
+    for (;;) {
+      if (w.channel_fd < 0) return;
+      const ssize_t n = ::read(w.channel_fd, buf, sizeof(buf));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && errno == EAGAIN) return;
+      if (n <= 0) {
+        ::close(w.channel_fd);
+        w.channel_fd = -1;
+        return;
+      }
+      w.channel.append(buf, static_cast<size_t>(n));
+      for (size_t end; (end = w.channel.find('\n')) != std::string::npos;) {
+        const std::string line = w.channel.substr(0, end);
+        w.channel.erase(0, end + 1);
+        if (line == "ready") w.exit.ready = true;
+        if (line.rfind("step ", 0) == 0) w.exit.step = std::atoll(line.c_str() + 5);
+      }
     }
   }
 
@@ -362,6 +454,7 @@ class GroupRunner {
       if (::waitid(P_PID, w.pid, &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid != w.pid) {
         continue;
       }
+      listen(w);  // its last step and readiness, before its exit is described
       const bool signaled = info.si_code == CLD_KILLED || info.si_code == CLD_DUMPED;
       const int code = info.si_status;
       const bool failed = signaled || code != 0;
@@ -371,9 +464,7 @@ class GroupRunner {
       if (failed && !stopping_) {
         result_.kind = GroupResult::Kind::kWorkerFailed;
         result_.first_failure = w.exit;
-        say(o_, "rank " + std::to_string(w.exit.rank) +
-                    (signaled ? " was killed by signal " + describe_signal(code)
-                              : " exited with code " + std::to_string(code)));
+        say(o_, describe_exit(w.exit));
         const bool stopped_before = w.exit.killed_by_launcher;
         stop(SIGTERM);  // the others; this one has exited already
         w.exit.killed_by_launcher = stopped_before;
@@ -386,6 +477,8 @@ class GroupRunner {
       }
       w.pid = -1;
       close_streams(w);
+      if (w.channel_fd >= 0) ::close(w.channel_fd);
+      w.channel_fd = -1;
     }
   }
 
@@ -417,6 +510,15 @@ void check_options(const WorkerGroupOptions& o) {
         "rank 0's store)");
   }
   if (o.max_restarts < 0) bad("max_restarts must be at least 0");
+  if (o.min_nproc < 0 || o.min_nproc > o.nproc_per_node) {
+    bad("min_nproc must be in [0, nproc_per_node], got " + std::to_string(o.min_nproc) +
+        " with nproc_per_node " + std::to_string(o.nproc_per_node));
+  }
+  if (o.min_nproc > 0 && o.nnodes > 1) {
+    bad("min_nproc works on one node (every node would have to agree on the smaller world), got "
+        "nnodes " +
+        std::to_string(o.nnodes));
+  }
 }
 
 }  // namespace
@@ -436,11 +538,21 @@ int GroupResult::exit_code() const {
 
 int received_signal() { return g_signal; }
 
+std::string describe_exit(const WorkerExit& e) {
+  std::string out = "rank " + std::to_string(e.rank) +
+                    (e.signaled ? " was killed by signal " + describe_signal(e.signal)
+                                : " exited with code " + std::to_string(e.exit_code));
+  if (e.step >= 0) out += " at step " + std::to_string(e.step);
+  return out;
+}
+
 GroupResult run_worker_group(const WorkerGroupOptions& options) {
   check_options(options);
   if (options.forward_signals) install_signal_handlers();
-  Attempt attempt{options, 0, 0, std::nullopt};
+  Attempt attempt{options, 0, 0, std::nullopt, {}};
+  for (int slot = 0; slot < options.nproc_per_node; ++slot) attempt.slots.push_back(slot);
   if (options.timeout) attempt.deadline = Clock::now() + *options.timeout;
+  std::string previous;  // the failure that ended the attempt before, with its step
   for (int k = 0;; ++k) {
     // A fresh port per attempt: the failed attempt's store may still hold (or TIME_WAIT) its own.
     attempt.master_port = options.master_port ? options.master_port : find_free_port();
@@ -453,13 +565,33 @@ GroupResult run_worker_group(const WorkerGroupOptions& options) {
       r.signal = g_signal;
       return r;
     }
+    const WorkerExit& failure = *r.first_failure;
+    const std::string cause = describe_exit(failure);
     if (k >= options.max_restarts) return r;
+    if (failure.step >= 0 && cause == previous) {
+      // A resumed run that fails where it failed before will fail there every time.
+      r.restart_loop = true;
+      say(options, "not restarting: " + cause +
+                       " again, as in the attempt before (a restart "
+                       "loop: the same failure at the same step)");
+      return r;
+    }
+    previous = cause;
     if (attempt.deadline && Clock::now() >= *attempt.deadline) {
       say(options, "timed out (" + options.timeout_source + "); not restarting");
       return r;
     }
+    const int left = static_cast<int>(attempt.slots.size()) - 1;
+    if (!failure.ready && options.min_nproc > 0 && left >= options.min_nproc) {
+      // Never joined its group: whatever it needs at start-up (its GPU) is gone from its slot.
+      attempt.slots.erase(std::find(attempt.slots.begin(), attempt.slots.end(), failure.slot));
+      say(options, "rank " + std::to_string(failure.rank) + " (slot " +
+                       std::to_string(failure.slot) + ") failed at start-up; going on with " +
+                       std::to_string(left) + " workers (--min-nproc " +
+                       std::to_string(options.min_nproc) + ")");
+    }
     say(options, "restarting the group (restart " + std::to_string(k + 1) + " of " +
-                     std::to_string(options.max_restarts) + ")");
+                     std::to_string(options.max_restarts) + ") after " + cause);
   }
 }
 

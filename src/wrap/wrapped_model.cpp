@@ -60,7 +60,8 @@ const char* kind_text(int kind) {
 // both. On a CPU group only, where reading it back costs nothing; under NCCL such a mismatch hangs
 // in the next collective and the watchdog names it.
 void WrappedModel::sync_buffers_for(ForwardKind kind) {
-  const comm::ForPurpose purpose({comm::Purpose::kParamBroadcast});
+  const comm::CollectivePurpose what{comm::Purpose::kBufferBroadcast};
+  const comm::ForPurpose purpose(what);
   std::vector<at::Tensor> tensors = buffers_;
   at::Tensor header;
   if (!buffers_.empty() && pg_->world_size() > 1 && pg_->device().is_cpu() &&
@@ -68,7 +69,7 @@ void WrappedModel::sync_buffers_for(ForwardKind kind) {
     header = at::full({1}, static_cast<int>(kind), buffers_[0].options());
     tensors.push_back(header);
   }
-  comm::broadcast_coalesced(*pg_, tensors, 0, "broadcast of rank 0's buffers");
+  comm::broadcast_coalesced(*pg_, tensors, 0, "broadcast of " + what.describe());
   if (!header.defined() || pg_->rank() == 0) return;
   const int theirs = static_cast<int>(header.item<double>());
   TORCH_CHECK(theirs == static_cast<int>(kind), "ddp: rank 0 made ", kind_text(theirs),

@@ -21,7 +21,8 @@ TEST(CollectiveProgress, NamesTheRankThatIsBehind) {
                                    {"8 100000", "7 99800", "8 99900"}, 100000, kInterval);
   EXPECT_EQ(text,
             "; collective #8 of rank 0 (all-reduce (sum) of 4 Float elements); rank 1 is behind: "
-            "it issued 7 collectives, this rank waits on #8 (last report 0.2 s ago)");
+            "it had issued 7 collectives at its last report 0.2 s ago (reports every 1.0 s), "
+            "this rank waits on #8");
 }
 
 // The published states carry each rank's newest collective: the error says what the rank behind
@@ -37,8 +38,9 @@ TEST(CollectiveProgress, SaysWhatTheRankBehindLastDidAndADifferentCollectiveAtOn
       100000, kInterval, mine);
   EXPECT_EQ(text,
             "; collective #8 of rank 0 (all-reduce (sum) of 4 Float elements); rank 1 is behind: "
-            "it issued 7 collectives, this rank waits on #8 (last report 0.2 s ago); rank 1's "
-            "last, #7 (all-reduce (sum) of 4 Float elements for bucket 0 of plan epoch 0), "
+            "it had issued 7 collectives at its last report 0.2 s ago (reports every 1.0 s), "
+            "this rank waits on #8; rank 1's last, #7 (all-reduce (sum) of 4 Float elements for "
+            "bucket 0 of plan epoch 0), "
             "completed; rank 2 issued a different collective as #8: all-reduce (sum) of 3 Float "
             "elements for the user's own call (this rank: " +
                 mine + ")");
@@ -48,8 +50,9 @@ TEST(CollectiveProgress, ASilentRankIsNamedDeadOrStuck) {
   const std::string text =
       CollectiveProgress::describe(3, "barrier", 1, {"2 90000", "3 100000"}, 100000, kInterval);
   EXPECT_EQ(text,
-            "; collective #3 of rank 1 (barrier); rank 0 is behind: it issued 2 collectives, this "
-            "rank waits on #3 (last report 10.0 s ago: it is dead or stuck outside collectives)");
+            "; collective #3 of rank 1 (barrier); rank 0 is behind: it had issued 2 collectives at "
+            "its last report 10.0 s ago (reports every 1.0 s; silent since: dead or stopped), "
+            "this rank waits on #3");
 }
 
 TEST(CollectiveProgress, ARankThatNeverReportedIsNamed) {
@@ -100,8 +103,9 @@ DDP_TEST_WORKER(desync) {
   require(error.find(expected_head) != std::string::npos, "error head: " + error);
   const std::string expected = "; collective #2 of rank " + std::to_string(pg->rank()) +
                                " (all-reduce (sum) of 4 Float elements); rank 1 is behind: it "
-                               "issued 1 collectives, this rank waits on #2";
+                               "had issued 1 collectives at its last report ";
   require(error.find(expected) != std::string::npos, "desync report: " + error);
+  require(error.find(" s), this rank waits on #2;") != std::string::npos, "waits on: " + error);
   // What rank 1 last did, from its published state (heartbeat every 100 ms, 2 s of waiting).
   const std::string last =
       "; rank 1's last, #1 (all-reduce (sum) of 4 Float elements for the user's own call), "

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "ddp/comm/flight_dump.hpp"
+#include "ddp/comm/flight_divergence.hpp"
 #include "ddp/comm/flight_recorder.hpp"
 
 namespace ddp::testing {
@@ -140,6 +140,94 @@ TEST(FlightDivergence, ARankWithoutADumpAndAgreeingRanksAreSaidSo) {
             "collective they hold; ranks 0 and 2 wait in collective #4 of group ddp/world "
             "(all-reduce (average) of 6300000 Float elements for bucket 0 of plan epoch 0, step "
             "12, issued at 12:01:03.004)");
+}
+
+// A skipped step: rank 1 ran on from step 12 to step 13's collectives at #5 while rank 0 ran step
+// 12's; the collectives themselves are alike, the step tags are not.
+TEST(FlightDivergence, ASkippedStepIsNamedFromTheStepTags) {
+  std::vector<json> skipped = bucket_steps(8);
+  for (size_t k = 4; k < skipped.size(); ++k) skipped[k]["step"] = 13;
+  std::vector<json> on_time = bucket_steps(8);
+  for (size_t k = 4; k < on_time.size(); ++k) on_time[k]["step"] = 12;
+  const auto d = comm::first_divergence(
+      parsed({dump(0, 3, on_time), dump(1, 3, skipped), dump(2, 3, on_time)}), 3);
+  EXPECT_EQ(d.kind, "steps");
+  EXPECT_EQ(d.ranks, std::vector<int>{1});
+  EXPECT_EQ(d.sentence,
+            "rank 1 ran step 13's collectives one step early from collective #5 of group "
+            "ddp/world (ranks 0 and 2 ran step 12's there)");
+  // The other way round: a rank that repeats a step runs its collectives late.
+  for (size_t k = 4; k < skipped.size(); ++k) skipped[k]["step"] = 10;
+  const auto late = comm::first_divergence(parsed({dump(0, 2, on_time), dump(1, 2, skipped)}), 2);
+  EXPECT_EQ(late.sentence,
+            "rank 1 ran step 10's collectives 2 steps late from collective #5 of group ddp/world "
+            "(rank 0 ran step 12's there)");
+}
+
+// Rank 0 timed out in #8 two seconds after issuing it; rank `other` holds #8 as issued.
+std::vector<json> timed_out_in_8(int world, int other, int64_t other_issued_us) {
+  std::vector<json> dumps;
+  for (int r = 0; r < world; ++r) {
+    std::vector<json> e = bucket_steps(8, r == 0 ? "timed out" : "issued");
+    if (r == 0) e[7]["ended_us"] = kT0 + 8 * 1000 + 2000000;
+    if (r == other) e[7]["issued_us"] = other_issued_us;
+    dumps.push_back(dump(r, world, e));
+    dumps.back()["dumped_us"] = kT0 + 8 * 1000 + 2100000;  // 0.1 s after the timeout
+  }
+  return dumps;
+}
+
+// The SIGSTOPped rank of a launcher's job: continued (SIGCONT) only when the launcher stopped
+// the job, after rank 0 had timed out waiting for it. Named whether it stopped inside the
+// collective or before it, and whatever it did once continued.
+TEST(FlightDivergence, AStoppedRankIsNamedInsideOrBeforeTheCollective) {
+  std::vector<json> inside = timed_out_in_8(2, 1, kT0 + 8 * 1000);
+  inside[1]["continued_us"] = kT0 + 8 * 1000 + 2050000;
+  const auto d = comm::first_divergence(parsed(inside), 2);
+  EXPECT_EQ(d.kind, "stopped");
+  EXPECT_EQ(d.ranks, std::vector<int>{1});
+  EXPECT_EQ(d.sentence,
+            "rank 1 issued collective #8 of group ddp/world (all-reduce (average) of 6300000 Float "
+            "elements for bucket 0 of plan epoch 0) at 12:01:03.008 and never completed it: it "
+            "was stopped inside it (continued at 12:01:05.058, after rank 0 had timed out in it "
+            "at 12:01:05.008)");
+  // Once continued, its own wait timed out at once (the deadline passed while it was stopped):
+  // still the stopped rank, and rank 0 still the one that timed out first.
+  inside[1]["groups"][0]["entries"][7]["state"] = "timed out";
+  inside[1]["groups"][0]["entries"][7]["ended_us"] = kT0 + 8 * 1000 + 2051000;
+  EXPECT_EQ(comm::first_divergence(parsed(inside), 2).sentence, d.sentence);
+  // Stopped before #8, which it issued once continued (its dump came after): the same rank.
+  std::vector<json> before = timed_out_in_8(3, 2, kT0 + 8 * 1000 + 2060000);
+  before[2]["continued_us"] = kT0 + 8 * 1000 + 2050000;
+  before[1]["groups"][0]["entries"][7]["state"] = "timed out";
+  before[1]["groups"][0]["entries"][7]["ended_us"] = kT0 + 8 * 1000 + 2000500;
+  const auto b = comm::first_divergence(parsed(before), 3);
+  EXPECT_EQ(b.kind, "stopped");
+  EXPECT_EQ(b.ranks, std::vector<int>{2});
+  EXPECT_EQ(b.sentence,
+            "rank 2 never issued collective #8 of group ddp/world (all-reduce (average) of 6300000 "
+            "Float elements for bucket 0 of plan epoch 0) before ranks 0 and 1 had timed out in it "
+            "from 12:01:05.008: it was stopped before it (continued at 12:01:05.058); its "
+            "collective #7 completed at 12:01:03.008");
+}
+
+// No stop on record (another launcher): a rank still inside the collective longer than the
+// timeout the other rank ran into is named as stopped or stuck; one that dumped within it is not.
+TEST(FlightDivergence, ARankInsideACollectivePastTheTimeoutIsCalledStoppedOrStuck) {
+  const auto d = comm::first_divergence(parsed(timed_out_in_8(2, 1, kT0 + 8 * 1000)), 2);
+  EXPECT_EQ(d.kind, "stuck");
+  EXPECT_EQ(d.sentence,
+            "rank 1 issued collective #8 of group ddp/world (all-reduce (average) of 6300000 Float "
+            "elements for bucket 0 of plan epoch 0) from 12:01:03.008 and never completed it: "
+            "stopped or stuck inside it (rank 0 had timed out in it at 12:01:05.008)");
+  // Issued 1 s after rank 0: dumped 1.1 s later, within the 2 s timeout: nothing to say of it.
+  const auto within =
+      comm::first_divergence(parsed(timed_out_in_8(2, 1, kT0 + 8 * 1000 + 1000000)), 2);
+  EXPECT_EQ(within.kind, "broke");
+  EXPECT_EQ(within.sentence,
+            "every rank issued the same collectives, but rank 0 timed out in collective #8 of "
+            "group ddp/world (all-reduce (average) of 6300000 Float elements for bucket 0 of plan "
+            "epoch 0) at 12:01:05.008 and no rank is known to have been stopped or stuck in it");
 }
 
 std::string refusal(const std::string& text) {

@@ -432,7 +432,9 @@ TEST(DdpRun, RestartsTheGroupAfterAFailure) {
                          dir);
   EXPECT_EQ(f.code, 0) << f.err;
   EXPECT_NE(f.err.find("ddp-run: rank 1 exited with code 5\n"), std::string::npos) << f.err;
-  EXPECT_NE(f.err.find("ddp-run: restarting the group (restart 1 of 1)\n"), std::string::npos)
+  EXPECT_NE(f.err.find("ddp-run: restarting the group (restart 1 of 1) after rank 1 exited with "
+                       "code 5\n"),
+            std::string::npos)
       << f.err;
   EXPECT_NE(f.out.find("[rank 0] attempt 1\n"), std::string::npos) << f.out;
   EXPECT_NE(f.out.find("[rank 1] attempt 1\n"), std::string::npos) << f.out;
@@ -448,6 +450,58 @@ TEST(DdpRun, GivesUpWhenTheRestartsAreSpent) {
   EXPECT_NE(f.err.find("(restart 1 of 2)"), std::string::npos) << f.err;
   EXPECT_NE(f.err.find("(restart 2 of 2)"), std::string::npos) << f.err;
   EXPECT_EQ(f.out, "[rank 0] attempt 0\n[rank 0] attempt 1\n[rank 0] attempt 2\n");
+}
+
+// The launcher channel (DDP_LAUNCHER_FD) carries the step a worker reached: a worker that fails
+// at the same step again after a restart is a restart loop, and the launcher stops there instead
+// of spending every restart on it.
+TEST(DdpRun, StopsARestartLoopAtTheSameFailureAtTheSameStep) {
+  TempDir dir;
+  const auto f =
+      ddp_run(sh({"--max-restarts", "5"},
+                 "echo \"attempt $DDP_RESTART_COUNT\"; echo ready >/dev/fd/$DDP_LAUNCHER_FD; "
+                 "echo 'step 7' >/dev/fd/$DDP_LAUNCHER_FD; exit 4"),
+              dir);
+  EXPECT_EQ(f.code, 1) << f.err;
+  EXPECT_EQ(count(f.err, "ddp-run: rank 0 exited with code 4 at step 7\n"), 2) << f.err;
+  EXPECT_NE(f.err.find("ddp-run: restarting the group (restart 1 of 5) after rank 0 exited with "
+                       "code 4 at step 7\n"),
+            std::string::npos)
+      << f.err;
+  EXPECT_NE(f.err.find("ddp-run: not restarting: rank 0 exited with code 4 at step 7 again, as in "
+                       "the attempt before (a restart loop: the same failure at the same step)\n"),
+            std::string::npos)
+      << f.err;
+  EXPECT_EQ(f.out, "[rank 0] attempt 0\n[rank 0] attempt 1\n");
+}
+
+// --min-nproc: a worker that fails at start-up (never "ready" on the launcher channel) on a
+// restart has its slot dropped; the others go on as a smaller world, renumbered, each still
+// finding its own GPU (CUDA_VISIBLE_DEVICES names the slots left), told the world it started with.
+TEST(DdpRun, GoesOnWithFewerWorkersWhenASlotFailsAtStartUp) {
+  TempDir dir;
+  const auto f = ddp_run(
+      sh({"--nproc-per-node", "3", "--max-restarts", "2", "--min-nproc", "2"},
+         "if [ $DDP_RESTART_COUNT = 1 ] && [ $LOCAL_RANK = 1 ]; then exit 4; fi; "
+         "echo ready >/dev/fd/$DDP_LAUNCHER_FD; "
+         "if [ $DDP_RESTART_COUNT = 0 ] && [ $RANK = 1 ]; then exit 9; fi; "
+         "echo \"attempt $DDP_RESTART_COUNT world $WORLD_SIZE of $DDP_STARTED_WORLD_SIZE local "
+         "$LOCAL_RANK/$LOCAL_WORLD_SIZE devices ${CUDA_VISIBLE_DEVICES:-all}\""),
+      dir);
+  EXPECT_EQ(f.code, 0) << f.err;
+  EXPECT_NE(f.err.find("ddp-run: rank 1 exited with code 9\n"), std::string::npos) << f.err;
+  EXPECT_NE(f.err.find("ddp-run: rank 1 exited with code 4\nddp-run: rank 1 (slot 1) failed at "
+                       "start-up; going on with 2 workers (--min-nproc 2)\nddp-run: restarting "
+                       "the group (restart 2 of 2) after rank 1 exited with code 4\n"),
+            std::string::npos)
+      << f.err;
+  EXPECT_NE(f.out.find("[rank 0] attempt 2 world 2 of 3 local 0/2 devices 0,2\n"),
+            std::string::npos)
+      << f.out;
+  EXPECT_NE(f.out.find("[rank 1] attempt 2 world 2 of 3 local 1/2 devices 0,2\n"),
+            std::string::npos)
+      << f.out;
+  EXPECT_EQ(count(f.out, "attempt 2"), 2) << f.out;
 }
 
 TEST(DdpRun, TheJobTimeoutStopsEveryWorker) {
@@ -567,6 +621,8 @@ INSTANTIATE_TEST_SUITE_P(
                  "ddp-run: --master-port must be in 1..65535, got 70000\n"},
         BadFlags{{"--max-restarts", "-1", "--", "/bin/sh", "-c", "PROGRAM"},
                  "ddp-run: --max-restarts must be at least 0, got -1\n"},
+        BadFlags{{"--min-nproc", "3", "--", "/bin/sh", "-c", "PROGRAM"},
+                 "ddp-run: --min-nproc must be in [0, --nproc-per-node 1], got 3\n"},
         BadFlags{{"--timeout-s", "0", "--", "/bin/sh", "-c", "PROGRAM"},
                  "ddp-run: --timeout-s must be greater than 0, got 0\n"},
         BadFlags{{"--job-timeout-s", "-2", "--", "/bin/sh", "-c", "PROGRAM"},

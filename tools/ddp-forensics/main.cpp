@@ -7,6 +7,7 @@
 // Exit codes: 0 the dumps were read (whatever they say), 2 a bad flag, 1 a damaged, foreign or
 // missing dump (named).
 
+#include <algorithm>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
@@ -16,7 +17,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "ddp/comm/flight_dump.hpp"
+#include "ddp/comm/flight_divergence.hpp"
 
 namespace {
 
@@ -42,7 +43,16 @@ void print_table(const std::vector<RankDump>& dumps) {
                   << e.step << std::setw(24) << state_time(e) << " " << e.describe() << "\n";
       }
     }
-    std::cout << "rank " << d.rank << " dumped because: " << d.reason << "\n";
+    // The reason's first line: a failed wait's reason carries torch's backtrace after it, kept in
+    // the dump (and in --json) for whoever needs it, not on this screen.
+    const size_t line_end = d.reason.find('\n');
+    std::cout << "rank " << d.rank << " dumped because: " << d.reason.substr(0, line_end);
+    if (line_end != std::string::npos) {
+      const auto lines = std::count(d.reason.begin(), d.reason.end(), '\n');
+      std::cout << " (" << lines << (lines == 1 ? " more line in " : " more lines in ") << d.path
+                << ")";
+    }
+    std::cout << "\n";
   }
 }
 

@@ -30,6 +30,7 @@ struct Args {
   std::string master_addr = "127.0.0.1";
   int master_port = 0;  // 0: a free loopback port per attempt (single node only)
   int max_restarts = 0;
+  int min_nproc = 0;  // --min-nproc: the fewest workers to go on with; 0: --nproc-per-node
   double grace_s = 10;
   // --timeout-s: every worker's collective timeout (DDP_TIMEOUT_S); 0: the workers' own default.
   double timeout_s = 0;
@@ -84,6 +85,14 @@ std::string check_args(const Args& a, bool port_given) {
   if (a.max_restarts < 0) {
     return "--max-restarts must be at least 0, got " + std::to_string(a.max_restarts);
   }
+  if (a.min_nproc < 0 || a.min_nproc > a.nproc_per_node) {
+    return "--min-nproc must be in [0, --nproc-per-node " + std::to_string(a.nproc_per_node) +
+           "], got " + std::to_string(a.min_nproc);
+  }
+  if (a.min_nproc > 0 && a.nnodes > 1) {
+    return "--min-nproc works on one node only (every node would have to agree on the smaller "
+           "world)";
+  }
   if (!(a.grace_s >= 0)) return "--grace-s must be at least 0, got " + format(a.grace_s);
   if (a.command.empty()) {
     return kNoProgram;
@@ -114,6 +123,7 @@ int run(const Args& a, bool port_given) {
   g.master_addr = a.master_addr;
   g.master_port = port_given ? static_cast<uint16_t>(a.master_port) : 0;  // 0: fresh per attempt
   g.max_restarts = a.max_restarts;
+  g.min_nproc = a.min_nproc;
   g.grace = to_ms(a.grace_s);
   if (a.job_timeout_s > 0) g.timeout = to_ms(a.job_timeout_s);
   g.timeout_source = "--job-timeout-s";
@@ -159,7 +169,12 @@ int main(int argc, char** argv) {
                               "rank 0's store port (default: a free port; required with "
                               "--nnodes > 1)");
   app.add_option("--max-restarts,--max_restarts", a.max_restarts,
-                 "restart the local group this many times after a failure")
+                 "restart the local group this many times after a failure (not after the same "
+                 "failure at the same step twice: a restart loop)")
+      ->capture_default_str();
+  app.add_option("--min-nproc", a.min_nproc,
+                 "when a worker fails at start-up (its device gone), restart with the others, as "
+                 "long as at least this many remain (0: never fewer than --nproc-per-node)")
       ->capture_default_str();
   app.add_option("--grace-s", a.grace_s, "seconds between SIGTERM and SIGKILL when stopping")
       ->capture_default_str();

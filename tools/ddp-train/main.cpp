@@ -59,6 +59,9 @@ struct Args : ddp::tools::TrainingFlags {
   std::string save_weights;  // "": none; ".pt"/".pth": torch.save format, else safetensors
   int fail_at_step = 0;      // test hook; 0: never
   int fail_rank = 0;
+  int unavailable_slot = -1;  // test hook: this LOCAL_RANK fails at start-up on a restart; -1: none
+  int max_restarts = 0;       // --max-restarts: the launcher's restarts of every worker
+  int min_nproc = 0;          // --min-nproc: the fewest workers to go on with; 0: nproc
   ddp::tools::TextFlags text;  // --data, --eval-every, --sample-bytes (text_training.hpp)
   std::string plot;            // --plot FILE.svg; "": none
 };
@@ -280,8 +283,40 @@ void report_end(const Args& args, ddp::tools::TrainingRun& run, const ddp::tools
   }
 }
 
-int run_worker(const Args& args) {
+// A worker's arguments for the world it runs in. Under --min-nproc a restart may run fewer
+// workers than the job started with (DDP_STARTED_WORLD_SIZE): each takes a larger share of the
+// same global batch, so that the checkpoint's global batch (and the samples of every step) stay.
+// Also the --unavailable-slot test hook.
+Args fit_to_world(Args args) {
+  const char* local = std::getenv("LOCAL_RANK");
+  if (args.unavailable_slot >= 0 && restart_count() > 0 && local != nullptr &&
+      std::atoi(local) == args.unavailable_slot) {
+    std::cerr << "ddp-train: --unavailable-slot " << args.unavailable_slot
+              << ": this worker's slot fails at start-up (test hook)" << std::endl;
+    std::_Exit(4);
+  }
+  const char* started = std::getenv("DDP_STARTED_WORLD_SIZE");
+  const char* world = std::getenv("WORLD_SIZE");
+  if (started == nullptr || world == nullptr) return args;
+  const int64_t from = std::atoll(started), to = std::atoll(world);
+  if (from <= 0 || to <= 0 || from == to) return args;
+  const int64_t global = args.batch_size * from;
+  TORCH_CHECK(global % to == 0, "ddp-train: the job started with ", from,
+              " workers of --batch-size ", args.batch_size, " (a global batch of ", global,
+              "), which ", to,
+              " workers cannot share evenly: resume with a --nproc that divides it");
+  args.batch_size = global / to;
+  if (std::getenv("RANK") != nullptr && std::atoi(std::getenv("RANK")) == 0) {
+    std::cout << "ddp-train: " << to << " workers of the " << from
+              << " the job started with: " << args.batch_size
+              << " samples per worker keep the global batch of " << global << std::endl;
+  }
+  return args;
+}
+
+int run_worker(const Args& given) {
   const auto start = std::chrono::steady_clock::now();
+  const Args args = fit_to_world(given);
   at::set_num_threads(args.threads);
   // --json: stdout carries the JSON lines alone (written by C stdio in progress.cpp); every line
   // for people (the header, the summary, checkpoints) goes to stderr instead.
@@ -445,6 +480,22 @@ int main(int argc, char** argv) {
   app.add_option("--fail-rank", args.fail_rank, "the rank --fail-at-step ends")
       ->check(CLI::Range(0, 1 << 20))
       ->group("");
+  app.add_option("--unavailable-slot", args.unavailable_slot,
+                 "test hook: the worker of this LOCAL_RANK exits with code 4 before joining its "
+                 "group when DDP_RESTART_COUNT > 0, as one whose GPU is gone")
+      ->check(CLI::Range(0, 1 << 20))
+      ->group("");
+  app.add_option("--max-restarts", args.max_restarts,
+                 "with --nproc: restart every worker when one fails or a collective times out, up "
+                 "to N times; they resume from the latest checkpoint in --checkpoint-dir")
+      ->check(CLI::Range(0, 1000))
+      ->capture_default_str();
+  app.add_option("--min-nproc", args.min_nproc,
+                 "with --nproc and --max-restarts: when a worker fails at start-up (its device "
+                 "gone), go on with the others, at least M, keeping the global batch (0: never "
+                 "fewer than --nproc)")
+      ->check(CLI::Range(0, 64))
+      ->capture_default_str();
   ddp::tools::add_text_flags(app, args.text);
   app.add_option("--plot", args.plot,
                  "write the training (and with --data the validation) loss against steps to "
@@ -505,6 +556,13 @@ int main(int argc, char** argv) {
     spawn.timeout = std::chrono::hours(24);
     // Under a restarting launcher, our workers are that launcher's restart too.
     spawn.restart_count = restart_count();
+    spawn.max_restarts = args.max_restarts;
+    spawn.min_nproc = args.min_nproc;
+    if (args.min_nproc > spawn.nproc) {
+      std::cerr << "ddp-train: --min-nproc " << args.min_nproc << " is more than --nproc "
+                << spawn.nproc << std::endl;
+      return 2;
+    }
     spawn.name = "ddp-train";
     spawn.flight_recorder_dir = args.flight_recorder;
     // --json: rank 0's stdout is the JSON lines alone (its other lines go to stderr), unprefixed,

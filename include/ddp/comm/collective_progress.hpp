@@ -7,9 +7,10 @@
 // progress/<rank> in the group's store (so under its prefix: ddp/world/progress/1) every
 // `interval`; each group numbers its own collectives. When a wait fails (timeout, dead peer),
 // report() publishes this rank's state at once, reads every rank's, and says who is behind and at
-// which collective: "rank 1 is behind: it issued 7 collectives (last report 0.2 s ago), this rank
-// waits on #8". Ranks are the group's. A rank whose report is older than 3 intervals is named as
-// dead or stuck outside collectives. The published state also carries the rank's newest collective
+// which collective: "rank 1 is behind: it had issued 7 collectives at its last report 0.2 s ago
+// (reports every 1.0 s), this rank waits on #8". Ranks are the group's. A rank whose report is
+// older than 3 intervals is named as dead or stopped (its heartbeat is silent). The published
+// state also carries the rank's newest collective
 // ("<issued> <unix ms> <state> <what it was for>"), so that the error says what the rank behind
 // last did ("rank 1's last, #7 (all-reduce ... for bucket 0 of plan epoch 1), completed") and
 // names a rank that issued a different collective at the same number: the first divergence, as
@@ -18,11 +19,9 @@
 #include <ATen/core/Tensor.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
+#include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "ddp/comm/flight_ring.hpp"
@@ -53,9 +52,11 @@ class CollectiveProgress {
   // Collectives issued so far by this rank.
   int64_t count() const;
   // The flight ring (CUDA-graph captures and replays record through it).
-  FlightRing& ring() { return ring_; }
+  FlightRing& ring() { return *ring_; }
   // After `work` failed: "; collective #8 of rank 0 (all-reduce ...); rank 1 is behind: ...", to
-  // go inside the error's parenthesis. Bounded: reads only keys that exist, never waits for a rank.
+  // go inside the error's parenthesis, with what a rank's collective check found ("; the collective
+  // check found: ..."). Bounded: reads only keys that exist, never waits for a rank, and gives up
+  // on the store after 2 s (rank 0 serves it and may be the rank that is stopped).
   // `work` null: about the newest collective this rank issued.
   std::string report(const c10d::Work* work);
 
@@ -69,23 +70,19 @@ class CollectiveProgress {
                               const std::string& fingerprint = "");
 
  private:
-  void publish();
-  void heartbeat_loop();
-  // "; the collective check found: <sentence>" when a rank's collective check published a
-  // difference in this group (collective_check.hpp), else "".
-  std::string check_found() const;
+  struct Heartbeat;  // the heartbeat thread's state (collective_progress.cpp)
 
   c10::intrusive_ptr<c10d::Store> store_;
   int rank_;
   int world_size_;
   std::chrono::milliseconds interval_;
   // The numbering and the newest collectives, each with what became of it. Works waited for
-  // elsewhere (a comm hook's future) stay "issued" until the ring overwrites them.
-  FlightRing ring_;
-  std::mutex mutex_;  // guards stop_ (the heartbeat's)
-  std::condition_variable stop_cv_;
-  bool stop_ = false;
-  std::thread heartbeat_;
+  // elsewhere (a comm hook's future) stay "issued" until the ring overwrites them. Shared with the
+  // heartbeat thread, which holds no pointer to this object: a heartbeat stuck in the store (rank
+  // 0 stopped: a store call to a stopped server never returns) is left behind by the destructor
+  // after a bound, instead of hanging the unwinding of a failed job.
+  std::shared_ptr<FlightRing> ring_;
+  std::shared_ptr<Heartbeat> heartbeat_;  // null with world size 1 or no store
 };
 
 }  // namespace ddp::comm

@@ -1,7 +1,6 @@
 #pragma once
-// A flight recorder dump read back ([Note: flight recorder] in flight_recorder.hpp), and the
-// analysis ddp-forensics prints: the ranks' dumps lined up by group and sequence number, and one
-// sentence naming the first divergence.
+// A flight recorder dump read back ([Note: flight recorder] in flight_recorder.hpp): what
+// ddp-forensics reads (flight_divergence.hpp lines the ranks' dumps up).
 
 #include <cstdint>
 #include <string>
@@ -46,6 +45,9 @@ struct RankDump {
   int world_size = 0;
   std::string reason;
   int64_t dumped_us = 0;  // when the dump was written, unix microseconds
+  // When SIGCONT last continued the process (unix microseconds; 0: never, or a dump from before
+  // it was recorded): the launcher continues only a stopped worker before stopping it.
+  int64_t continued_us = 0;
   std::vector<DumpedGroup> groups;
 };
 
@@ -59,22 +61,6 @@ RankDump parse_flight_dump(const std::string& text, const std::string& path);
 // Every "flight-rank<R>.json" of `dir`, by rank; refuses two dumps of one rank, dumps that
 // disagree on the world size, and a directory with none.
 std::vector<RankDump> read_flight_dumps(const std::string& dir);
-
-struct Divergence {
-  // "missing": a rank never issued a collective others issued; "mismatch": ranks issued different
-  // collectives at one sequence number; "no dump": a rank left no dump; "none": every rank
-  // issued the same collectives.
-  std::string kind;
-  std::string sentence;  // the first divergence in one sentence
-  std::string group;     // where it is ("" for "none" and "no dump")
-  int64_t seq = 0;
-  std::vector<int> ranks;  // the ranks at fault
-};
-
-// The first divergence of `dumps` (one per rank present) in a world of `world_size` ranks.
-// Mismatches come first (the earliest issued), then the rank that fell behind earliest (the
-// lowest count in its group), then ranks without a dump. Times in UTC.
-Divergence first_divergence(const std::vector<RankDump>& dumps, int world_size);
 
 // "12:01:03.418" (UTC) of a unix time in microseconds.
 std::string clock_time(int64_t unix_us);

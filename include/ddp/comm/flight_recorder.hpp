@@ -34,23 +34,29 @@ struct FlightRecorderOptions {
 // The process's recorder options: the environment's until set_flight_recorder is called. A new
 // capacity applies to groups made afterwards. A non-empty dir is created when missing and
 // installs the signal handlers: SIGUSR1 dumps and the process goes on; SIGTERM dumps and then
-// ends the process as SIGTERM would; SIGABRT (c10d's NCCL watchdog aborting, an uncaught
-// exception) dumps, waiting at most 10 s, and the process ends as it would have. Throws on a
-// negative capacity or a dir that cannot be made.
+// ends the process as SIGTERM would (SIGPIPE, where it would end the process, likewise: a rank
+// continued after its peers left dies of it writing to them); SIGABRT (c10d's NCCL watchdog
+// aborting, an uncaught exception) dumps, waiting at most 10 s, and the process ends as it would
+// have; SIGCONT notes when the process was continued (the dump's "continued_us": the launcher
+// continues a stopped worker before stopping it, and ddp-forensics names the rank as stopped).
+// Dumps are written one at a time, and SIGTERM's ends the process only once no other is being
+// written: no temporary file is left behind. Throws on a negative capacity or a dir that cannot be
+// made.
 void set_flight_recorder(const FlightRecorderOptions& options);
 FlightRecorderOptions flight_recorder_options();
 
 // What a collective was for. Recorded with it and compared by ddp-forensics: two ranks that issue
 // the same kind of collective for different purposes at one sequence number have diverged.
 enum class Purpose : uint8_t {
-  kUser,            // the user's own call (nothing of libddp's said otherwise)
-  kBucket,          // a gradient bucket's reduction: index = bucket, epoch = plan epoch
-  kUnitGather,      // a sharded unit's parameter all-gather: index = unit
-  kUnitReduce,      // a sharded unit's gradient reduce-scatter: index = unit
-  kParamBroadcast,  // the wrapper's broadcast of parameters and buffers from rank 0
-  kCheckpoint,      // saving or loading a checkpoint
-  kControl,         // a control scalar: a flag, a norm, a count every rank agrees on
-  kCheck,           // a check across ranks: the replica check, the collectives' fingerprint
+  kUser,             // the user's own call (nothing of libddp's said otherwise)
+  kBucket,           // a gradient bucket's reduction: index = bucket, epoch = plan epoch
+  kUnitGather,       // a sharded unit's parameter all-gather: index = unit
+  kUnitReduce,       // a sharded unit's gradient reduce-scatter: index = unit
+  kParamBroadcast,   // the wrap's broadcast of rank 0's parameters and buffers
+  kBufferBroadcast,  // a synchronised forward's broadcast of rank 0's buffers
+  kCheckpoint,       // saving or loading a checkpoint
+  kControl,          // a control scalar: a flag, a norm, a count every rank agrees on
+  kCheck,            // a check across ranks: the replica check, the collectives' fingerprint
 };
 
 struct CollectivePurpose {
@@ -58,7 +64,8 @@ struct CollectivePurpose {
   int64_t index = -1;  // bucket or unit; -1: none
   int64_t epoch = -1;  // the bucket plan's epoch; -1: none
 
-  // "bucket 3 of plan epoch 0", "unit 4 (all-gather)", "the user's own call", ...
+  // "bucket 3 of plan epoch 0", "unit 4's parameters", "rank 0's buffers", ...: the one name of
+  // the purpose, in errors ("broadcast of rank 0's buffers failed") as in dumps and ddp-forensics.
   std::string describe() const;
 };
 
@@ -93,7 +100,8 @@ class ForPurpose {
 };
 
 // The training step the collectives issued from now on belong to (the tools call it each step);
-// -1 (the start): unknown.
+// -1 (the start): unknown. A new step is also told to the launcher (launch/launcher_channel.hpp),
+// which names the step a worker failed at.
 void note_step(int64_t step);
 
 // Writes this rank's dump now, `reason` inside it ("SIGUSR1", "collective failed: ..."). Returns

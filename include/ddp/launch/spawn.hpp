@@ -31,6 +31,11 @@ struct SpawnOptions {
   // DDP_RESTART_COUNT the workers see. Default 0 (nothing restarts them); a tool running under a
   // restarting launcher passes that launcher's count on.
   int restart_count = 0;
+  // As WorkerGroupOptions (the tools' --max-restarts, --min-nproc): restarts of every worker after
+  // one failed (default 0), and the fewest workers to go on with when a slot fails at start-up
+  // (default 0: never fewer).
+  int max_restarts = 0;
+  int min_nproc = 0;
   // As WorkerGroupOptions: "[rank R] " prefixes (default), forwarding of SIGINT/SIGTERM/SIGHUP
   // (default; a test binary says false), and the name in front of the launcher's own lines.
   bool relay_output = true;

@@ -8,7 +8,9 @@
 // Every worker gets the launcher's environment with these set (torchrun's names):
 //   RANK = node_rank * nproc_per_node + LOCAL_RANK, LOCAL_RANK, WORLD_SIZE = nnodes *
 //   nproc_per_node, LOCAL_WORLD_SIZE = nproc_per_node, GROUP_RANK = node_rank, MASTER_ADDR,
-//   MASTER_PORT, DDP_RESTART_COUNT (restart_count + attempt), OMP_NUM_THREADS=1 when more than one
+//   MASTER_PORT, DDP_RESTART_COUNT (restart_count + attempt), DDP_LAUNCHER_FD (the launcher
+//   channel, launcher_channel.hpp), DDP_STARTED_WORLD_SIZE (the first attempt's WORLD_SIZE; a
+//   later one may be smaller under min_nproc), OMP_NUM_THREADS=1 when more than one
 //   worker runs here and it is not set already (as torchrun: N workers each using every core
 //   oversubscribe the machine N times), plus WorkerGroupOptions::env.
 //
@@ -55,8 +57,15 @@ struct WorkerGroupOptions {
   // inherited environment; they cannot replace the launcher variables above. Default none.
   std::map<std::string, std::string> env;
   // Restarts of the whole group after a worker failed; default 0 (torchrun's). Never after a
-  // signal or the job deadline.
+  // signal or the job deadline, nor after the same failure at the same step as the attempt before
+  // (a restart loop; the step from the launcher channel, launcher_channel.hpp).
   int max_restarts = 0;
+  // The fewest workers to go on with. Default 0: never fewer than nproc_per_node. Otherwise a
+  // worker that fails at start-up (before it joined its group: its device is gone) has its slot
+  // dropped, and the next attempt runs the others as a smaller world (RANK, LOCAL_RANK and
+  // WORLD_SIZE renumbered, CUDA_VISIBLE_DEVICES naming the slots left), as long as at least
+  // min_nproc remain. One node only.
+  int min_nproc = 0;
   // DDP_RESTART_COUNT of the first attempt; attempt k gets restart_count + k. Default 0; a tool
   // that runs under a restarting launcher passes its own count on.
   int restart_count = 0;
@@ -89,7 +98,13 @@ struct WorkerExit {
   int signal = 0;      // the signal that ended it, when signaled
   bool signaled = false;
   bool killed_by_launcher = false;  // it was still running when the launcher stopped the group
+  int slot = 0;        // the local slot it ran in (its LOCAL_RANK unless slots were dropped)
+  bool ready = false;  // it had joined its group (launcher channel's "ready")
+  int64_t step = -1;   // the last step it reported (launcher channel); -1: none
 };
+
+// "rank 1 exited with code 3 at step 5", "rank 0 was killed by signal 9 (Killed)".
+std::string describe_exit(const WorkerExit& exit);
 
 struct GroupResult {
   enum class Kind {
@@ -103,6 +118,7 @@ struct GroupResult {
   std::optional<WorkerExit> first_failure;
   std::vector<WorkerExit> workers;  // the last attempt's, by local rank
   int restarts = 0;                 // attempts made after the first
+  bool restart_loop = false;        // stopped restarting: the same failure twice at one step
 
   // What a launcher process exits with: 0, 128 + signal (as a shell reports a command killed by
   // that signal), or 1.
@@ -113,7 +129,8 @@ struct GroupResult {
 // Reports on stderr, each line prefixed with options.name: the first failure of an attempt
 // ("rank R exited with code C" / "rank R was killed by signal S (name)"), a signal received
 // ("got signal S (name); forwarding it to the workers"), the deadline ("timed out (<source>);
-// stopping the workers") and each restart ("restarting the group (restart k of N)").
+// stopping the workers"), each restart with its cause ("restarting the group (restart k of N)
+// after rank 1 exited with code 3 at step 5"), a dropped slot and a restart loop.
 // Throws std::invalid_argument for unusable options and std::runtime_error when fork/pipe fail.
 GroupResult run_worker_group(const WorkerGroupOptions& options);
 
