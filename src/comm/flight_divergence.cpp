@@ -248,7 +248,8 @@ std::optional<Divergence> find_stopped(const Groups& groups, const std::vector<R
 
 // 3. A rank that never issued what others issued: the lowest count of any group.
 std::optional<Divergence> find_missing(const Groups& groups,
-                                       const std::map<int, int64_t>& dumped_at) {
+                                       const std::map<int, int64_t>& dumped_at,
+                                       const std::map<int, int64_t>& continued_at) {
   std::optional<Divergence> missing;
   int64_t missing_count = INT64_MAX;
   for (const auto& [name, view] : groups) {
@@ -288,7 +289,13 @@ std::optional<Divergence> find_missing(const Groups& groups,
         // Stuck only when nothing happened for a while before its dump; a dump of a running
         // job (SIGTERM, SIGUSR1) catches the ranks a collective or two apart.
         const int64_t idle_us = dumped_at.at(rank) - std::max(last->issued_us, last->ended_us);
-        if (all_completed && idle_us >= kRunningUs) {
+        const int64_t continued = continued_at.count(rank) ? continued_at.at(rank) : 0;
+        if (all_completed && continued > std::max(last->issued_us, last->ended_us)) {
+          // No rank broke in a recorded wait (under NCCL the watchdog ends the process), but
+          // the launcher continued this one: it was stopped, not stuck.
+          d.sentence += " (every collective it issued completed: it was stopped, continued at " +
+                        clock_time(continued) + ")";
+        } else if (all_completed && idle_us >= kRunningUs) {
           d.sentence += " (every collective it issued completed: it is stuck outside collectives)";
         } else if (all_completed) {
           d.sentence += " (" + std::to_string(idle_us / 1000) +
@@ -381,9 +388,11 @@ std::optional<Divergence> find_absent(const Groups& groups, const std::vector<Ra
 
 Divergence first_divergence(const std::vector<RankDump>& dumps, int world_size) {
   Groups groups;
-  std::map<int, int64_t> dumped_at;  // by rank
+  std::map<int, int64_t> dumped_at;     // by rank
+  std::map<int, int64_t> continued_at;  // by rank
   for (const RankDump& d : dumps) {
     dumped_at[d.rank] = d.dumped_us;
+    continued_at[d.rank] = d.continued_us;
     for (const DumpedGroup& g : d.groups) {
       groups[g.name].name = g.name;
       groups[g.name].by_rank[d.rank] = &g;
@@ -391,7 +400,7 @@ Divergence first_divergence(const std::vector<RankDump>& dumps, int world_size) 
   }
   if (auto d = find_mismatch(groups)) return *d;
   if (auto d = find_stopped(groups, dumps)) return *d;
-  if (auto d = find_missing(groups, dumped_at)) return *d;
+  if (auto d = find_missing(groups, dumped_at, continued_at)) return *d;
   if (auto d = find_stuck(groups, dumped_at)) return *d;
   if (auto d = find_absent(groups, dumps, world_size)) return *d;
   if (const std::optional<Break> b = find_break(groups, /*timed_out_only=*/false)) {

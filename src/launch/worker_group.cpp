@@ -587,8 +587,8 @@ GroupResult run_worker_group(const WorkerGroupOptions& options) {
       attempt.slots.erase(std::find(attempt.slots.begin(), attempt.slots.end(), failure.slot));
       say(options, "rank " + std::to_string(failure.rank) + " (slot " +
                        std::to_string(failure.slot) + ") failed at start-up; going on with " +
-                       std::to_string(left) + " workers (--min-nproc " +
-                       std::to_string(options.min_nproc) + ")");
+                       std::to_string(left) + (left == 1 ? " worker" : " workers") +
+                       " (--min-nproc " + std::to_string(options.min_nproc) + ")");
     }
     say(options, "restarting the group (restart " + std::to_string(k + 1) + " of " +
                      std::to_string(options.max_restarts) + ") after " + cause);

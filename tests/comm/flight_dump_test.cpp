@@ -89,6 +89,14 @@ TEST(FlightDivergence, ARankThatNeverIssuedACollectiveIsNamedWithWhatItWas) {
             "Float elements for bucket 0 of plan epoch 0), which ranks 0 and 1 issued from "
             "12:01:03.008; rank 2's last collective #7 completed at 12:01:03.008 (every collective "
             "it issued completed: it is stuck outside collectives)");
+  // The same with a stop on record (the launcher continued rank 2; no wait of the others broke, as
+  // under NCCL where the watchdog ends the process): stopped, not stuck.
+  std::vector<json> dumps{dump(0, 3, bucket_steps(8, "issued")),
+                          dump(1, 3, bucket_steps(8, "issued")), dump(2, 3, bucket_steps(7))};
+  dumps[2]["continued_us"] = kT0 + 50000000;
+  const auto stopped = comm::first_divergence(parsed(dumps), 3);
+  EXPECT_EQ(stopped.sentence.substr(stopped.sentence.find(" (every")),
+            " (every collective it issued completed: it was stopped, continued at 12:01:53.000)");
 }
 
 // Dumps of a running job (SIGTERM from the launcher, SIGUSR1) catch the ranks a collective apart:

@@ -307,7 +307,7 @@ Args fit_to_world(Args args) {
               " workers cannot share evenly: resume with a --nproc that divides it");
   args.batch_size = global / to;
   if (std::getenv("RANK") != nullptr && std::atoi(std::getenv("RANK")) == 0) {
-    std::cout << "ddp-train: " << to << " workers of the " << from
+    std::cout << "ddp-train: " << to << (to == 1 ? " worker" : " workers") << " of the " << from
               << " the job started with: " << args.batch_size
               << " samples per worker keep the global batch of " << global << std::endl;
   }
