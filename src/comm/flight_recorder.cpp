@@ -21,8 +21,8 @@
 #include <thread>
 
 #include "ddp/comm/flight_ring.hpp"
+#include "ddp/comm/launcher_channel.hpp"
 #include "ddp/files/posix_file.hpp"
-#include "ddp/launch/launcher_channel.hpp"
 
 namespace ddp::comm {
 
@@ -291,7 +291,7 @@ ForPurpose::ForPurpose(CollectivePurpose purpose) : saved_(t_purpose) { t_purpos
 ForPurpose::~ForPurpose() { t_purpose = saved_; }
 
 void note_step(int64_t step) {
-  if (g_step.exchange(step, std::memory_order_relaxed) != step) launch::tell_launcher_step(step);
+  if (g_step.exchange(step, std::memory_order_relaxed) != step) tell_launcher_step(step);
 }
 
 CollectivePurpose current_purpose() { return t_purpose; }

@@ -6,10 +6,10 @@
 #include <cstdlib>
 
 #include "ddp/comm/fake_backend.hpp"
+#include "ddp/comm/launcher_channel.hpp"
 #include "ddp/comm/made_backend.hpp"
 #include "ddp/comm/rendezvous.hpp"
 #include "ddp/detail/torch_compat.hpp"
-#include "ddp/launch/launcher_channel.hpp"
 
 #if DDP_HAVE_GLOO
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -176,8 +176,8 @@ ProcessGroupPtr init_process_group(const InitOptions& options) {
   // From now on the store's own waits (replica check, exchanges, sub-groups) use the collective
   // timeout.
   store->setTimeout(options.timeout);
-  // Joined: a failure from now on is not one at start-up (launch/launcher_channel.hpp).
-  launch::tell_launcher_ready();
+  // Joined: a failure from now on is not one at start-up (comm/launcher_channel.hpp).
+  tell_launcher_ready();
   return group;
 }
 

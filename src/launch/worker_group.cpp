@@ -13,9 +13,9 @@
 #include <memory>
 #include <stdexcept>
 
+#include "ddp/comm/launcher_channel.hpp"
 #include "ddp/files/posix_file.hpp"
 #include "ddp/launch/free_port.hpp"
-#include "ddp/launch/launcher_channel.hpp"
 #include "ddp/launch/line_relay.hpp"
 
 extern char** environ;
@@ -133,7 +133,7 @@ std::vector<std::string> worker_environment(const Attempt& a, int local_rank, in
       {"MASTER_ADDR", o.master_addr},
       {"MASTER_PORT", std::to_string(a.master_port)},
       {"DDP_RESTART_COUNT", std::to_string(a.restart_count)},
-      {kLauncherFdVar, std::to_string(channel_fd)},
+      {comm::kLauncherFdVar, std::to_string(channel_fd)},
       // The world the job started with: a smaller one after a dropped slot (min_nproc) keeps
       // what depends on it, the global batch.
       {"DDP_STARTED_WORLD_SIZE", std::to_string(o.nnodes * o.nproc_per_node)},
@@ -389,7 +389,7 @@ class GroupRunner {
     }
   }
 
-  // Reads the worker's launcher channel: "ready" and "step N" lines (launcher_channel.hpp).
+  // Reads the worker's launcher channel: "ready" and "step N" lines (comm/launcher_channel.hpp).
   void listen(Worker& w) {
     char buf[4096];
     for (;;) {

@@ -100,7 +100,7 @@ class ForPurpose {
 };
 
 // The training step the collectives issued from now on belong to (the tools call it each step);
-// -1 (the start): unknown. A new step is also told to the launcher (launch/launcher_channel.hpp),
+// -1 (the start): unknown. A new step is also told to the launcher (comm/launcher_channel.hpp),
 // which names the step a worker failed at.
 void note_step(int64_t step);
 

@@ -9,7 +9,7 @@
 //   RANK = node_rank * nproc_per_node + LOCAL_RANK, LOCAL_RANK, WORLD_SIZE = nnodes *
 //   nproc_per_node, LOCAL_WORLD_SIZE = nproc_per_node, GROUP_RANK = node_rank, MASTER_ADDR,
 //   MASTER_PORT, DDP_RESTART_COUNT (restart_count + attempt), DDP_LAUNCHER_FD (the launcher
-//   channel, launcher_channel.hpp), DDP_STARTED_WORLD_SIZE (the first attempt's WORLD_SIZE; a
+//   channel, comm/launcher_channel.hpp), DDP_STARTED_WORLD_SIZE (the first attempt's WORLD_SIZE; a
 //   later one may be smaller under min_nproc), OMP_NUM_THREADS=1 when more than one
 //   worker runs here and it is not set already (as torchrun: N workers each using every core
 //   oversubscribe the machine N times), plus WorkerGroupOptions::env.
@@ -58,7 +58,7 @@ struct WorkerGroupOptions {
   std::map<std::string, std::string> env;
   // Restarts of the whole group after a worker failed; default 0 (torchrun's). Never after a
   // signal or the job deadline, nor after the same failure at the same step as the attempt before
-  // (a restart loop; the step from the launcher channel, launcher_channel.hpp).
+  // (a restart loop; the step from the launcher channel, comm/launcher_channel.hpp).
   int max_restarts = 0;
   // The fewest workers to go on with. Default 0: never fewer than nproc_per_node. Otherwise a
   // worker that fails at start-up (before it joined its group: its device is gone) has its slot

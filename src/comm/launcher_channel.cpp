@@ -1,4 +1,4 @@
-#include "ddp/launch/launcher_channel.hpp"
+#include "ddp/comm/launcher_channel.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 
-namespace ddp::launch {
+namespace ddp::comm {
 
 namespace {
 
@@ -51,4 +51,4 @@ void tell_launcher_step(int64_t step) {
   if (n > 0) tell(line, static_cast<size_t>(n));
 }
 
-}  // namespace ddp::launch
+}  // namespace ddp::comm
