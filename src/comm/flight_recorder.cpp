@@ -40,11 +40,16 @@ static_assert(std::atomic<int64_t>::is_always_lock_free, "written from a signal 
 
 // One dump at a time: the signal thread's (SIGTERM) and a failed wait's on another thread would
 // otherwise write the same temporary file, and SIGTERM's ending of the process could cut the other
-// one short and leave it behind. Leaked, as settings().
-std::mutex& dump_mutex() {
-  static auto* m = new std::mutex();
+// one short and leave it behind. The process's exit takes it too (and keeps it): a SIGTERM that
+// arrives while a failed rank returns from main would otherwise start a dump the exit cuts short.
+// Timed, so that exit waits for a stuck dump only so long. Leaked, as settings().
+std::timed_mutex& dump_mutex() {
+  static auto* m = new std::timed_mutex();
   return *m;
 }
+
+// At exit: wait for a dump in progress (bounded) and let none start after it.
+void hold_dumps_at_exit() { (void)dump_mutex().try_lock_for(std::chrono::seconds(10)); }
 
 FlightRecorderOptions options_from_env() {
   FlightRecorderOptions o;
@@ -229,7 +234,7 @@ void signal_loop() {
     // sockets, and SIGPIPE's default would end it before any dump. Holding the dump lock to the
     // end: no other thread's dump is cut short by the ending.
     const int signo = byte;
-    std::lock_guard<std::mutex> lock(dump_mutex());
+    std::lock_guard<std::timed_mutex> lock(dump_mutex());
     write_dump(signo == SIGPIPE ? "SIGPIPE (a peer closed its connection)" : "SIGTERM");
     ::signal(signo, SIG_DFL);  // then end as the signal would have: the launcher reads it
     ::raise(signo);
@@ -252,6 +257,7 @@ void install_signals() {
   if (::sigaction(SIGPIPE, nullptr, &pipe_before) == 0 && pipe_before.sa_handler == SIG_DFL) {
     ::sigaction(SIGPIPE, &action, nullptr);
   }
+  std::atexit(hold_dumps_at_exit);
   std::thread loop(signal_loop);
   g_signal_thread = loop.native_handle();
   loop.detach();
@@ -299,7 +305,7 @@ CollectivePurpose current_purpose() { return t_purpose; }
 int64_t current_step() { return g_step.load(std::memory_order_relaxed); }
 
 std::string dump_flight_recorder(const std::string& reason) {
-  std::lock_guard<std::mutex> lock(dump_mutex());
+  std::lock_guard<std::timed_mutex> lock(dump_mutex());
   return write_dump(reason);
 }
 
