@@ -7,7 +7,7 @@
 #   bash scripts/gpu-check.sh                 # build, tests, levers, table
 #   bash scripts/gpu-check.sh build tests     # only those stages
 #
-# Stages: build, tests, restart62 (issue 62: a failed rank restarted on NCCL, a slot dropped, world 1 resumes), llama (issue 60: the Llama rows, ours against FSDP2 per block), syncbn61 (issue 61: resnet-small with and without SyncBatchNorm, ours and PyTorch's DDP), check61 (issue 61: the replica check's cost), vision61 (issue 61: examples/vision_cnn installed and run on GPUs), floors60 (issue 60: the batch-1 regime against its compute-only and communication-only floors, and FSDP2), train60 (issue 60: ddp-train --data with llama-1b, a save and a resume), fit (issue 60: the memory plan refuses DDP of llama-8b), attr60 (issue 60: kernel traces of the llama step, ours and FSDP2's, read by bench/trace_attribution.py), ac59 (issue 59: the FULLY_SHARD x activation checkpointing rows, and gpt2-medium per block with checkpointing against FSDP2), forensics (issue 49: a rank SIGSTOPped in eager and in captured training on NCCL, the dumps read by ddp-forensics), graphs (issue 25: captured steps, ours and PyTorch's recipe), recipe (issue 26:
+# Stages: build, tests, restart62 (issue 62: a failed rank restarted on NCCL, a slot dropped, world 1 resumes), async62 (issue 62: the step's blocked time per save, sync against --checkpoint-async, gpt2-medium and llama-8b), llama (issue 60: the Llama rows, ours against FSDP2 per block), syncbn61 (issue 61: resnet-small with and without SyncBatchNorm, ours and PyTorch's DDP), check61 (issue 61: the replica check's cost), vision61 (issue 61: examples/vision_cnn installed and run on GPUs), floors60 (issue 60: the batch-1 regime against its compute-only and communication-only floors, and FSDP2), train60 (issue 60: ddp-train --data with llama-1b, a save and a resume), fit (issue 60: the memory plan refuses DDP of llama-8b), attr60 (issue 60: kernel traces of the llama step, ours and FSDP2's, read by bench/trace_attribution.py), ac59 (issue 59: the FULLY_SHARD x activation checkpointing rows, and gpt2-medium per block with checkpointing against FSDP2), forensics (issue 49: a rank SIGSTOPped in eager and in captured training on NCCL, the dumps read by ddp-forensics), graphs (issue 25: captured steps, ours and PyTorch's recipe), recipe (issue 26:
 # the GPT recipe, ours and PyTorch's in one bench/compare run, and ddp-train --data with MFU), text (ddp-train --data on the GPU), tpref (PyTorch's --tp reference checked on CPU Gloo), onegpu (ours vs PyTorch with one GPU: bare, DDP and FULLY_SHARD at world 1), sharded (FULLY_SHARD vs FSDP2), fsdpbest (issue 36: FULLY_SHARD vs FSDP2 under its reshard, prefetch and bf16 knobs), capture35 (issue 35: the GPT recipe as one captured step, ours and PyTorch's; GPT2=1 adds gpt2-small bare vs recipe, TRAIN=1 ddp-train --data eager vs captured, 3 epochs, a resume), attribution (issue 13: noop hook, --no-overlap), tp (issue 15: --tp 2), final (the documented table), overlap, levers (ours only: each tuning lever against our default), table (bench/compare,
 # ours vs PyTorch in the same run, with the 1-GPU baselines), parity (C++ vs PyTorch parameters).
 set -uo pipefail
@@ -132,6 +132,29 @@ if has restart62; then
   note "restart62 rc=$?: $(grep -E 'restarting|start-up|keep the global|resumed from|world size' "$OUT/restart62.log" | tr '\n' '|')"
   tail -2 "$OUT/restart62.log" >>"$SUMMARY"
   rm -rf "$OUT/restart-ckpt"
+fi
+
+if has async62; then
+  # Issue 62 item 1: the time a step is blocked per save, synchronous (save_and_barrier) against
+  # --checkpoint-async (host copy, then a writer thread), FULLY_SHARD per block with AdamW, bf16
+  # autocast and gathers, at world NP. gpt2-medium saves twice (the second may wait for the
+  # first); llama-8b once (96 GB a checkpoint: two would not fit the disk).
+  for model in ${ASYNC62_MODELS:-gpt2-medium llama-8b}; do
+    every=4; steps=8
+    [ "$model" = llama-8b ] && steps=4
+    for mode in sync async; do
+      flags=""
+      [ "$mode" = async ] && flags="--checkpoint-async"
+      rm -rf /tmp/ckpt62
+      timeout 500 build-gpu/ddp-train --nproc "$NP" --device cuda --model "$model" --batch-size 1 \
+        --seq-len 1024 --fsdp --fsdp-wrap --autocast-bf16 --param-dtype bf16 --reduce-dtype fp32 \
+        --optimizer adamw --steps "$steps" --checkpoint-every "$every" --keep-checkpoints 1 \
+        --checkpoint-dir /tmp/ckpt62 --timeout-s 300 $flags >"$OUT/async62-$model-$mode.log" 2>&1
+      note "async62 $model $mode world $NP rc=$?: $(grep -E 'blocked|background|waited|error' "$OUT/async62-$model-$mode.log" | cut -c1-220 | tr '\n' '|')"
+      du -sb /tmp/ckpt62 2>/dev/null | tee -a "$SUMMARY"
+    done
+  done
+  rm -rf /tmp/ckpt62
 fi
 
 if has text; then

@@ -12,7 +12,8 @@
 //   in a model  ddp::call_unit(*block, x) (a unit's or a planned module's forward; ddp::run_unit
 //               for any function), ddp::activation_checkpoint
 //   data        ddp::DistributedSampler, ddp::LoaderSampler
-//   checkpoints ddp::save_and_barrier, ddp::resume_latest over an io::TrainingState
+//   checkpoints ddp::save_and_barrier, ddp::resume_latest over an io::TrainingState;
+//               ddp::AsyncCheckpointer (written while training goes on)
 //   export      ddp::whole_state(module, model.sharding()) (every style and mesh), ddp::save_weights
 //   recipe      ddp::Sgd, ddp::Adam, ddp::AdamW (one per algorithm, eager and captured: rate and
 //               step count on the device), ddp::weight_decay_groups (AdamW's groups), ddp::lr_at
@@ -38,6 +39,7 @@
 #include "ddp/data/loader_sampler.hpp"
 #include "ddp/graphs/captured_step.hpp"
 #include "ddp/graphs/step_rng.hpp"
+#include "ddp/io/async_checkpointer.hpp"
 #include "ddp/io/checkpoint_coordinator.hpp"
 #include "ddp/io/full_state_dict.hpp"
 #include "ddp/io/torch_save.hpp"
@@ -76,6 +78,8 @@ using data::SamplerOptions;
 using graphs::CapturedStep;
 using graphs::CapturedStepOptions;
 using graphs::StepRng;
+using io::AsyncCheckpointer;
+using io::AsyncCheckpointerOptions;
 using io::CoordinatorOptions;
 using io::resume_latest;
 using io::save_and_barrier;

@@ -6,9 +6,18 @@
 
 #include <c10/util/Exception.h>
 
+#include <string>
+
 #include "ddp/files/posix_file.hpp"
 
 namespace ddp::io {
+
+// An error's text to quote inside another's: "ddp: x" -> "x" (the outer one says "ddp: ").
+inline std::string without_ddp_prefix(std::string text) {
+  const std::string p = "ddp: ";
+  if (text.rfind(p, 0) == 0) text.erase(0, p.size());
+  return text;
+}
 
 template <typename Fn>
 decltype(auto) as_c10_error(Fn&& fn) {

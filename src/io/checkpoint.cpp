@@ -15,6 +15,7 @@
 #include <c10/util/Exception.h>
 
 #include "c10_errors.hpp"
+#include "checkpoint_contents.hpp"
 #include "checkpoint_dir.hpp"
 #include "ddp/files/posix_file.hpp"
 #include "ddp/io/checkpoint_state.hpp"
@@ -103,12 +104,6 @@ void prune(const std::string& root, int64_t written_step, int keep) {
   }
 }
 
-std::string without_ddp_prefix(std::string text) {
-  const std::string p = "ddp: ";
-  if (text.rfind(p, 0) == 0) text.erase(0, p.size());
-  return text;
-}
-
 // save_checkpoint's body; FileErrors from it become c10::Errors there.
 std::string save_checkpoint_files(const CheckpointOptions& options, const TrainingState& state) {
   TORCH_CHECK(!options.root.empty(), "ddp: save_checkpoint: CheckpointOptions::root is empty");
@@ -142,20 +137,9 @@ std::string save_checkpoint_files(const CheckpointOptions& options, const Traini
     manifest.files = std::move(files.files);
     manifest.sharded = std::move(files.sharded);
   } else {
-    const std::map<std::string, std::string> meta = {{"format", "ddp-checkpoint"},
-                                                     {"step", std::to_string(state.step)}};
-    std::vector<std::string> files = {kModelFile};
-    save_safetensors((fs::path(tmp) / kModelFile).string(), model_tensors(*state.model), meta);
-    if (state.optimizer != nullptr) {
-      manifest.optimizer = optimizer_kind(*state.optimizer);
-      save_safetensors((fs::path(tmp) / kOptimFile).string(),
-                       optimizer_tensors(*state.optimizer, *state.model), meta);
-      files.push_back(kOptimFile);
-    }
-    save_safetensors((fs::path(tmp) / kRngFile).string(), rng_tensors(), meta);
-    files.push_back(kRngFile);
-    for (const std::string& name : files)
-      manifest.files.push_back(detail::describe_file(tmp, name, kReplicated));
+    const detail::CheckpointContents contents = detail::replicated_contents(state);
+    manifest.optimizer = contents.optimizer;
+    manifest.files = detail::write_contents(tmp, contents);
   }
   const std::string final =
       detail::finish_checkpoint_dir(options.root, tmp, manifest, options.keep);

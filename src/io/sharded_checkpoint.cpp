@@ -11,6 +11,7 @@
 #include <c10/util/Exception.h>
 
 #include "c10_errors.hpp"
+#include "checkpoint_contents.hpp"
 #include "checkpoint_dir.hpp"
 #include "ddp/comm/layout_tensors.hpp"
 #include "ddp/io/checkpoint_state.hpp"
@@ -180,7 +181,9 @@ std::string optim_shard_file(int rank) {
   return "optim.rank-" + std::to_string(rank) + ".safetensors";
 }
 
-ShardFiles write_shard_files(const std::string& dir, const TrainingState& state, int rank) {
+namespace detail {
+
+CheckpointContents shard_contents(const TrainingState& state, int rank) {
   TORCH_CHECK(state.model != nullptr, "ddp: checkpoint: TrainingState::model is null");
   TORCH_CHECK(state.split_layouts() != nullptr,
               "ddp: checkpoint: write_shard_files needs TrainingState::layouts");
@@ -215,7 +218,7 @@ ShardFiles write_shard_files(const std::string& dir, const TrainingState& state,
   for (const auto& item : state.model->named_buffers())
     model_replicated[item.key()] = item.value().detach();
 
-  ShardFiles out;
+  CheckpointContents out;
   // Optimizer state of a split parameter's local shape is split by the same layout; the rest
   // (Adam's step, which every rank holds alike, and the whole parameters' state) is rank 0's.
   std::map<std::string, std::vector<std::string>> split_fields;
@@ -239,23 +242,28 @@ ShardFiles write_shard_files(const std::string& dir, const TrainingState& state,
     if (p.split) out.sharded.push_back({p.name, p.layout, split_fields[p.name]});
   }
 
-  const std::map<std::string, std::string> meta = {{"format", "ddp-checkpoint"},
-                                                   {"step", std::to_string(state.step)},
-                                                   {"rank", std::to_string(rank)}};
-  const auto write = [&](const std::string& name, const TensorMap& tensors, int owner) {
-    save_safetensors(in_dir(dir, name), tensors, meta);
-    out.files.push_back(as_c10_error([&] { return detail::describe_file(dir, name, owner); }));
-  };
+  out.metadata = {{"format", "ddp-checkpoint"},
+                  {"step", std::to_string(state.step)},
+                  {"rank", std::to_string(rank)}};
   // A rank that holds no first piece (a replica of another's, under DDP over TP) writes no
   // rank file: nothing would read it.
-  if (!model_pieces.empty()) write(model_shard_file(rank), model_pieces, rank);
-  if (!optim_pieces.empty()) write(optim_shard_file(rank), optim_pieces, rank);
+  if (!model_pieces.empty()) out.files.push_back({model_shard_file(rank), model_pieces, rank});
+  if (!optim_pieces.empty()) out.files.push_back({optim_shard_file(rank), optim_pieces, rank});
   if (rank == 0) {
-    write(kModelFile, model_replicated, kReplicated);
-    if (state.optimizer != nullptr) write(kOptimFile, optim_replicated, kReplicated);
-    write(kRngFile, rng_tensors(), kReplicated);
+    out.files.push_back({kModelFile, model_replicated, kReplicated});
+    if (state.optimizer != nullptr)
+      out.files.push_back({kOptimFile, optim_replicated, kReplicated});
+    out.files.push_back({kRngFile, rng_tensors(), kReplicated});
   }
   return out;
+}
+
+}  // namespace detail
+
+ShardFiles write_shard_files(const std::string& dir, const TrainingState& state, int rank) {
+  detail::CheckpointContents contents = detail::shard_contents(state, rank);
+  return {detail::write_contents(dir, contents), std::move(contents.sharded),
+          std::move(contents.optimizer)};
 }
 
 Manifest load_resharded_checkpoint(const std::string& dir, const Manifest& manifest,

@@ -185,11 +185,16 @@ TEST(CheckpointRestart, CorruptLatestFallsBackAndAnotherWorldSizeResumes) {
 }
 
 TEST(CheckpointRestart, FlagsThatCannotBeCheckpointedAreRefused) {
-  auto [out, code] = run_command(std::string(DDP_TRAIN_PATH) + " --resume --steps 1");
-  EXPECT_NE(code, 0);
-  EXPECT_NE(out.find("--checkpoint-every and --resume need --checkpoint-dir DIR"),
-            std::string::npos)
-      << out;
+  for (const std::string flag : {"--resume", "--checkpoint-async", "--checkpoint-every 5"}) {
+    const auto [out, code] = run_command(std::string(DDP_TRAIN_PATH) + " " + flag + " --steps 1");
+    EXPECT_NE(code, 0) << flag;
+    EXPECT_NE(
+        out.find("--checkpoint-every, --checkpoint-async and --resume need --checkpoint-dir DIR"),
+        std::string::npos)
+        << out;
+  }
+  std::string out;
+  int code = 0;
   std::tie(out, code) = run_command(std::string(DDP_TRAIN_PATH) +
                                     " --checkpoint-dir /nonexistent --optimizer-overlap");
   EXPECT_NE(code, 0);

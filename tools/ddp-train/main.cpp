@@ -16,6 +16,7 @@
 #include <optional>
 #include <sstream>
 
+#include "checkpoint_saver.hpp"
 #include "common/captured_recipe.hpp"
 #include "common/ddp_flags.hpp"
 #include "common/flag_parse.hpp"
@@ -55,6 +56,7 @@ struct Args : ddp::tools::TrainingFlags {
   std::string checkpoint_dir;  // "": no checkpoints
   int checkpoint_every = 0;    // steps between checkpoints; 0: never
   int keep_checkpoints = 3;
+  bool checkpoint_async = false;  // --checkpoint-async: written while training goes on
   bool resume = false;
   std::string save_weights;  // "": none; ".pt"/".pth": torch.save format, else safetensors
   int fail_at_step = 0;      // test hook; 0: never
@@ -79,9 +81,9 @@ int restart_count() {
 
 // Checkpoint flags that cannot work together, refused before any process starts.
 void check_checkpoint_flags(const Args& args) {
-  const bool uses = args.checkpoint_every > 0 || args.resume;
+  const bool uses = args.checkpoint_every > 0 || args.resume || args.checkpoint_async;
   TORCH_CHECK(!uses || !args.checkpoint_dir.empty(),
-              "--checkpoint-every and --resume need --checkpoint-dir DIR");
+              "--checkpoint-every, --checkpoint-async and --resume need --checkpoint-dir DIR");
   if (args.checkpoint_dir.empty()) return;
   // Resuming must end bit-for-bit where an uninterrupted run ends; state we cannot capture is
   // refused rather than silently lost.
@@ -349,6 +351,7 @@ int run_worker(const Args& given) {
   ckpt.root = args.checkpoint_dir;
   ckpt.keep = args.keep_checkpoints;
   const int first_step = resume_if_asked(args, run, ckpt, state, text.get());
+  ddp::tools::CheckpointSaver saver(*pg, ckpt, args.checkpoint_async, run.lead());
   // --grad-clip: the norm over every rank's shards, each step, on the device.
   run.start_clip(first_step);
 
@@ -384,6 +387,7 @@ int run_worker(const Args& given) {
   ddp::graphs::StepRng step_rng(run.device(), args.workload.seed);
   for (int step = first_step; step <= args.steps; ++step) {
     ddp::comm::note_step(step);  // the flight recorder's entries say which step they were
+    saver.poll();                // a background save that landed, or failed, is said here
     fail_if_asked(args, step, pg->rank());
     const auto batch = host_batch(args, run, text.get(), step, global_batch);
     step_rng.begin_step(step);
@@ -406,11 +410,10 @@ int run_worker(const Args& given) {
     if (checkpoint_due) {
       state.step = step;
       state.data_position = text ? text->data_position() : step * global_batch;
-      // Returns on every rank once the checkpoint is complete on disk.
-      const std::string dir = ddp::io::save_and_barrier(*pg, ckpt, state);
-      if (run.lead()) std::cout << "ddp-train: checkpoint " << dir << " saved" << std::endl;
+      saver.save(state);
     }
   }
+  saver.finish();
   // Whole weights to write: the sharded styles and --tp gather them on every rank (collective).
   const ddp::io::TensorMap weights =
       args.save_weights.empty() ? ddp::io::TensorMap{} : run.whole_weights();
@@ -467,6 +470,10 @@ int main(int argc, char** argv) {
                  "keep the last K checkpoints (0: all)")
       ->check(CLI::Range(0, 1000000))
       ->capture_default_str();
+  app.add_flag("--checkpoint-async", args.checkpoint_async,
+               "write checkpoints in the background: the step waits only for the copy to host "
+               "memory (pinned on a GPU); one save in flight, a failed one said at the next step "
+               "and stops the run at the next save");
   app.add_flag("--resume", args.resume,
                "continue from the latest valid checkpoint in --checkpoint-dir, if any (also done "
                "when DDP_RESTART_COUNT > 0)");
