@@ -15,15 +15,11 @@ namespace ddp::gradients {
 
 using buckets::Reduction;
 
-namespace {
-
 at::Tensor future_tensor(const c10::intrusive_ptr<c10::ivalue::Future>& future) {
   const c10::IValue& value = future->value();
   if (value.isTensor()) return value.toTensor();
   return value.toTensorVector().at(0);
 }
-
-}  // namespace
 
 void wait_future(const c10::intrusive_ptr<c10::ivalue::Future>& future,
                  std::chrono::milliseconds timeout, const std::string& what,

@@ -10,13 +10,16 @@
 namespace ddp::gradients {
 
 GradientRuntime::GradientRuntime(comm::ProcessGroupPtr pg, std::vector<ReduceUnit> units,
-                                 UnitObserver* observer, ReplicaParams replicas)
+                                 UnitObserver* observer, ReplicaParams replicas,
+                                 UnitGroups unit_groups)
     : pg_(std::move(pg)), observer_(observer) {
   TORCH_CHECK(pg_, "ddp: GradientRuntime needs a process group");
   if (!units.empty()) {
     TORCH_CHECK(observer_ != nullptr, "ddp: GradientRuntime: sharded units need an observer");
     units_ = std::make_unique<UnitBuckets>(
-        std::move(units), pg_, [this](size_t p, const at::Tensor& g) { on_unit_grad(p, g); });
+        std::move(units), unit_groups.shard ? std::move(unit_groups.shard) : pg_,
+        std::move(unit_groups.replicate),
+        [this](size_t p, const at::Tensor& g) { on_unit_grad(p, g); });
   }
   // Without units the replicated group is the model (DDP), even with no parameter to reduce.
   if (!units_ || !replicas.params.empty()) {

@@ -6,12 +6,16 @@
 #include <algorithm>
 
 #include "ddp/autograd/accumulation_hook.hpp"
+#include "ddp/comm/flight_recorder.hpp"
 
 namespace ddp::gradients {
 
 UnitBuckets::UnitBuckets(std::vector<ReduceUnit> units, comm::ProcessGroupPtr pg,
+                         comm::ProcessGroupPtr replicate,
                          std::function<void(size_t, const at::Tensor&)> on_grad)
     : units_(std::move(units)), pg_(std::move(pg)) {
+  // One replica is no replication: nothing to average across.
+  if (replicate && replicate->world_size() > 1) replicate_ = std::move(replicate);
   for (size_t u = 0; u < units_.size(); ++u) {
     const ReduceUnit& unit = units_[u];
     TORCH_CHECK(unit.params.size() == unit.names.size() &&
@@ -46,8 +50,12 @@ UnitBuckets::~UnitBuckets() {
 void UnitBuckets::make_runtime(const hooks::CommHookPtr& hook, int64_t plan_epoch,
                                size_t first_index) {
   runtime_.reset();
-  runtime_ =
-      std::make_unique<BucketRuntime>(params_, plan_, inputs_, pg_, hook, plan_epoch, first_index);
+  plan_epoch_ = plan_epoch;
+  first_index_ = first_index;
+  // Hybrid: the hook takes the cross-replica average, the reduce-scatter is the built-in one.
+  cross_replica_hook_ = replicate_ ? hook : nullptr;
+  runtime_ = std::make_unique<BucketRuntime>(params_, plan_, inputs_, pg_,
+                                             replicate_ ? nullptr : hook, plan_epoch, first_index);
 }
 
 bool UnitBuckets::set_order(const std::vector<size_t>& order) {
@@ -84,6 +92,8 @@ bool UnitBuckets::set_order(const std::vector<size_t>& order) {
   unit_at_ = unit_order;
   inputs_.tensors.assign(plan_.buckets.size(), at::Tensor());
   shards_.assign(plan_.buckets.size(), at::Tensor());
+  cross_work_.assign(plan_.buckets.size(), {});
+  cross_future_.assign(plan_.buckets.size(), {});
   comm_done_ns_.assign(plan_.buckets.size(), -1);
   return true;
 }
@@ -97,6 +107,7 @@ int64_t UnitBuckets::input_bytes() const {
 }
 
 void UnitBuckets::start_backward(bool sync, int64_t num_sync_backwards) {
+  iteration_ = num_sync_backwards;
   if (sync) {
     runtime_->start_backward(num_sync_backwards, 0);
   } else {
@@ -153,7 +164,50 @@ void UnitBuckets::finish_in_flight() {
     shards_[finished.bucket] = borrowed ? shard.clone() : shard;
     comm_done_ns_[finished.bucket] = finished.comm_done_ns;
     inputs_.tensors[finished.bucket] = at::Tensor();  // the input is no longer needed
+    if (replicate_) start_cross_replica(finished.bucket);
   }
+}
+
+void UnitBuckets::start_cross_replica(size_t b) {
+  const comm::ForPurpose purpose(
+      {comm::Purpose::kUnitReduce, static_cast<int64_t>(first_index_ + b), plan_epoch_});
+  if (!cross_replica_hook_) {
+    cross_work_[b] = replicate_->allreduce_avg_async(shards_[b]);
+    return;
+  }
+  const ReduceUnit& unit = units_[unit_at_[b]];
+  hooks::GradBucket gb;
+  gb.index = first_index_ + b;
+  gb.buffer = shards_[b];
+  gb.params = unit.params;
+  gb.is_last = b + 1 == plan_.buckets.size();
+  gb.iteration = iteration_;
+  gb.plan_epoch = plan_epoch_;
+  gb.cross_replica = true;
+  gb.rank = replicate_->rank();
+  gb.world = replicate_->world_size();
+  cross_future_[b] = cross_replica_hook_->run(gb);
+  TORCH_CHECK(cross_future_[b], "ddp: comm hook '", cross_replica_hook_->name(),
+              "' returned no future");
+}
+
+void UnitBuckets::finish_cross_replica(size_t b) {
+  const std::string what = "the cross-replica average of unit '" + units_[unit_at_[b]].name +
+                           "''s gradient shard (hybrid sharding)";
+  if (cross_work_[b]) {
+    replicate_->wait_on_stream(std::move(cross_work_[b]), what);
+    cross_work_[b].reset();
+    return;
+  }
+  if (!cross_future_[b]) return;
+  auto future = std::move(cross_future_[b]);
+  cross_future_[b].reset();
+  wait_future(future, replicate_->timeout(), what, replicate_.get());
+  const at::Tensor result = future_tensor(future);
+  TORCH_CHECK(result.numel() == shards_[b].numel(), "ddp: comm hook '", cross_replica_hook_->name(),
+              "' returned ", result.numel(),
+              " elements for the cross-replica average of a shard of ", shards_[b].numel());
+  if (result.data_ptr() != shards_[b].data_ptr()) shards_[b].copy_(result);
 }
 
 at::Tensor UnitBuckets::reduce_input(const ReduceUnit& unit) {
@@ -213,6 +267,7 @@ void UnitBuckets::finish_backward(GroupEvents& events) {
   finish_in_flight();
   input_pool_ = at::Tensor();  // between steps a rank holds its shards only
   for (size_t b = 0; b < plan_.buckets.size(); ++b) {
+    if (replicate_) finish_cross_replica(b);
     units_[unit_at_[b]].storage->finish_reduce_scatter(shards_[b]);
     shards_[b] = at::Tensor();
     events.finished(b, plan_.buckets[b].params, comm_done_ns_[b]);
@@ -226,6 +281,8 @@ void UnitBuckets::reset() {
   if (runtime_) runtime_->reset();
   for (auto& t : inputs_.tensors) t = at::Tensor();
   for (auto& t : shards_) t = at::Tensor();
+  for (auto& w : cross_work_) w.reset();
+  for (auto& f : cross_future_) f.reset();
   input_pool_ = at::Tensor();
 }
 

@@ -11,6 +11,9 @@ at::Tensor GradBucket::gradient(size_t i) const {
   TORCH_CHECK(!reduce_scatter, "ddp: GradBucket::gradient: bucket ", index,
               " is a reduce-scattered unit; its parameters' blocks are columns of a (world, S) "
               "layout, not views shaped like them");
+  TORCH_CHECK(!cross_replica, "ddp: GradBucket::gradient: bucket ", index,
+              " is a unit's gradient shard under hybrid sharding, which holds no parameter's "
+              "whole gradient");
   return buffer.narrow(0, offsets.at(i), lengths.at(i)).view(params.at(i).sizes());
 }
 

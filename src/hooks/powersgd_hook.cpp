@@ -122,6 +122,12 @@ class PowerSGDHook final : public CommHook {
                 bucket.index,
                 "): its low-rank factors are all-reduced whole; use allreduce, fp16_compress or "
                 "bf16_compress under fully_shard and default");
+    TORCH_CHECK(!bucket.cross_replica,
+                "ddp: comm hook 'powersgd' cannot average a unit's gradient shard across "
+                "replicas (hybrid sharding, bucket ",
+                bucket.index,
+                "): its low-rank factors need whole gradient matrices; use allreduce, "
+                "fp16_compress or bf16_compress");
     check_bucket(bucket);
     if (bucket.iteration < options_.start_powerSGD_iter) return warmup_->run(bucket);
     std::lock_guard<std::mutex> lock(mutex_);  // state_ is shared by all buckets

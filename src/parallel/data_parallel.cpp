@@ -15,7 +15,9 @@ comm::ProcessGroupPtr data_parallel_group(const comm::DeviceMesh& mesh) {
   std::string dims;
   for (const auto& n : names) dims += (dims.empty() ? "" : ", ") + n;
   TORCH_CHECK(false, "ddp: data_parallel over a ", mesh.ndim(),
-              "-D mesh needs a mesh dim named 'dp'; this mesh's dims are ", dims);
+              "-D mesh needs a mesh dim named 'dp' (or the dims replicate, shard of hybrid "
+              "sharding); this mesh's dims are ",
+              dims);
 }
 
 comm::Sharding over_tensor_parallel(const comm::Sharding& dp, const tp::TensorParallel& tp,
@@ -23,16 +25,44 @@ comm::Sharding over_tensor_parallel(const comm::Sharding& dp, const tp::TensorPa
   return comm::nest(tp.sharding(), dp, std::move(mesh_group));
 }
 
-std::unique_ptr<wrap::WrappedModel> make_wrapped(std::shared_ptr<torch::nn::Module> module,
-                                                 comm::ProcessGroupPtr group,
-                                                 DataParallelStyle style,
-                                                 DataParallelOptions options) {
+namespace {
+
+// The refusals every make_wrapped makes before building anything.
+void check_options(DataParallelStyle style, const DataParallelOptions& options) {
   const std::string conflict = style_conflict(style, options.shard.style);
   TORCH_CHECK(conflict.empty(), conflict);
   const std::string ignored = gather_setting_conflict(style, options.shard);
   TORCH_CHECK(ignored.empty(), ignored);
   const std::string buffers = buffer_setting_conflict(style, options);
   TORCH_CHECK(buffers.empty(), buffers);
+}
+
+bool hybrid_mesh(const comm::DeviceMesh& mesh) {
+  return mesh.dim_names() == std::vector<std::string>({"replicate", "shard"});
+}
+
+}  // namespace
+
+std::unique_ptr<wrap::WrappedModel> make_wrapped(std::shared_ptr<torch::nn::Module> module,
+                                                 const comm::DeviceMesh& mesh,
+                                                 DataParallelStyle style,
+                                                 DataParallelOptions options) {
+  if (!hybrid_mesh(mesh)) {
+    return make_wrapped(std::move(module), data_parallel_group(mesh), style, std::move(options));
+  }
+  if (style == DataParallelStyle::kReplicate) {
+    return make_wrapped(std::move(module), mesh.parent(), style, std::move(options));
+  }
+  check_options(style, options);
+  options.shard.style = style;
+  return std::make_unique<shard::ShardedModule>(std::move(module), mesh, std::move(options.shard));
+}
+
+std::unique_ptr<wrap::WrappedModel> make_wrapped(std::shared_ptr<torch::nn::Module> module,
+                                                 comm::ProcessGroupPtr group,
+                                                 DataParallelStyle style,
+                                                 DataParallelOptions options) {
+  check_options(style, options);
   TORCH_CHECK(group, "ddp::data_parallel needs a process group");
   if (style == DataParallelStyle::kReplicate) {
     return std::make_unique<DistributedDataParallelBase>(std::move(module), std::move(group),

@@ -27,12 +27,42 @@ struct ShardedModule::Observer : gradients::UnitObserver {
   ShardedModule& module;
 };
 
+namespace {
+
+// The ("replicate", "shard") dim `dim` of a hybrid mesh; refuses any other mesh by its dims.
+comm::ProcessGroupPtr hybrid_dim(const comm::DeviceMesh& mesh, const std::string& dim) {
+  const std::vector<std::string>& names = mesh.dim_names();
+  std::string dims;
+  for (const std::string& n : names) dims += (dims.empty() ? "" : ", ") + ("\"" + n + "\"");
+  TORCH_CHECK(names == std::vector<std::string>({"replicate", "shard"}),
+              "ddp: hybrid sharding takes a 2-D mesh with dims (\"replicate\", \"shard\"); this "
+              "mesh's dims are (",
+              dims, ")");
+  return mesh.group(dim);
+}
+
+}  // namespace
+
 ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module,
                              comm::ProcessGroupPtr process_group, ShardOptions options)
-    : WrappedModel(std::move(module), std::move(process_group), options.stats_every,
-                   "ShardedModule"),
-      options_(std::move(options)) {
-  const comm::ProcessGroupPtr& pg = group();
+    : ShardedModule(std::move(module), process_group, process_group, nullptr, std::move(options)) {}
+
+ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module,
+                             const comm::DeviceMesh& mesh, ShardOptions options)
+    : ShardedModule(std::move(module), mesh.parent(), hybrid_dim(mesh, "shard"),
+                    hybrid_dim(mesh, "replicate"), std::move(options)) {}
+
+ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module, comm::ProcessGroupPtr world,
+                             comm::ProcessGroupPtr shard, comm::ProcessGroupPtr replicate,
+                             ShardOptions options)
+    : WrappedModel(std::move(module), std::move(world), options.stats_every, "ShardedModule"),
+      options_(std::move(options)),
+      shard_group_(std::move(shard)),
+      replicate_group_(std::move(replicate)) {
+  TORCH_CHECK(shard_group_, "ddp: ShardedModule needs a process group");
+  // Within the shard group all the sharded runtime; across the world only the start (rank 0's
+  // state) and, hybrid, the cross-replica averages.
+  const comm::ProcessGroupPtr& pg = shard_group_;
   TORCH_CHECK(options_.style != DataParallelStyle::kReplicate,
               "ddp: style replicate is DistributedDataParallel's; ShardedModule takes "
               "fully_shard or default");
@@ -52,7 +82,7 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module,
                 pg->world_size(), "; build it with the process group it is wrapped with");
     absent.emplace(intake.params[i].unsafeGetTensorImpl(), kept->checksum);
   }
-  intake::synchronize_replicas(*pg, intake, "ShardedModule", absent);
+  intake::synchronize_replicas(*group(), intake, "ShardedModule", absent);
   params_ = intake.params;
   names_ = intake.names;
   set_buffers(intake.buffers);
@@ -78,6 +108,20 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module,
     layouts_.by_name[plan_.shapes[i].name] = plan_.params[i].layout;
     for (const auto& alias : plan_.shapes[i].aliases)
       layouts_.by_name[alias] = plan_.params[i].layout;
+  }
+  if (replicate_group_) {
+    TORCH_CHECK(int64_t(replicate_group_->world_size()) * pg->world_size() == group()->world_size(),
+                "ddp: hybrid sharding: ", replicate_group_->world_size(), " replicas of ",
+                pg->world_size(), " shards are not the mesh's ", group()->world_size(), " ranks");
+    // Nothing split across the replicas: each holds what the shard plan gives its shard rank. A
+    // mesh dim in front, no placement on it (layout::nest would put it behind, and wants even
+    // inner splits).
+    layouts_.mesh.insert(layouts_.mesh.begin(), replicate_group_->world_size());
+    layouts_.coordinate.insert(layouts_.coordinate.begin(), replicate_group_->rank());
+    for (auto& [name, l] : layouts_.by_name) {
+      l.mesh.insert(l.mesh.begin(), replicate_group_->world_size());
+      for (layout::Placement& p : l.placements) ++p.mesh_dim;
+    }
   }
   schedule_ = std::make_unique<UnitSchedule>(plan_, params_, pg, options_);
   observer_ = std::make_unique<Observer>(*this);
@@ -127,8 +171,10 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module,
     replicated.names.push_back(names_[i]);
   }
   if (!units.empty() || !replicated.params.empty()) {
+    // DEFAULT's replicated parameters are whole on every rank: averaged over the world.
     set_gradients(std::make_unique<gradients::GradientRuntime>(
-        pg, std::move(units), observer_.get(), std::move(replicated)));
+        group(), std::move(units), observer_.get(), std::move(replicated),
+        gradients::UnitGroups{pg, replicate_group_}));
     schedule_->attach(gradients());
   }
   if (pg->rank() == 0 && (options_.verbose || obs::log_level() >= obs::LogLevel::kInfo)) {
@@ -149,6 +195,11 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module,
 
 // The gradient runtime's hooks and observer calls use the schedule's groups: it goes first.
 ShardedModule::~ShardedModule() { drop_gradients(); }
+
+comm::Sharding ShardedModule::sharding() const {
+  if (!replicate_group_) return WrappedModel::sharding();
+  return {layouts(), {replicate_group_, shard_group_}, group()};
+}
 
 const std::vector<size_t>& ShardedModule::unit_order() const { return schedule_->last_order(); }
 
@@ -183,16 +234,16 @@ void ShardedModule::check_reduce_dtype(c10::ScalarType dtype, bool from_param_dt
   // before communicating (Gloo 1.13 with bf16: "Invalid scalar type"), the same on every rank, so
   // the error comes now and names the dtype instead of coming from the first backward.
   const at::Tensor probe =
-      at::zeros({group()->world_size()},
+      at::zeros({shard_group_->world_size()},
                 params_.empty() ? at::TensorOptions(dtype) : params_[0].options().dtype(dtype));
   try {
-    group()->reduce_scatter(probe, comm::ReduceOp::kAvg, "reduce_dtype probe");
+    shard_group_->reduce_scatter(probe, comm::ReduceOp::kAvg, "reduce_dtype probe");
   } catch (const c10::Error& e) {
     TORCH_CHECK(false, "ddp: reduce_dtype ", dtype,
                 from_param_dtype
                     ? " (param_dtype's, the default; set reduce_dtype to reduce in another)"
                     : "",
-                ": the ", group()->backend_name(), " backend cannot reduce it (",
+                ": the ", shard_group_->backend_name(), " backend cannot reduce it (",
                 e.what_without_backtrace(), ")");
   }
 }
@@ -351,7 +402,13 @@ std::vector<std::pair<std::string, std::string>> ShardedModule::describe_options
 
 std::string ShardedModule::plan_summary() const {
   const size_t n = plan_.units.size();
-  return std::to_string(n) + (n == 1 ? " unit (" : " units (") + style_name(options_.style) + ")";
+  std::string hybrid;
+  if (replicate_group_) {
+    hybrid = ", hybrid: " + std::to_string(replicate_group_->world_size()) + " replicas of " +
+             std::to_string(shard_group_->world_size()) + " shards";
+  }
+  return std::to_string(n) + (n == 1 ? " unit (" : " units (") + style_name(options_.style) +
+         hybrid + ")";
 }
 
 const layout::TensorLayouts& ShardedModule::layouts() const {

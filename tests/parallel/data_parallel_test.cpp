@@ -119,8 +119,8 @@ DDP_TEST_WORKER(data_parallel_styles) {
     const comm::DeviceMesh flat(pg, {1, 2}, {"a", "b"});
     const std::string wrong = error_of([&] { (void)parallel::data_parallel_group(flat); });
     require(wrong ==
-                "ddp: data_parallel over a 2-D mesh needs a mesh dim named 'dp'; this mesh's "
-                "dims are a, b",
+                "ddp: data_parallel over a 2-D mesh needs a mesh dim named 'dp' (or the dims "
+                "replicate, shard of hybrid sharding); this mesh's dims are a, b",
             "mesh error: " + wrong);
     // Building `flat` connected new Gloo pairs; a rank that exited while the other still
     // completed its side of them failed it with "Connection closed by peer" (seen in CI runs).

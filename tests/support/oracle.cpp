@@ -10,6 +10,7 @@
 #include <sstream>
 #include <unordered_set>
 
+#include "ddp/io/full_state_dict.hpp"
 #include "ddp/models/registry.hpp"
 #include "ddp/parallel/autocast.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
@@ -152,6 +153,47 @@ TrainResult train_ddp(const TrainSpec& spec, comm::ProcessGroupPtr pg,
     opt->step();
   }
   return snapshot(*w.ptr);
+}
+
+TrainResult train_data_parallel(const TrainSpec& spec, const comm::DeviceMesh& mesh,
+                                parallel::DataParallelStyle style,
+                                const parallel::DataParallelOptions& options,
+                                hooks::CommHookPtr hook) {
+  models::WorkloadOptions wopts;
+  wopts.dim = spec.dim;
+  auto w = make_test_workload(spec.model, wopts);
+  w.ptr->to(spec_device(spec));
+  const comm::ProcessGroupPtr& world = mesh.parent();
+  if (world->rank() != 0) {
+    torch::NoGradGuard no_grad;
+    for (auto& p : w.ptr->parameters()) p.add_(0.25 * world->rank());
+  }
+  auto model = parallel::data_parallel(w.module, mesh, style, options);
+  if (hook) model.register_comm_hook(std::move(hook));
+  auto wrapped = [&](const torch::Tensor& x) { return model(x); };
+  // After wrapping: the sharded styles' parameters are shards now.
+  auto opt = make_optimizer(spec, w.ptr->parameters());
+  TORCH_CHECK(spec.global_batch % world->world_size() == 0, "train_data_parallel: global batch ",
+              spec.global_batch, " does not split evenly over ", world->world_size(), " ranks");
+  const int64_t shard = spec.global_batch / world->world_size();
+  int64_t offset = 0;
+  for (int step = 0; step < spec.steps; ++step) {
+    opt->zero_grad();
+    for (int micro = 0; micro < spec.micro_batches; ++micro, offset += spec.global_batch) {
+      auto [x, y] = w.batch(offset + world->rank() * shard, shard);
+      if (micro + 1 < spec.micro_batches) {
+        auto guard = model.no_sync();
+        forward_loss(spec, w, wrapped, x, y).backward();
+      } else {
+        forward_loss(spec, w, wrapped, x, y).backward();
+      }
+    }
+    opt->step();
+  }
+  TrainResult r = snapshot(*w.ptr);
+  const io::TensorMap whole = io::whole_state(*w.ptr, model.sharding());
+  for (size_t i = 0; i < r.names.size(); ++i) r.params[i] = whole.at(r.names[i]).cpu().clone();
+  return r;
 }
 
 TrainResult initial_params(const TrainSpec& spec) {

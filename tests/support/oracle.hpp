@@ -8,7 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "ddp/comm/device_mesh.hpp"
 #include "ddp/comm/process_group.hpp"
+#include "ddp/parallel/data_parallel.hpp"
 #include "ddp/parallel/ddp_options.hpp"
 
 namespace ddp::testing {
@@ -45,6 +47,17 @@ TrainResult train_single(const TrainSpec& spec, int world);
 // result also checks that construction broadcasts rank 0's state.
 TrainResult train_ddp(const TrainSpec& spec, comm::ProcessGroupPtr pg,
                       const parallel::DDPOptions& options);
+
+// This rank's training under any style, through parallel::data_parallel over `mesh` (hybrid
+// sharding over dims ("replicate", "shard"), else its data-parallel group): the batches and
+// no_sync of train_ddp, the global batch split over every rank of the mesh. Returns the whole
+// parameters (gathered by layout, io::whole_state: the same on every rank) and this rank's
+// buffers. Ranks other than 0 perturb their initial parameters first, as train_ddp.
+// `hook`: registered on the wrapper before the first step (null: the built-in average).
+TrainResult train_data_parallel(const TrainSpec& spec, const comm::DeviceMesh& mesh,
+                                parallel::DataParallelStyle style,
+                                const parallel::DataParallelOptions& options = {},
+                                hooks::CommHookPtr hook = nullptr);
 
 // The workload's parameters as constructed (before any training step), on the CPU.
 TrainResult initial_params(const TrainSpec& spec);

@@ -230,8 +230,8 @@ TEST(DdpBench, ActivationCheckpointingParityUnderDdpAndFullyShard) {
 TEST(DdpBench, UnitFlagsNeedAShardedStyle) {
   const auto [out, code] = run_command(kBench + " --ddp --fsdp-wrap --model toy");
   EXPECT_EQ(code, 2);
-  EXPECT_NE(out.find("ddp-bench: --fsdp-wrap, --reshard-after-forward, --prefetch, --param-dtype "
-                     "and --reduce-dtype need --fsdp or a sharded --style"),
+  EXPECT_NE(out.find("ddp-bench: --fsdp-wrap, --reshard-after-forward, --prefetch, --param-dtype, "
+                     "--reduce-dtype and --dp-replicate need --fsdp or a sharded --style"),
             std::string::npos)
       << out;
 }

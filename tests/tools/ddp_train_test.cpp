@@ -123,6 +123,39 @@ TEST(DdpTrain, ShardedStylesEndWhereDdpEnds) {
   }
 }
 
+// --dp-replicate 2 at world 4 (hybrid sharding: 2 replicas of 2 shards, per-block units) ends
+// with the weights of DDP at world 4 on the same samples; a replica count that does not divide the
+// world, and one with --tp, are refused by name.
+TEST(DdpTrain, HybridShardingEndsWhereDdpEnds) {
+  const ddp::testing::TempDir tmp("train_hybrid");
+  const std::string dir = tmp.str();
+  const std::string common = std::string(DDP_TRAIN_PATH) +
+                             " --nproc 4 --model gpt --steps 20 --batch-size 3 --optimizer sgd "
+                             "--timeout-s 60 --save-weights ";
+  const auto [ddp_out, ddp_code] = run(common + dir + "/ddp.safetensors");
+  ASSERT_EQ(ddp_code, 0) << ddp_out;
+  const auto [out, code] =
+      run(common + dir + "/hybrid.safetensors --fsdp --fsdp-wrap --dp-replicate 2");
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("3 units (fully_shard, hybrid: 2 replicas of 2 shards), world size 4"),
+            std::string::npos)
+      << out;
+  expect_same_weights(dir + "/ddp.safetensors", dir + "/hybrid.safetensors", "hybrid: ");
+  const auto [odd, odd_code] =
+      run(std::string(DDP_TRAIN_PATH) + " --nproc 4 --model mlp --steps 1 --fsdp --dp-replicate 3");
+  EXPECT_NE(odd_code, 0);
+  EXPECT_NE(odd.find("[rank 0] ddp-train: --dp-replicate 3 does not divide the world size 4"),
+            std::string::npos)
+      << odd;
+  const auto [tp, tp_code] = run(std::string(DDP_TRAIN_PATH) +
+                                 " --nproc 4 --model net --steps 1 --fsdp --dp-replicate 2 --tp 2");
+  EXPECT_NE(tp_code, 0);
+  EXPECT_NE(tp.find("ddp-train: --dp-replicate with --tp is not supported yet (hybrid sharding "
+                    "over tensor parallelism needs a 3-D mesh)"),
+            std::string::npos)
+      << tp;
+}
+
 // --tp 2 at world 4 (the seed plan over "tp", DDP over "dp", 2 data ranks) ends with the weights of
 // a plain DDP run at world 2 on the same samples.
 TEST(DdpTrain, TensorParallelEndsWhereDdpEnds) {

@@ -165,6 +165,11 @@ void add_shard_flags(CLI::App& app, ShardFlags& flags) {
          "--reduce-dtype", flags.reduce_dtype,
          "sharded styles: reduce-scatter gradients in this dtype (default: --param-dtype's)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  app.add_option("--dp-replicate", flags.dp_replicate,
+                 "sharded styles: hybrid sharding, R replicas of world / R shards each: gathers "
+                 "and reduce-scatters within a shard group, the gradient shards averaged across "
+                 "the replicas (FSDP2's HSDP; docs/sharding.md)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1024}));
 }
 
 namespace {
@@ -201,9 +206,9 @@ std::string check_shard_flags(ShardFlags& flags, const std::vector<std::string>&
   if (!flags.sharded() &&
       (flags.fsdp_wrap || flags.options.reshard_after_forward != defaults.reshard_after_forward ||
        flags.options.prefetch != defaults.prefetch || !flags.param_dtype.empty() ||
-       !flags.reduce_dtype.empty())) {
-    return "--fsdp-wrap, --reshard-after-forward, --prefetch, --param-dtype and --reduce-dtype "
-           "need --fsdp or a sharded --style";
+       !flags.reduce_dtype.empty() || flags.dp_replicate != 0)) {
+    return "--fsdp-wrap, --reshard-after-forward, --prefetch, --param-dtype, --reduce-dtype and "
+           "--dp-replicate need --fsdp or a sharded --style";
   }
   if (!flags.param_dtype.empty()) flags.options.param_dtype = dtype_of(flags.param_dtype);
   if (!flags.reduce_dtype.empty()) flags.options.reduce_dtype = dtype_of(flags.reduce_dtype);

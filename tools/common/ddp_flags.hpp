@@ -55,10 +55,12 @@ struct ShardFlags {
       false;  // --fsdp-checkpoint: recompute every wrap unit's activations (any style)
   std::string param_dtype;   // --param-dtype fp32|bf16|fp16 ("": the parameters' dtype)
   std::string reduce_dtype;  // --reduce-dtype fp32|bf16|fp16 ("": param_dtype's, else theirs)
+  // --dp-replicate R: hybrid sharding, R replicas of world / R shards (0: flat; 1 is flat too).
+  int64_t dp_replicate = 0;
   bool sharded() const { return !style.empty() && style != "replicate"; }
 };
 // --fsdp, --style, --fsdp-wrap, --reshard-after-forward, --prefetch, --fsdp-checkpoint,
-// --param-dtype, --reduce-dtype.
+// --param-dtype, --reduce-dtype, --dp-replicate.
 void add_shard_flags(CLI::App& app, ShardFlags& flags);
 // After parsing: resolves the style (--style, --ddp, --fsdp), applies it and the dtypes to
 // flags.options, and returns the complaint about flags that do not go together ("" when they

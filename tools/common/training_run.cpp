@@ -22,6 +22,21 @@ namespace ddp::tools {
 
 namespace {
 
+// --dp-replicate R: the world as an (R, world / R) mesh ("replicate", "shard"), rank = replica *
+// (world / R) + shard, so that a shard group is consecutive ranks (one node's, under a launcher
+// that numbers a node's workers together). Refused by name where it cannot be.
+std::unique_ptr<comm::DeviceMesh> hybrid_mesh(const std::string& tool, int64_t replicas, int64_t tp,
+                                              const comm::ProcessGroupPtr& world) {
+  TORCH_CHECK(tp == 0, tool,
+              ": --dp-replicate with --tp is not supported yet (hybrid sharding "
+              "over tensor parallelism needs a 3-D mesh)");
+  const int64_t size = world->world_size();
+  TORCH_CHECK(size % replicas == 0, tool, ": --dp-replicate ", replicas,
+              " does not divide the world size ", size);
+  return std::make_unique<comm::DeviceMesh>(world, std::vector<int64_t>{replicas, size / replicas},
+                                            std::vector<std::string>{"replicate", "shard"});
+}
+
 // One GPU per worker, chosen by the launcher's LOCAL_RANK (0 without a launcher).
 c10::Device device_of(const TrainingFlags& flags) {
   if (flags.device != "cuda") return c10::Device(c10::kCPU);
@@ -67,10 +82,15 @@ TrainingRun::TrainingRun(const TrainingFlags& flags, TrainingRunOptions options)
   // DDP, whose whole model stays on the host until the memory plan below says it fits.
   const shard::DataParallelStyle style =
       shard::parse_style(flags.shard.style.empty() ? "replicate" : flags.shard.style);
+  if (options_.wrap && world_ && flags.shard.dp_replicate > 1) {
+    hybrid_ = hybrid_mesh(options_.tool, flags.shard.dp_replicate, flags.tp, world_);
+  }
+  // The group the parameters are sharded over: a shard group under --dp-replicate.
+  const comm::ProcessGroupPtr& shard_group = hybrid_ ? (*hybrid_)["shard"] : world_;
   std::optional<shard::DeferredInit> deferred;
   if (options_.wrap && world_ && flags.tp == 0 && options_.init_params.empty() &&
       style != shard::DataParallelStyle::kReplicate) {
-    deferred.emplace(*world_, shard::DeferredInitOptions{style, device_});
+    deferred.emplace(*shard_group, shard::DeferredInitOptions{style, device_});
   }
   workload_ = models::make_workload(flags.model, flags.workload);
   if (options_.wrap && world_ && flags.tp == 0) plan_memory(style);
@@ -100,9 +120,15 @@ TrainingRun::TrainingRun(const TrainingFlags& flags, TrainingRunOptions options)
     dp_options.shard = flags.shard.options;
     dp_options.shard.verbose = dp_options.ddp.verbose;
     if (flags.shard.fsdp_wrap) dp_options.shard.units = workload_.wrap_units;
-    model_.emplace(workload_.module, split_.dp_group, style, std::move(dp_options));
-    // One gradient runtime for every style: the hook reduces DDP's buckets and the sharded units.
-    if (auto hook = make_comm_hook(flags.comm_hook, split_.dp_group)) {
+    if (hybrid_) {
+      model_.emplace(workload_.module, *hybrid_, style, std::move(dp_options));
+    } else {
+      model_.emplace(workload_.module, split_.dp_group, style, std::move(dp_options));
+    }
+    // One gradient runtime for every style: the hook reduces DDP's buckets and the sharded units;
+    // under --dp-replicate the averages across the replicas.
+    if (auto hook =
+            make_comm_hook(flags.comm_hook, hybrid_ ? (*hybrid_)["replicate"] : split_.dp_group)) {
       model_->register_comm_hook(hook);
     }
   }
@@ -143,7 +169,7 @@ void TrainingRun::plan_memory(shard::DataParallelStyle style) {
     in.params.back().trainable = intake.params[i].requires_grad();
   }
   if (flags_.shard.fsdp_wrap) in.units = workload_.wrap_units;
-  in.world = world_size();
+  in.world = hybrid_ ? (*hybrid_)["shard"]->world_size() : world_size();
   in.param_dtype = flags_.shard.options.param_dtype;
   in.reduce_dtype = flags_.shard.options.reduce_dtype;
   in.prefetch = flags_.shard.options.prefetch;

@@ -147,6 +147,8 @@ class TrainingRun {
   models::Workload workload_;
   std::vector<parallel::StyleEstimate> memory_estimates_;
   TensorParallelSetup split_;
+  // --dp-replicate R: the world as an (R, world / R) mesh ("replicate", "shard"); null: flat.
+  std::unique_ptr<comm::DeviceMesh> hybrid_;
   std::optional<DataParallel<torch::nn::AnyModule>> model_;
   std::vector<at::Tensor> params_;
   std::vector<std::string> param_names_;

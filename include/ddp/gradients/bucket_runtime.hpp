@@ -150,6 +150,9 @@ class BucketRuntime {
   std::deque<size_t> in_flight_;  // launched, not yet finished, in launch order
 };
 
+// The tensor a completed hook or c10d future holds (a tensor, or the first of a list).
+at::Tensor future_tensor(const c10::intrusive_ptr<c10::ivalue::Future>& future);
+
 // Waits for `future` at most `timeout`; rethrows its error or names `what` and the timeout, and
 // with `pg` which rank is behind (see [Note: sequence numbers]).
 void wait_future(const c10::intrusive_ptr<c10::ivalue::Future>& future,

@@ -50,12 +50,22 @@
 
 namespace ddp::gradients {
 
+// Where the sharded units reduce when it is not the runtime's group: hybrid sharding ([Note:
+// hybrid sharding], unit_buckets.hpp).
+struct UnitGroups {
+  // The units' reduce-scatters (the shard group); null: the runtime's group.
+  comm::ProcessGroupPtr shard;
+  // Null (flat sharding), or the group across which each reduced shard is then averaged.
+  comm::ProcessGroupPtr replicate;
+};
+
 class GradientRuntime {
  public:
   // `units` (may be empty) are reduce-scattered, their `observer` (the sharded runtime; needed
-  // with units) outlives the runtime; `replicas` (may hold no parameters) are all-reduced.
+  // with units) outlives the runtime; `replicas` (may hold no parameters) are all-reduced over
+  // `pg`, every rank that holds them; the units over `unit_groups` (default: `pg`, flat).
   GradientRuntime(comm::ProcessGroupPtr pg, std::vector<ReduceUnit> units, UnitObserver* observer,
-                  ReplicaParams replicas);
+                  ReplicaParams replicas, UnitGroups unit_groups = {});
   ~GradientRuntime();
   GradientRuntime(const GradientRuntime&) = delete;
   GradientRuntime& operator=(const GradientRuntime&) = delete;

@@ -22,6 +22,15 @@
 // parameter: so the reduce input is built from the other members' .grad and, for the parameter
 // whose hook completes the unit, this incoming gradient.
 //
+// [Note: hybrid sharding] With a replicate group (FSDP2's HSDP: fully_shard over a 2-D mesh), the
+// units are sharded within the shard group (`pg`, the reduce-scatters') and the model is
+// replicated across the replicate group: each unit's averaged shard is, once its reduce-scatter
+// finished, all-reduced (averaged) across the replicate group, asynchronously, while backward goes
+// on; the end of backward waits for those before the storage takes the shard. The average over R
+// replicas of the average over S shards is the average over the R * S ranks. A comm hook then
+// replaces that all-reduce (its GradBucket is the shard, cross_replica set), not the
+// reduce-scatter, as the cross-replica bytes are the ones worth compressing.
+//
 // Memory: a unit's reduce input exists from its last gradient until its reduce-scatter finished;
 // before building one, the reductions in flight are finished (each unit's result is kept until
 // the end of backward, shard-sized), so a backward holds one unit's input at a time, not the
@@ -67,7 +76,10 @@ class UnitBuckets {
  public:
   // Installs a tensor hook on every member: `on_grad(p, incoming)` runs with member p's (in the
   // flattened list, unit after unit) whole gradient of this backward, before it is accumulated.
+  // `replicate`: null (flat), or the group across which every reduced shard is averaged ([Note:
+  // hybrid sharding]).
   UnitBuckets(std::vector<ReduceUnit> units, comm::ProcessGroupPtr pg,
+              comm::ProcessGroupPtr replicate,
               std::function<void(size_t, const at::Tensor&)> on_grad);
   ~UnitBuckets();  // removes the tensor hooks
   UnitBuckets(const UnitBuckets&) = delete;
@@ -120,9 +132,18 @@ class UnitBuckets {
   void fill_and_register(size_t unit, int64_t member, const at::Tensor& incoming,
                          GroupEvents& events);
   void finish_in_flight();
+  // [Note: hybrid sharding]: bucket b's shard averaged across the replicate group, started.
+  void start_cross_replica(size_t b);
+  // ... and finished into shards_[b].
+  void finish_cross_replica(size_t b);
 
   std::vector<ReduceUnit> units_;
   comm::ProcessGroupPtr pg_;
+  comm::ProcessGroupPtr replicate_;  // null, or of more than one rank: [Note: hybrid sharding]
+  hooks::CommHookPtr cross_replica_hook_;  // the comm hook, which takes the cross-replica reduce
+  int64_t plan_epoch_ = 0;                 // make_runtime's: what the recorder and hooks see
+  size_t first_index_ = 0;
+  int64_t iteration_ = 0;  // synchronized backwards before this one (GradBucket::iteration)
   std::vector<at::Tensor> params_;  // every unit's members, unit after unit
   std::vector<std::string> names_;
   std::vector<buckets::ParamSpec> specs_;
@@ -143,9 +164,12 @@ class UnitBuckets {
   at::Tensor input_pool_;
   std::unique_ptr<BucketRuntime> runtime_;
 
-  std::vector<bool> ready_;            // per flattened member, this backward
-  std::vector<bool> filled_;           // per unit, this backward
-  std::vector<at::Tensor> shards_;     // per bucket: the finished result, until write-back
+  std::vector<bool> ready_;         // per flattened member, this backward
+  std::vector<bool> filled_;        // per unit, this backward
+  std::vector<at::Tensor> shards_;  // per bucket: the finished result, until write-back
+  // Per bucket, the cross-replica average of shards_[b] in flight (one of them, or neither).
+  std::vector<c10::intrusive_ptr<c10d::Work>> cross_work_;
+  std::vector<c10::intrusive_ptr<c10::ivalue::Future>> cross_future_;
   std::vector<int64_t> comm_done_ns_;  // per bucket: BucketFinished::comm_done_ns
   int64_t stale_grad_ = -1;            // see drop_stale_grad
 };

@@ -34,6 +34,11 @@ struct GradBucket {
   // every row), and the hook returns this rank's row of the average (S elements), a
   // reduce-scatter. `rank` and `world` are the group's then.
   bool reduce_scatter = false;
+  // Hybrid sharding ([Note: hybrid sharding], gradients/unit_buckets.hpp): `buffer` is this rank's
+  // averaged shard of one unit, to be averaged across the replicate group (whose `rank` and
+  // `world` these are then) and returned whole (same numel); it holds no parameter's whole
+  // gradient, so gradient(i) refuses and per-parameter hooks (PowerSGD) refuse it.
+  bool cross_replica = false;
   int rank = 0;
   int world = 1;
   // The gradient of parameter i as a tensor shaped like it: a view into `buffer` (all-reduced

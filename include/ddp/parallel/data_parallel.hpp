@@ -12,7 +12,9 @@
 //   kDefault     shard::FullyShardedDataParallel with the DEFAULT plan (dim 0 divisible: sharded,
 //                else replicated through the reducer)
 // With a DeviceMesh the data-parallel group is the mesh dim named "dp", or the only dim of a 1-D
-// mesh.
+// mesh; a 2-D mesh with dims ("replicate", "shard") makes the sharded styles hybrid (shard within
+// "shard", replicate across "replicate": shard/sharded_module.hpp) and kReplicate DDP over the
+// whole mesh.
 //
 // One interface for every style: the calls below (layouts, comm hook, optimizer in backward,
 // zero_grad, no_sync, stats) and wrapped() (the plan, memory) answer alike whichever runtime is
@@ -81,6 +83,13 @@ std::unique_ptr<wrap::WrappedModel> make_wrapped(std::shared_ptr<torch::nn::Modu
                                                  DataParallelStyle style,
                                                  DataParallelOptions options);
 
+// The same over `mesh`: hybrid sharding over dims ("replicate", "shard"), else make_wrapped over
+// data_parallel_group(mesh).
+std::unique_ptr<wrap::WrappedModel> make_wrapped(std::shared_ptr<torch::nn::Module> module,
+                                                 const comm::DeviceMesh& mesh,
+                                                 DataParallelStyle style,
+                                                 DataParallelOptions options);
+
 template <typename ModuleType>
 class DataParallel {
  public:
@@ -89,6 +98,11 @@ class DataParallel {
       : style_(style),
         wrapped_(make_wrapped(intake::as_module_ptr(module), std::move(group), style,
                               std::move(options))),
+        module_(std::move(module)) {}
+  DataParallel(ModuleType module, const comm::DeviceMesh& mesh, DataParallelStyle style,
+               DataParallelOptions options = {})
+      : style_(style),
+        wrapped_(make_wrapped(intake::as_module_ptr(module), mesh, style, std::move(options))),
         module_(std::move(module)) {}
 
   // The module's own forward, inside the style's forward protocol (wrap/wrapped_model.hpp).
@@ -170,8 +184,7 @@ DataParallel<ModuleType> data_parallel(ModuleType module, comm::ProcessGroupPtr 
 template <typename ModuleType>
 DataParallel<ModuleType> data_parallel(ModuleType module, const comm::DeviceMesh& mesh,
                                        DataParallelStyle style, DataParallelOptions options = {}) {
-  return DataParallel<ModuleType>(std::move(module), data_parallel_group(mesh), style,
-                                  std::move(options));
+  return DataParallel<ModuleType>(std::move(module), mesh, style, std::move(options));
 }
 
 }  // namespace ddp::parallel

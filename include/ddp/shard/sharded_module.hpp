@@ -28,6 +28,17 @@
 //
 // Every rank issues the same collectives in the same order because they run the same model code:
 // the order of forward and backward is the engine's, the same on every rank.
+//
+// Hybrid sharding (FSDP2's fully_shard over a 2-D mesh, HSDP; DeepSpeed's hpZ / MiCS): over a
+// DeviceMesh with dims ("replicate", "shard"), R x S ranks, rank = replica * S + shard. Every
+// parameter is sharded within the shard group as above (gathers and reduce-scatters among S ranks,
+// one node's when S is a node's GPUs) and replicated across the replicate group: each reduced
+// shard is then averaged across the R replicas ([Note: hybrid sharding],
+// gradients/unit_buckets.hpp), so only shard-sized all-reduces cross the replicate dim. The
+// optimizer state is sharded within the shard group. group() is the whole mesh: rank 0's initial
+// parameters and buffers reach every rank, and the buffer broadcast and the forward checks span
+// it. The layouts are over mesh {R, S}: replicated on dim 0, the plan's split on dim 1, so a
+// checkpoint is written by replica 0 and loads onto any mesh and style.
 
 #include <torch/nn/module.h>
 
@@ -38,7 +49,9 @@
 #include <utility>
 #include <vector>
 
+#include "ddp/comm/device_mesh.hpp"
 #include "ddp/comm/process_group.hpp"
+#include "ddp/comm/sharding.hpp"
 #include "ddp/gradients/gradient_options.hpp"
 #include "ddp/intake/module_call.hpp"
 #include "ddp/layout/layout.hpp"
@@ -68,14 +81,24 @@ class ShardedModule : public wrap::WrappedModel, private unit::UnitListener {
  public:
   ShardedModule(std::shared_ptr<torch::nn::Module> module, comm::ProcessGroupPtr group,
                 ShardOptions options = {});
+  // Hybrid sharding over `mesh`, whose dims are ("replicate", "shard") (the note above). Refuses
+  // another mesh naming its dims.
+  ShardedModule(std::shared_ptr<torch::nn::Module> module, const comm::DeviceMesh& mesh,
+                ShardOptions options = {});
   ~ShardedModule() override;
+
+  // The group the parameters are sharded over (group() itself unless hybrid), and the one the
+  // shards are replicated across (null unless hybrid).
+  const comm::ProcessGroupPtr& shard_group() const { return shard_group_; }
+  const comm::ProcessGroupPtr& replicate_group() const { return replicate_group_; }
 
   const ShardPlan& plan() const { return plan_; }
   // Parameter `name` (any of a tied parameter's names) as a layout over this module's group
-  // (mesh {world}): its whole shape, Shard(0) when the plan shards it (the even split with
-  // padding: a rank's real rows are layout::local_shape's, its storage padded_local_shape's), no
-  // placement when replicated. Over tensor parallelism, nest it on TensorParallel::layout
-  // (layout::nest): FULLY_SHARD appends its placement. Throws naming `name` when unknown.
+  // (mesh {world}; hybrid: mesh {R, S}, nothing on dim 0): its whole shape, Shard(0) when the plan
+  // shards it (the even split with padding: a rank's real rows are layout::local_shape's, its
+  // storage padded_local_shape's), no placement when replicated. Over tensor parallelism, nest it
+  // on TensorParallel::layout (layout::nest): FULLY_SHARD appends its placement. Throws naming
+  // `name` when unknown.
   layout::Layout layout(const std::string& name) const;
   // [Note: a forward whose backward never runs] Throws naming `operation` and the fix while the
   // parameters are gathered by a forward under grad mode whose backward has not run: then they
@@ -103,6 +126,8 @@ class ShardedModule : public wrap::WrappedModel, private unit::UnitListener {
   // the units in launch order (the reverse of the forward's unit order), then DEFAULT's
   // replicated buckets.
   const layout::TensorLayouts& layouts() const override;
+  // Hybrid: groups {replicate, shard} over mesh {R, S}, the mesh group group().
+  comm::Sharding sharding() const override;
   void reshard() override;
   std::string plan_summary() const override;
   std::string plan_table() const override { return unit_table(); }
@@ -132,6 +157,12 @@ class ShardedModule : public wrap::WrappedModel, private unit::UnitListener {
   // Evaluation is open and every unit is gathered.
   enum class Phase { kIdle, kForward, kBackward, kEvaluation };
 
+  // Both public constructors: `world` is group() (every rank of the model), the parameters are
+  // sharded over `shard` (the same group when flat) and replicated across `replicate` (null when
+  // flat).
+  ShardedModule(std::shared_ptr<torch::nn::Module> module, comm::ProcessGroupPtr world,
+                comm::ProcessGroupPtr shard, comm::ProcessGroupPtr replicate, ShardOptions options);
+
   const char* kind() const override { return "sharded data-parallel"; }
   at::Tensor before_unit_forward(size_t unit, const at::Tensor& input) override;
   at::Tensor after_unit_forward(size_t unit, const at::Tensor& output) override;
@@ -144,8 +175,10 @@ class ShardedModule : public wrap::WrappedModel, private unit::UnitListener {
   void check_reduce_dtype(c10::ScalarType dtype, bool from_param_dtype);
 
   ShardOptions options_;
-  std::vector<at::Tensor> params_;  // distinct, registration order; parallel to plan_.shapes
-  std::vector<std::string> names_;  // their qualified names
+  comm::ProcessGroupPtr shard_group_;      // the flat groups' and the schedule's; never null
+  comm::ProcessGroupPtr replicate_group_;  // null unless hybrid
+  std::vector<at::Tensor> params_;         // distinct, registration order; parallel to plan_.shapes
+  std::vector<std::string> names_;         // their qualified names
   ShardPlan plan_;
   layout::TensorLayouts layouts_;  // plan_ as layouts, made with it (neither changes afterwards)
   // Gathers, prefetches and releases of the units' parameters (owns their flat groups).

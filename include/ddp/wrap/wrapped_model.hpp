@@ -99,7 +99,7 @@ class WrappedModel {
   virtual const layout::TensorLayouts& layouts() const = 0;
   // The layouts with the group they are over (comm/sharding.hpp): mesh {world} over group(). What
   // the gradient norm and the export take, whichever style answers.
-  comm::Sharding sharding() const;
+  virtual comm::Sharding sharding() const;
   // After a forward under grad mode whose backward never runs: back to the state before it (the
   // sharded styles put every unit back on its shards; DDP has nothing to undo). Between steps.
   virtual void reshard() = 0;
