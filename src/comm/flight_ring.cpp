@@ -1,5 +1,7 @@
 #include "ddp/comm/flight_ring.hpp"
 
+#include <cstring>
+
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -35,6 +37,21 @@ std::string CollectiveOp::describe() const {
     text += " of " + std::to_string(numel) + " " + c10::toString(dtype) + " elements";
   }
   return text;
+}
+
+int64_t CollectiveOp::wire_bytes(int world, bool emulated) const {
+  if (world <= 1 || numel <= 0) return 0;
+  const int64_t bytes = numel * int64_t(c10::elementSize(dtype));
+  const int64_t n = world;
+  const auto starts = [this](const char* prefix) {
+    return std::strncmp(kind, prefix, std::strlen(prefix)) == 0;
+  };
+  if (starts("all-reduce")) return 2 * (n - 1) * bytes / n;
+  if (starts("reduce-scatter")) return (emulated ? 2 : 1) * (n - 1) * bytes / n;
+  if (starts("all-gather (flat)")) return (n - 1) * bytes / n;
+  if (starts("all-gather")) return (n - 1) * bytes;
+  if (starts("broadcast")) return bytes;
+  return 0;
 }
 
 FlightRing::FlightRing(std::string name, int rank, std::vector<int> global_ranks, int64_t capacity)

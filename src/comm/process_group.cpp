@@ -174,6 +174,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::issue(
   }
   c10::intrusive_ptr<c10d::Work> work = launch();
   progress_->issued(work.get(), op);
+  bytes_sent_.fetch_add(op.wire_bytes(world_size(), !traits_.flat_collectives),
+                        std::memory_order_relaxed);
   // Host-waited backends are watched from the issue, through the work itself. Stream-waited ones
   // (NCCL) from wait_on_stream, through an event of ours, a plain device query: WorkNCCL's
   // isCompleted also reads the communicator's error state under its lock (on 2x H200 a watchdog

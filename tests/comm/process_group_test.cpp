@@ -2,6 +2,11 @@
 
 #include <torch/torch.h>
 
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "ddp/comm/process_group.hpp"
 #include "support/param_names.hpp"
 #include "support/workers.hpp"
@@ -28,6 +33,30 @@ DDP_TEST_WORKER(collectives) {
     require(gathered[i].eq(static_cast<float>(i * i)).all().item<bool>(), "allgather slot wrong");
   }
   pg->barrier("test barrier");
+
+  // Bytes sent, each collective counted as a ring sends it (CollectiveOp::wire_bytes): 6 floats,
+  // 24 bytes; Gloo 1.13 emulates the reduce-scatter by an all-reduce.
+  const auto sent = [&](const std::function<void()>& fn) {
+    const int64_t before = pg->bytes_sent();
+    fn();
+    return pg->bytes_sent() - before;
+  };
+  auto six = torch::ones({6});
+  const int64_t reduce_scatter_rings = pg->backend_traits().flat_collectives ? 1 : 2;
+  const std::vector<std::pair<std::string, int64_t>> counted = {
+      {"all-reduce", sent([&] { pg->allreduce_sum(six, "bytes all-reduce"); })},
+      {"broadcast", sent([&] { pg->broadcast(six, 0, "bytes broadcast"); })},
+      {"all-gather", sent([&] { pg->all_gather_each(six, "bytes all-gather"); })},
+      {"reduce-scatter",
+       sent([&] { pg->reduce_scatter(six, comm::ReduceOp::kSum, "bytes reduce-scatter"); })},
+      {"barrier", sent([&] { pg->barrier("bytes barrier"); })}};
+  const std::vector<int64_t> want = {2 * (n - 1) * 24 / n, n > 1 ? 24 : 0, (n - 1) * 24,
+                                     reduce_scatter_rings * (n - 1) * 24 / n, 0};
+  for (size_t i = 0; i < want.size(); ++i) {
+    require(counted[i].second == want[i], counted[i].first + " counted " +
+                                              std::to_string(counted[i].second) +
+                                              " bytes sent, want " + std::to_string(want[i]));
+  }
 }
 
 class Collectives : public ::testing::TestWithParam<int> {};

@@ -265,6 +265,25 @@ TEST(DdpBench, JsonReportsEachRanksInitialisation) {
   }
 }
 
+// --json gives the bytes a rank sent per step on each group (ProcessGroup::bytes_sent, ring
+// counts): the mlp (16,640 fp32 parameters, 66,560 bytes) under DDP at world 2 all-reduces one
+// bucket, 2 (n - 1) / n * 66,560; under --fsdp --dp-replicate 2 at world 4 (2 replicas of 2 shards,
+// the root one unit, gathered once a step) the shard group all-gathers the whole (1/2 * 66,560)
+// and reduce-scatters it (Gloo emulates it by an all-reduce: 66,560), and the replicate group
+// all-reduces this rank's half (2 * 1/2 * 33,280): the cross-replica bytes are the shard's.
+TEST(DdpBench, JsonReportsTheBytesEachGroupSentPerStep) {
+  const std::string common =
+      kBench + " --model mlp --batch-size 4 --repeat 2 --warmup 1 --json --nproc ";
+  const auto [ddp, ddp_code] = run_command(common + "2 --ddp");
+  ASSERT_EQ(ddp_code, 0) << ddp;
+  EXPECT_NE(ddp.find("\"bytes_per_step\":{\"world\":66560}"), std::string::npos) << ddp;
+  const auto [hybrid, code] = run_command(common + "4 --fsdp --dp-replicate 2");
+  ASSERT_EQ(code, 0) << hybrid;
+  EXPECT_NE(hybrid.find("\"bytes_per_step\":{\"world\":0,\"replicate\":33280,\"shard\":99840}"),
+            std::string::npos)
+      << hybrid;
+}
+
 // --json gives the memory plan made before the first step (parallel/memory_estimate.hpp): under
 // fully_shard at world 2 its parameter and gradient bytes are the ones the run then holds, and
 // replicate's are twice them (mlp's 64 rows divide evenly).

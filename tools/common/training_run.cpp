@@ -208,6 +208,20 @@ at::Tensor TrainingRun::forward(const at::Tensor& x) {
   return model_ ? (*model_)(x) : workload_.module.forward(x);
 }
 
+std::vector<std::pair<std::string, comm::ProcessGroupPtr>> TrainingRun::groups() const {
+  std::vector<std::pair<std::string, comm::ProcessGroupPtr>> out;
+  if (world_) out.emplace_back("world", world_);
+  if (hybrid_) {
+    out.emplace_back("replicate", (*hybrid_)["replicate"]);
+    out.emplace_back("shard", (*hybrid_)["shard"]);
+  }
+  if (split_.mesh) {
+    out.emplace_back("dp", (*split_.mesh)["dp"]);
+    out.emplace_back("tp", (*split_.mesh)["tp"]);
+  }
+  return out;
+}
+
 comm::Sharding TrainingRun::make_sharding() const {
   const tp::TensorParallel* tensor_parallel = split_.tensor_parallel.get();
   if (!tensor_parallel) return model_ ? model_->sharding() : comm::whole_over(world_);

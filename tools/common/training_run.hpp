@@ -86,6 +86,9 @@ class TrainingRun {
   const comm::ProcessGroupPtr& world() const { return world_; }
   int rank() const { return world_ ? world_->rank() : 0; }
   int world_size() const { return world_ ? world_->world_size() : 1; }
+  // Every process group of the run by its name: "world", then --dp-replicate's "replicate" and
+  // "shard", or --tp's "dp" and "tp" (each counts its own collectives: bytes_sent per group).
+  std::vector<std::pair<std::string, comm::ProcessGroupPtr>> groups() const;
   bool lead() const { return rank() == 0; }
   // One GPU per worker, the launcher's LOCAL_RANK; or the CPU.
   const c10::Device& device() const { return device_; }

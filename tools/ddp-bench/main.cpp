@@ -146,6 +146,8 @@ struct Timing {
   // The wrapped model's collectives numbered before the last timed step and after it
   // (--comm-floor); -1: not recorded.
   int64_t issued_before_last = -1, issued_after_last = -1;
+  // Each group's ProcessGroup::bytes_sent at the first timed step, then per timed step.
+  ddp::tools::bench::GroupBytes bytes_at_start, bytes_per_step;
   int warmup, timed, traced;  // untimed steps first, timed steps, kernel-traced steps after
   bool cuda;
   int device_index;
@@ -217,7 +219,22 @@ void time_eager(const Args& args, ddp::tools::TrainingRun& run, const std::vecto
   const auto issued = [&] {
     return run.wrapped() ? run.wrapped()->group()->collectives_issued() : int64_t{-1};
   };
+  const auto bytes_now = [&] {
+    ddp::tools::bench::GroupBytes out;
+    for (const auto& [name, group] : run.groups()) out.emplace_back(name, group->bytes_sent());
+    return out;
+  };
+  const auto count_bytes = [&] {
+    if (timing.timed <= 0 || timing.bytes_at_start.empty()) return;
+    timing.bytes_per_step = bytes_now();
+    for (size_t g = 0; g < timing.bytes_per_step.size(); ++g) {
+      timing.bytes_per_step[g].second =
+          (timing.bytes_per_step[g].second - timing.bytes_at_start[g].second) / timing.timed;
+    }
+  };
   for (; i < steps; ++i) {
+    if (i == timing.warmup) timing.bytes_at_start = bytes_now();
+    if (i == timing.warmup + timing.timed) count_bytes();
     if (i == timing.warmup + timing.timed - 1) timing.issued_before_last = issued();
     if (i == timing.warmup + timing.timed) timing.issued_after_last = issued();
     const auto inputs =
@@ -251,6 +268,7 @@ void time_eager(const Args& args, ddp::tools::TrainingRun& run, const std::vecto
       run.wrapped()->reset_peak_memory();
     }
     if (i + 1 == steps && timing.issued_after_last < 0) timing.issued_after_last = issued();
+    if (i + 1 == timing.warmup + timing.timed && timing.traced == 0) count_bytes();
     if (args.profile) {
       timing.trace.add({"forward", "compute", 0, t0, t1, i, -1});
       timing.trace.add({"backward", "compute", 0, t1, t2, i, -1});
@@ -346,7 +364,9 @@ int run_worker(const Args& args) {
     floor = ddp::tools::comm_floor(*run.wrapped()->group(), timing.issued_before_last + 1,
                                    timing.issued_after_last, args.comm_floor);
   }
-  if (run.lead()) ddp::tools::bench::print_result(args, run, memory, init, timing.step_ms, floor);
+  if (run.lead())
+    ddp::tools::bench::print_result(args, run, memory, init, timing.step_ms, floor,
+                                    timing.bytes_per_step);
   if (run.world()) run.world()->barrier("end of benchmark");
   return 0;
 }

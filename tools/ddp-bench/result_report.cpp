@@ -72,7 +72,8 @@ Memory measure_memory(ddp::tools::TrainingRun& run, const ddp::obs::StepMemory& 
 // stats and memory lines.
 void print_result(const Args& args, ddp::tools::TrainingRun& run, const Memory& memory,
                   const ddp::tools::InitReport& init, const std::vector<double>& step_ms,
-                  const std::optional<ddp::tools::CommFloor>& floor) {
+                  const std::optional<ddp::tools::CommFloor>& floor,
+                  const GroupBytes& bytes_per_step) {
   const Stats s = summarize(step_ms);
   const int timed = static_cast<int>(step_ms.size());
   std::string line;
@@ -112,6 +113,11 @@ void print_result(const Args& args, ddp::tools::TrainingRun& run, const Memory& 
     }
     if (!run.memory_estimates().empty()) result["memory_estimate"] = estimate_json(run);
     if (args.no_comm) result["collectives"] = "fake";
+    if (!bytes_per_step.empty()) {
+      nlohmann::ordered_json bytes;
+      for (const auto& [group, n] : bytes_per_step) bytes[group] = n;
+      result["bytes_per_step"] = bytes;
+    }
     if (floor) {
       result["comm_floor"] = {{"median_ms", ms(floor->median_ms)},
                               {"collectives", floor->collectives},
@@ -137,6 +143,11 @@ void print_result(const Args& args, ddp::tools::TrainingRun& run, const Memory& 
     }
   }
   std::cout << line << "\n";
+  if (args.ddp.verbose && !bytes_per_step.empty()) {
+    std::string text = "ddp-bench: bytes this rank sent per step:";
+    for (const auto& [group, n] : bytes_per_step) text += " " + group + " " + std::to_string(n);
+    std::cout << text << "\n";
+  }
   if (args.ddp.verbose && run.wrapped()) {
     std::cout << ddp::obs::format_summary(run.wrapped()->logging_data());
   }

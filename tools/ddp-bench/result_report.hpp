@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "bench_args.hpp"
@@ -28,11 +30,17 @@ struct Memory {
 
 Memory measure_memory(ddp::tools::TrainingRun& run, const ddp::obs::StepMemory& phases);
 
+// Bytes this rank sent per timed step on each group of the run, by the group's name
+// (TrainingRun::groups, ProcessGroup::bytes_sent); empty when not counted.
+using GroupBytes = std::vector<std::pair<std::string, int64_t>>;
+
 // Rank 0's result: one line (or JSON object) as the reference prints it, and with --verbose the
-// stats and memory lines; `floor`: --comm-floor's replay.
+// stats and memory lines; `floor`: --comm-floor's replay; `bytes_per_step`: in the JSON
+// ("bytes_per_step": {"world": ..., "replicate": ..., "shard": ...}) and --verbose's lines.
 void print_result(const Args& args, ddp::tools::TrainingRun& run, const Memory& memory,
                   const ddp::tools::InitReport& init, const std::vector<double>& step_ms,
-                  const std::optional<ddp::tools::CommFloor>& floor);
+                  const std::optional<ddp::tools::CommFloor>& floor,
+                  const GroupBytes& bytes_per_step);
 
 // --init-only's line: every rank's init_s and init_peak_bytes, and the bound issue 60 sets for a
 // sharded model: this rank's parameters (its shards) plus the largest unit whole, plus 25%.

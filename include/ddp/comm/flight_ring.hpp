@@ -26,6 +26,13 @@ struct CollectiveOp {
 
   // "all-reduce (sum) of 4 Float elements", "broadcast from rank 0 of 8 Long elements".
   std::string describe() const;
+
+  // The bytes one rank sends for it on a group of `world` ranks under the ring algorithms (the
+  // large-message algorithms of NCCL and Gloo), B its tensor's bytes: an all-reduce 2 (n - 1) / n
+  // * B; a reduce-scatter of a whole of B (n - 1) / n * B, an all-reduce's where `emulated` (Gloo
+  // 1.13 has no reduce-scatter); a flat all-gather of a whole of B (n - 1) / n * B; an all-gather
+  // of B per rank (n - 1) * B; a broadcast B; a barrier, or one rank, nothing.
+  int64_t wire_bytes(int world, bool emulated) const;
 };
 
 struct FlightEntry {

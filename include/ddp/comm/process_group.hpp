@@ -32,6 +32,7 @@
 #include <c10/core/Device.h>
 #include <c10/util/FunctionRef.h>
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -239,6 +240,10 @@ class ProcessGroup {
   std::string progress_report() const;
   // Collectives this rank has issued on this group so far (each counted once, when issued).
   int64_t collectives_issued() const;
+  // Bytes this rank has sent on this group so far, each collective counted as a ring sends it
+  // (wire_bytes): what the group costs this rank's links, for the bytes a step sends per group
+  // (ddp-bench's JSON; hybrid sharding's cross-node bytes, issue 63).
+  int64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
   // This group's flight ring as a dump writes it (comm/flight_ring.hpp): the collectives it
   // issued, newest last (none when the recorder is off).
   FlightGroup flight_snapshot() const;
@@ -280,6 +285,7 @@ class ProcessGroup {
   c10::intrusive_ptr<c10d::Store> store_;          // PrefixStore(prefix, root_store_)
   std::chrono::milliseconds timeout_;
   int64_t exchange_id_ = 0;  // advances identically on every rank: exchanges are collective
+  std::atomic<int64_t> bytes_sent_{0};  // bytes_sent(): issue() adds each collective's
   // Numbers every collective and publishes this rank's count (heartbeat); never null.
   std::unique_ptr<CollectiveProgress> progress_;
   // Config::watch_collectives: bounds the collectives no host wait bounds; null when off. Declared
