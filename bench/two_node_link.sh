@@ -33,14 +33,16 @@ in_ns() { local ns=$1; shift; nsenter --net="/var/run/netns/$ns" "$@"; }
 # The slow link, both directions.
 in_ns "$ns0" tc qdisc add dev "$v0" root tbf rate "$rate" burst 256kb latency 400ms
 in_ns "$ns1" tc qdisc add dev "$v1" root tbf rate "$rate" burst 256kb latency 400ms
-tx() { in_ns "$1" cat "/sys/class/net/$2/statistics/tx_bytes"; }
+# /proc/net/dev is the reader's namespace's (sysfs would be the host's): field 9 is tx bytes.
+tx() { in_ns "$1" awk -v dev="$2:" '$1 == dev { print $10 }' /proc/net/dev; }
 port=29811
 
-# One job: ddp-bench --repeat REPEAT with FLAGS on both nodes; prints node 0's JSON line and sets
-# LINK to the bytes that crossed the link (both directions).
+# One job: ddp-bench --repeat REPEAT with FLAGS on both nodes; prints node 0's JSON line and
+# writes the bytes that crossed the link (both directions) to $work/link (it runs in a subshell).
 job() {
   local repeat=$1; shift
-  local before=$(($(tx "$ns0" "$v0") + $(tx "$ns1" "$v1")))
+  local before
+  before=$(($(tx "$ns0" "$v0") + $(tx "$ns1" "$v1")))
   port=$((port + 1))
   local common=(--nnodes 2 --nproc-per-node 2 --master-addr 10.78.0.1 --master-port $port --)
   local args=(--model "$model" --batch-size 8 --warmup 2 --repeat "$repeat" --json "$@")
@@ -51,8 +53,8 @@ job() {
     "${common[@]}" "$bench" "${args[@]}" >"$work/node0.log" 2>&1 ||
     { cat "$work/node0.log" >&2; wait $node1 || true; cat "$work/node1.log" >&2; exit 1; }
   wait $node1 || { cat "$work/node1.log" >&2; exit 1; }
-  LINK=$(($(tx "$ns0" "$v0") + $(tx "$ns1" "$v1") - before))
-  grep -h '^{' "$work/node0.log" | head -1
+  echo $(($(tx "$ns0" "$v0") + $(tx "$ns1" "$v1") - before)) >"$work/link"
+  grep -h '^\[rank 0\] {' "$work/node0.log" | head -1 | sed 's/^\[rank 0\] //'
 }
 
 field() { python3 -c "import json,sys; r=json.loads(sys.argv[1]); print(eval(sys.argv[2]))" "$1" "$2"; }
@@ -61,9 +63,9 @@ echo "| run | median step (ms) | bytes across the link per step | bytes per step
 echo "|---|---|---|---|"
 for style in "--ddp" "--fsdp" "--fsdp --dp-replicate 2"; do
   short=$(job 2 $style)
-  short_link=$LINK
+  short_link=$(cat "$work/link")
   long=$(job 6 $style)
-  per_step=$(((LINK - short_link) / 4))
+  per_step=$((($(cat "$work/link") - short_link) / 4))
   echo "| ddp-bench $style | $(field "$long" 'r["median_ms"]') | $per_step | $(field "$long" 'r.get("bytes_per_step")') |"
 done
 rm -rf "$work"
