@@ -93,6 +93,11 @@ bool UnitBuckets::set_order(const std::vector<size_t>& order) {
   inputs_.tensors.assign(plan_.buckets.size(), at::Tensor());
   shards_.assign(plan_.buckets.size(), at::Tensor());
   cross_work_.assign(plan_.buckets.size(), {});
+  cross_what_.clear();
+  for (const size_t u : unit_order) {
+    cross_what_.push_back("the cross-replica average of unit '" + units_[u].name +
+                          "''s gradient shard (hybrid sharding)");
+  }
   cross_future_.assign(plan_.buckets.size(), {});
   comm_done_ns_.assign(plan_.buckets.size(), -1);
   return true;
@@ -192,8 +197,7 @@ void UnitBuckets::start_cross_replica(size_t b) {
 }
 
 void UnitBuckets::finish_cross_replica(size_t b) {
-  const std::string what = "the cross-replica average of unit '" + units_[unit_at_[b]].name +
-                           "''s gradient shard (hybrid sharding)";
+  const std::string& what = cross_what_[b];
   if (cross_work_[b]) {
     replicate_->wait_on_stream(std::move(cross_work_[b]), what);
     cross_work_[b].reset();

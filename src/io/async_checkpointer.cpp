@@ -21,6 +21,7 @@
 #include "ddp/obs/log.hpp"
 #include "every_rank.hpp"
 #include "host_staging.hpp"
+#include "store_entries.hpp"
 
 namespace ddp::io {
 namespace {
@@ -42,21 +43,8 @@ std::string text_of(const std::exception_ptr& error) {
   }
 }
 
-// A rank's entries in the store: "<rank> <bytes> <sha256> <name>" a line, or "!<its error>".
-std::string encode_files(const std::vector<ManifestFile>& files) {
-  std::ostringstream out;
-  for (const ManifestFile& f : files)
-    out << f.rank << ' ' << f.bytes << ' ' << f.sha256 << ' ' << f.name << '\n';
-  return out.str();
-}
-
-std::vector<ManifestFile> decode_files(const std::string& text) {
-  std::vector<ManifestFile> files;
-  std::istringstream in(text);
-  ManifestFile f;
-  while (in >> f.rank >> f.bytes >> f.sha256 >> f.name) files.push_back(f);
-  return files;
-}
+using detail::decode_files;  // store_entries.hpp
+using detail::encode_files;
 
 void set_text(c10d::Store& store, const std::string& key, const std::string& text) {
   store.set(key, std::vector<uint8_t>(text.begin(), text.end()));

@@ -15,6 +15,7 @@
 #include "ddp/comm/flight_recorder.hpp"
 #include "ddp/io/sharded_checkpoint.hpp"
 #include "every_rank.hpp"
+#include "store_entries.hpp"
 
 namespace ddp::io {
 namespace {
@@ -23,22 +24,8 @@ namespace {
 constexpr int64_t kNoCheckpoint = -1;
 constexpr int64_t kChoiceFailed = -2;
 
-// Every rank's ManifestFile entries reach rank 0 through the store as text, one file a line:
-// "<rank> <bytes> <sha256> <name>" (our file names have no spaces or newlines).
-std::string encode_files(const std::vector<ManifestFile>& files) {
-  std::ostringstream out;
-  for (const ManifestFile& f : files)
-    out << f.rank << ' ' << f.bytes << ' ' << f.sha256 << ' ' << f.name << '\n';
-  return out.str();
-}
-
-std::vector<ManifestFile> decode_files(const std::string& text) {
-  std::vector<ManifestFile> files;
-  std::istringstream in(text);
-  ManifestFile f;
-  while (in >> f.rank >> f.bytes >> f.sha256 >> f.name) files.push_back(f);
-  return files;
-}
+using detail::decode_files;  // store_entries.hpp
+using detail::encode_files;
 
 // save_and_barrier for split state, [Note: per-rank shard files]:
 //   all:    rank 0's pid, broadcast, names the temporary directory every rank writes into

@@ -79,6 +79,46 @@ bool has_batchnorm(torch::nn::Module& m) {
   return false;
 }
 
+// The distributed twins' workload: the oracle's, with ranks other than 0 perturbed first, so
+// that the result also checks that construction broadcasts rank 0's state.
+models::Workload twin_workload(const TrainSpec& spec, int rank) {
+  models::WorkloadOptions wopts;
+  wopts.dim = spec.dim;
+  auto w = make_test_workload(spec.model, wopts);
+  w.ptr->to(spec_device(spec));
+  if (rank != 0) {
+    torch::NoGradGuard no_grad;
+    for (auto& p : w.ptr->parameters()) p.add_(0.25 * rank);
+  }
+  return w;
+}
+
+// The twins' loop: `spec.steps` steps on this rank's part of each global micro-batch, all but the
+// last micro-batch under model.no_sync(). `Model`: any wrapper with operator() and no_sync().
+template <typename Model>
+void train_steps(const TrainSpec& spec, models::Workload& w, Model& model,
+                 torch::optim::Optimizer& opt, int rank, int world, const char* who) {
+  auto wrapped = [&](const torch::Tensor& x) { return model(x); };
+  // An uneven split would train the ranks on fewer samples than the oracle: a test bug, named.
+  TORCH_CHECK(spec.global_batch % world == 0, who, ": global batch ", spec.global_batch,
+              " does not split evenly over ", world, " ranks");
+  const int64_t shard = spec.global_batch / world;
+  int64_t offset = 0;
+  for (int step = 0; step < spec.steps; ++step) {
+    opt.zero_grad();
+    for (int micro = 0; micro < spec.micro_batches; ++micro, offset += spec.global_batch) {
+      auto [x, y] = w.batch(offset + rank * shard, shard);
+      if (micro + 1 < spec.micro_batches) {
+        auto guard = model.no_sync();
+        forward_loss(spec, w, wrapped, x, y).backward();
+      } else {
+        forward_loss(spec, w, wrapped, x, y).backward();
+      }
+    }
+    opt.step();
+  }
+}
+
 }  // namespace
 
 TrainResult train_single(const TrainSpec& spec, int world) {
@@ -123,35 +163,10 @@ TrainResult train_single(const TrainSpec& spec, int world) {
 
 TrainResult train_ddp(const TrainSpec& spec, comm::ProcessGroupPtr pg,
                       const parallel::DDPOptions& options) {
-  models::WorkloadOptions wopts;
-  wopts.dim = spec.dim;
-  auto w = make_test_workload(spec.model, wopts);
-  w.ptr->to(spec_device(spec));
-  if (pg->rank() != 0) {
-    torch::NoGradGuard no_grad;
-    for (auto& p : w.ptr->parameters()) p.add_(0.25 * pg->rank());
-  }
+  auto w = twin_workload(spec, pg->rank());
   parallel::DistributedDataParallel<torch::nn::AnyModule> model(w.module, pg, options);
-  auto wrapped = [&](const torch::Tensor& x) { return model(x); };
   auto opt = make_optimizer(spec, model.parameters());
-  // An uneven split would train the ranks on fewer samples than the oracle: a test bug, named.
-  TORCH_CHECK(spec.global_batch % pg->world_size() == 0, "train_ddp: global batch ",
-              spec.global_batch, " does not split evenly over ", pg->world_size(), " ranks");
-  const int64_t shard = spec.global_batch / pg->world_size();
-  int64_t offset = 0;
-  for (int step = 0; step < spec.steps; ++step) {
-    opt->zero_grad();
-    for (int micro = 0; micro < spec.micro_batches; ++micro, offset += spec.global_batch) {
-      auto [x, y] = w.batch(offset + pg->rank() * shard, shard);
-      if (micro + 1 < spec.micro_batches) {
-        auto guard = model.no_sync();
-        forward_loss(spec, w, wrapped, x, y).backward();
-      } else {
-        forward_loss(spec, w, wrapped, x, y).backward();
-      }
-    }
-    opt->step();
-  }
+  train_steps(spec, w, model, *opt, pg->rank(), pg->world_size(), "train_ddp");
   return snapshot(*w.ptr);
 }
 
@@ -159,37 +174,13 @@ TrainResult train_data_parallel(const TrainSpec& spec, const comm::DeviceMesh& m
                                 parallel::DataParallelStyle style,
                                 const parallel::DataParallelOptions& options,
                                 hooks::CommHookPtr hook) {
-  models::WorkloadOptions wopts;
-  wopts.dim = spec.dim;
-  auto w = make_test_workload(spec.model, wopts);
-  w.ptr->to(spec_device(spec));
   const comm::ProcessGroupPtr& world = mesh.parent();
-  if (world->rank() != 0) {
-    torch::NoGradGuard no_grad;
-    for (auto& p : w.ptr->parameters()) p.add_(0.25 * world->rank());
-  }
+  auto w = twin_workload(spec, world->rank());
   auto model = parallel::data_parallel(w.module, mesh, style, options);
   if (hook) model.register_comm_hook(std::move(hook));
-  auto wrapped = [&](const torch::Tensor& x) { return model(x); };
   // After wrapping: the sharded styles' parameters are shards now.
   auto opt = make_optimizer(spec, w.ptr->parameters());
-  TORCH_CHECK(spec.global_batch % world->world_size() == 0, "train_data_parallel: global batch ",
-              spec.global_batch, " does not split evenly over ", world->world_size(), " ranks");
-  const int64_t shard = spec.global_batch / world->world_size();
-  int64_t offset = 0;
-  for (int step = 0; step < spec.steps; ++step) {
-    opt->zero_grad();
-    for (int micro = 0; micro < spec.micro_batches; ++micro, offset += spec.global_batch) {
-      auto [x, y] = w.batch(offset + world->rank() * shard, shard);
-      if (micro + 1 < spec.micro_batches) {
-        auto guard = model.no_sync();
-        forward_loss(spec, w, wrapped, x, y).backward();
-      } else {
-        forward_loss(spec, w, wrapped, x, y).backward();
-      }
-    }
-    opt->step();
-  }
+  train_steps(spec, w, model, *opt, world->rank(), world->world_size(), "train_data_parallel");
   TrainResult r = snapshot(*w.ptr);
   const io::TensorMap whole = io::whole_state(*w.ptr, model.sharding());
   for (size_t i = 0; i < r.names.size(); ++i) r.params[i] = whole.at(r.names[i]).cpu().clone();

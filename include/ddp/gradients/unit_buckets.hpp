@@ -170,6 +170,8 @@ class UnitBuckets {
   // Per bucket, the cross-replica average of shards_[b] in flight (one of them, or neither).
   std::vector<c10::intrusive_ptr<c10d::Work>> cross_work_;
   std::vector<c10::intrusive_ptr<c10::ivalue::Future>> cross_future_;
+  // Per bucket, the words for its cross-replica wait's error, made once per plan (not per step).
+  std::vector<std::string> cross_what_;
   std::vector<int64_t> comm_done_ns_;  // per bucket: BucketFinished::comm_done_ns
   int64_t stale_grad_ = -1;            // see drop_stale_grad
 };
