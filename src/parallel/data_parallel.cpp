@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "ddp/comm/submesh.hpp"
 #include "ddp/tp/parallelize.hpp"
 
 namespace ddp::parallel {
@@ -37,6 +38,11 @@ void check_options(DataParallelStyle style, const DataParallelOptions& options) 
   TORCH_CHECK(buffers.empty(), buffers);
 }
 
+bool has_dim(const comm::DeviceMesh& mesh, const std::string& dim) {
+  const auto& names = mesh.dim_names();
+  return std::find(names.begin(), names.end(), dim) != names.end();
+}
+
 bool hybrid_mesh(const comm::DeviceMesh& mesh) {
   return mesh.dim_names() == std::vector<std::string>({"replicate", "shard"});
 }
@@ -47,6 +53,12 @@ std::unique_ptr<wrap::WrappedModel> make_wrapped(std::shared_ptr<torch::nn::Modu
                                                  const comm::DeviceMesh& mesh,
                                                  DataParallelStyle style,
                                                  DataParallelOptions options) {
+  // Hybrid beside other dims (tensor parallelism's "tp"): over the ranks that share this rank's
+  // other coordinates, as FSDP2's fully_shard(mesh["replicate", "shard"]).
+  if (mesh.ndim() > 2 && has_dim(mesh, "replicate") && has_dim(mesh, "shard")) {
+    return make_wrapped(std::move(module), comm::submesh(mesh, {"replicate", "shard"}), style,
+                        std::move(options));
+  }
   if (!hybrid_mesh(mesh)) {
     return make_wrapped(std::move(module), data_parallel_group(mesh), style, std::move(options));
   }

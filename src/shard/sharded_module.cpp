@@ -405,7 +405,8 @@ std::string ShardedModule::plan_summary() const {
   std::string hybrid;
   if (replicate_group_) {
     hybrid = ", hybrid: " + std::to_string(replicate_group_->world_size()) + " replicas of " +
-             std::to_string(shard_group_->world_size()) + " shards";
+             std::to_string(shard_group_->world_size()) +
+             (shard_group_->world_size() == 1 ? " shard" : " shards");
   }
   return std::to_string(n) + (n == 1 ? " unit (" : " units (") + style_name(options_.style) +
          hybrid + ")";

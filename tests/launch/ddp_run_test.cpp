@@ -441,4 +441,27 @@ TEST(DdpRun, TwoNodesFormOneJob) {
   EXPECT_NE(f0.out.find("world size 2"), std::string::npos) << f0.out;
 }
 
+// Two ddp-runs as two nodes of two workers: ddp-train --dp-replicate nodes reads the node layout
+// (LOCAL_WORLD_SIZE 2) and shards within each node, replicating across the two.
+TEST(DdpRun, TwoNodesShardWithinANodeByTheNodeLayout) {
+  TempDir dir;
+  const std::string port = std::to_string(ddp::launch::find_free_port());
+  auto node = [&](int rank) {
+    return start_ddp_run(
+        {"--nproc-per-node", "2", "--nnodes", "2", "--node-rank", std::to_string(rank),
+         "--master-port", port, "--job-timeout-s", "120", "--", DDP_TRAIN_PATH, "--model", "gpt",
+         "--steps", "3", "--fsdp", "--fsdp-wrap", "--dp-replicate", "nodes", "--timeout-s", "60"},
+        dir, "node" + std::to_string(rank));
+  };
+  const auto l0 = node(0);
+  const auto l1 = node(1);
+  const auto f0 = wait_ddp_run(l0, 150s);
+  const auto f1 = wait_ddp_run(l1, 150s);
+  EXPECT_EQ(f0.code, 0) << f0.out << f0.err;
+  EXPECT_EQ(f1.code, 0) << f1.out << f1.err;
+  EXPECT_NE(f0.out.find("3 units (fully_shard, hybrid: 2 replicas of 2 shards), world size 4"),
+            std::string::npos)
+      << f0.out;
+}
+
 }  // namespace

@@ -4,7 +4,8 @@
 // the layouts are over mesh {R, S}, replicated on dim 0; a comm hook takes the cross-replica
 // average (PowerSGD refused by name); a hybrid checkpoint resumes as flat
 // FULLY_SHARD, as DDP and as another hybrid mesh, and a flat one as hybrid, each ending where one
-// uninterrupted process ends; a mesh of other dims is refused by name.
+// uninterrupted process ends; over tensor parallelism on a 3-D mesh (1 x 2 x 2 and 2 x 1 x 2) the
+// same equality, the gradient norm included; a mesh of other dims is refused by name.
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -17,8 +18,12 @@
 #include "ddp/hooks/powersgd_hook.hpp"
 #include "ddp/io/checkpoint_coordinator.hpp"
 #include "ddp/io/full_state_dict.hpp"
+#include "ddp/models/net.hpp"
+#include "ddp/optim/grad_clip.hpp"
 #include "ddp/parallel/data_parallel.hpp"
+#include "ddp/parallel/grad_clip.hpp"
 #include "ddp/shard/sharded_module.hpp"
+#include "ddp/tp/parallelize.hpp"
 #include "support/error_text.hpp"
 #include "support/oracle.hpp"
 #include "support/temp_dir.hpp"
@@ -246,6 +251,96 @@ TEST(HybridShardingHook, AHookTakesTheCrossReplicaAverage) {
   const auto result = run_workers("hybrid_hook", 4);
   ASSERT_TRUE(result.ok()) << result.describe();
 }
+
+// Hybrid sharding over tensor parallelism: the 3-D mesh ("replicate", "shard", "tp") of
+// DDP_TEST_MESH "RxS" x 2. The Net's layers are split over "tp" (the seed plan), and
+// data_parallel over the same mesh shards each layer's tp part within "shard" and averages across
+// "replicate" (comm::submesh: the ranks of this rank's tp coordinate). Three steps of two
+// micro-batches (the first under no_sync): the gradient norm of each step and the parameters
+// after, whole by the nested layouts over {R, S, 2}, equal one process on the global batches.
+DDP_TEST_WORKER(hybrid_tp) {
+  auto pg = worker_process_group(std::chrono::seconds(60));
+  const auto [replicas, shards] = mesh_shape(worker_env("DDP_TEST_MESH"));
+  const int64_t tps = 2, dim = 8, dp = replicas * shards;
+  const comm::DeviceMesh mesh(pg, {replicas, shards, tps}, {"replicate", "shard", "tp"});
+  const int64_t dp_rank = mesh.coordinate()[0] * shards + mesh.coordinate()[1];
+  torch::manual_seed(pg->rank());  // rank 0's values must reach every rank
+  models::Net net(dim);
+  torch::manual_seed(0);
+  models::Net oracle(dim);
+  auto tensor_parallel = tp::parallelize_module(net.ptr(), mesh["tp"],
+                                                {{"fc1", tp::ColwiseParallel()},
+                                                 {"fc2", tp::RowwiseParallel()},
+                                                 {"fc3", tp::ColwiseParallel()},
+                                                 {"fc4", tp::RowwiseParallel()}});
+  parallel::DataParallelOptions options;
+  options.shard.units = {"fc1", "fc2", "fc3", "fc4"};
+  const auto style = shard::parse_style(worker_env("DDP_TEST_STYLE"));
+  auto model = parallel::data_parallel(net, mesh, style, options);
+  const comm::Sharding sharding = model.sharding(*tensor_parallel, mesh.parent());
+  require(sharding.layouts.mesh == mesh.shape() && sharding.layouts.coordinate == mesh.coordinate(),
+          "the nested layouts are over the mesh {R, S, tp}");
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::SGD oracle_opt(oracle->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  optim::ClipOptions no_clip;
+  no_clip.max_norm = 1e9;
+  torch::manual_seed(1);
+  const int64_t per_dp = 3;
+  for (int step = 0; step < 3; ++step) {
+    for (int micro = 0; micro < 2; ++micro) {
+      const auto x = torch::randn({per_dp * dp, dim});
+      const auto y = torch::randn({per_dp * dp, dim});
+      const auto mine = [&](const torch::Tensor& t) { return t.narrow(0, per_dp * dp_rank, per_dp); };
+      if (micro == 0) {
+        auto guard = model.no_sync();
+        torch::mse_loss(model(mine(x)), mine(y)).backward();
+      } else {
+        torch::mse_loss(model(mine(x)), mine(y)).backward();
+      }
+      torch::mse_loss(oracle->forward(x), y).backward();
+    }
+    const double norm =
+        optim::clip_grad_norm(parallel::grad_shards(*net, sharding, true), no_clip).norm();
+    const double want = torch::nn::utils::clip_grad_norm_(oracle->parameters(), 1e9);
+    require(std::abs(norm - want) <= 1e-5 * want,
+            "step " + std::to_string(step) + ": gradient norm " + std::to_string(norm) +
+                ", one process's " + std::to_string(want));
+    opt.step();
+    opt.zero_grad();
+    oracle_opt.step();
+    oracle_opt.zero_grad();
+  }
+  const io::TensorMap whole = io::whole_state(*net, sharding);
+  std::vector<std::string> names;
+  std::vector<torch::Tensor> got, want;
+  for (const auto& item : oracle->named_parameters()) {
+    names.push_back(item.key());
+    got.push_back(whole.at(item.key()));
+    want.push_back(item.value());
+  }
+  require_close(names, got, want, 1e-5,
+                "hybrid " + worker_env("DDP_TEST_MESH") + " x tp 2, rank " + std::to_string(pg->rank()));
+}
+
+class HybridOverTensorParallel
+    : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+
+TEST_P(HybridOverTensorParallel, EqualsOneProcessOnTheGlobalBatchWithAccumulation) {
+  const auto& [mesh, style] = GetParam();
+  const auto [replicas, shards] = mesh_shape(mesh);
+  const auto result = run_workers("hybrid_tp", int(replicas * shards * 2),
+                                  {{"DDP_TEST_MESH", mesh}, {"DDP_TEST_STYLE", style}},
+                                  std::chrono::seconds(240));
+  ASSERT_TRUE(result.ok()) << result.describe();
+}
+
+INSTANTIATE_TEST_SUITE_P(Meshes, HybridOverTensorParallel,
+                         ::testing::Values(std::make_tuple("1x2", "fully_shard"),
+                                           std::make_tuple("2x1", "fully_shard"),
+                                           std::make_tuple("2x1", "default")),
+                         [](const auto& info) {
+                           return std::get<1>(info.param) + "_" + std::get<0>(info.param) + "x2";
+                         });
 
 DDP_TEST_WORKER(hybrid_wrong_mesh) {
   auto pg = worker_process_group();

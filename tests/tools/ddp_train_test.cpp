@@ -124,8 +124,9 @@ TEST(DdpTrain, ShardedStylesEndWhereDdpEnds) {
 }
 
 // --dp-replicate 2 at world 4 (hybrid sharding: 2 replicas of 2 shards, per-block units) ends
-// with the weights of DDP at world 4 on the same samples; a replica count that does not divide the
-// world, and one with --tp, are refused by name.
+// with the weights of DDP at world 4 on the same samples; --dp-replicate nodes on one node is
+// flat; a replica count that does not divide the world (or its data-parallel ranks under --tp) is
+// refused by name.
 TEST(DdpTrain, HybridShardingEndsWhereDdpEnds) {
   const ddp::testing::TempDir tmp("train_hybrid");
   const std::string dir = tmp.str();
@@ -147,17 +148,23 @@ TEST(DdpTrain, HybridShardingEndsWhereDdpEnds) {
   EXPECT_NE(odd.find("[rank 0] ddp-train: --dp-replicate 3 does not divide the world size 4"),
             std::string::npos)
       << odd;
+  // One node (ddp-train --nproc: LOCAL_WORLD_SIZE 4): "nodes" is one replica, flat.
+  const auto [nodes, nodes_code] = run(std::string(DDP_TRAIN_PATH) +
+                                       " --nproc 4 --model gpt --steps 1 --fsdp --fsdp-wrap "
+                                       "--dp-replicate nodes");
+  ASSERT_EQ(nodes_code, 0) << nodes;
+  EXPECT_NE(nodes.find("3 units (fully_shard), world size 4"), std::string::npos) << nodes;
   const auto [tp, tp_code] = run(std::string(DDP_TRAIN_PATH) +
-                                 " --nproc 4 --model net --steps 1 --fsdp --dp-replicate 2 --tp 2");
+                                 " --nproc 4 --model net --steps 1 --fsdp --dp-replicate 4 --tp 2");
   EXPECT_NE(tp_code, 0);
-  EXPECT_NE(tp.find("ddp-train: --dp-replicate with --tp is not supported yet (hybrid sharding "
-                    "over tensor parallelism needs a 3-D mesh)"),
+  EXPECT_NE(tp.find("ddp-train: --dp-replicate 4 does not divide the 2 data-parallel ranks "
+                    "(world / --tp)"),
             std::string::npos)
       << tp;
 }
 
 // --tp 2 at world 4 (the seed plan over "tp", DDP over "dp", 2 data ranks) ends with the weights of
-// a plain DDP run at world 2 on the same samples.
+// a plain DDP run at world 2 on the same samples; so does hybrid FULLY_SHARD over --tp 2.
 TEST(DdpTrain, TensorParallelEndsWhereDdpEnds) {
   const ddp::testing::TempDir tmp("train_tp");
   const std::string dir = tmp.str();
@@ -176,6 +183,12 @@ TEST(DdpTrain, TensorParallelEndsWhereDdpEnds) {
             std::string::npos)
       << tp_out;
   expect_same_weights(dir + "/ddp.safetensors", dir + "/tp.safetensors");
+  // Hybrid sharding beside --tp: the 3-D mesh (2 replicas, 1 shard, tp 2), the same weights.
+  const auto [hybrid_out, hybrid_code] =
+      run(common + dir + "/hybrid.safetensors --nproc 4 --tp 2 --fsdp --dp-replicate 2");
+  ASSERT_EQ(hybrid_code, 0) << hybrid_out;
+  EXPECT_NE(hybrid_out.find("hybrid: 2 replicas of 1 shard"), std::string::npos) << hybrid_out;
+  expect_same_weights(dir + "/ddp.safetensors", dir + "/hybrid.safetensors", "hybrid x tp: ");
   // A sharded style over "dp" with --tp checkpoints through its nested layouts (whole tensors;
   // CheckpointResume.FullyShardOverTpResumesThroughItsLayouts resumes one), and its weights are
   // written whole.

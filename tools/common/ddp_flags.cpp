@@ -166,10 +166,11 @@ void add_shard_flags(CLI::App& app, ShardFlags& flags) {
          "sharded styles: reduce-scatter gradients in this dtype (default: --param-dtype's)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   app.add_option("--dp-replicate", flags.dp_replicate,
-                 "sharded styles: hybrid sharding, R replicas of world / R shards each: gathers "
-                 "and reduce-scatters within a shard group, the gradient shards averaged across "
-                 "the replicas (FSDP2's HSDP; docs/sharding.md)")
-      ->check(CLI::Range(int64_t{1}, int64_t{1024}));
+                 "sharded styles: hybrid sharding, R replicas of world / R / --tp shards each: "
+                 "gathers and reduce-scatters within a shard group, the gradient shards averaged "
+                 "across the replicas (FSDP2's HSDP; docs/sharding.md); 'nodes': one replica per "
+                 "node of the launcher (LOCAL_WORLD_SIZE), sharded within the node")
+      ->check(CLI::IsMember({"nodes"}) | CLI::Range(int64_t{1}, int64_t{1024}));
 }
 
 namespace {
@@ -206,7 +207,7 @@ std::string check_shard_flags(ShardFlags& flags, const std::vector<std::string>&
   if (!flags.sharded() &&
       (flags.fsdp_wrap || flags.options.reshard_after_forward != defaults.reshard_after_forward ||
        flags.options.prefetch != defaults.prefetch || !flags.param_dtype.empty() ||
-       !flags.reduce_dtype.empty() || flags.dp_replicate != 0)) {
+       !flags.reduce_dtype.empty() || !flags.dp_replicate.empty())) {
     return "--fsdp-wrap, --reshard-after-forward, --prefetch, --param-dtype, --reduce-dtype and "
            "--dp-replicate need --fsdp or a sharded --style";
   }

@@ -55,8 +55,9 @@ struct ShardFlags {
       false;  // --fsdp-checkpoint: recompute every wrap unit's activations (any style)
   std::string param_dtype;   // --param-dtype fp32|bf16|fp16 ("": the parameters' dtype)
   std::string reduce_dtype;  // --reduce-dtype fp32|bf16|fp16 ("": param_dtype's, else theirs)
-  // --dp-replicate R: hybrid sharding, R replicas of world / R shards (0: flat; 1 is flat too).
-  int64_t dp_replicate = 0;
+  // --dp-replicate R|nodes: hybrid sharding, R replicas of world / R / --tp shards each; "nodes":
+  // R is the launcher's node count (comm::node_count). "": flat (so is 1).
+  std::string dp_replicate;
   bool sharded() const { return !style.empty() && style != "replicate"; }
 };
 // --fsdp, --style, --fsdp-wrap, --reshard-after-forward, --prefetch, --fsdp-checkpoint,

@@ -9,6 +9,7 @@
 
 #include "ddp/comm/env.hpp"
 #include "ddp/comm/init.hpp"
+#include "ddp/comm/node_layout.hpp"
 #include "ddp/intake/module_intake.hpp"
 #include "ddp/io/safetensors.hpp"
 #include "ddp/obs/cpu_memory.hpp"
@@ -22,18 +23,22 @@ namespace ddp::tools {
 
 namespace {
 
-// --dp-replicate R: the world as an (R, world / R) mesh ("replicate", "shard"), rank = replica *
-// (world / R) + shard, so that a shard group is consecutive ranks (one node's, under a launcher
-// that numbers a node's workers together). Refused by name where it cannot be.
-std::unique_ptr<comm::DeviceMesh> hybrid_mesh(const std::string& tool, int64_t replicas, int64_t tp,
-                                              const comm::ProcessGroupPtr& world) {
-  TORCH_CHECK(tp == 0, tool,
-              ": --dp-replicate with --tp is not supported yet (hybrid sharding "
-              "over tensor parallelism needs a 3-D mesh)");
-  const int64_t size = world->world_size();
-  TORCH_CHECK(size % replicas == 0, tool, ": --dp-replicate ", replicas,
-              " does not divide the world size ", size);
-  return std::make_unique<comm::DeviceMesh>(world, std::vector<int64_t>{replicas, size / replicas},
+// --dp-replicate R: the data-parallel ranks (the world; under --tp each tp coordinate's, the
+// mesh {dp, tp}'s "dp" group) as an (R, ranks / R) mesh ("replicate", "shard"), rank = replica *
+// (ranks / R) + shard, so that a shard group is consecutive ranks (one node's, under a launcher
+// that numbers a node's workers together). Under --tp the whole is the 3-D mesh ("replicate",
+// "shard", "tp"), tp fastest. Null for one replica (flat). Refused by name where it cannot be.
+std::unique_ptr<comm::DeviceMesh> hybrid_mesh(const std::string& tool, const std::string& flag,
+                                              const comm::ProcessGroupPtr& world,
+                                              const comm::ProcessGroupPtr& dp_group, int64_t tp) {
+  // "nodes": collective over the world, whose ranks the launcher numbered node by node.
+  const int64_t replicas = flag == "nodes" ? comm::node_count(world) : std::stoll(flag);
+  const int64_t size = dp_group->world_size();
+  TORCH_CHECK(size % replicas == 0, tool, ": --dp-replicate ", replicas, " does not divide ",
+              tp ? "the " + std::to_string(size) + " data-parallel ranks (world / --tp)"
+                 : "the world size " + std::to_string(size));
+  if (replicas == 1) return nullptr;  // one replica: flat FULLY_SHARD, no cross-replica reduction
+  return std::make_unique<comm::DeviceMesh>(dp_group, std::vector<int64_t>{replicas, size / replicas},
                                             std::vector<std::string>{"replicate", "shard"});
 }
 
@@ -82,8 +87,8 @@ TrainingRun::TrainingRun(const TrainingFlags& flags, TrainingRunOptions options)
   // DDP, whose whole model stays on the host until the memory plan below says it fits.
   const shard::DataParallelStyle style =
       shard::parse_style(flags.shard.style.empty() ? "replicate" : flags.shard.style);
-  if (options_.wrap && world_ && flags.shard.dp_replicate > 1) {
-    hybrid_ = hybrid_mesh(options_.tool, flags.shard.dp_replicate, flags.tp, world_);
+  if (options_.wrap && world_ && !flags.shard.dp_replicate.empty() && flags.tp == 0) {
+    hybrid_ = hybrid_mesh(options_.tool, flags.shard.dp_replicate, world_, world_, 0);
   }
   // The group the parameters are sharded over: a shard group under --dp-replicate.
   const comm::ProcessGroupPtr& shard_group = hybrid_ ? (*hybrid_)["shard"] : world_;
@@ -111,6 +116,9 @@ TrainingRun::TrainingRun(const TrainingFlags& flags, TrainingRunOptions options)
               world_size() / std::max<int64_t>(flags.tp, 1),
               " data-parallel ranks: add --ddp or a sharded --style");
   split_ = setup_tensor_parallel(options_.tool, flags.tp, world_, workload_, flags.model);
+  if (options_.wrap && world_ && !flags.shard.dp_replicate.empty() && flags.tp != 0) {
+    hybrid_ = hybrid_mesh(options_.tool, flags.shard.dp_replicate, world_, split_.dp_group, flags.tp);
+  }
   if (options_.wrap) {
     // One entry point for every style (parallel/data_parallel.hpp) around the same AnyModule.
     DataParallelOptions dp_options;

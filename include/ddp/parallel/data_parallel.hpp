@@ -14,7 +14,9 @@
 // With a DeviceMesh the data-parallel group is the mesh dim named "dp", or the only dim of a 1-D
 // mesh; a 2-D mesh with dims ("replicate", "shard") makes the sharded styles hybrid (shard within
 // "shard", replicate across "replicate": shard/sharded_module.hpp) and kReplicate DDP over the
-// whole mesh.
+// whole mesh. A mesh with more dims beside those two (("replicate", "shard", "tp"), tensor
+// parallelism on "tp") is hybrid over the ranks that share this rank's other coordinates
+// (comm::submesh); over_tensor_parallel nests its layouts on tp's when "tp" is the last dim.
 //
 // One interface for every style: the calls below (layouts, comm hook, optimizer in backward,
 // zero_grad, no_sync, stats) and wrapped() (the plan, memory) answer alike whichever runtime is
@@ -41,8 +43,9 @@ namespace ddp::parallel {
 
 using shard::DataParallelStyle;
 
-// A data-parallel runtime's sharding `dp` (over mesh {dp}) under tensor parallelism: tp's split
-// inside, `dp`'s outside, over the mesh {dp, tp} with the groups {dp, tp}; `mesh_group` that
+// A data-parallel runtime's sharding `dp` (over mesh {dp}; hybrid: {replicate, shard}) under
+// tensor parallelism: tp's split inside, `dp`'s outside, over the mesh {dp, tp} with the groups
+// {dp, tp} (hybrid: {replicate, shard, tp}); `mesh_group` that
 // mesh's group (DeviceMesh::parent(): what an export gathers over; null leaves the sharding good
 // for a gradient norm only). The one place the DP x TP nesting is written (checkpoints, the
 // whole-weights export and the gradient clip read it).
