@@ -4,7 +4,9 @@
 // narrower headers to build faster.
 //
 //   start       ddp::init_process_group(), ddp::DeviceMesh(pg, {2, 2}, {"dp", "tp"}),
-//               ddp::world_info_from_env (torchrun / ddp-run / mpirun / srun variables)
+//               ddp::submesh(mesh, {"replicate", "shard"}), ddp::node_mesh(pg) (shard within a
+//               node, replicate across nodes), ddp::world_info_from_env (torchrun / ddp-run /
+//               mpirun / srun variables)
 //   wrap        ddp::data_parallel(module, group or mesh, style) -> ddp::DataParallel, or the
 //               style's wrapper itself: ddp::DistributedDataParallel (replicate),
 //               ddp::FullyShardedDataParallel (fully_shard, default)
@@ -30,6 +32,8 @@
 // they may change without notice (docs/api.md draws the line).
 
 #include "ddp/comm/device_mesh.hpp"
+#include "ddp/comm/node_layout.hpp"
+#include "ddp/comm/submesh.hpp"
 #include "ddp/comm/env.hpp"
 #include "ddp/comm/flight_recorder.hpp"
 #include "ddp/comm/init.hpp"
@@ -68,9 +72,12 @@ using comm::FlightRecorderOptions;
 using comm::init_process_group;
 using comm::InitOptions;
 using comm::MetricTotal;
+using comm::node_count;
+using comm::node_mesh;
 using comm::note_step;
 using comm::ProcessGroupPtr;
 using comm::reduce_metric;
+using comm::submesh;
 using comm::world_info_from_env;
 using data::DistributedSampler;
 using data::LoaderSampler;
