@@ -7,7 +7,7 @@
 #   bash scripts/gpu-check.sh                 # build, tests, levers, table
 #   bash scripts/gpu-check.sh build tests     # only those stages
 #
-# Stages: build, tests, restart62 (issue 62: a failed rank restarted on NCCL, a slot dropped, world 1 resumes), async62 (issue 62: the step's blocked time per save, sync against --checkpoint-async, gpt2-medium and llama-8b), llama (issue 60: the Llama rows, ours against FSDP2 per block), syncbn61 (issue 61: resnet-small with and without SyncBatchNorm, ours and PyTorch's DDP), check61 (issue 61: the replica check's cost), vision61 (issue 61: examples/vision_cnn installed and run on GPUs), floors60 (issue 60: the batch-1 regime against its compute-only and communication-only floors, and FSDP2), train60 (issue 60: ddp-train --data with llama-1b, a save and a resume), fit (issue 60: the memory plan refuses DDP of llama-8b), attr60 (issue 60: kernel traces of the llama step, ours and FSDP2's, read by bench/trace_attribution.py), ac59 (issue 59: the FULLY_SHARD x activation checkpointing rows, and gpt2-medium per block with checkpointing against FSDP2), forensics (issue 49: a rank SIGSTOPped in eager and in captured training on NCCL, the dumps read by ddp-forensics), graphs (issue 25: captured steps, ours and PyTorch's recipe), recipe (issue 26:
+# Stages: build, tests, restart62 (issue 62: a failed rank restarted on NCCL, a slot dropped, world 1 resumes), async62 (issue 62: the step's blocked time per save, sync against --checkpoint-async, gpt2-medium and llama-8b), hybrid63 (issue 63, 4 GPUs: hybrid 2x2 against FSDP2's HSDP and both flat; ddp-train --dp-replicate 2 against DDP), llama (issue 60: the Llama rows, ours against FSDP2 per block), syncbn61 (issue 61: resnet-small with and without SyncBatchNorm, ours and PyTorch's DDP), check61 (issue 61: the replica check's cost), vision61 (issue 61: examples/vision_cnn installed and run on GPUs), floors60 (issue 60: the batch-1 regime against its compute-only and communication-only floors, and FSDP2), train60 (issue 60: ddp-train --data with llama-1b, a save and a resume), fit (issue 60: the memory plan refuses DDP of llama-8b), attr60 (issue 60: kernel traces of the llama step, ours and FSDP2's, read by bench/trace_attribution.py), ac59 (issue 59: the FULLY_SHARD x activation checkpointing rows, and gpt2-medium per block with checkpointing against FSDP2), forensics (issue 49: a rank SIGSTOPped in eager and in captured training on NCCL, the dumps read by ddp-forensics), graphs (issue 25: captured steps, ours and PyTorch's recipe), recipe (issue 26:
 # the GPT recipe, ours and PyTorch's in one bench/compare run, and ddp-train --data with MFU), text (ddp-train --data on the GPU), tpref (PyTorch's --tp reference checked on CPU Gloo), onegpu (ours vs PyTorch with one GPU: bare, DDP and FULLY_SHARD at world 1), sharded (FULLY_SHARD vs FSDP2), fsdpbest (issue 36: FULLY_SHARD vs FSDP2 under its reshard, prefetch and bf16 knobs), capture35 (issue 35: the GPT recipe as one captured step, ours and PyTorch's; GPT2=1 adds gpt2-small bare vs recipe, TRAIN=1 ddp-train --data eager vs captured, 3 epochs, a resume), attribution (issue 13: noop hook, --no-overlap), tp (issue 15: --tp 2), final (the documented table), overlap, levers (ours only: each tuning lever against our default), table (bench/compare,
 # ours vs PyTorch in the same run, with the 1-GPU baselines), parity (C++ vs PyTorch parameters).
 set -uo pipefail
@@ -155,6 +155,38 @@ if has async62; then
     done
   done
   rm -rf /tmp/ckpt62
+fi
+
+if has hybrid63; then
+  # Issue 63 on 4 GPUs: hybrid sharding (2 replicas of 2 shards) against FSDP2's HSDP
+  # (fully_shard over the 2-D mesh), and both flat, per block, bf16 gathers, fp32 reduce, ours then
+  # PyTorch's in turn; then ddp-train's weights under --dp-replicate 2 against DDP's (same seed and
+  # batches), and the bytes each group sent per step.
+  if [ "$NGPU" -lt 4 ]; then
+    note "hybrid63: needs 4 GPUs, this machine has $NGPU"
+  else
+    for model in ${HYBRID63_MODELS:-gpt2-medium}; do
+      flags="${FLAGS[$model]} --device cuda --repeat ${HYBRID63_REPEAT:-20} --warmup 5 --json --nproc 4"
+      flags="$flags --fsdp --fsdp-wrap --param-dtype bf16 --reduce-dtype fp32"
+      for mesh in "--dp-replicate 2" ""; do
+        name=$([ -n "$mesh" ] && echo hybrid || echo flat)
+        timeout 240 "$BENCH" $flags $mesh >"$OUT/hybrid63-$model-ours-$name.log" 2>&1
+        note "hybrid63 $model ours $name rc=$?: $(grep -m1 '^{' "$OUT/hybrid63-$model-ours-$name.log" | cut -c1-400)"
+        timeout 240 $PY bench/reference/torch_ddp.py $flags $mesh >"$OUT/hybrid63-$model-torch-$name.log" 2>&1
+        note "hybrid63 $model torch $name rc=$?: $(grep -m1 '^{' "$OUT/hybrid63-$model-torch-$name.log" | cut -c1-400)"
+      done
+    done
+    common="--nproc 4 --device cuda --model gpt --steps 30 --batch-size 4 --optimizer sgd --timeout-s 120"
+    timeout 300 build-gpu/ddp-train $common --save-weights /tmp/w63-ddp.safetensors >"$OUT/hybrid63-train.log" 2>&1
+    timeout 300 build-gpu/ddp-train $common --fsdp --fsdp-wrap --dp-replicate 2 \
+      --save-weights /tmp/w63-hybrid.safetensors >>"$OUT/hybrid63-train.log" 2>&1
+    note "hybrid63 ddp-train rc=$?: $(grep -m1 'hybrid' "$OUT/hybrid63-train.log"); $($PY -c '
+import sys; sys.path.insert(0, "bench/reference")
+from safetensors_io import load_file as load
+a, b = load("/tmp/w63-ddp.safetensors"), load("/tmp/w63-hybrid.safetensors")
+print("max relative difference to DDP", max(float((a[k] - b[k]).norm() / a[k].norm()) for k in a))' 2>&1 | tail -1)"
+    rm -f /tmp/w63-*.safetensors
+  fi
 fi
 
 if has text; then

@@ -127,6 +127,9 @@ def parse_args(argv):
                         "all-gathers in forward and the previous N in backward "
                         "(set_modules_to_forward_prefetch / set_modules_to_backward_prefetch); "
                         "0: FSDP2's implicit prefetch")
+    p.add_argument("--dp-replicate", type=int, default=0, metavar="R",
+                   help="with --fsdp: HSDP, fully_shard over the 2-D mesh (R, world / R) "
+                        "(\"replicate\", \"shard\"), as ddp-bench --dp-replicate R")
     p.add_argument("--tp", type=int, default=0,
                    help="tensor parallel over N ranks of a (world / N, N) mesh, DDP over the rest "
                         "(torch >= 2.2: parallelize_module; torch_tp.py)")
@@ -223,6 +226,8 @@ def parse_args(argv):
                 "--fsdp-wrap the root is the only unit")
     if args.tp < 0:
         p.error(f"--tp must be >= 1, got {args.tp}")
+    if args.dp_replicate < 0 or (args.dp_replicate and not args.fsdp):
+        p.error("--dp-replicate R needs --fsdp and R >= 1")
     if args.lr_decay is None:
         args.lr_decay = "cosine" if args.lr_decay_steps > 0 else "constant"
     if args.min_lr is None:

@@ -57,7 +57,9 @@ def describe(args):
               f"{args.reduce_dtype or args.param_dtype or 'as stored'})")
     else:
         mp = "no MixedPrecisionPolicy"
-    return (f"FSDP2 ({'a unit per block, then the root' if args.fsdp_wrap else 'the root alone'}, "
+    hsdp = (f", HSDP: {args.dp_replicate} replicas" if getattr(args, "dp_replicate", 0) > 1
+            else "")
+    return (f"FSDP2 ({'a unit per block, then the root' if args.fsdp_wrap else 'the root alone'}{hsdp}, "
             f"reshard after forward {reshard}, prefetch {prefetch}, {mp})")
 
 
@@ -135,6 +137,15 @@ def make_fsdp(model, args):
     if fully_shard is None:
         _refuse(f"--fsdp needs FSDP2 (torch >= 2.4); this is torch {torch.__version__}")
     kwargs = {}
+    if getattr(args, "dp_replicate", 0) > 1:
+        # HSDP: shard within (world / R) ranks, replicate across R (FSDP2's 2-D mesh).
+        from torch.distributed.device_mesh import init_device_mesh
+        world = dist.get_world_size()
+        if world % args.dp_replicate:
+            _refuse(f"--dp-replicate {args.dp_replicate} does not divide the world size {world}")
+        device = "cuda" if torch.cuda.is_available() and args.device == "cuda" else "cpu"
+        kwargs["mesh"] = init_device_mesh(device, (args.dp_replicate, world // args.dp_replicate),
+                                          mesh_dim_names=("replicate", "shard"))
     if args.param_dtype or args.reduce_dtype:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=DTYPES.get(args.param_dtype),
                                                    reduce_dtype=DTYPES.get(args.reduce_dtype))

@@ -406,7 +406,8 @@ class RecipeTest(unittest.TestCase):
                 (["--device", "cuda", "--cuda-graph", "--warmup-steps", "2"],
                  "--cuda-graph with an lr schedule and --optimizer sgd needs --optim-impl fused: "
                  "torch's default SGD reads the learning rate on the host, so a captured step "
-                 "would replay one rate (use adam/adamw, or a constant --lr)")]:
+                 "would replay one rate (use adam/adamw, or a constant --lr)"),
+                (["--dp-replicate", "2"], "--dp-replicate R needs --fsdp and R >= 1")]:
             with self.assertRaises(SystemExit), contextlib.redirect_stderr(io.StringIO()) as err:
                 torch_ddp.parse_args(flags)
             self.assertIn(want, err.getvalue())
