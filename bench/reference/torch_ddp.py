@@ -362,7 +362,15 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
+# Under --json, stdout carries the JSON objects alone (as ddp-bench's): the worker's other lines
+# go to stderr, the objects to the stdout it had.
+JSON_OUT = sys.stdout
+
+
 def worker(args, unknown):
+    global JSON_OUT
+    if args.json:
+        JSON_OUT, sys.stdout = sys.stdout, sys.stderr
     start = time.monotonic()
     torch.set_num_threads(args.threads)
     distributed = args.ddp or args.fsdp or args.tp > 0
@@ -618,7 +626,7 @@ def worker(args, unknown):
             "memory": memory_per_rank(net, opt, device),
         }
         if args.json:
-            print(json.dumps(fields, separators=(",", ":")))
+            print(json.dumps(fields, separators=(",", ":")), file=JSON_OUT, flush=True)
         else:
             for key in ("memory", "init_s", "init_peak_bytes"):
                 fields.pop(key)

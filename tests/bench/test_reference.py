@@ -381,7 +381,9 @@ class RecipeTest(unittest.TestCase):
         # 3 micro-batches of 5: the split that the per-step meaning refused (5 % 3) runs.
         proc = run_reference("--model", "mlp-deep", "--batch-size", "5", "--grad-accum", "3",
                              "--repeat", "1", "--warmup", "0", "--json")
-        fields = json.loads(proc.stdout.strip().splitlines()[-2])
+        # stdout is the JSON object alone; the mean latency line is on stderr.
+        self.assertEqual(len(proc.stdout.strip().splitlines()), 1, proc.stdout)
+        fields = json.loads(proc.stdout.strip().splitlines()[-1])
         self.assertEqual(fields["batch"], 5)
 
     def test_grad_accum_that_does_not_divide_an_inputs_batch_is_refused(self):
@@ -568,14 +570,16 @@ class RunTest(unittest.TestCase):
         self.assertIn("--no-graph-planning", proc.stderr)  # accepted, reported as ignored
         proc = run_reference("--model", "mlp-deep", "--batch-size", "4", "--repeat", "2", "--json",
                              "--ddp", "--nproc", "2")
-        fields = json.loads(proc.stdout.strip().splitlines()[-2])
+        # stdout is the JSON object alone; the mean latency line is on stderr.
+        self.assertEqual(len(proc.stdout.strip().splitlines()), 1, proc.stdout)
+        fields = json.loads(proc.stdout.strip().splitlines()[-1])
         self.assertEqual((fields["world"], fields["side"], fields["repeat"]), (2, "pytorch", 2))
         # Each rank's initialisation, as ddp-bench's: seconds, and a resident peak holding at least
         # the whole model under DDP.
         self.assertEqual((len(fields["init_s"]), len(fields["init_peak_bytes"])), (2, 2))
         self.assertTrue(all(s > 0 for s in fields["init_s"]), fields["init_s"])
         self.assertTrue(all(b >= fields["memory"]["param_bytes"] for b in fields["init_peak_bytes"]))
-        self.assertRegex(proc.stdout.strip().splitlines()[-1], r"^mean latency ")
+        self.assertRegex(proc.stderr.strip().splitlines()[-1], r"^mean latency ")
 
     def test_ddp_equals_single_process_on_the_concatenated_batch(self):
         # The equivalence DDP promises (loss is a mean over the batch): 2 ranks x 4 samples for

@@ -382,8 +382,11 @@ INSTANTIATE_TEST_SUITE_P(
                  "ddp-run: --job-timeout-s must be greater than 0, got -2\n"},
         BadFlags{{"--grace-s", "-1", "--", "/bin/sh", "-c", "PROGRAM"},
                  "ddp-run: --grace-s must be at least 0, got -1\n"},
-        BadFlags{{"--nproc-per-node", "two", "--", "/bin/sh", "-c", "PROGRAM"}, "--nproc-per-node"},
-        BadFlags{{"--bogus", "--", "/bin/sh", "-c", "PROGRAM"}, "--bogus"}),
+        BadFlags{{"--nproc-per-node", "two", "--", "/bin/sh", "-c", "PROGRAM"},
+                 "ddp-run: Could not convert: --nproc-per-node = two; see --help\n"},
+        BadFlags{{"--nproc-per-nod", "2", "--", "/bin/sh", "-c", "PROGRAM"},
+                 "ddp-run: unknown flag --nproc-per-nod; did you mean --nproc-per-node?\n"},
+        BadFlags{{"--bogus"}, "ddp-run: unknown flag --bogus; see --help\n"}),
     bad_flags_name);
 
 TEST(DdpRun, TrainsWithDdpTrain) {

@@ -6,11 +6,13 @@
 
 #include <gtest/gtest.h>
 
+#include <sstream>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
 #include <torch/cuda.h>
 
 #include "support/run_command.hpp"
@@ -179,6 +181,63 @@ TEST(ToolAgreement, AnUnknownFlagNamesTheNearestKnownOne) {
   std::tie(out, code) = run_command(std::string(DDP_TRAIN_PATH) + " --quux");
   EXPECT_EQ(code, 2);
   EXPECT_EQ(out, "ddp-train: unknown flag --quux; see --help\n");
+}
+
+// Every tool answers a bad value the same way: one line naming the flag, exit 2 (ddp-train exited
+// 105, CLI11's own code; trace-svg 1), and an unknown flag gets the nearest known one.
+TEST(ToolAgreement, EveryToolRefusesABadValueWithOneLineAndExitTwo) {
+  const std::vector<std::tuple<std::string, std::string, std::string>> cases = {
+      {"ddp-train", std::string(DDP_TRAIN_PATH) + " --steps ten",
+       "ddp-train: --steps: Value ten not in range 1 to 1000000; see --help\n"},
+      {"ddp-bench", std::string(DDP_BENCH_PATH) + " --repeat 0",
+       "ddp-bench: --repeat: Value 0 not in range 1 to 1000000; see --help\n"},
+      {"trace-svg", std::string(TRACE_SVG_PATH) + " in.json -o out.svg --width narrow",
+       "trace-svg: --width: Value narrow not in range 300.000000 to 100000.000000; see --help\n"},
+      {"ddp-forensics", std::string(DDP_FORENSICS_PATH) + " --jsn dir",
+       "ddp-forensics: unknown flag --jsn; did you mean --json?\n"},
+      {"ddp-run", std::string(DDP_RUN_PATH) + " --bogus",
+       "ddp-run: unknown flag --bogus; see --help\n"},
+      {"ddp-run", std::string(DDP_RUN_PATH) + " --nproc-per-nod 2 -- true",
+       "ddp-run: unknown flag --nproc-per-nod; did you mean --nproc-per-node?\n"}};
+  for (const auto& [tool, command, want] : cases) {
+    const auto [out, code] = run_command(command);
+    EXPECT_EQ(code, 2) << tool << ": " << out;
+    EXPECT_EQ(out, want) << tool;
+  }
+}
+
+// --json: stdout is the JSON objects alone, every line parses (ddp-bench printed its "mean
+// latency" line after the object; the text lines go to stderr now). ddp-train's steps_per_s is
+// given where it was measured, at the steps whose loss it read (the first, every 20th, the last),
+// not repeated over the steps read with them.
+TEST(ToolAgreement, JsonStdoutIsJsonAloneWithFreshRates) {
+  // { ... 2>/dev/null; }: stdout alone (run_command adds 2>&1 after the braces).
+  auto [bench, bench_code] = run_command("{ " + std::string(DDP_BENCH_PATH) +
+                                         " --model mlp --repeat 2 --warmup 0 --json --verbose "
+                                         "--ddp --nproc 2 2>/dev/null; }");
+  ASSERT_EQ(bench_code, 0) << bench;
+  std::istringstream lines(bench);
+  std::string line;
+  int objects = 0;
+  while (std::getline(lines, line)) {
+    EXPECT_TRUE(nlohmann::json::accept(line)) << "not JSON: " << line;
+    ++objects;
+  }
+  EXPECT_EQ(objects, 1) << bench;
+  auto [train, train_code] = run_command("{ " + std::string(DDP_TRAIN_PATH) +
+                                         " --model mlp --steps 25 --json 2>/dev/null; }");
+  ASSERT_EQ(train_code, 0) << train;
+  std::istringstream train_lines(train);
+  std::vector<int> rated;
+  int steps = 0;
+  while (std::getline(train_lines, line)) {
+    const auto object = nlohmann::json::parse(line);  // throws on a line that is not JSON
+    if (!object.contains("step")) continue;
+    ++steps;
+    if (object.contains("steps_per_s")) rated.push_back(object["step"].get<int>());
+  }
+  EXPECT_EQ(steps, 25) << train;
+  EXPECT_EQ(rated, (std::vector<int>{1, 20, 25})) << train;
 }
 
 // --help shows a user's flags in groups: the restart tests' hooks are hidden, and the NCCL flags

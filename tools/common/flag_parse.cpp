@@ -38,7 +38,8 @@ std::string nearest_flag(const std::string& given, const std::vector<std::string
   return best;
 }
 
-int parse_flags(CLI::App& app, int argc, char** argv, const std::string& tool) {
+int parse_flags(CLI::App& app, int argc, char** argv, const std::string& tool,
+                const std::string& bare_words) {
   try {
     app.parse(argc, argv);
     return -1;
@@ -55,12 +56,20 @@ int parse_flags(CLI::App& app, int argc, char** argv, const std::string& tool) {
                 << (near.empty() ? "; see --help" : "; did you mean " + near + "?") << std::endl;
       return 2;
     }
+    if (!bare_words.empty()) {
+      std::cerr << tool << ": " << bare_words << std::endl;
+      return 2;
+    }
     std::cerr << tool << ": unexpected arguments:";
     for (const std::string& extra : app.remaining()) std::cerr << " " << extra;
     std::cerr << "; see --help" << std::endl;
     return 2;
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help (and --help-all) print and exit 0; every other error is a bad flag or value: one
+    // line naming it, exit 2, as argparse (torchrun) does.
+    if (e.get_exit_code() == 0) return app.exit(e);
+    std::cerr << tool << ": " << e.what() << "; see --help" << std::endl;
+    return 2;
   }
 }
 

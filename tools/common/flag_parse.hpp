@@ -33,8 +33,11 @@ class FlagGroup {
 // The known long flag (with its "--") within two edits of `given`, the nearest; "" when none.
 std::string nearest_flag(const std::string& given, const std::vector<std::string>& known);
 
-// -1 when `argv` parsed; else the exit code, after printing help (0), or the error: for an
-// unknown flag "<tool>: unknown flag --stpes; did you mean --steps?" (2).
-int parse_flags(CLI::App& app, int argc, char** argv, const std::string& tool);
+// -1 when `argv` parsed; else the exit code, after printing help (0), or the error, one line on
+// stderr and 2 for every bad flag or value: for an unknown flag "<tool>: unknown flag --stpes; did
+// you mean --steps?", for a word CLI11 cannot place "<tool>: <bare_words>" when given, for a bad
+// value CLI11's message ("<tool>: --steps: Value ten not in range 1 to 1000000; see --help").
+int parse_flags(CLI::App& app, int argc, char** argv, const std::string& tool,
+                const std::string& bare_words = "");
 
 }  // namespace ddp::tools

@@ -21,6 +21,7 @@
 #include "common/captured_recipe.hpp"
 #include "common/ddp_flags.hpp"
 #include "common/flag_parse.hpp"
+#include "common/json_stdout.hpp"
 #include "common/init_report.hpp"
 #include "common/recipe_flags.hpp"
 #include "common/run_flags.hpp"
@@ -301,6 +302,9 @@ void announce(const Args& args, ddp::tools::TrainingRun& run) {
 int run_worker(const Args& args) {
   const auto start = std::chrono::steady_clock::now();
   at::set_num_threads(args.threads);
+  // --json: stdout carries the JSON objects alone; the text lines (mean latency, --verbose's
+  // tables) go to stderr.
+  if (args.json) ddp::tools::reserve_stdout_for_json();
   const bool cuda = args.device == "cuda";
   TORCH_CHECK(args.kernel_trace.empty() || (cuda && ddp::obs::KernelTrace::available()),
               "ddp-bench: --kernel-trace needs --device cuda and a CUDA build of libtorch (torch's "
@@ -475,6 +479,7 @@ int main(int argc, char** argv) {
     }
     ddp::launch::SpawnOptions spawn;
     spawn.nproc = args.nproc > 0 ? args.nproc : 1;
+    spawn.prefix_rank0_stdout = !args.json;  // --json: rank 0's stdout is JSON lines, unprefixed
     if (const std::string wrong = ddp::tools::tp_world_refusal(args.tp, spawn.nproc);
         !wrong.empty()) {
       std::cerr << "ddp-bench: " << wrong << std::endl;

@@ -9,6 +9,7 @@
 #include <numeric>
 #include <string>
 
+#include "common/json_stdout.hpp"
 #include "ddp/io/checkpoint_state.hpp"
 #include "ddp/obs/device_memory.hpp"
 #include "ddp/obs/runtime_stats.hpp"
@@ -142,7 +143,11 @@ void print_result(const Args& args, ddp::tools::TrainingRun& run, const Memory& 
       line += text;
     }
   }
-  std::cout << line << "\n";
+  if (args.json) {
+    print_json_line(line);
+  } else {
+    std::cout << line << "\n";
+  }
   if (args.ddp.verbose && !bytes_per_step.empty()) {
     std::string text = "ddp-bench: bytes this rank sent per step:";
     for (const auto& [group, n] : bytes_per_step) text += " " + group + " " + std::to_string(n);
@@ -210,6 +215,6 @@ void print_init_only(const Args& args, ddp::tools::TrainingRun& run,
   result["init_bound_bytes"] =
       static_cast<int64_t>(1.25 * static_cast<double>(param_bytes + largest_unit));
   if (!run.memory_estimates().empty()) result["memory_estimate"] = estimate_json(run);
-  std::cout << result.dump() << std::endl;
+  print_json_line(result.dump());
 }
 }  // namespace ddp::tools::bench

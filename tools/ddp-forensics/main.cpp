@@ -17,6 +17,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "common/flag_parse.hpp"
 #include "ddp/comm/flight_divergence.hpp"
 
 namespace {
@@ -86,10 +87,8 @@ int main(int argc, char** argv) {
   app.add_option("dir", dir, "the directory of flight-rank<R>.json dumps (--flight-recorder DIR)")
       ->required();
   app.add_flag("--json", json, "print the analysis as one JSON object");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
+  if (const int code = ddp::tools::parse_flags(app, argc, argv, "ddp-forensics"); code >= 0) {
+    return code;
   }
   try {
     const std::vector<RankDump> dumps = ddp::comm::read_flight_dumps(dir);

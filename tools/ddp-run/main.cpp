@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "common/flag_parse.hpp"
 #include "ddp/files/posix_file.hpp"
 #include "ddp/launch/worker_group.hpp"
 
@@ -188,15 +189,11 @@ int main(int argc, char** argv) {
                                  "(default: the workers' own, 300 for libddp's)");
   auto* job_timeout = app.add_option("--job-timeout-s", a.job_timeout_s,
                                      "bound on the whole job in seconds (default: none)");
-  try {
-    app.parse(flags_end, argv);
-  } catch (const CLI::ExtrasError& e) {
-    // `ddp-run --nproc-per-node 2 prog`: a word CLI11 cannot place, and no `--` before it.
-    if (flags_end == argc) return usage_error(kNoProgram);
-    return app.exit(e) == 0 ? 0 : kUsageError;
-  } catch (const CLI::ParseError& e) {
-    // --help exits 0; anything else prints the message naming the flag and the --help hint.
-    return app.exit(e) == 0 ? 0 : kUsageError;
+  // `ddp-run --nproc-per-node 2 prog`: a word CLI11 cannot place, and no `--` before it.
+  if (const int code = ddp::tools::parse_flags(app, flags_end, argv, "ddp-run",
+                                               flags_end == argc ? kNoProgram : "");
+      code >= 0) {
+    return code;
   }
   if (timeout->count() > 0 && !(a.timeout_s > 0)) {
     return usage_error("--timeout-s must be greater than 0, got " + format(a.timeout_s));

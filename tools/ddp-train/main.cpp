@@ -21,6 +21,7 @@
 #include "common/ddp_flags.hpp"
 #include "common/flag_parse.hpp"
 #include "common/init_report.hpp"
+#include "common/json_stdout.hpp"
 #include "common/recipe_flags.hpp"
 #include "common/recipe_step.hpp"
 #include "common/run_flags.hpp"
@@ -320,9 +321,9 @@ int run_worker(const Args& given) {
   const auto start = std::chrono::steady_clock::now();
   const Args args = fit_to_world(given);
   at::set_num_threads(args.threads);
-  // --json: stdout carries the JSON lines alone (written by C stdio in progress.cpp); every line
-  // for people (the header, the summary, checkpoints) goes to stderr instead.
-  if (args.json) std::cout.rdbuf(std::cerr.rdbuf());
+  // --json: stdout carries the JSON lines alone (progress.cpp); every line for people (the
+  // header, the summary, checkpoints, the library's tables) goes to stderr instead.
+  if (args.json) ddp::tools::reserve_stdout_for_json();
   ddp::tools::TrainingRunOptions options;
   options.tool = "ddp-train";
   options.backend =

@@ -1,5 +1,7 @@
 #include "progress.hpp"
 
+#include "common/json_stdout.hpp"
+
 #include <algorithm>
 
 namespace ddp::tools {
@@ -52,11 +54,11 @@ void Progress::update(const StepReport& r) {
   const double tok_s = tokens_per_step_ > 0 ? double(tokens_per_step_) * r.steps_per_second : NAN;
   const double mfu_now = mfu(r.steps_per_second);
   if (json_) {
-    std::fprintf(stdout, "{\"step\":%d,\"loss\":%.9g%s%s%s%s%s}\n", r.step, r.loss,
-                 json_field("lr", r.lr).c_str(), json_field("grad_norm", r.grad_norm).c_str(),
-                 json_field("steps_per_s", r.steps_per_second).c_str(),
-                 json_field("tok_per_s", tok_s).c_str(), json_field("mfu", mfu_now).c_str());
-    std::fflush(stdout);
+    char head[64];
+    std::snprintf(head, sizeof head, "{\"step\":%d,\"loss\":%.9g", r.step, r.loss);
+    print_json_line(head + json_field("lr", r.lr) + json_field("grad_norm", r.grad_norm) +
+                    json_field("steps_per_s", r.steps_per_second) + json_field("tok_per_s", tok_s) +
+                    json_field("mfu", mfu_now) + "}");
     return;
   }
   const std::string tokens = std::isnan(tok_s) ? std::string() : " tok/s " + short_count(tok_s);
@@ -67,21 +69,21 @@ void Progress::update(const StepReport& r) {
     const int filled = kWidth * r.step / total_;
     std::string bar(filled, '#');
     bar.resize(kWidth, '.');
+    if (!std::isnan(r.steps_per_second)) shown_rate_ = r.steps_per_second;
     std::fprintf(stdout, "\r[%s] step %d/%d  loss %.5f  %.1f steps/s%s ", bar.c_str(), r.step,
-                 total_, r.loss, r.steps_per_second, extra.c_str());
+                 total_, r.loss, shown_rate_, extra.c_str());
     std::fflush(stdout);
     dirty_ = true;
   } else if (r.step % every_ == 0 || r.step == total_ || r.step == 1) {
-    std::fprintf(stdout, "step %d/%d loss %.5f steps/s %.1f%s\n", r.step, total_, r.loss,
-                 r.steps_per_second, extra.c_str());
+    std::fprintf(stdout, "step %d/%d loss %.5f%s%s\n", r.step, total_, r.loss,
+                 field("steps/s", r.steps_per_second, "%.1f").c_str(), extra.c_str());
     std::fflush(stdout);
   }
 }
 
 void Progress::note(const std::string& line, const std::string& json) {
   if (json_) {
-    if (!json.empty()) std::fprintf(stdout, "%s\n", json.c_str());
-    std::fflush(stdout);
+    if (!json.empty()) print_json_line(json);
     return;
   }
   if (dirty_) std::fputc('\n', stdout);

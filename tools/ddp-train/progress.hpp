@@ -13,7 +13,8 @@ namespace ddp::tools {
 struct StepReport {
   int step = 0;
   double loss = 0;
-  double steps_per_second = 0;
+  // Measured at the flush of this step; NaN for the steps flushed before it in the same read.
+  double steps_per_second = NAN;
   double lr = NAN;
   double grad_norm = NAN;  // before clipping (--grad-clip)
 };
@@ -52,6 +53,7 @@ class Progress {
   double peak_flops_ = 0;
   int devices_ = 1;
   bool dirty_ = false;  // a bar is on screen without a newline
+  double shown_rate_ = 0;  // the bar's rate: the last one measured
 };
 
 // The peak dense bf16 tensor FLOP/s of a GPU by its name (the vendors' data sheets: H100 and H200

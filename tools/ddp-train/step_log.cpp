@@ -57,7 +57,9 @@ void StepLog::flush_if_due(int step, bool needed, double lr, optim::GradClipper*
       StepReport report;
       report.step = at;
       report.loss = value;
-      report.steps_per_second = (step - first_step_ + 1) / secs;
+      // Measured at this flush, so true of `step` alone: the earlier steps flushed with it have
+      // none (a rate repeated over them would be stale).
+      report.steps_per_second = at == step ? (step - first_step_ + 1) / secs : NAN;
       if (lrs_.count(at) > 0) report.lr = lrs_[at];
       if (grad_norms_.count(at) > 0) report.grad_norm = grad_norms_[at].item<double>();
       progress_.update(report);

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "common/flag_parse.hpp"
 #include "ddp/buckets/bucket_plan.hpp"
 #include "ddp/comm/flight_ring.hpp"
 #include "ddp/models/registry.hpp"
@@ -66,7 +67,9 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "steps a timed run (default 20000)")->check(CLI::PositiveNumber);
   app.add_option("--models", models,
                  "comma-separated zoo models (default: all but the Llama 3 rows)");
-  CLI11_PARSE(app, argc, argv);
+  if (const int code = ddp::tools::parse_flags(app, argc, argv, "recorder-bench"); code >= 0) {
+    return code;
+  }
 
   std::vector<std::string> names;
   if (models.empty()) {

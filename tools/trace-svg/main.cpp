@@ -15,6 +15,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "common/flag_parse.hpp"
 #include "timeline_svg.hpp"
 
 namespace {
@@ -41,10 +42,8 @@ int main(int argc, char** argv) {
       app.add_option("--from-ms", from_ms, "window start, ms after the trace's first event");
   auto* to_opt = app.add_option("--to-ms", to_ms, "window end, ms after the trace's first event");
   app.add_option("--title", options.title, "heading (default: the input's file name)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 1;
+  if (const int code = ddp::tools::parse_flags(app, argc, argv, "trace-svg"); code >= 0) {
+    return code;
   }
   if (*from_opt) options.from_ms = from_ms;
   if (*to_opt) options.to_ms = to_ms;
