@@ -81,9 +81,9 @@ int64_t node_count(const ProcessGroupPtr& world, const EnvLookup& env) {
     const at::Tensor t = all[static_cast<size_t>(r)].cpu();
     const int64_t their_local = t[0].item<int64_t>();
     const int64_t their_size = t[1].item<int64_t>();
-    TORCH_CHECK(their_size == mine.ranks_per_node, "ddp: the node layout differs across ranks: rank ",
-                r, " has ", their_size, " ranks per node, rank ", world->rank(), " has ",
-                mine.ranks_per_node);
+    TORCH_CHECK(their_size == mine.ranks_per_node,
+                "ddp: the node layout differs across ranks: rank ", r, " has ", their_size,
+                " ranks per node, rank ", world->rank(), " has ", mine.ranks_per_node);
     TORCH_CHECK(their_local == r % mine.ranks_per_node, "ddp: rank ", r, " is local rank ",
                 their_local, " of its node, but ranks numbered node by node (", mine.ranks_per_node,
                 " per node) put it at local rank ", r % mine.ranks_per_node,

@@ -53,8 +53,8 @@ DeviceMesh submesh(const DeviceMesh& mesh, const std::vector<std::string>& dims)
     if (!kept[d]) index = index * mesh.shape()[d] + mesh.coordinate()[d];
   }
   const ProcessGroupPtr& parent = mesh.parent();
-  const std::string name = "submesh" + std::to_string(parent->next_exchange_id()) + "/" +
-                           std::to_string(index);
+  const std::string name =
+      "submesh" + std::to_string(parent->next_exchange_id()) + "/" + std::to_string(index);
   return DeviceMesh(parent->new_group(members, name), std::move(shape), dims);
 }
 

@@ -26,14 +26,14 @@ comm::EnvLookup env_of(std::map<std::string, std::string> vars) {
 }
 
 TEST(NodeLayout, EachLauncherSaysTheNodeSizeAndTheLocalRank) {
-  const auto torchrun =
-      comm::node_layout_from_env(env_of({{"RANK", "5"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"}}), 8);
+  const auto torchrun = comm::node_layout_from_env(
+      env_of({{"RANK", "5"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"}}), 8);
   EXPECT_EQ(torchrun.ranks_per_node, 4);
   EXPECT_EQ(torchrun.local_rank, 1);
-  const auto mpi = comm::node_layout_from_env(
-      env_of({{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
-              {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}}),
-      6);
+  const auto mpi = comm::node_layout_from_env(env_of({{"OMPI_COMM_WORLD_RANK", "3"},
+                                                      {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                                                      {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}}),
+                                              6);
   EXPECT_EQ(mpi.ranks_per_node, 2);
   EXPECT_EQ(mpi.local_rank, 1);
   const auto srun = comm::node_layout_from_env(

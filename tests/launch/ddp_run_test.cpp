@@ -451,9 +451,10 @@ TEST(DdpRun, TwoNodesShardWithinANodeByTheNodeLayout) {
   const std::string port = std::to_string(ddp::launch::find_free_port());
   auto node = [&](int rank) {
     return start_ddp_run(
-        {"--nproc-per-node", "2", "--nnodes", "2", "--node-rank", std::to_string(rank),
-         "--master-port", port, "--job-timeout-s", "120", "--", DDP_TRAIN_PATH, "--model", "gpt",
-         "--steps", "3", "--fsdp", "--fsdp-wrap", "--dp-replicate", "nodes", "--timeout-s", "60"},
+        {"--nproc-per-node", "2",     "--nnodes",        "2",   "--node-rank", std::to_string(rank),
+         "--master-port",    port,    "--job-timeout-s", "120", "--",          DDP_TRAIN_PATH,
+         "--model",          "gpt",   "--steps",         "3",   "--fsdp",      "--fsdp-wrap",
+         "--dp-replicate",   "nodes", "--timeout-s",     "60"},
         dir, "node" + std::to_string(rank));
   };
   const auto l0 = node(0);

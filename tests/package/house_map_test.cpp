@@ -41,7 +41,8 @@ TEST(HouseMap, EveryFolderIsOnTheMapAndTheReadmeLinksIt) {
   std::set<std::string> code = folders(root + "/src");
   for (const std::string& f : folders(root + "/include/ddp")) code.insert(f);
   for (const std::string& f : code) {
-    EXPECT_EQ(layers.count(f), 1u) << "folder " << f << "/ (src/ or include/ddp/) is not on the map";
+    EXPECT_EQ(layers.count(f), 1u)
+        << "folder " << f << "/ (src/ or include/ddp/) is not on the map";
   }
   for (const std::string& f : layers) {
     EXPECT_EQ(code.count(f), 1u) << "the map names " << f << "/, which is no folder of the code";

@@ -290,7 +290,9 @@ DDP_TEST_WORKER(hybrid_tp) {
     for (int micro = 0; micro < 2; ++micro) {
       const auto x = torch::randn({per_dp * dp, dim});
       const auto y = torch::randn({per_dp * dp, dim});
-      const auto mine = [&](const torch::Tensor& t) { return t.narrow(0, per_dp * dp_rank, per_dp); };
+      const auto mine = [&](const torch::Tensor& t) {
+        return t.narrow(0, per_dp * dp_rank, per_dp);
+      };
       if (micro == 0) {
         auto guard = model.no_sync();
         torch::mse_loss(model(mine(x)), mine(y)).backward();
@@ -302,9 +304,9 @@ DDP_TEST_WORKER(hybrid_tp) {
     const double norm =
         optim::clip_grad_norm(parallel::grad_shards(*net, sharding, true), no_clip).norm();
     const double want = torch::nn::utils::clip_grad_norm_(oracle->parameters(), 1e9);
-    require(std::abs(norm - want) <= 1e-5 * want,
-            "step " + std::to_string(step) + ": gradient norm " + std::to_string(norm) +
-                ", one process's " + std::to_string(want));
+    require(std::abs(norm - want) <= 1e-5 * want, "step " + std::to_string(step) +
+                                                      ": gradient norm " + std::to_string(norm) +
+                                                      ", one process's " + std::to_string(want));
     opt.step();
     opt.zero_grad();
     oracle_opt.step();
@@ -318,8 +320,9 @@ DDP_TEST_WORKER(hybrid_tp) {
     got.push_back(whole.at(item.key()));
     want.push_back(item.value());
   }
-  require_close(names, got, want, 1e-5,
-                "hybrid " + worker_env("DDP_TEST_MESH") + " x tp 2, rank " + std::to_string(pg->rank()));
+  require_close(
+      names, got, want, 1e-5,
+      "hybrid " + worker_env("DDP_TEST_MESH") + " x tp 2, rank " + std::to_string(pg->rank()));
 }
 
 class HybridOverTensorParallel
@@ -328,9 +331,9 @@ class HybridOverTensorParallel
 TEST_P(HybridOverTensorParallel, EqualsOneProcessOnTheGlobalBatchWithAccumulation) {
   const auto& [mesh, style] = GetParam();
   const auto [replicas, shards] = mesh_shape(mesh);
-  const auto result = run_workers("hybrid_tp", int(replicas * shards * 2),
-                                  {{"DDP_TEST_MESH", mesh}, {"DDP_TEST_STYLE", style}},
-                                  std::chrono::seconds(240));
+  const auto result =
+      run_workers("hybrid_tp", int(replicas * shards * 2),
+                  {{"DDP_TEST_MESH", mesh}, {"DDP_TEST_STYLE", style}}, std::chrono::seconds(240));
   ASSERT_TRUE(result.ok()) << result.describe();
 }
 

@@ -38,7 +38,8 @@ std::unique_ptr<comm::DeviceMesh> hybrid_mesh(const std::string& tool, const std
               tp ? "the " + std::to_string(size) + " data-parallel ranks (world / --tp)"
                  : "the world size " + std::to_string(size));
   if (replicas == 1) return nullptr;  // one replica: flat FULLY_SHARD, no cross-replica reduction
-  return std::make_unique<comm::DeviceMesh>(dp_group, std::vector<int64_t>{replicas, size / replicas},
+  return std::make_unique<comm::DeviceMesh>(dp_group,
+                                            std::vector<int64_t>{replicas, size / replicas},
                                             std::vector<std::string>{"replicate", "shard"});
 }
 
@@ -117,7 +118,8 @@ TrainingRun::TrainingRun(const TrainingFlags& flags, TrainingRunOptions options)
               " data-parallel ranks: add --ddp or a sharded --style");
   split_ = setup_tensor_parallel(options_.tool, flags.tp, world_, workload_, flags.model);
   if (options_.wrap && world_ && !flags.shard.dp_replicate.empty() && flags.tp != 0) {
-    hybrid_ = hybrid_mesh(options_.tool, flags.shard.dp_replicate, world_, split_.dp_group, flags.tp);
+    hybrid_ =
+        hybrid_mesh(options_.tool, flags.shard.dp_replicate, world_, split_.dp_group, flags.tp);
   }
   if (options_.wrap) {
     // One entry point for every style (parallel/data_parallel.hpp) around the same AnyModule.

@@ -52,7 +52,7 @@ class Progress {
   double flops_per_token_ = 0;
   double peak_flops_ = 0;
   int devices_ = 1;
-  bool dirty_ = false;  // a bar is on screen without a newline
+  bool dirty_ = false;     // a bar is on screen without a newline
   double shown_rate_ = 0;  // the bar's rate: the last one measured
 };
 
