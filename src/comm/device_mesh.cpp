@@ -3,25 +3,12 @@
 #include <c10/util/Exception.h>
 
 #include <set>
-#include <sstream>
+
+#include "ddp/detail/join.hpp"
 
 namespace ddp::comm {
 
-namespace {
-
-std::string join(const std::vector<std::string>& names) {
-  std::ostringstream out;
-  for (size_t i = 0; i < names.size(); ++i) out << (i ? ", " : "") << names[i];
-  return out.str();
-}
-
-std::string join(const std::vector<int64_t>& values) {
-  std::ostringstream out;
-  for (size_t i = 0; i < values.size(); ++i) out << (i ? ", " : "") << values[i];
-  return out.str();
-}
-
-}  // namespace
+using detail::join;
 
 DeviceMesh::DeviceMesh(ProcessGroupPtr parent, std::vector<int64_t> shape,
                        std::vector<std::string> dim_names)

@@ -2,19 +2,11 @@
 
 #include <c10/util/Exception.h>
 
-#include <sstream>
+#include "ddp/detail/join.hpp"
 
 namespace ddp::comm {
 
-namespace {
-
-std::string join(const std::vector<std::string>& names) {
-  std::ostringstream out;
-  for (size_t i = 0; i < names.size(); ++i) out << (i ? ", " : "") << names[i];
-  return out.str();
-}
-
-}  // namespace
+using detail::join;
 
 DeviceMesh submesh(const DeviceMesh& mesh, const std::vector<std::string>& dims) {
   const std::vector<std::string>& names = mesh.dim_names();

@@ -8,15 +8,13 @@
 #include <optional>
 #include <sstream>
 
+#include "ddp/detail/join.hpp"
+
 namespace ddp::layout {
 
-namespace {
+using detail::join;
 
-std::string join(const std::vector<int64_t>& values) {
-  std::ostringstream out;
-  for (size_t i = 0; i < values.size(); ++i) out << (i ? ", " : "") << values[i];
-  return out.str();
-}
+namespace {
 
 std::string bracketed(const std::vector<int64_t>& values) { return "[" + join(values) + "]"; }
 

@@ -423,44 +423,51 @@ TEST(DdpRun, TheFlightRecorderDirReachesTheWorkersAndIsSaidOnFailure) {
 #endif
 }
 
-// Two ddp-runs on one machine as two nodes: rank 0's store (at --master-port) joins them.
-TEST(DdpRun, TwoNodesFormOneJob) {
-  TempDir dir;
+// Two ddp-runs on one machine as two nodes of `per_node` workers each, running `program`: rank
+// 0's store (at --master-port) joins them. Node 0's result, then node 1's.
+std::pair<Finished, Finished> run_two_nodes(const TempDir& dir, int per_node,
+                                            const std::vector<std::string>& program) {
   const std::string port = std::to_string(ddp::launch::find_free_port());
   auto node = [&](int rank) {
-    return start_ddp_run(
-        {"--nproc-per-node", "1", "--nnodes", "2", "--node-rank", std::to_string(rank),
-         "--master-port", port, "--job-timeout-s", "120", "--", DDP_TRAIN_PATH, "--model", "mlp",
-         "--steps", "5", "--timeout-s", "60"},
-        dir, "node" + std::to_string(rank));
+    std::vector<std::string> args = {"--nproc-per-node",
+                                     std::to_string(per_node),
+                                     "--nnodes",
+                                     "2",
+                                     "--node-rank",
+                                     std::to_string(rank),
+                                     "--master-port",
+                                     port,
+                                     "--job-timeout-s",
+                                     "120",
+                                     "--"};
+    args.insert(args.end(), program.begin(), program.end());
+    return start_ddp_run(args, dir, "node" + std::to_string(rank));
   };
   const auto l0 = node(0);
   const auto l1 = node(1);
-  const auto f0 = wait_ddp_run(l0, 150s);
-  const auto f1 = wait_ddp_run(l1, 150s);
+  auto f0 = wait_ddp_run(l0, 150s);
+  auto f1 = wait_ddp_run(l1, 150s);
+  return {std::move(f0), std::move(f1)};
+}
+
+TEST(DdpRun, TwoNodesFormOneJob) {
+  TempDir dir;
+  const auto [f0, f1] = run_two_nodes(
+      dir, 1, {DDP_TRAIN_PATH, "--model", "mlp", "--steps", "5", "--timeout-s", "60"});
   EXPECT_EQ(f0.code, 0) << f0.out << f0.err;
   EXPECT_EQ(f1.code, 0) << f1.out << f1.err;
   EXPECT_NE(f0.out.find("[rank 0] ddp-train: model mlp"), std::string::npos) << f0.out;
   EXPECT_NE(f0.out.find("world size 2"), std::string::npos) << f0.out;
 }
 
-// Two ddp-runs as two nodes of two workers: ddp-train --dp-replicate nodes reads the node layout
+// Two nodes of two workers: ddp-train --dp-replicate nodes reads the node layout
 // (LOCAL_WORLD_SIZE 2) and shards within each node, replicating across the two.
 TEST(DdpRun, TwoNodesShardWithinANodeByTheNodeLayout) {
   TempDir dir;
-  const std::string port = std::to_string(ddp::launch::find_free_port());
-  auto node = [&](int rank) {
-    return start_ddp_run(
-        {"--nproc-per-node", "2",     "--nnodes",        "2",   "--node-rank", std::to_string(rank),
-         "--master-port",    port,    "--job-timeout-s", "120", "--",          DDP_TRAIN_PATH,
-         "--model",          "gpt",   "--steps",         "3",   "--fsdp",      "--fsdp-wrap",
-         "--dp-replicate",   "nodes", "--timeout-s",     "60"},
-        dir, "node" + std::to_string(rank));
-  };
-  const auto l0 = node(0);
-  const auto l1 = node(1);
-  const auto f0 = wait_ddp_run(l0, 150s);
-  const auto f1 = wait_ddp_run(l1, 150s);
+  const auto [f0, f1] =
+      run_two_nodes(dir, 2,
+                    {DDP_TRAIN_PATH, "--model", "gpt", "--steps", "3", "--fsdp", "--fsdp-wrap",
+                     "--dp-replicate", "nodes", "--timeout-s", "60"});
   EXPECT_EQ(f0.code, 0) << f0.out << f0.err;
   EXPECT_EQ(f1.code, 0) << f1.out << f1.err;
   EXPECT_NE(f0.out.find("3 units (fully_shard, hybrid: 2 replicas of 2 shards), world size 4"),
