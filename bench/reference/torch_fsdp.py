@@ -137,15 +137,17 @@ def make_fsdp(model, args):
     if fully_shard is None:
         _refuse(f"--fsdp needs FSDP2 (torch >= 2.4); this is torch {torch.__version__}")
     kwargs = {}
-    if getattr(args, "dp_replicate", 0) > 1:
-        # HSDP: shard within (world / R) ranks, replicate across R (FSDP2's 2-D mesh).
+    replicas = getattr(args, "dp_replicate", 0)
+    if replicas > 1 or args.device == "cpu":
+        # HSDP: shard within (world / R) ranks, replicate across R (FSDP2's 2-D mesh). On the CPU
+        # the mesh is given too: FSDP2's default takes CUDA's device type wherever CUDA exists.
         from torch.distributed.device_mesh import init_device_mesh
         world = dist.get_world_size()
-        if world % args.dp_replicate:
-            _refuse(f"--dp-replicate {args.dp_replicate} does not divide the world size {world}")
-        device = "cuda" if torch.cuda.is_available() and args.device == "cuda" else "cpu"
-        kwargs["mesh"] = init_device_mesh(device, (args.dp_replicate, world // args.dp_replicate),
-                                          mesh_dim_names=("replicate", "shard"))
+        if replicas > 1 and world % replicas:
+            _refuse(f"--dp-replicate {replicas} does not divide the world size {world}")
+        shape, names = (((replicas, world // replicas), ("replicate", "shard")) if replicas > 1
+                        else ((world,), ("shard",)))
+        kwargs["mesh"] = init_device_mesh(args.device, shape, mesh_dim_names=names)
     if args.param_dtype or args.reduce_dtype:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=DTYPES.get(args.param_dtype),
                                                    reduce_dtype=DTYPES.get(args.reduce_dtype))
