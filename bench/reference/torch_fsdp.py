@@ -138,9 +138,10 @@ def make_fsdp(model, args):
         _refuse(f"--fsdp needs FSDP2 (torch >= 2.4); this is torch {torch.__version__}")
     kwargs = {}
     replicas = getattr(args, "dp_replicate", 0)
-    if replicas > 1 or args.device == "cpu":
+    if replicas > 1 or (args.device == "cpu" and torch.cuda.is_available()):
         # HSDP: shard within (world / R) ranks, replicate across R (FSDP2's 2-D mesh). On the CPU
-        # the mesh is given too: FSDP2's default takes CUDA's device type wherever CUDA exists.
+        # of a machine with CUDA the mesh is given too: FSDP2's default takes CUDA's device type
+        # wherever CUDA exists.
         from torch.distributed.device_mesh import init_device_mesh
         world = dist.get_world_size()
         if replicas > 1 and world % replicas:
