@@ -149,16 +149,25 @@ TEST(RecipeTrain, JsonLinesCarryTheScheduleTheGradNormAndMfu) {
   schedule.warmup_steps = 2;
   schedule.decay_steps = 6;
   double flops_per_token = 0;
+  std::vector<int> rated;
   for (size_t i = 0; i < steps.size(); ++i) {
     const auto& s = steps[i];
     EXPECT_EQ(s.at("step"), double(i + 1));
     EXPECT_NEAR(s.at("lr"), ddp::optim::lr_at(schedule, int64_t(i)), 1e-9) << "step " << i + 1;
     EXPECT_GT(s.at("grad_norm"), 0) << "step " << i + 1;
+    // The rates where they were measured: the steps whose loss was read (the first, each
+    // evaluation's, the last), not repeated over the steps read with them.
+    if (s.count("steps_per_s") == 0) {
+      EXPECT_EQ(s.count("tok_per_s") + s.count("mfu"), 0u) << "step " << i + 1;
+      continue;
+    }
+    rated.push_back(static_cast<int>(i + 1));
     // MFU = FLOPs per token x tokens/s / (2 ranks x 1e12): the same FLOPs per token every line.
     const double per_token = s.at("mfu") * 2e12 / s.at("tok_per_s");
-    if (i == 0) flops_per_token = per_token;
+    if (flops_per_token == 0) flops_per_token = per_token;
     EXPECT_NEAR(per_token, flops_per_token, 1e-6 * flops_per_token);
   }
+  EXPECT_EQ(rated, (std::vector<int>{1, 3, 6})) << out;
   // gpt (d_model 64, 2 layers, seq_len 32, vocab 256; 134,912 parameters): 6 N + 12 L d T with
   // N = 132,864 parameters without wpe's 32 x 64.
   EXPECT_NEAR(flops_per_token, 6.0 * 132864 + 12.0 * 2 * 64 * 32, 1.0);
