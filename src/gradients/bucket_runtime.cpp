@@ -142,8 +142,10 @@ hooks::GradBucket BucketRuntime::grad_bucket(size_t b) const {
 void BucketRuntime::launch(size_t b) {
   RECORD_USER_SCOPE("ddp::reduce_bucket");
   const bool scatter = plan_.buckets[b].reduction == Reduction::kReduceScatter;
-  const comm::ForPurpose purpose({scatter ? comm::Purpose::kUnitReduce : comm::Purpose::kBucket,
-                                  static_cast<int64_t>(first_index_ + b), plan_epoch_});
+  // A unit's reduction is named by its unit index, as its gathers are; a DDP bucket by its number.
+  const comm::ForPurpose purpose(
+      {scatter ? comm::Purpose::kUnitReduce : comm::Purpose::kBucket,
+       static_cast<int64_t>(scatter ? plan_.buckets[b].unit : first_index_ + b), plan_epoch_});
   BucketState& bucket = buckets_[b];
   const int64_t divisor = divisor_ > 0 ? divisor_ : pg_->world_size();
   const bool dense = !plan_.buckets[b].sparse;

@@ -14,34 +14,34 @@ GradientRuntime::GradientRuntime(comm::ProcessGroupPtr pg, std::vector<ReduceUni
                                  UnitGroups unit_groups)
     : pg_(std::move(pg)), observer_(observer) {
   TORCH_CHECK(pg_, "ddp: GradientRuntime needs a process group");
-  if (!units.empty()) {
+  // The strategies are chosen here, once: units (if any) first, then the replicated parameters.
+  const bool has_units = !units.empty();
+  if (has_units) {
     TORCH_CHECK(observer_ != nullptr, "ddp: GradientRuntime: sharded units need an observer");
-    units_ = std::make_unique<UnitBuckets>(
+    const size_t k = strategies_.size();
+    strategies_.push_back(std::make_unique<UnitBuckets>(
         std::move(units), unit_groups.shard ? std::move(unit_groups.shard) : pg_,
         std::move(unit_groups.replicate),
-        [this](size_t p, const at::Tensor& g) { on_unit_grad(p, g); });
+        [this, k](size_t p, const at::Tensor& g) { on_gradient(k, p, g); }, listeners_));
   }
-  // Without units the replicated group is the model (DDP), even with no parameter to reduce.
-  if (!units_ || !replicas.params.empty()) {
-    replicas_ = std::make_unique<ReplicaBuckets>(std::move(replicas), pg_,
-                                                 [this](size_t i) { on_replica_grad(i); });
+  // Without units the replicated parameters are the model (DDP), even with none to reduce.
+  if (!has_units || !replicas.params.empty()) {
+    const size_t k = strategies_.size();
+    strategies_.push_back(std::make_unique<ReplicaBuckets>(
+        std::move(replicas), pg_, [this, k](size_t i) { on_gradient(k, i, at::Tensor()); },
+        listeners_));
   }
+  // One numbering: each strategy's parameters and buckets after the previous one's. Only the
+  // last strategy's bucket count may change later (a unit strategy has one bucket per unit).
   size_t first_bucket = 0;
-  if (units_) {
-    for (size_t p = 0; p < units_->params().size(); ++p) {
-      params_.push_back(units_->params()[p]);
-      names_.push_back(units_->names()[p]);
-      specs_.push_back(units_->specs()[p]);
+  for (auto& strategy : strategies_) {
+    strategy->events().set_first(params_.size(), first_bucket);
+    for (size_t p = 0; p < strategy->params().size(); ++p) {
+      params_.push_back(strategy->params()[p]);
+      names_.push_back(strategy->names()[p]);
+      specs_.push_back(strategy->specs()[p]);
     }
-    first_bucket = units_->plan().buckets.size();  // one per unit, whatever their order
-  }
-  if (replicas_) {
-    replica_events_.set_first(params_.size(), first_bucket);
-    for (size_t p = 0; p < replicas_->params().size(); ++p) {
-      params_.push_back(replicas_->params()[p]);
-      names_.push_back(replicas_->names()[p]);
-      specs_.push_back(replicas_->specs()[p]);
-    }
+    first_bucket += strategy->plan().buckets.size();
   }
   plan_changed(/*announce=*/false);
   num_plan_changes_ = 0;  // the initial plan is not a change
@@ -56,8 +56,7 @@ void GradientRuntime::register_comm_hook(hooks::CommHookPtr hook) {
   TORCH_CHECK(!hook_, "ddp: a comm hook ('", hook_->name(),
               "') is already registered; register_comm_hook may be called once");
   hook_ = std::move(hook);
-  if (units_) units_->make_runtime(hook_, num_plan_changes_, unit_events_.first_bucket());
-  if (replicas_) replicas_->make_runtime(hook_, num_plan_changes_, replica_events_.first_bucket());
+  for (auto& strategy : strategies_) strategy->make_runtime(hook_, num_plan_changes_);
 }
 
 void GradientRuntime::add_listener(GradientListener* listener, const std::string& what) {
@@ -89,7 +88,7 @@ void GradientRuntime::require_not_in_backward(const char* what) const {
 
 std::string GradientRuntime::comm_hook_name() const {
   if (hook_) return hook_->name();
-  return units_ ? "reduce_scatter" : "allreduce";
+  return strategies_.front()->builtin_reduction();  // the units' when there are units
 }
 
 void GradientRuntime::on_plan_change(std::function<void(const std::string&)> callback) {
@@ -102,9 +101,8 @@ std::string GradientRuntime::bucket_table() const {
 
 void GradientRuntime::plan_changed(bool announce) {
   ++num_plan_changes_;
-  // One epoch for every group: a hook keyed by (index, epoch) re-keys all of its state at once.
-  if (units_) units_->make_runtime(hook_, num_plan_changes_, unit_events_.first_bucket());
-  if (replicas_) replicas_->make_runtime(hook_, num_plan_changes_, replica_events_.first_bucket());
+  // One epoch for every strategy: a hook keyed by (index, epoch) re-keys all of its state at once.
+  for (auto& strategy : strategies_) strategy->make_runtime(hook_, num_plan_changes_);
   merge_plans();
   if (announce && plan_callback_) plan_callback_(bucket_table());
 }
@@ -112,9 +110,8 @@ void GradientRuntime::plan_changed(bool announce) {
 void GradientRuntime::merge_plans() {
   plan_ = buckets::BucketPlan();
   size_t first_param = 0;
-  for (const buckets::BucketPlan* group :
-       {units_ ? &units_->plan() : nullptr, replicas_ ? &replicas_->plan() : nullptr}) {
-    if (group == nullptr) continue;
+  for (const auto& strategy : strategies_) {
+    const buckets::BucketPlan* group = &strategy->plan();
     const size_t first_bucket = plan_.buckets.size();
     for (buckets::Bucket bucket : group->buckets) {
       for (auto& p : bucket.params) p += first_param;
@@ -136,23 +133,36 @@ void GradientRuntime::check_not_in_backward(const char* what) const {
 void GradientRuntime::follow_current_stream() {
   std::lock_guard<std::mutex> lock(mutex_);
   check_not_in_backward("forward called");
-  if (replicas_) replicas_->follow_current_stream();
+  for (auto& strategy : strategies_) strategy->follow_current_stream();
 }
 
 bool GradientRuntime::needs_walk() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return replicas_ && replicas_->needs_walk(num_sync_backwards_);
+  for (const auto& strategy : strategies_) {
+    if (strategy->needs_walk(num_sync_backwards_)) return true;
+  }
+  return false;
 }
 
 bool GradientRuntime::awaiting_plan() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return replicas_ && replicas_->awaiting_plan();
+  for (const auto& strategy : strategies_) {
+    if (strategy->awaiting_plan()) return true;
+  }
+  return false;
 }
 
 void GradientRuntime::set_predicted_order(const std::vector<size_t>& predicted) {
   std::lock_guard<std::mutex> lock(mutex_);
-  TORCH_CHECK(replicas_, "ddp: a predicted order needs replicated parameters");
-  if (replicas_->set_predicted_order(predicted)) plan_changed(/*announce=*/true);
+  bool taken = false;
+  bool changed = false;
+  for (auto& strategy : strategies_) {
+    const std::optional<bool> result = strategy->set_predicted_order(predicted);
+    taken = taken || result.has_value();
+    changed = changed || result.value_or(false);
+  }
+  TORCH_CHECK(taken, "ddp: a predicted order needs replicated parameters");
+  if (changed) plan_changed(/*announce=*/true);
 }
 
 void GradientRuntime::prepare_for_backward(std::vector<bool> reachable,
@@ -160,8 +170,9 @@ void GradientRuntime::prepare_for_backward(std::vector<bool> reachable,
   std::lock_guard<std::mutex> lock(mutex_);
   check_not_in_backward("forward called");
   bool changed = false;
-  if (units_) changed = units_->set_order(unit_order);
-  if (replicas_) replicas_->prepare(std::move(reachable));
+  for (auto& strategy : strategies_) {
+    changed = strategy->prepare(reachable, unit_order) || changed;
+  }
   if (changed) plan_changed(/*announce=*/true);
   forward_end_ns_ = obs::steady_ns();
   state_ = State::kPreparedSync;
@@ -181,18 +192,35 @@ void GradientRuntime::prepare_for_local_backward() {
 void GradientRuntime::set_divisor_for_next_backward(int64_t divisor) {
   std::lock_guard<std::mutex> lock(mutex_);
   TORCH_CHECK(divisor >= 1, "ddp: gradient divisor must be at least 1, got ", divisor);
-  TORCH_CHECK(replicas_, "ddp: a gradient divisor needs replicated parameters");
-  replicas_->set_divisor(divisor);
+  bool taken = false;
+  for (auto& strategy : strategies_) {
+    if (!strategy->joins()) continue;
+    strategy->set_divisor(divisor);
+    taken = true;
+  }
+  TORCH_CHECK(taken, "ddp: a gradient divisor needs replicated parameters");
 }
 
 bool GradientRuntime::filled(size_t unit) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return units_ && units_->filled(unit);
+  for (const auto& strategy : strategies_) {
+    if (strategy->filled(unit)) return true;
+  }
+  return false;
 }
 
 int64_t GradientRuntime::input_bytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return units_ ? units_->input_bytes() : 0;
+  int64_t bytes = 0;
+  for (const auto& strategy : strategies_) bytes += strategy->input_bytes();
+  return bytes;
+}
+
+const at::Tensor& GradientRuntime::bucket_buffer(size_t b) const {
+  TORCH_CHECK(b < plan_.buckets.size(), "ddp: bucket ", b, " of ", plan_.buckets.size());
+  size_t k = strategies_.size() - 1;
+  while (b < strategies_[k]->events().first_bucket()) --k;  // the first strategy's is 0
+  return strategies_[k]->bucket_buffer(b - strategies_[k]->events().first_bucket());
 }
 
 int64_t GradientRuntime::num_synchronized_backwards() const {
@@ -205,7 +233,9 @@ bool GradientRuntime::start_backward_once() {
   switch (state_) {
     case State::kPreparedLocal:
       state_ = State::kBackwardLocal;
-      if (units_) units_->start_backward(/*sync=*/false, num_sync_backwards_);
+      for (auto& strategy : strategies_) {
+        strategy->start_backward(/*sync=*/false, num_sync_backwards_);
+      }
       autograd::at_end_of_backward([this] { end_local_backward(); });
       return true;
     case State::kPreparedSync:
@@ -225,8 +255,7 @@ void GradientRuntime::start_sync_backward() {
   const BackwardStarted started{num_sync_backwards_ + 1, forward_end_ns_, params_.size(),
                                 plan_.buckets.size()};
   for (auto* l : listeners_) l->backward_started(started);
-  if (units_) units_->start_backward(/*sync=*/true, num_sync_backwards_);
-  if (replicas_) replicas_->start_backward(num_sync_backwards_, replica_events_);
+  for (auto& strategy : strategies_) strategy->start_backward(/*sync=*/true, num_sync_backwards_);
 }
 
 void GradientRuntime::start_backward() {
@@ -235,44 +264,27 @@ void GradientRuntime::start_backward() {
   start_backward_once();
 }
 
-void GradientRuntime::on_replica_grad(size_t index) {
+void GradientRuntime::on_gradient(size_t k, size_t p, const at::Tensor& incoming) {
+  ReduceStrategy& strategy = *strategies_[k];
   std::unique_lock<std::mutex> lock(mutex_);
-  TORCH_CHECK(state_ != State::kIdle, "ddp: a gradient for parameter '", replicas_->names()[index],
-              "' was computed, but no forward of the DistributedDataParallel module ran since "
-              "the last backward. Each backward needs its own forward (backward twice through "
-              "one graph, e.g. with retain_graph, is not supported).");
+  strategy.before_gradient();
+  TORCH_CHECK(state_ != State::kIdle, strategy.gradient_without_forward(p));
   const bool first = start_backward_once();
-  if (state_ == State::kBackwardLocal) {
-    replicas_->mark_local_use(index);
-  } else {
-    replicas_->grad_ready(index, num_sync_backwards_, early_finish_, replica_events_);
-  }
-  // DEFAULT: a replicated parameter's gradient may be the backward's first; the sharded runtime
-  // hears of it as of a unit's (UnitObserver::backward_started: the first gradient of a backward).
+  const GradientArrival arrival{state_ == State::kBackwardSync, num_sync_backwards_, early_finish_};
+  const int64_t done = strategy.gradient_ready(p, incoming, arrival);
+  // The sharded runtime's reactions (queueing its end-of-backward work, releasing the unit's
+  // full parameters) do not call back into this object's locked state. Under DEFAULT a
+  // replicated parameter's gradient may be the backward's first: the sharded runtime hears of it
+  // as of a unit's (UnitObserver::backward_started).
   lock.unlock();
   if (first && observer_ != nullptr) observer_->backward_started();
-}
-
-void GradientRuntime::on_unit_grad(size_t p, const at::Tensor& incoming) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  units_->drop_stale_grad();
-  TORCH_CHECK(state_ != State::kIdle, "ddp: a gradient for parameter '", units_->names()[p],
-              "' was computed, but no forward of the sharded module ran since the last backward. "
-              "Each backward needs its own forward through the wrapper.");
-  const bool first = start_backward_once();
-  const int64_t done =
-      units_->grad_ready(p, incoming, state_ == State::kBackwardSync, unit_events_);
-  // The sharded runtime's reactions (queueing its end-of-backward work, releasing the unit's
-  // full parameters) do not call back into this object's locked state.
-  lock.unlock();
-  if (first) observer_->backward_started();
   if (done >= 0) observer_->unit_done(static_cast<size_t>(done));
 }
 
 void GradientRuntime::end_local_backward() {
   std::lock_guard<std::mutex> lock(mutex_);
   state_ = State::kIdle;
-  if (units_) units_->reset();
+  for (auto& strategy : strategies_) strategy->end_local_backward();
 }
 
 void GradientRuntime::finish_backward() {
@@ -280,19 +292,12 @@ void GradientRuntime::finish_backward() {
   std::lock_guard<std::mutex> lock(mutex_);
   TORCH_CHECK(state_ == State::kBackwardSync, "ddp: end of backward in unexpected state ",
               iteration_state_name(state_));
-  // Both groups finish what they launched even when the other failed: those collectives are
+  // Every strategy finishes what it launched even when another failed: those collectives are
   // matched with the other ranks' and must not be left half-done.
   std::exception_ptr failure;
-  if (units_) {
+  for (auto& strategy : strategies_) {
     try {
-      units_->finish_backward(unit_events_);
-    } catch (...) {
-      failure = std::current_exception();
-    }
-  }
-  if (replicas_) {
-    try {
-      replicas_->finish_backward(num_sync_backwards_, replica_events_);
+      strategy->finish_backward(num_sync_backwards_);
     } catch (...) {
       if (!failure) failure = std::current_exception();
     }
@@ -301,10 +306,12 @@ void GradientRuntime::finish_backward() {
     reset_iteration();
     std::rethrow_exception(failure);
   }
-  if (replicas_) replicas_->succeeded(num_sync_backwards_);
+  for (auto& strategy : strategies_) strategy->succeeded(num_sync_backwards_);
   ++num_sync_backwards_;
   for (auto* l : listeners_) l->backward_finished(num_sync_backwards_);
-  if (replicas_ && replicas_->rebuild_once()) plan_changed(/*announce=*/true);
+  bool rebuilt = false;
+  for (auto& strategy : strategies_) rebuilt = strategy->rebuild_once() || rebuilt;
+  if (rebuilt) plan_changed(/*announce=*/true);
   reset_iteration();
 }
 
@@ -315,17 +322,19 @@ void GradientRuntime::reset() {
 
 void GradientRuntime::reset_iteration() {
   state_ = State::kIdle;
-  if (units_) units_->reset();
-  if (replicas_) replicas_->reset();
+  for (auto& strategy : strategies_) strategy->reset();
 }
 
 void GradientRuntime::shadow_backward() {
   std::lock_guard<std::mutex> lock(mutex_);
   TORCH_CHECK(state_ == State::kIdle, "ddp: join's shadow backward in state ",
               iteration_state_name(state_));
-  TORCH_CHECK(!units_, "ddp: join needs DistributedDataParallel (sharded units cannot shadow)");
+  for (const auto& strategy : strategies_) {
+    TORCH_CHECK(strategy->joins(),
+                "ddp: join needs DistributedDataParallel (sharded units cannot shadow)");
+  }
   hooks_frozen_ = true;
-  replicas_->shadow(num_sync_backwards_);
+  for (auto& strategy : strategies_) strategy->shadow(num_sync_backwards_);
 }
 
 }  // namespace ddp::gradients

@@ -21,8 +21,10 @@ std::string join_names(const std::vector<std::string>& names) {
 }  // namespace
 
 ReplicaBuckets::ReplicaBuckets(ReplicaParams replicas, comm::ProcessGroupPtr pg,
-                               std::function<void(size_t)> on_ready)
-    : params_(std::move(replicas.params)),
+                               std::function<void(size_t)> on_ready,
+                               const std::vector<GradientListener*>& listeners)
+    : ReduceStrategy(listeners),
+      params_(std::move(replicas.params)),
       names_(std::move(replicas.names)),
       pg_(std::move(pg)),
       options_(replicas.options),
@@ -51,11 +53,10 @@ ReplicaBuckets::ReplicaBuckets(ReplicaParams replicas, comm::ProcessGroupPtr pg,
 
 ReplicaBuckets::~ReplicaBuckets() = default;
 
-void ReplicaBuckets::make_runtime(const hooks::CommHookPtr& hook, int64_t plan_epoch,
-                                  size_t first_index) {
+void ReplicaBuckets::make_runtime(const hooks::CommHookPtr& hook, int64_t plan_epoch) {
   runtime_.reset();
   runtime_ = std::make_unique<BucketRuntime>(params_, plan_, *storage_, pg_, hook, plan_epoch,
-                                             first_index);
+                                             events_.first_bucket());
 }
 
 bool ReplicaBuckets::build_plan(const std::vector<size_t>& order) {
@@ -91,7 +92,7 @@ std::vector<size_t> ReplicaBuckets::agree_on_order(std::vector<size_t> order,
   return order;
 }
 
-bool ReplicaBuckets::set_predicted_order(const std::vector<size_t>& predicted) {
+std::optional<bool> ReplicaBuckets::set_predicted_order(const std::vector<size_t>& predicted) {
   TORCH_CHECK(!planned_, "ddp: the predicted order must be set before the first backward");
   planned_ = true;
   rebuilt_ = true;  // predicted from the graph: no rebuild after iteration 1
@@ -115,16 +116,18 @@ bool ReplicaBuckets::needs_walk(int64_t num_sync_backwards) const {
   return options_.find_unused_parameters || (options_.static_graph && num_sync_backwards == 0);
 }
 
-void ReplicaBuckets::prepare(std::vector<bool> reachable) {
+bool ReplicaBuckets::prepare(const std::vector<bool>& reachable,
+                             const std::vector<size_t>& /*unit_order*/) {
   refuse_capture_if_host_bound();
   if (!reachable.empty()) {
     TORCH_CHECK(reachable.size() == params_.size(), "ddp: reachability for ", reachable.size(),
                 " parameters, the reducer has ", params_.size());
-    unused_.set_reachable(std::move(reachable));
+    unused_.set_reachable(reachable);
   }
   planned_ = true;  // from now on only the post-iteration-1 rebuild may change the plan
   // Gradients staged by a backward that failed before its buckets launched are stale.
   storage_->drop_staged();
+  return false;
 }
 
 void ReplicaBuckets::refuse_capture_if_host_bound() const {
@@ -141,7 +144,8 @@ void ReplicaBuckets::refuse_capture_if_host_bound() const {
               "collectives run on the host; use nccl");
 }
 
-void ReplicaBuckets::start_backward(int64_t num_sync_backwards, GroupEvents& events) {
+void ReplicaBuckets::start_backward(bool sync, int64_t num_sync_backwards) {
+  if (!sync) return;  // a local backward only marks uses (gradient_ready)
   observed_order_.clear();
   runtime_->start_backward(num_sync_backwards, divisor_);
   const bool first_iteration = num_sync_backwards == 0;
@@ -150,12 +154,24 @@ void ReplicaBuckets::start_backward(int64_t num_sync_backwards, GroupEvents& eve
   // Every rank issues the map's collective at the same point (first gradient), before any bucket.
   const std::vector<bool> unused = unused_.start_backward(map, recorded, *pg_);
   for (size_t p = 0; p < params_.size(); ++p) {
-    if (unused[p]) mark_ready(p, /*used=*/false, events);
+    if (unused[p]) mark_ready(p, /*used=*/false);
   }
 }
 
-void ReplicaBuckets::grad_ready(size_t index, int64_t num_sync_backwards, bool early_finish,
-                                GroupEvents& events) {
+std::string ReplicaBuckets::gradient_without_forward(size_t index) const {
+  return "ddp: a gradient for parameter '" + names_[index] +
+         "' was computed, but no forward of the DistributedDataParallel module ran since the "
+         "last backward. Each backward needs its own forward (backward twice through one graph, "
+         "e.g. with retain_graph, is not supported).";
+}
+
+int64_t ReplicaBuckets::gradient_ready(size_t index, const at::Tensor& /*incoming*/,
+                                       const GradientArrival& arrival) {
+  if (!arrival.sync) {
+    unused_.mark_local_use(index);
+    return -1;
+  }
+  const int64_t num_sync_backwards = arrival.num_sync_backwards;
   if (options_.static_graph && num_sync_backwards > 0) {
     TORCH_CHECK(!unused_.static_unused(index), "ddp: static_graph is set, but parameter '",
                 names_[index], "' got a gradient in iteration ", num_sync_backwards + 1,
@@ -169,13 +185,14 @@ void ReplicaBuckets::grad_ready(size_t index, int64_t num_sync_backwards, bool e
               "' became ready twice in one backward. A parameter may take part in one "
               "synchronized backward per forward; reentrant backward is not supported.");
   observed_order_.push_back(index);
-  mark_ready(index, /*used=*/true, events);
-  if (early_finish) finish_buckets(/*only_completed=*/true, events);
+  mark_ready(index, /*used=*/true);
+  if (arrival.early_finish) finish_buckets(/*only_completed=*/true);
+  return -1;
 }
 
-void ReplicaBuckets::mark_ready(size_t index, bool used, GroupEvents& events) {
+void ReplicaBuckets::mark_ready(size_t index, bool used) {
   ready_[index] = true;
-  events.grad_ready(index, used);
+  events_.grad_ready(index, used);
   at::Tensor& grad = params_[index].mutable_grad();
   at::NoGradGuard no_grad;
   if (specs_[index].sparse) {
@@ -211,20 +228,20 @@ void ReplicaBuckets::mark_ready(size_t index, bool used, GroupEvents& events) {
   }
   if (options_.overlap) {
     const size_t count = runtime_->register_grad_ready(index);
-    if (count > 0) events.launched(runtime_->launched(), count);
+    if (count > 0) events_.launched(runtime_->launched(), count);
   }
 }
 
-void ReplicaBuckets::finish_buckets(bool only_completed, GroupEvents& events) {
+void ReplicaBuckets::finish_buckets(bool only_completed) {
   // Early finish (optimizer in backward): only buckets already reduced, in order, so no wait here
   // blocks the autograd thread; and only once the used map is known.
   if (only_completed && !unused_.map_ready()) return;
   while (runtime_->has_in_flight() && (!only_completed || runtime_->next_completed())) {
-    write_back(runtime_->finish_next(), events);
+    write_back(runtime_->finish_next());
   }
 }
 
-void ReplicaBuckets::write_back(const BucketRuntime::Finished& finished, GroupEvents& events) {
+void ReplicaBuckets::write_back(const BucketRuntime::Finished& finished) {
   const buckets::Bucket& spec = plan_.buckets[finished.bucket];
   unused_.wait(*pg_);
   at::NoGradGuard no_grad;
@@ -253,10 +270,10 @@ void ReplicaBuckets::write_back(const BucketRuntime::Finished& finished, GroupEv
       grad = slot.clone();
     }
   }
-  events.finished(finished.bucket, spec.params, finished.comm_done_ns);
+  events_.finished(finished.bucket, spec.params, finished.comm_done_ns);
 }
 
-void ReplicaBuckets::finish_backward(int64_t num_sync_backwards, GroupEvents& events) {
+void ReplicaBuckets::finish_backward(int64_t num_sync_backwards) {
   std::vector<std::string> missing;
   for (size_t p = 0; p < params_.size(); ++p) {
     if (!ready_[p]) missing.push_back(names_[p]);
@@ -269,11 +286,11 @@ void ReplicaBuckets::finish_backward(int64_t num_sync_backwards, GroupEvents& ev
     for (size_t p = 0; p < params_.size(); ++p) {
       if (ready_[p]) count += runtime_->register_grad_ready(p);
     }
-    if (count > 0) events.launched(runtime_->launched(), count);
+    if (count > 0) events_.launched(runtime_->launched(), count);
   }
   while (runtime_->has_in_flight()) {
     try {
-      write_back(runtime_->finish_next(), events);
+      write_back(runtime_->finish_next());
     } catch (...) {
       if (!failure) failure = std::current_exception();
     }

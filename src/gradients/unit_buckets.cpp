@@ -12,8 +12,9 @@ namespace ddp::gradients {
 
 UnitBuckets::UnitBuckets(std::vector<ReduceUnit> units, comm::ProcessGroupPtr pg,
                          comm::ProcessGroupPtr replicate,
-                         std::function<void(size_t, const at::Tensor&)> on_grad)
-    : units_(std::move(units)), pg_(std::move(pg)) {
+                         std::function<void(size_t, const at::Tensor&)> on_grad,
+                         const std::vector<GradientListener*>& listeners)
+    : ReduceStrategy(listeners), units_(std::move(units)), pg_(std::move(pg)) {
   // One replica is no replication: nothing to average across.
   if (replicate && replicate->world_size() > 1) replicate_ = std::move(replicate);
   for (size_t u = 0; u < units_.size(); ++u) {
@@ -47,15 +48,19 @@ UnitBuckets::~UnitBuckets() {
   for (size_t p = 0; p < hook_ids_.size(); ++p) params_[p].remove_hook(hook_ids_[p]);
 }
 
-void UnitBuckets::make_runtime(const hooks::CommHookPtr& hook, int64_t plan_epoch,
-                               size_t first_index) {
+void UnitBuckets::make_runtime(const hooks::CommHookPtr& hook, int64_t plan_epoch) {
   runtime_.reset();
   plan_epoch_ = plan_epoch;
-  first_index_ = first_index;
+  const size_t first_index = events_.first_bucket();
   // Hybrid: the hook takes the cross-replica average, the reduce-scatter is the built-in one.
   cross_replica_hook_ = replicate_ ? hook : nullptr;
   runtime_ = std::make_unique<BucketRuntime>(params_, plan_, inputs_, pg_,
                                              replicate_ ? nullptr : hook, plan_epoch, first_index);
+}
+
+bool UnitBuckets::prepare(const std::vector<bool>& /*reachable*/,
+                          const std::vector<size_t>& unit_order) {
+  return set_order(unit_order);
 }
 
 bool UnitBuckets::set_order(const std::vector<size_t>& order) {
@@ -84,6 +89,7 @@ bool UnitBuckets::set_order(const std::vector<size_t>& order) {
     bucket.device = unit.options.device();
     bucket.bytes = static_cast<size_t>(bucket.numel) * c10::elementSize(bucket.dtype);
     bucket.reduction = buckets::Reduction::kReduceScatter;
+    bucket.unit = unit.index;
     plan.buckets.push_back(std::move(bucket));
     bucket_of_[u] = b;
   }
@@ -120,8 +126,15 @@ void UnitBuckets::start_backward(bool sync, int64_t num_sync_backwards) {
   }
 }
 
-int64_t UnitBuckets::grad_ready(size_t p, const at::Tensor& incoming, bool sync,
-                                GroupEvents& events) {
+std::string UnitBuckets::gradient_without_forward(size_t p) const {
+  return "ddp: a gradient for parameter '" + names_[p] +
+         "' was computed, but no forward of the sharded module ran since the last backward. "
+         "Each backward needs its own forward through the wrapper.";
+}
+
+int64_t UnitBuckets::gradient_ready(size_t p, const at::Tensor& incoming,
+                                    const GradientArrival& arrival) {
+  const bool sync = arrival.sync;
   const size_t u = unit_of_param_[p];
   TORCH_CHECK(!filled_[u], "ddp: parameter '", names_[p], "' of unit '", units_[u].name,
               "' got a gradient after the unit's reduce-scatter was issued in this backward (a "
@@ -136,12 +149,12 @@ int64_t UnitBuckets::grad_ready(size_t p, const at::Tensor& incoming, bool sync,
     runtime_->register_grad_ready(p);
     return done ? static_cast<int64_t>(u) : -1;
   }
-  events.grad_ready(p, /*used=*/true);
+  events_.grad_ready(p, /*used=*/true);
   if (!done) {
     runtime_->register_grad_ready(p);  // launches nothing: p's bucket is not complete
     return -1;
   }
-  fill_and_register(u, static_cast<int64_t>(member_of_param_[p]), incoming, events);
+  fill_and_register(u, static_cast<int64_t>(member_of_param_[p]), incoming);
   // The engine accumulates `incoming` into this parameter's .grad after this hook.
   stale_grad_ = static_cast<int64_t>(p);
   return static_cast<int64_t>(u);
@@ -175,14 +188,14 @@ void UnitBuckets::finish_in_flight() {
 
 void UnitBuckets::start_cross_replica(size_t b) {
   const comm::ForPurpose purpose(
-      {comm::Purpose::kUnitReduce, static_cast<int64_t>(first_index_ + b), plan_epoch_});
+      {comm::Purpose::kUnitReduce, static_cast<int64_t>(units_[unit_at_[b]].index), plan_epoch_});
   if (!cross_replica_hook_) {
     cross_work_[b] = replicate_->allreduce_avg_async(shards_[b]);
     return;
   }
   const ReduceUnit& unit = units_[unit_at_[b]];
   hooks::GradBucket gb;
-  gb.index = first_index_ + b;
+  gb.index = events_.first_bucket() + b;
   gb.buffer = shards_[b];
   gb.params = unit.params;
   gb.is_last = b + 1 == plan_.buckets.size();
@@ -233,8 +246,7 @@ at::Tensor UnitBuckets::reduce_input(const ReduceUnit& unit) {
   return input_pool_.narrow(0, 0, numel);
 }
 
-void UnitBuckets::fill_and_register(size_t u, int64_t member, const at::Tensor& incoming,
-                                    GroupEvents& events) {
+void UnitBuckets::fill_and_register(size_t u, int64_t member, const at::Tensor& incoming) {
   // One unit's input at a time: the reductions already launched are finished first.
   finish_in_flight();
   const size_t b = bucket_of_[u];
@@ -254,19 +266,19 @@ void UnitBuckets::fill_and_register(size_t u, int64_t member, const at::Tensor& 
       launched += runtime_->register_grad_ready(first_param_[u] + i);
     }
   }
-  if (launched > 0) events.launched(runtime_->launched(), launched);
+  if (launched > 0) events_.launched(runtime_->launched(), launched);
 }
 
-void UnitBuckets::finish_backward(GroupEvents& events) {
+void UnitBuckets::finish_backward(int64_t /*num_sync_backwards*/) {
   drop_stale_grad();
   for (size_t b = 0; b < plan_.buckets.size(); ++b) {
     const size_t u = unit_at_[b];
     if (filled_[u]) continue;
     for (size_t i = 0; i < units_[u].params.size(); ++i) {
       const size_t p = first_param_[u] + i;
-      if (!ready_[p]) events.grad_ready(p, /*used=*/false);
+      if (!ready_[p]) events_.grad_ready(p, /*used=*/false);
     }
-    fill_and_register(u, -1, at::Tensor(), events);
+    fill_and_register(u, -1, at::Tensor());
   }
   finish_in_flight();
   input_pool_ = at::Tensor();  // between steps a rank holds its shards only
@@ -274,7 +286,7 @@ void UnitBuckets::finish_backward(GroupEvents& events) {
     if (replicate_) finish_cross_replica(b);
     units_[unit_at_[b]].storage->finish_reduce_scatter(shards_[b]);
     shards_[b] = at::Tensor();
-    events.finished(b, plan_.buckets[b].params, comm_done_ns_[b]);
+    events_.finished(b, plan_.buckets[b].params, comm_done_ns_[b]);
   }
 }
 

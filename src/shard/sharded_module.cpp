@@ -154,6 +154,7 @@ ShardedModule::ShardedModule(std::shared_ptr<torch::nn::Module> module, comm::Pr
   for (auto& group : groups) {
     gradients::ReduceUnit unit;
     unit.name = group->unit_name();
+    unit.index = group->unit();
     unit.params = group->params();
     for (size_t i : group->members()) unit.names.push_back(names_[i]);
     unit.offsets = group->member_offsets();

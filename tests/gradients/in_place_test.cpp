@@ -84,7 +84,7 @@ DDP_TEST_WORKER(in_place_grads_stay_put) {
     // Never needed, the buckets' flat storage was never allocated: the gradients exist once.
     const auto& runtime = parallel::detail::gradients_of(model);
     for (size_t b = 0; b < model.bucket_plan().buckets.size(); ++b) {
-      require(!runtime.replica_bucket_buffer(b).defined(),
+      require(!runtime.bucket_buffer(b).defined(),
               "bucket " + std::to_string(b) +
                   " was allocated although every gradient of it "
                   "was reduced in place");

@@ -8,6 +8,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <set>
+
+#include "ddp/comm/flight_recorder.hpp"
+#include "ddp/comm/flight_ring.hpp"
+
 #include "support/oracle.hpp"
 #include "support/param_names.hpp"
 #include "support/regression_steps.hpp"
@@ -79,6 +84,20 @@ DDP_TEST_WORKER(sharded_module_training) {
                                                  ", planned " +
                                                  std::to_string(model.local_param_bytes()));
   require_close_by_name(model.full_parameters(), *oracle, 1e-5, "sharded training");
+  // One number per unit (house 5): the recorder tags a unit's reduce-scatters with the unit index
+  // its gathers carry (the plan's), not with the bucket's position in the backward.
+  std::set<int64_t> gathered, reduced;
+  for (const comm::FlightEntry& e : pg->flight_snapshot().entries) {
+    if (e.purpose.what == comm::Purpose::kUnitGather) gathered.insert(e.purpose.index);
+    if (e.purpose.what == comm::Purpose::kUnitReduce) reduced.insert(e.purpose.index);
+  }
+  auto list = [](const std::set<int64_t>& s) {
+    std::string out;
+    for (int64_t i : s) out += " " + std::to_string(i);
+    return out;
+  };
+  require(w == 1 || (!reduced.empty() && reduced == gathered),
+          "units gathered:" + list(gathered) + "; units reduced:" + list(reduced));
 }
 
 // no_sync: 3 micro-batches accumulate locally, the 4th reduces the sum; the oracle accumulates the

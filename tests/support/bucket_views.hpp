@@ -15,7 +15,7 @@ template <typename Model>
 bool grad_in_its_bucket(Model& model, size_t p) {
   const auto& grad = model.parameters()[p].grad();
   const auto& buffer =
-      parallel::detail::gradients_of(model).replica_bucket_buffer(model.bucket_plan().bucket_of[p]);
+      parallel::detail::gradients_of(model).bucket_buffer(model.bucket_plan().bucket_of[p]);
   if (!buffer.defined()) return false;
   const auto* begin = buffer.template data_ptr<float>();
   const auto* at = grad.template data_ptr<float>();

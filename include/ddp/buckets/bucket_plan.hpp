@@ -57,6 +57,10 @@ struct Bucket {
   c10::Device device = c10::Device(c10::kCPU);
   bool sparse = false;
   Reduction reduction = Reduction::kAllReduce;
+  // kReduceScatter: the unit index of the unit this bucket reduces, the number the flight
+  // recorder gives its collectives (the same as the unit's gathers), whatever the bucket's
+  // position in the plan.
+  size_t unit = 0;
 };
 
 struct BucketPlan {

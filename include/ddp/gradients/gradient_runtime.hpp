@@ -1,17 +1,18 @@
 #pragma once
 // GradientRuntime: THE gradient path of every style. It averages gradients over the ranks while
-// backward is still running, in buckets whose reduction is chosen per bucket (Bucket::reduction):
-// all-reduced for replicated parameters (DDP, DEFAULT's whole ones: ReplicaBuckets), reduce-
-// scattered for sharded units (FULLY_SHARD, DEFAULT's units: UnitBuckets). DEFAULT is one path:
-// one iteration state, one listener list (so its stats and trace cover every bucket), one comm
-// hook, one end-of-backward callback.
+// backward is still running, in buckets whose reduction is chosen per bucket kind, once, at
+// construction (reduce_strategy.hpp): all-reduced for replicated parameters (DDP, DEFAULT's whole
+// ones: ReplicaBuckets), reduce-scattered for sharded units (FULLY_SHARD, DEFAULT's units:
+// UnitBuckets). DEFAULT is one path: one iteration state, one listener list (so its stats and
+// trace cover every bucket), one comm hook, one end-of-backward callback; the runtime drives its
+// strategies through the same events and never branches on which kinds it holds.
 //
 //   what it owns              the iteration state (checked at every transition), the listeners,
 //                             the comm hook, the plan epoch, the count of synchronized backwards
-//   what each group owns      its parameters' hooks, plan, storage and BucketRuntime (a group's
-//                             buckets launch in its plan order; the groups' launches interleave
-//                             as their gradients come, the same on every rank: same model code,
-//                             same engine order)
+//   what each strategy owns   its parameters' hooks, plan, storage and BucketRuntime (a
+//                             strategy's buckets launch in its plan order; the strategies'
+//                             launches interleave as their gradients come, the same on every
+//                             rank: same model code, same engine order)
 //   numbering                 the units' parameters and buckets first, then the replicated ones
 //                             (GroupEvents): the listeners, the merged plan() and a comm hook's
 //                             GradBucket::index see one model
@@ -41,8 +42,8 @@
 #include "ddp/buckets/bucket_plan.hpp"
 #include "ddp/comm/process_group.hpp"
 #include "ddp/gradients/gradient_events.hpp"
-#include "ddp/gradients/group_events.hpp"
 #include "ddp/gradients/iteration_state.hpp"
+#include "ddp/gradients/reduce_strategy.hpp"
 #include "ddp/gradients/replica_buckets.hpp"
 #include "ddp/gradients/unit_buckets.hpp"
 #include "ddp/gradients/unit_storage.hpp"
@@ -124,8 +125,8 @@ class GradientRuntime {
   const std::vector<buckets::ParamSpec>& param_specs() const { return specs_; }
   const std::vector<at::Tensor>& params() const { return params_; }
   const std::vector<std::string>& names() const { return names_; }
-  // Replicated bucket b's flat storage (tests check views alias it); b in the replicas' plan.
-  const at::Tensor& replica_bucket_buffer(size_t b) const { return replicas_->bucket_buffer(b); }
+  // Bucket b's flat buffer, b in the merged plan (tests check that views alias it).
+  const at::Tensor& bucket_buffer(size_t b) const;
   int64_t num_synchronized_backwards() const;
   int64_t num_plan_changes() const { return num_plan_changes_; }
   std::string bucket_table() const;
@@ -133,15 +134,16 @@ class GradientRuntime {
  private:
   using State = IterationState;
 
-  void on_replica_grad(size_t index);
-  void on_unit_grad(size_t p, const at::Tensor& incoming);
+  // Every strategy's gradient hooks call this: `strategy`'s parameter p, with the gradient
+  // `incoming` where the hook sees it.
+  void on_gradient(size_t strategy, size_t p, const at::Tensor& incoming);
   // Under the lock: the transition of a backward's first event. Returns whether it was the first.
   bool start_backward_once();
   void start_sync_backward();
   void finish_backward();
   void end_local_backward();
   void reset_iteration();
-  // A group's plan changed: every group gets a runtime of the new epoch, the merged plan is
+  // A strategy's plan changed: every strategy gets a runtime of the new epoch, the merged plan is
   // remade. `announce`: tell on_plan_change's callback.
   void plan_changed(bool announce);
   void merge_plans();
@@ -153,8 +155,6 @@ class GradientRuntime {
   std::vector<GradientListener*> listeners_;
   bool early_finish_ = false;  // some listener wants buckets finished as soon as they complete
   std::function<void(const std::string&)> plan_callback_;
-  GroupEvents unit_events_{listeners_};
-  GroupEvents replica_events_{listeners_};
 
   // The merged view: units' parameters then the replicated ones; plan_ remade at plan changes.
   std::vector<at::Tensor> params_;
@@ -169,9 +169,9 @@ class GradientRuntime {
   int64_t num_plan_changes_ = 0;  // also the plan epoch hooks see
   int64_t forward_end_ns_ = 0;    // prepare / note_forward_end: backward's start for listeners
 
-  // The groups, last: their destructors remove the hooks before anything the hooks use goes.
-  std::unique_ptr<UnitBuckets> units_;
-  std::unique_ptr<ReplicaBuckets> replicas_;
+  // The strategies, units first, chosen once; last: their destructors remove the hooks before
+  // anything the hooks use goes.
+  std::vector<std::unique_ptr<ReduceStrategy>> strategies_;
 };
 
 }  // namespace ddp::gradients

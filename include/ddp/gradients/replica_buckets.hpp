@@ -1,7 +1,7 @@
 #pragma once
 // ReplicaBuckets: the replicated parameters' buckets (DDP, and DEFAULT's parameters that stay
-// whole), one bucket group of the GradientRuntime (gradient_runtime.hpp), which keeps the one
-// iteration state and calls this under its lock. Each concern lives in its own piece:
+// whole), all-reduced: one reduce strategy of the GradientRuntime (reduce_strategy.hpp), which
+// keeps the one iteration state and calls this under its lock. Each concern lives in its own piece:
 //   AutogradHooks   accumulator post-hooks (autograd_hooks.hpp)
 //   BucketStorage      flat storage per bucket and each parameter's slot in it (buckets/)
 //   BucketRuntime   counts ready gradients, launches and finishes the all-reduces (bucket_runtime)
@@ -58,7 +58,7 @@
 #include "ddp/gradients/autograd_hooks.hpp"
 #include "ddp/gradients/bucket_runtime.hpp"
 #include "ddp/gradients/gradient_options.hpp"
-#include "ddp/gradients/group_events.hpp"
+#include "ddp/gradients/reduce_strategy.hpp"
 #include "ddp/gradients/unused_params.hpp"
 #include "ddp/hooks/comm_hook.hpp"
 
@@ -74,66 +74,65 @@ struct ReplicaParams {
   std::vector<bool> expect_sparse;
 };
 
-class ReplicaBuckets {
+class ReplicaBuckets final : public ReduceStrategy {
  public:
   // Installs a post-hook on each parameter's gradient accumulator: `on_ready(i)` runs after
   // parameter i's gradient was accumulated (the GradientRuntime's entry point).
   ReplicaBuckets(ReplicaParams replicas, comm::ProcessGroupPtr pg,
-                 std::function<void(size_t)> on_ready);
-  ~ReplicaBuckets();
-  ReplicaBuckets(const ReplicaBuckets&) = delete;
-  ReplicaBuckets& operator=(const ReplicaBuckets&) = delete;
+                 std::function<void(size_t)> on_ready,
+                 const std::vector<GradientListener*>& listeners);
+  ~ReplicaBuckets() override;
 
-  // The runtime that executes the plan, made again after every plan change (and a new hook).
-  void make_runtime(const hooks::CommHookPtr& hook, int64_t plan_epoch, size_t first_index);
+  const std::vector<at::Tensor>& params() const override { return params_; }
+  const std::vector<std::string>& names() const override { return names_; }
+  const std::vector<buckets::ParamSpec>& specs() const override { return specs_; }
+  const buckets::BucketPlan& plan() const override { return plan_; }
+  const char* builtin_reduction() const override { return "allreduce"; }
 
-  // Plan changes; each returns whether the plan changed (the caller then makes new runtimes).
-  // Graph planning: rank 0's predicted order (completed, broadcast) before the first backward.
-  bool set_predicted_order(const std::vector<size_t>& predicted);
-  // After the first synchronized backward without graph planning: rank 0's observed order.
-  bool rebuild_once();
-  // True until the first forward has settled the plan (prediction or reverse order).
-  bool awaiting_plan() const { return !planned_; }
-
-  void follow_current_stream() { autograd_hooks_->follow_current_stream(); }
-  bool needs_walk(int64_t num_sync_backwards) const;
-  // A forward whose backward is synchronized: refuses a capture it cannot be in, takes the
-  // forward's reachability (empty: every parameter), drops gradients a failed backward staged.
-  void prepare(std::vector<bool> reachable);
-  void set_divisor(int64_t divisor) { divisor_ = divisor; }
+  void make_runtime(const hooks::CommHookPtr& hook, int64_t plan_epoch) override;
+  // Refuses a capture it cannot be in, takes the forward's reachability (empty: every
+  // parameter), drops gradients a failed backward staged. The plan does not change here.
+  bool prepare(const std::vector<bool>& reachable, const std::vector<size_t>& unit_order) override;
+  void follow_current_stream() override { autograd_hooks_->follow_current_stream(); }
 
   // The first event of a synchronized backward: the used map's collective (every rank at the same
-  // point, before any bucket), unused parameters counted ready.
-  void start_backward(int64_t num_sync_backwards, GroupEvents& events);
-  // Parameter `index`'s gradient is final (synchronized backward). `early_finish`: finish the
-  // buckets whose reduction already completed.
-  void grad_ready(size_t index, int64_t num_sync_backwards, bool early_finish, GroupEvents& events);
-  void mark_local_use(size_t index) { unused_.mark_local_use(index); }
-  // End of a synchronized backward: launches what overlap left, finishes every bucket (even after
-  // an error: those collectives are matched with the other ranks'), then throws for a failure or
-  // for parameters that got no gradient.
-  void finish_backward(int64_t num_sync_backwards, GroupEvents& events);
-  // After a synchronized backward that succeeded.
-  void succeeded(int64_t num_sync_backwards);
-  void reset();
-  // Join: the collectives of a synchronized backward, over zeros.
-  void shadow(int64_t num_sync_backwards);
+  // point, before any bucket), unused parameters counted ready. Nothing for a local one.
+  void start_backward(bool sync, int64_t num_sync_backwards) override;
+  std::string gradient_without_forward(size_t index) const override;
+  // Parameter `index`'s gradient is final. Synchronized: it joins its bucket (launched when
+  // full), and with `early_finish` the buckets whose reduction completed are finished; local:
+  // only its use is marked (find_unused_parameters under no_sync).
+  int64_t gradient_ready(size_t index, const at::Tensor& incoming,
+                         const GradientArrival& arrival) override;
+  // Launches what overlap left, finishes every bucket, then throws for a failure or for
+  // parameters that got no gradient.
+  void finish_backward(int64_t num_sync_backwards) override;
+  void succeeded(int64_t num_sync_backwards) override;
+  // After the first synchronized backward without graph planning: rank 0's observed order.
+  bool rebuild_once() override;
+  void reset() override;
 
-  const buckets::BucketPlan& plan() const { return plan_; }
-  const std::vector<buckets::ParamSpec>& specs() const { return specs_; }
-  const std::vector<at::Tensor>& params() const { return params_; }
-  const std::vector<std::string>& names() const { return names_; }
-  const GradientOptions& options() const { return options_; }
+  bool needs_walk(int64_t num_sync_backwards) const override;
+  // True until the first forward has settled the plan (prediction or reverse order).
+  bool awaiting_plan() const override { return !planned_; }
+  // Graph planning: rank 0's predicted order (completed, broadcast) before the first backward.
+  std::optional<bool> set_predicted_order(const std::vector<size_t>& predicted) override;
+  bool joins() const override { return true; }
+  void set_divisor(int64_t divisor) override { divisor_ = divisor; }
+  // Join: the collectives of a synchronized backward, over zeros.
+  void shadow(int64_t num_sync_backwards) override;
+
   // Undefined while the bucket was never needed (in-place reduction allocates it lazily).
-  const at::Tensor& bucket_buffer(size_t b) const { return storage_->storage(b); }
+  const at::Tensor& bucket_buffer(size_t b) const override { return storage_->storage(b); }
+  const GradientOptions& options() const { return options_; }
 
  private:
   void refuse_capture_if_host_bound() const;
   bool build_plan(const std::vector<size_t>& order);
   std::vector<size_t> agree_on_order(std::vector<size_t> order, const std::string& what);
-  void mark_ready(size_t index, bool used, GroupEvents& events);
-  void finish_buckets(bool only_completed, GroupEvents& events);
-  void write_back(const BucketRuntime::Finished& finished, GroupEvents& events);
+  void mark_ready(size_t index, bool used);
+  void finish_buckets(bool only_completed);
+  void write_back(const BucketRuntime::Finished& finished);
 
   std::vector<at::Tensor> params_;
   std::vector<std::string> names_;

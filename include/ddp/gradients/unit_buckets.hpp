@@ -1,8 +1,8 @@
 #pragma once
-// UnitBuckets: the sharded units' buckets (FULLY_SHARD, and DEFAULT's sharded units), one bucket
-// group of the GradientRuntime (gradient_runtime.hpp), which keeps the one iteration state and
-// calls this under its lock. Each unit is one bucket whose reduction is the averaged
-// reduce-scatter of the unit's (world, S) layout ([Note: flat shard layout],
+// UnitBuckets: the sharded units' buckets (FULLY_SHARD, and DEFAULT's sharded units),
+// reduce-scattered: one reduce strategy of the GradientRuntime (reduce_strategy.hpp), which keeps
+// the one iteration state and calls this under its lock. Each unit is one bucket whose reduction is
+// the averaged reduce-scatter of the unit's (world, S) layout ([Note: flat shard layout],
 // shard/flat_param_group.hpp): rank r receives row r, its flat shard of the average. The sharded
 // runtime (shard/sharded_module.hpp) schedules gathers, prefetches and releases; this group builds
 // a unit's reduce input when the unit's last gradient arrives (the BucketRuntime's counter says
@@ -52,7 +52,7 @@
 #include "ddp/buckets/bucket_plan.hpp"
 #include "ddp/comm/process_group.hpp"
 #include "ddp/gradients/bucket_runtime.hpp"
-#include "ddp/gradients/group_events.hpp"
+#include "ddp/gradients/reduce_strategy.hpp"
 #include "ddp/gradients/unit_storage.hpp"
 #include "ddp/hooks/comm_hook.hpp"
 
@@ -60,7 +60,8 @@ namespace ddp::gradients {
 
 // One unit as the gradient path sees it: whose gradients it reduces and how its input is made.
 struct ReduceUnit {
-  std::string name;                // for tables and errors
+  std::string name;                // its module path, for tables and errors
+  size_t index = 0;                // its unit index (ShardPlan::units): what the recorder names
   std::vector<at::Tensor> params;  // the members (tensor hooks go on them)
   std::vector<std::string> names;  // their qualified names
   // Member i's first column in a row of the (world, S) layout, and S.
@@ -72,7 +73,7 @@ struct ReduceUnit {
   UnitStorage* storage = nullptr;
 };
 
-class UnitBuckets {
+class UnitBuckets final : public ReduceStrategy {
  public:
   // Installs a tensor hook on every member: `on_grad(p, incoming)` runs with member p's (in the
   // flattened list, unit after unit) whole gradient of this backward, before it is accumulated.
@@ -80,41 +81,46 @@ class UnitBuckets {
   // hybrid sharding]).
   UnitBuckets(std::vector<ReduceUnit> units, comm::ProcessGroupPtr pg,
               comm::ProcessGroupPtr replicate,
-              std::function<void(size_t, const at::Tensor&)> on_grad);
-  ~UnitBuckets();  // removes the tensor hooks
-  UnitBuckets(const UnitBuckets&) = delete;
-  UnitBuckets& operator=(const UnitBuckets&) = delete;
+              std::function<void(size_t, const at::Tensor&)> on_grad,
+              const std::vector<GradientListener*>& listeners);
+  ~UnitBuckets() override;  // removes the tensor hooks
 
-  void make_runtime(const hooks::CommHookPtr& hook, int64_t plan_epoch, size_t first_index);
-  // `order`: units in the order their gradients are expected to complete (the reverse of the
-  // forward's); units missing from it go last. Returns whether the plan changed (the caller then
-  // makes new runtimes).
-  bool set_order(const std::vector<size_t>& order);
+  const std::vector<at::Tensor>& params() const override { return params_; }
+  const std::vector<std::string>& names() const override { return names_; }
+  const std::vector<buckets::ParamSpec>& specs() const override { return specs_; }
+  const buckets::BucketPlan& plan() const override { return plan_; }
+  const char* builtin_reduction() const override { return "reduce_scatter"; }
+
+  void make_runtime(const hooks::CommHookPtr& hook, int64_t plan_epoch) override;
+  // `unit_order`: units in the order their gradients are expected to complete (the reverse of
+  // the forward's); units missing from it go last. The plan changes when that order does.
+  bool prepare(const std::vector<bool>& reachable, const std::vector<size_t>& unit_order) override;
 
   // A backward begins: synchronized (the bucket counters armed for launching), or local (counted
   // only, so that a unit's last gradient is still known).
-  void start_backward(bool sync, int64_t num_sync_backwards);
-  // Member p's gradient `incoming`. Synchronized: a unit completed by it is filled and launched.
-  // Returns the unit p completed, or -1.
-  int64_t grad_ready(size_t p, const at::Tensor& incoming, bool sync, GroupEvents& events);
+  void start_backward(bool sync, int64_t num_sync_backwards) override;
   // The member whose full .grad the engine set after its unit filled: dropped at the next
   // gradient or the end of backward, which no longer need it.
-  void drop_stale_grad();
-  // End of a synchronized backward: units whose gradients did not all arrive (unused parameters)
-  // are filled and launched now, in plan order (every rank issues the same collectives; a missing
-  // gradient counts as zeros); every reduction finishes, each unit's storage takes its shard.
-  void finish_backward(GroupEvents& events);
-  void reset();
+  void before_gradient() override { drop_stale_grad(); }
+  std::string gradient_without_forward(size_t p) const override;
+  // Member p's gradient `incoming`. Synchronized: a unit completed by it is filled and launched.
+  // Returns the unit p completed, or -1.
+  int64_t gradient_ready(size_t p, const at::Tensor& incoming,
+                         const GradientArrival& arrival) override;
+  void end_local_backward() override { reset(); }
+  // Units whose gradients did not all arrive (unused parameters) are filled and launched now, in
+  // plan order (every rank issues the same collectives; a missing gradient counts as zeros);
+  // every reduction finishes, each unit's storage takes its shard.
+  void finish_backward(int64_t num_sync_backwards) override;
+  void reset() override;
 
   // Whether unit u's reduce input was built in this backward (its gradients are no longer in
   // the members' .grad; do not gather it again).
-  bool filled(size_t unit) const { return filled_[unit]; }
+  bool filled(size_t unit) const override { return filled_[unit]; }
   // Bytes of reduce inputs alive now (at most one unit's, plus any waiting for a predecessor).
-  int64_t input_bytes() const;
-  const buckets::BucketPlan& plan() const { return plan_; }
-  const std::vector<buckets::ParamSpec>& specs() const { return specs_; }
-  const std::vector<at::Tensor>& params() const { return params_; }
-  const std::vector<std::string>& names() const { return names_; }
+  int64_t input_bytes() const override;
+  // Bucket b's reduce input: defined from its unit's fill to its finish.
+  const at::Tensor& bucket_buffer(size_t b) const override { return inputs_.tensors[b]; }
 
  private:
   // Transient per-bucket inputs: defined from a unit's fill to its finish.
@@ -129,8 +135,9 @@ class UnitBuckets {
   // The reduce input of `unit`: a view of the one buffer every unit of a backward fills in turn
   // ([Note: one reduce input] in the source).
   at::Tensor reduce_input(const ReduceUnit& unit);
-  void fill_and_register(size_t unit, int64_t member, const at::Tensor& incoming,
-                         GroupEvents& events);
+  void fill_and_register(size_t unit, int64_t member, const at::Tensor& incoming);
+  void drop_stale_grad();
+  bool set_order(const std::vector<size_t>& order);
   void finish_in_flight();
   // [Note: hybrid sharding]: bucket b's shard averaged across the replicate group, started.
   void start_cross_replica(size_t b);
@@ -142,7 +149,6 @@ class UnitBuckets {
   comm::ProcessGroupPtr replicate_;  // null, or of more than one rank: [Note: hybrid sharding]
   hooks::CommHookPtr cross_replica_hook_;  // the comm hook, which takes the cross-replica reduce
   int64_t plan_epoch_ = 0;                 // make_runtime's: what the recorder and hooks see
-  size_t first_index_ = 0;
   int64_t iteration_ = 0;  // synchronized backwards before this one (GradBucket::iteration)
   std::vector<at::Tensor> params_;  // every unit's members, unit after unit
   std::vector<std::string> names_;

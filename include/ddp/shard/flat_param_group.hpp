@@ -141,6 +141,8 @@ class FlatParamGroup : public gradients::UnitStorage {
 
   ShardedState state() const { return state_; }
   const std::string& unit_name() const { return unit_name_; }
+  // Its unit index in the plan (ShardPlan::units): the number the recorder names it by.
+  size_t unit() const { return unit_; }
   // The parameters this group manages, by index into the plan's parameters.
   const std::vector<size_t>& members() const { return members_; }
   const std::vector<at::Tensor>& params() const { return handles_; }
