@@ -79,6 +79,7 @@ SpawnResult spawn_local_workers(const SpawnOptions& options) {
   group.prefix_rank0_stdout = options.prefix_rank0_stdout;
   group.forward_signals = options.forward_signals;
   group.name = options.name;
+  group.fork_main = options.fork_main;
   const GroupResult r = run_worker_group(group);
   SpawnResult result;
   result.workers = r.workers;

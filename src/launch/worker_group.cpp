@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
@@ -169,7 +171,8 @@ struct Worker {
   std::string channel;  // what the channel sent after its last whole line
 };
 
-// Between fork and exec: async-signal-safe calls only.
+// Between fork and exec: async-signal-safe calls only (with fork_main, the worker's own code runs
+// after them instead of exec).
 [[noreturn]] void exec_worker(const WorkerGroupOptions& o, const std::vector<std::string>& env,
                               int out_w, int err_w, int channel_w, pid_t launcher) {
   // Own process group: see [Note: worker process groups] in worker_group.hpp.
@@ -185,6 +188,15 @@ struct Worker {
   if (out_w >= 0) ::dup2(out_w, STDOUT_FILENO);  // dup2 clears O_CLOEXEC on the copy only
   if (err_w >= 0) ::dup2(err_w, STDERR_FILENO);
   ::fcntl(channel_w, F_SETFD, 0);  // the launcher channel crosses exec (DDP_LAUNCHER_FD)
+  if (o.fork_main) {
+    // No exec: the worker's environment replaces the launcher's, the function runs here, and
+    // the process ends without the launcher's exit handlers and destructors (they are not ours).
+    ::clearenv();
+    for (const auto& e : env) ::putenv(const_cast<char*>(e.c_str()));
+    const int code = o.fork_main();
+    std::fflush(nullptr);
+    ::_exit(code);
+  }
   std::vector<char*> args, envp;
   for (const auto& a : o.argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
@@ -256,6 +268,8 @@ class GroupRunner {
       const sigset_t set = handled_set();
       sigset_t old;
       ::sigprocmask(SIG_BLOCK, &set, &old);
+      // A forked worker flushes its stdio at the end: what our buffers hold now would go out twice.
+      if (o_.fork_main) std::fflush(nullptr);
       const pid_t pid = ::fork();
       if (pid == 0) exec_worker(o_, env, out_pipe[1], err_pipe[1], channel[1], self);
       const int fork_errno = errno;

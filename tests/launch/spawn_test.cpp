@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <optional>
 #include <stdexcept>
@@ -136,6 +137,36 @@ TEST(Spawn, KeepsASetThreadCountAndPassesTheRestartCountOn) {
   const std::string out = ::testing::internal::GetCapturedStdout();
   ASSERT_TRUE(r.ok()) << r.describe();
   EXPECT_NE(out.find("[rank 1] omp=3 restart=2\n"), std::string::npos) << out;
+}
+
+// fork_main: each worker is a fork of this process running the function, with its own
+// environment (the launcher's variables and the extra ones), its lines prefixed as an exec'd
+// worker's, its return value its exit code, and nothing of the parent's buffered output again.
+TEST(Spawn, AForkedWorkerRunsTheFunctionWithItsEnvironment) {
+  SpawnOptions o = shell(3, "exit 99");  // argv names the workers only
+  o.env["EXTRA"] = "forked";
+  o.fork_main = [] {
+    const std::string rank = std::getenv("RANK");
+    std::printf("rank=%s world=%s extra=%s\n", rank.c_str(), std::getenv("WORLD_SIZE"),
+                std::getenv("EXTRA"));
+    return rank == "2" ? 7 : 0;
+  };
+  ::testing::internal::CaptureStdout();
+  std::printf("parent's unflushed line\n");  // still in our stdio buffer when the workers fork
+  const SpawnResult r = spawn_local_workers(o);
+  std::fflush(stdout);
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  ASSERT_EQ(r.workers.size(), 3u);
+  EXPECT_EQ(r.workers[0].exit_code, 0) << r.describe();
+  EXPECT_EQ(r.workers[2].exit_code, 7) << r.describe();
+  for (const std::string rank : {"0", "2"}) {
+    EXPECT_NE(out.find("[rank " + rank + "] rank=" + rank + " world=3 extra=forked\n"),
+              std::string::npos)
+        << out;
+  }
+  const size_t first = out.find("parent's unflushed line");
+  EXPECT_NE(first, std::string::npos) << out;
+  EXPECT_EQ(out.find("parent's unflushed line", first + 1), std::string::npos) << out;
 }
 
 #ifdef DDP_TRAIN_PATH

@@ -1,7 +1,9 @@
 #pragma once
-// Multi-process tests: the gtest body (the parent) spawns N copies of this test binary with
-// DDP_TEST_WORKER=<name> and the torchrun environment; main() then runs the named worker instead
-// of gtest. A worker fails by throwing; its message goes to stderr and its exit code is 1.
+// Multi-process tests: the gtest body (the parent) starts N workers of this test binary with
+// DDP_TEST_WORKER=<name> and the torchrun environment, each running the named worker instead of
+// gtest: forks of the parent on the CPU build (no second libtorch start-up; the default
+// generator's seed reset as a fresh process has it), exec'd copies on the GPU build (a fork
+// cannot use CUDA). A worker fails by throwing; its message goes to stderr and its exit code is 1.
 
 #include <chrono>
 #include <functional>

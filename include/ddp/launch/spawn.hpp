@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -45,6 +46,9 @@ struct SpawnOptions {
   // Where the workers' flight recorder dumps go (--flight-recorder), said when the job fails;
   // "" (default): nothing said.
   std::string flight_recorder_dir;
+  // As WorkerGroupOptions::fork_main: unset (default) execs argv; set, each worker is a fork of
+  // this process running it.
+  std::function<int()> fork_main;
 };
 
 struct SpawnResult {

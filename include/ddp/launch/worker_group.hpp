@@ -33,6 +33,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -90,6 +91,14 @@ struct WorkerGroupOptions {
   bool forward_signals = true;
   // The launcher's name in front of its own lines ("ddp-run: rank 1 exited with code 3").
   std::string name = "ddp-run";
+  // Unset (default): each worker execs argv. Set: each worker is a fork of the launcher that
+  // runs this function (with the worker's environment and streams in place, its return value the
+  // exit code) and never returns into the launcher's code. For a program that is its own worker:
+  // it starts without loading itself again (Debian's libtorch takes ~0.7 s of CPU to start, more
+  // than most test bodies run). Only where the launcher holds no CUDA context and no other
+  // thread holds a lock the function needs (a fork keeps only the calling thread): the CPU test
+  // binary. argv still names the workers in messages.
+  std::function<int()> fork_main;
 };
 
 struct WorkerExit {
