@@ -32,6 +32,7 @@
 
 #include "ddp/comm/init.hpp"
 #include "ddp/io/checkpoint_coordinator.hpp"
+#include "ddp/io/full_state_dict.hpp"
 #include "ddp/shard/sharded_module.hpp"
 
 // One residual block: a FULLY_SHARD unit.
@@ -109,13 +110,12 @@ int run(int argc, char** argv) {
   torch::optim::SGD optimizer(model.module()->parameters(),
                               torch::optim::SGDOptions(0.02).momentum(0.9));
 
-  // What a checkpoint holds: parameters and optimizer state (split as the wrapper's layouts say),
-  // the step, the data position and the CPU generator.
-  const ddp::layout::TensorLayouts layouts = model.layouts();
+  // What a checkpoint holds: parameters and optimizer state (split as the wrapper's sharding
+  // says), the step, the data position and the CPU generator.
   ddp::io::TrainingState state;
   state.model = model.module().ptr().get();
   state.optimizer = &optimizer;
-  state.layouts = layouts;
+  state.sharding = model.sharding();
   ddp::io::CoordinatorOptions checkpoints;
   checkpoints.root = dir;
   int64_t first_step = 1;
@@ -162,9 +162,13 @@ int run(int argc, char** argv) {
     }
   }
 
-  // A checksum of the whole parameters (gathered from the shards; collective) to compare runs.
+  // A checksum of the whole parameters (gathered from the shards by the export, io::whole_state;
+  // collective) to compare runs.
+  const ddp::io::TensorMap whole = ddp::io::whole_state(*model.module(), model.sharding());
   double checksum = 0;
-  for (const auto& [name, p] : model.full_parameters()) checksum += p.abs().sum().item<double>();
+  for (const auto& item : model.module()->named_parameters()) {
+    checksum += whole.at(item.key()).abs().sum().item<double>();
+  }
   std::printf("rank %d: step %lld, final loss %.9g, parameter checksum %.9g\n", rank,
               static_cast<long long>(steps), loss_value, checksum);
   pg->barrier("end");

@@ -16,8 +16,9 @@
 //   data        ddp::DistributedSampler, ddp::LoaderSampler
 //   checkpoints ddp::save_and_barrier, ddp::resume_latest over an io::TrainingState;
 //               ddp::AsyncCheckpointer (written while training goes on)
-//   export      ddp::whole_state(module, model.sharding()) (every style and mesh), ddp::save_weights
-//   recipe      ddp::Sgd, ddp::Adam, ddp::AdamW (one per algorithm, eager and captured: rate and
+//   export      ddp::whole_state(module, model.sharding()) (every style and mesh),
+//   ddp::save_weights recipe      ddp::Sgd, ddp::Adam, ddp::AdamW (one per algorithm, eager and
+//   captured: rate and
 //               step count on the device), ddp::weight_decay_groups (AdamW's groups), ddp::lr_at
 //               and ddp::LrDecay (warmup, cosine), ddp::set_lr, ddp::clip_grad_norm(model[, tp],
 //               max_norm) over any style and mesh, ddp::GradClipper (the norm and skip on the
@@ -32,13 +33,13 @@
 // they may change without notice (docs/api.md draws the line).
 
 #include "ddp/comm/device_mesh.hpp"
-#include "ddp/comm/node_layout.hpp"
-#include "ddp/comm/submesh.hpp"
 #include "ddp/comm/env.hpp"
-#include "ddp/comm/flight_recorder.hpp"
 #include "ddp/comm/init.hpp"
 #include "ddp/comm/metric_reduction.hpp"
+#include "ddp/comm/node_layout.hpp"
 #include "ddp/comm/process_group.hpp"
+#include "ddp/comm/recorder/flight_recorder.hpp"
+#include "ddp/comm/submesh.hpp"
 #include "ddp/data/distributed_sampler.hpp"
 #include "ddp/data/loader_sampler.hpp"
 #include "ddp/graphs/captured_step.hpp"
@@ -92,8 +93,8 @@ using io::resume_latest;
 using io::save_and_barrier;
 using io::save_weights;
 using io::TensorMap;
-using io::whole_state;
 using io::TrainingState;
+using io::whole_state;
 using optim::Adam;
 using optim::AdamW;
 using optim::ClipOptions;

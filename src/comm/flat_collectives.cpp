@@ -6,10 +6,10 @@
 
 #include "ddp/comm/process_group.hpp"
 
-#include "ddp/comm/collective_progress.hpp"
-#include "ddp/comm/collective_watchdog.hpp"
 #include "ddp/comm/flat_shards.hpp"
 #include "ddp/comm/made_backend.hpp"
+#include "ddp/comm/recorder/collective_progress.hpp"
+#include "ddp/comm/recorder/collective_watchdog.hpp"
 
 namespace ddp::comm {
 

@@ -5,7 +5,7 @@
 
 #include <limits>
 
-#include "ddp/comm/flight_recorder.hpp"
+#include "ddp/comm/recorder/flight_recorder.hpp"
 
 namespace ddp::comm {
 

@@ -1,12 +1,12 @@
 #include "ddp/comm/process_group.hpp"
 
-#include "ddp/comm/collective_check.hpp"
-#include "ddp/comm/collective_progress.hpp"
-#include "ddp/comm/collective_watchdog.hpp"
 #include "ddp/comm/done_work.hpp"
 #include "ddp/comm/flat_shards.hpp"
-#include "ddp/comm/flight_recorder.hpp"
 #include "ddp/comm/made_backend.hpp"
+#include "ddp/comm/recorder/collective_check.hpp"
+#include "ddp/comm/recorder/collective_progress.hpp"
+#include "ddp/comm/recorder/collective_watchdog.hpp"
+#include "ddp/comm/recorder/flight_recorder.hpp"
 
 #include <c10/core/Event.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>

@@ -8,7 +8,7 @@
 #include <condition_variable>
 #include <mutex>
 
-#include "ddp/comm/flight_recorder.hpp"
+#include "ddp/comm/recorder/flight_recorder.hpp"
 #include "ddp/obs/timeline.hpp"
 
 namespace ddp::gradients {
@@ -87,13 +87,13 @@ std::string BucketRuntime::describe(size_t b) const {
   return text;
 }
 
-void BucketRuntime::start_backward(int64_t iteration, int64_t divisor) {
+void BucketRuntime::arm_synchronized(int64_t iteration, int64_t divisor) {
   arm(/*local=*/false);
   iteration_ = iteration;
   divisor_ = divisor;
 }
 
-void BucketRuntime::start_local() { arm(/*local=*/true); }
+void BucketRuntime::arm_local() { arm(/*local=*/true); }
 
 void BucketRuntime::arm(bool local) {
   TORCH_CHECK(in_flight_.empty(), "ddp: a ", local ? "local" : "synchronized",
@@ -294,7 +294,7 @@ void BucketRuntime::reset() {
 
 void BucketRuntime::shadow_sync(int64_t iteration) {
   at::NoGradGuard no_grad;
-  start_backward(iteration, 0);
+  arm_synchronized(iteration, 0);
   // The same collectives, in the same order, as the bucket launches of a synchronized backward.
   for (size_t b = 0; b < buckets_.size(); ++b) {
     TORCH_CHECK(!plan_.buckets[b].sparse, "ddp: join does not support sparse gradients (bucket ", b,

@@ -147,12 +147,12 @@ void ReplicaBuckets::refuse_capture_if_host_bound() const {
 void ReplicaBuckets::start_backward(bool sync, int64_t num_sync_backwards) {
   if (!sync) return;  // a local backward only marks uses (gradient_ready)
   observed_order_.clear();
-  runtime_->start_backward(num_sync_backwards, divisor_);
+  runtime_->arm_synchronized(num_sync_backwards, divisor_);
   const bool first_iteration = num_sync_backwards == 0;
   const bool recorded = options_.static_graph && !first_iteration;
   const bool map = options_.find_unused_parameters || (options_.static_graph && first_iteration);
   // Every rank issues the map's collective at the same point (first gradient), before any bucket.
-  const std::vector<bool> unused = unused_.start_backward(map, recorded, *pg_);
+  const std::vector<bool> unused = unused_.find_unused(map, recorded, *pg_);
   for (size_t p = 0; p < params_.size(); ++p) {
     if (unused[p]) mark_ready(p, /*used=*/false);
   }

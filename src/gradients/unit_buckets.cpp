@@ -6,7 +6,7 @@
 #include <algorithm>
 
 #include "ddp/autograd/accumulation_hook.hpp"
-#include "ddp/comm/flight_recorder.hpp"
+#include "ddp/comm/recorder/flight_recorder.hpp"
 
 namespace ddp::gradients {
 
@@ -120,9 +120,9 @@ int64_t UnitBuckets::input_bytes() const {
 void UnitBuckets::start_backward(bool sync, int64_t num_sync_backwards) {
   iteration_ = num_sync_backwards;
   if (sync) {
-    runtime_->start_backward(num_sync_backwards, 0);
+    runtime_->arm_synchronized(num_sync_backwards, 0);
   } else {
-    runtime_->start_local();
+    runtime_->arm_local();
   }
 }
 

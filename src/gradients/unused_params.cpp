@@ -1,7 +1,7 @@
 #include "ddp/gradients/unused_params.hpp"
 
 #include <ATen/ATen.h>
-#include "ddp/comm/flight_recorder.hpp"
+#include "ddp/comm/recorder/flight_recorder.hpp"
 
 namespace ddp::gradients {
 
@@ -13,7 +13,7 @@ UnusedParams::UnusedParams(size_t num_params, const at::TensorOptions& device_li
   wire_ = on_device_ ? at::zeros({n}, device_like.dtype(at::kInt)) : local_;
 }
 
-std::vector<bool> UnusedParams::start_backward(bool map, bool recorded, comm::ProcessGroup& pg) {
+std::vector<bool> UnusedParams::find_unused(bool map, bool recorded, comm::ProcessGroup& pg) {
   const size_t n = reachable_.size();
   std::vector<bool> unused(n, false);
   if (recorded) {

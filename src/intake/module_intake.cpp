@@ -8,8 +8,8 @@
 #include <unordered_map>
 
 #include "ddp/comm/broadcast_coalesced.hpp"
-#include "ddp/comm/flight_recorder.hpp"
 #include "ddp/comm/process_group.hpp"
+#include "ddp/comm/recorder/flight_recorder.hpp"
 #include "ddp/intake/replica_check.hpp"
 
 namespace ddp::intake {

@@ -15,7 +15,7 @@
 #include "checkpoint_contents.hpp"
 #include "checkpoint_dir.hpp"
 #include "ddp/comm/control_scalars.hpp"
-#include "ddp/comm/flight_recorder.hpp"
+#include "ddp/comm/recorder/flight_recorder.hpp"
 #include "ddp/files/posix_file.hpp"
 #include "ddp/io/sharded_checkpoint.hpp"
 #include "ddp/obs/log.hpp"
@@ -57,7 +57,6 @@ struct WriteJob {
   std::string root, tmp;
   int keep = 3;
   int rank = 0, world_size = 1;
-  bool replicated = false;  // rank 0 alone writes (and waits for no one)
   std::chrono::milliseconds commit_timeout{0};
   detail::CheckpointContents contents;  // staged
   Manifest manifest;                    // step, data position, global batch, world size
@@ -118,17 +117,14 @@ std::string write_checkpoint(WriteJob& job, const std::atomic<bool>& cancel) {
     write_error = std::current_exception();
   }
   if (!root) {
-    if (!job.replicated) {
-      set_text(*job.store, job.key + std::to_string(job.rank),
-               write_error ? "!" + text_of(write_error) : encode_files(mine));
-    }
+    set_text(*job.store, job.key + std::to_string(job.rank),
+             write_error ? "!" + text_of(write_error) : encode_files(mine));
     if (write_error) std::rethrow_exception(write_error);
     return "";
   }
   // Rank 0 hears every rank out before its guard removes the directory they write into, so
   // that each failure is reported as itself, not as a missing directory.
-  std::vector<ManifestFile> others;
-  if (!job.replicated) others = gather_entries(job, cancel);
+  std::vector<ManifestFile> others = gather_entries(job, cancel);
   if (write_error) std::rethrow_exception(write_error);
   job.manifest.optimizer = job.contents.optimizer;
   job.manifest.sharded = job.contents.sharded;
@@ -143,7 +139,7 @@ std::string write_checkpoint(WriteJob& job, const std::atomic<bool>& cancel) {
 }  // namespace
 
 struct AsyncCheckpointer::Flight {
-  std::thread thread;  // not joinable on a rank with nothing to write
+  std::thread thread;  // not joinable when staging failed
   std::atomic<bool> done{false};
   std::atomic<bool> cancel{false};
   AsyncSaveEnd end;  // written by the thread before `done`
@@ -225,10 +221,9 @@ AsyncSaveStart AsyncCheckpointer::save(const TrainingState& state) {
   land();
   agree_on_last();
 
-  const bool split = state.split_layouts() != nullptr;
-  if (split) {
-    check_layouts_group("AsyncCheckpointer::save", *state.split_layouts(), group_.world_size(),
-                        group_.rank());
+  if (state.split_layouts() != nullptr) {
+    check_sharding_group("AsyncCheckpointer::save", *state.split_layouts(), group_.world_size(),
+                         group_.rank());
   }
   const bool root = group_.rank() == 0;
   at::Tensor pid = comm::control_tensor(group_, {root ? int64_t(::getpid()) : 0});
@@ -241,7 +236,6 @@ AsyncSaveStart AsyncCheckpointer::save(const TrainingState& state) {
   job->keep = options_.coordinator.keep;
   job->rank = group_.rank();
   job->world_size = group_.world_size();
-  job->replicated = !split;
   job->commit_timeout = options_.commit_timeout;
   job->manifest.step = state.step;
   job->manifest.data_position = state.data_position;
@@ -255,40 +249,34 @@ AsyncSaveStart AsyncCheckpointer::save(const TrainingState& state) {
 
   flight_ = std::make_unique<Flight>();
   flight_->end.step = state.step;
-  if (split || root) {
-    try {
-      job->contents = staging_->stage(split ? detail::shard_contents(state, group_.rank())
-                                            : detail::replicated_contents(state));
-    } catch (...) {
-      // Reported as a failed write would be (poll(), then the next save on every rank); rank 0's
-      // writer hears of it through the store, and without rank 0's writer the directory goes.
-      flight_->end.error = text_of(std::current_exception());
-      if (!root)
-        set_text(group_.store(), job->key + std::to_string(group_.rank()),
-                 "!" + flight_->end.error);
-      if (root) files::remove_tree(job->tmp);
-      flight_->done = true;
-      out.blocked_s = seconds_since(start);
-      return out;
-    }
-    out.staged_bytes = staging_->bytes();
-    Flight* flight = flight_.get();
-    detail::HostStaging* staging = staging_.get();
-    flight->thread = std::thread([flight, staging, job = std::move(job)]() mutable {
-      const Clock::time_point written = Clock::now();
-      try {
-        flight->end.dir = write_checkpoint(*job, flight->cancel);
-      } catch (...) {
-        flight->end.error = text_of(std::current_exception());
-      }
-      flight->end.written_s = seconds_since(written);
-      job.reset();  // the staged tensors' references: pinning replaces their buffers
-      staging->pin_for_next_save();
-      flight->done = true;
-    });
-  } else {
-    flight_->done = true;  // replicated state: rank 0's copy is the checkpoint
+  try {
+    job->contents = staging_->stage(detail::rank_contents(state, group_.rank()));
+  } catch (...) {
+    // Reported as a failed write would be (poll(), then the next save on every rank); rank 0's
+    // writer hears of it through the store, and without rank 0's writer the directory goes.
+    flight_->end.error = text_of(std::current_exception());
+    if (!root)
+      set_text(group_.store(), job->key + std::to_string(group_.rank()), "!" + flight_->end.error);
+    if (root) files::remove_tree(job->tmp);
+    flight_->done = true;
+    out.blocked_s = seconds_since(start);
+    return out;
   }
+  out.staged_bytes = staging_->bytes();
+  Flight* flight = flight_.get();
+  detail::HostStaging* staging = staging_.get();
+  flight->thread = std::thread([flight, staging, job = std::move(job)]() mutable {
+    const Clock::time_point written = Clock::now();
+    try {
+      flight->end.dir = write_checkpoint(*job, flight->cancel);
+    } catch (...) {
+      flight->end.error = text_of(std::current_exception());
+    }
+    flight->end.written_s = seconds_since(written);
+    job.reset();  // the staged tensors' references: pinning replaces their buffers
+    staging->pin_for_next_save();
+    flight->done = true;
+  });
   out.blocked_s = seconds_since(start);
   return out;
 }

@@ -129,18 +129,12 @@ std::string save_checkpoint_files(const CheckpointOptions& options, const Traini
   manifest.data_position = state.data_position;
   manifest.global_batch = state.global_batch;
   manifest.world_size = options.world_size;
-  if (state.split_layouts() != nullptr) {
-    // Split state on one process: its one piece is everything, in the split format all the same,
-    // so that the checkpoint records the layouts like one written by more ranks.
-    ShardFiles files = write_shard_files(tmp, state, 0);
-    manifest.optimizer = files.optimizer;
-    manifest.files = std::move(files.files);
-    manifest.sharded = std::move(files.sharded);
-  } else {
-    const detail::CheckpointContents contents = detail::replicated_contents(state);
-    manifest.optimizer = contents.optimizer;
-    manifest.files = detail::write_contents(tmp, contents);
-  }
+  // The one writer as rank 0 (split state on one process: its one piece is everything, and the
+  // checkpoint records the layouts like one written by more ranks).
+  ShardFiles files = write_shard_files(tmp, state, 0);
+  manifest.optimizer = files.optimizer;
+  manifest.files = std::move(files.files);
+  manifest.sharded = std::move(files.sharded);
   const std::string final =
       detail::finish_checkpoint_dir(options.root, tmp, manifest, options.keep);
   guard.published = true;
@@ -216,7 +210,7 @@ Manifest load_checkpoint(const std::string& dir, int world_size, TrainingState& 
   const bool rank_files = std::any_of(head.files.begin(), head.files.end(),
                                       [](const ManifestFile& f) { return f.rank != kReplicated; });
   if (state.split_layouts() != nullptr)
-    check_layouts_group("load_checkpoint", *state.split_layouts(), world_size, rank);
+    check_sharding_group("load_checkpoint", *state.split_layouts(), world_size, rank);
   if (state.split_layouts() != nullptr || rank_files || !head.sharded.empty()) {
     // Split state in the run or in the checkpoint: each rank reads (and verifies) only the files
     // holding pieces it needs, onto any mesh.

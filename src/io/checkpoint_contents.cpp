@@ -4,22 +4,8 @@
 
 #include "c10_errors.hpp"
 #include "checkpoint_dir.hpp"
-#include "ddp/io/checkpoint_state.hpp"
 
 namespace ddp::io::detail {
-
-CheckpointContents replicated_contents(const TrainingState& state) {
-  CheckpointContents out;
-  out.metadata = {{"format", "ddp-checkpoint"}, {"step", std::to_string(state.step)}};
-  out.files.push_back({kModelFile, model_tensors(*state.model), kReplicated});
-  if (state.optimizer != nullptr) {
-    out.optimizer = optimizer_kind(*state.optimizer);
-    out.files.push_back(
-        {kOptimFile, optimizer_tensors(*state.optimizer, *state.model), kReplicated});
-  }
-  out.files.push_back({kRngFile, rng_tensors(), kReplicated});
-  return out;
-}
 
 std::vector<ManifestFile> write_contents(const std::string& dir,
                                          const CheckpointContents& contents) {

@@ -28,13 +28,10 @@ struct CheckpointContents {
   std::map<std::string, std::string> metadata;  // every file's safetensors "__metadata__"
 };
 
-// Replicated state (no layouts split a parameter): model, optimizer (when set) and CPU generator,
-// all kReplicated. Rank 0's whole checkpoint.
-CheckpointContents replicated_contents(const TrainingState& state);
-
-// Split state: rank `rank`'s pieces, and on rank 0 also the replicated files
-// (sharded_checkpoint.hpp says which; write_shard_files' checks).
-CheckpointContents shard_contents(const TrainingState& state, int rank);
+// Rank `rank`'s files of `state`, by its sharding: its pieces of what the sharding splits, and on
+// rank 0 also the replicated files (model, optimizer when set, CPU generator; all of the model
+// when nothing is split). write_shard_files' checks (sharded_checkpoint.hpp).
+CheckpointContents rank_contents(const TrainingState& state, int rank);
 
 // Writes every file of `contents` into the existing directory `dir`, each atomically (fsynced),
 // and returns their manifest entries (size and SHA-256 as on disk).

@@ -12,7 +12,7 @@
 #include "c10_errors.hpp"
 #include "checkpoint_dir.hpp"
 #include "ddp/comm/control_scalars.hpp"
-#include "ddp/comm/flight_recorder.hpp"
+#include "ddp/comm/recorder/flight_recorder.hpp"
 #include "ddp/io/sharded_checkpoint.hpp"
 #include "every_rank.hpp"
 #include "store_entries.hpp"
@@ -27,7 +27,8 @@ constexpr int64_t kChoiceFailed = -2;
 using detail::decode_files;  // store_entries.hpp
 using detail::encode_files;
 
-// save_and_barrier for split state, [Note: per-rank shard files]:
+// save_and_barrier, every sharding ([Note: per-rank shard files]; nothing split: rank 0 alone has
+// files to write, the others report none):
 //   all:    rank 0's pid, broadcast, names the temporary directory every rank writes into
 //   rank 0: start_checkpoint_dir                          -- then a failure count (a barrier)
 //   all:    write_shard_files; its entries to the store   -- failure count
@@ -35,10 +36,12 @@ using detail::encode_files;
 //                                                          -- failure count: published for all
 // A failure anywhere stops every rank after the step it happened in, and rank 0's guard removes
 // the temporary directory: the checkpoints saved before are untouched.
-std::string save_sharded(comm::ProcessGroup& group, const CoordinatorOptions& options,
+std::string save_by_rank(comm::ProcessGroup& group, const CoordinatorOptions& options,
                          const TrainingState& state) {
-  const comm::ForPurpose purpose({comm::Purpose::kCheckpoint});
-  check_layouts_group("save_and_barrier", *state.split_layouts(), group.world_size(), group.rank());
+  if (state.split_layouts() != nullptr) {
+    check_sharding_group("save_and_barrier", *state.split_layouts(), group.world_size(),
+                         group.rank());
+  }
   const bool root = group.rank() == 0;
   at::Tensor pid = comm::control_tensor(group, {root ? int64_t(::getpid()) : 0});
   group.broadcast(pid, 0, "checkpoint directory broadcast");
@@ -122,19 +125,9 @@ std::string save_and_barrier(comm::ProcessGroup& group, const CoordinatorOptions
                              const TrainingState& state) {
   const comm::ForPurpose purpose({comm::Purpose::kCheckpoint});
   TORCH_CHECK(!options.root.empty(), "ddp: save_and_barrier: CoordinatorOptions::root is empty");
-  if (state.split_layouts() != nullptr) return save_sharded(group, options, state);
-  CheckpointOptions checkpoint;
-  checkpoint.root = options.root;
-  checkpoint.keep = options.keep;
-  checkpoint.rank = group.rank();
-  checkpoint.world_size = group.world_size();
-  std::string dir;
-  // The all-reduce inside is the barrier: nobody returns before rank 0's save has returned, and
-  // save_checkpoint returns only once the checkpoint is renamed into place and fsynced.
-  detail::on_every_rank(group, "checkpoint barrier",
-                        "checkpoint step-" + std::to_string(state.step) + " could not be saved",
-                        [&] { dir = save_checkpoint(checkpoint, state); });
-  return dir;
+  // The last failure count is the barrier: nobody returns before rank 0 has renamed the
+  // checkpoint into place and fsynced its root.
+  return save_by_rank(group, options, state);
 }
 
 }  // namespace ddp::io

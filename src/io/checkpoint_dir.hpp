@@ -1,7 +1,8 @@
 #pragma once
-// The directory protocol of a checkpoint save (checkpoint.hpp), in the pieces that the replicated
-// save (rank 0 writes everything) and the sharded save (every rank writes its files into rank
-// 0's temporary directory, checkpoint_coordinator.cpp) share. Private to src/io.
+// The directory protocol of a checkpoint save (checkpoint.hpp), in the pieces that the saves
+// share: one process's (save_checkpoint) and the ranks' (every rank writes its files, none when it
+// holds nothing split, into rank 0's temporary directory: checkpoint_coordinator.cpp and the
+// background save). Private to src/io.
 //
 //   start_checkpoint_dir    <root> exists, dead writers' .tmp-step-* removed, <tmp> fresh
 //   ... the files, each written atomically (fsynced) by whoever owns it; describe_file each

@@ -5,7 +5,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
-#include "ddp/comm/layout_tensors.hpp"
+#include "ddp/comm/sharding/layout_tensors.hpp"
 
 namespace ddp::io {
 

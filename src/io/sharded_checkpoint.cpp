@@ -13,7 +13,7 @@
 #include "c10_errors.hpp"
 #include "checkpoint_contents.hpp"
 #include "checkpoint_dir.hpp"
-#include "ddp/comm/layout_tensors.hpp"
+#include "ddp/comm/sharding/layout_tensors.hpp"
 #include "ddp/io/checkpoint_state.hpp"
 #include "ddp/io/safetensors.hpp"
 
@@ -77,7 +77,7 @@ const layout::TensorLayouts& layouts_of(const TrainingState& state) {
 std::vector<LiveParam> live_params(const TrainingState& state) {
   const layout::TensorLayouts& layouts = layouts_of(state);
   TORCH_CHECK(layouts.coordinate.size() == layouts.mesh.size(),
-              "ddp: checkpoint: TrainingState::layouts has a coordinate of ",
+              "ddp: checkpoint: TrainingState::sharding has a coordinate of ",
               layouts.coordinate.size(), " dims on a mesh of ", layouts.mesh.size());
   std::vector<LiveParam> out;
   std::set<const c10::TensorImpl*> seen;
@@ -183,16 +183,16 @@ std::string optim_shard_file(int rank) {
 
 namespace detail {
 
-CheckpointContents shard_contents(const TrainingState& state, int rank) {
+CheckpointContents rank_contents(const TrainingState& state, int rank) {
   TORCH_CHECK(state.model != nullptr, "ddp: checkpoint: TrainingState::model is null");
-  TORCH_CHECK(state.split_layouts() != nullptr,
-              "ddp: checkpoint: write_shard_files needs TrainingState::layouts");
-  const layout::TensorLayouts& layouts = *state.split_layouts();
+  const layout::TensorLayouts& layouts = layouts_of(state);
   const std::vector<LiveParam> live = live_params(state);
   const std::vector<int64_t>& coordinate = layouts.coordinate;
-  TORCH_CHECK(layout::rank_of(coordinate, layouts.mesh) == rank, "ddp: checkpoint: rank ", rank,
-              " writes the files of mesh coordinate ", at::IntArrayRef(coordinate),
-              ", which is rank ", layout::rank_of(coordinate, layouts.mesh),
+  // Nothing split (DDP, one process): rank 0 writes everything whole, whatever its coordinate.
+  TORCH_CHECK(state.split_layouts() == nullptr || layout::rank_of(coordinate, layouts.mesh) == rank,
+              "ddp: checkpoint: rank ", rank, " writes the files of mesh coordinate ",
+              at::IntArrayRef(coordinate), ", which is rank ",
+              layout::rank_of(coordinate, layouts.mesh),
               " of the layouts' mesh: pass the group the layouts are over");
 
   // This rank's real piece of each split parameter it holds first (the padding is not saved: it
@@ -261,7 +261,7 @@ CheckpointContents shard_contents(const TrainingState& state, int rank) {
 }  // namespace detail
 
 ShardFiles write_shard_files(const std::string& dir, const TrainingState& state, int rank) {
-  detail::CheckpointContents contents = detail::shard_contents(state, rank);
+  detail::CheckpointContents contents = detail::rank_contents(state, rank);
   return {detail::write_contents(dir, contents), std::move(contents.sharded),
           std::move(contents.optimizer)};
 }
@@ -365,19 +365,19 @@ Manifest load_resharded_checkpoint(const std::string& dir, const Manifest& manif
   return manifest;
 }
 
-std::string wrong_group_for_layouts(const std::string& who, int layout_ranks, int group_ranks) {
-  return "ddp: " + who + ": the layouts are over a mesh of " + std::to_string(layout_ranks) +
+std::string wrong_group_for_sharding(const std::string& who, int layout_ranks, int group_ranks) {
+  return "ddp: " + who + ": the sharding is over a mesh of " + std::to_string(layout_ranks) +
          " ranks but the group has " + std::to_string(group_ranks) +
-         "; pass the group the layouts are over (a sharded runtime's own group; for a sharded "
-         "style over tensor parallelism, the nested layouts layout::nest(tp.layouts(), "
-         "sharded.layouts()) with the mesh's parent group)";
+         "; pass the group the sharding is over (its mesh group: a sharded runtime's own group; "
+         "for a sharded style over tensor parallelism, the nested sharding "
+         "model.sharding(*tp, mesh.parent()) with the mesh's parent group)";
 }
 
-void check_layouts_group(const std::string& who, const layout::TensorLayouts& layouts,
-                         int world_size, int rank) {
+void check_sharding_group(const std::string& who, const layout::TensorLayouts& layouts,
+                          int world_size, int rank) {
   int64_t ranks = 1;
   for (const int64_t size : layouts.mesh) ranks *= size;
-  TORCH_CHECK(ranks == world_size, wrong_group_for_layouts(who, int(ranks), world_size));
+  TORCH_CHECK(ranks == world_size, wrong_group_for_sharding(who, int(ranks), world_size));
   TORCH_CHECK(layouts.coordinate.size() == layouts.mesh.size() &&
                   layout::rank_of(layouts.coordinate, layouts.mesh) == rank,
               "ddp: ", who, ": rank ", rank, " of the group is not the layouts' coordinate ",

@@ -10,8 +10,8 @@
 #include <sstream>
 #include <unordered_set>
 
-#include "ddp/comm/flight_recorder.hpp"
-#include "ddp/comm/layout_tensors.hpp"
+#include "ddp/comm/recorder/flight_recorder.hpp"
+#include "ddp/comm/sharding/layout_tensors.hpp"
 #include "ddp/detail/torch_compat.hpp"
 #include "ddp/obs/log.hpp"
 

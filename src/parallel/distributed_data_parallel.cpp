@@ -12,7 +12,7 @@
 #include "ddp/buckets/bucket_table.hpp"
 #include "ddp/comm/broadcast_coalesced.hpp"
 #include "ddp/comm/control_scalars.hpp"
-#include "ddp/comm/flight_recorder.hpp"
+#include "ddp/comm/recorder/flight_recorder.hpp"
 #include "ddp/gradients/gradient_runtime.hpp"
 #include "ddp/intake/module_intake.hpp"
 #include "ddp/intake/replica_check.hpp"

@@ -6,7 +6,7 @@
 #include <algorithm>
 
 #include "ddp/comm/flat_shards.hpp"
-#include "ddp/comm/flight_recorder.hpp"
+#include "ddp/comm/recorder/flight_recorder.hpp"
 #include "ddp/detail/torch_compat.hpp"
 #include "ddp/shard/deferred_init.hpp"
 
@@ -374,21 +374,6 @@ void FlatParamGroup::finish_reduce_scatter(const at::Tensor& shard) {
     m.param.mutable_grad() = mine;
     m.shard_grad = at::Tensor();
   }
-}
-
-std::vector<at::Tensor> FlatParamGroup::gather_full() const {
-  const comm::ForPurpose purpose({comm::Purpose::kUnitGather, static_cast<int64_t>(unit_)});
-  const at::Tensor gathered =
-      pg_->all_gather(shard_, shard_numel_ * world_, "all-gather of unit '" + unit_name_ + "'");
-  const at::Tensor by_rank = gathered.view({world_, shard_numel_});
-  std::vector<at::Tensor> out;
-  for (const Member& m : params_) {
-    const int64_t block = m.chunk * m.row_numel;
-    at::Tensor full = at::empty({world_ * block}, shard_.options());
-    full.view({world_, block}).copy_(by_rank.narrow(1, m.offset, block));
-    out.push_back(full.narrow(0, 0, m.rows * m.row_numel).view(m.full_sizes));
-  }
-  return out;
 }
 
 void FlatParamGroup::reduce_scatter_grads() {

@@ -425,22 +425,6 @@ layout::Layout ShardedModule::layout(const std::string& name) const {
   return it->second;
 }
 
-std::vector<std::pair<std::string, at::Tensor>> ShardedModule::full_parameters() const {
-  TORCH_CHECK(phase_ != Phase::kBackward, "ddp: full_parameters() while a backward is running");
-  std::vector<at::Tensor> full(params_.size());
-  for (const auto& group : schedule_->groups()) {
-    TORCH_CHECK(group->state() == ShardedState::kSharded, "ddp: full_parameters() needs unit '",
-                group->unit_name(), "' between steps, it is ", state_name(group->state()));
-    const std::vector<at::Tensor> whole = group->gather_full();
-    for (size_t k = 0; k < whole.size(); ++k) full[group->members()[k]] = whole[k];
-  }
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    out.emplace_back(names_[i], full[i].defined() ? full[i] : params_[i].detach().clone());
-  }
-  return out;
-}
-
 void ShardedModule::begin_evaluation() {
   TORCH_CHECK(phase_ == Phase::kIdle,
               "ddp: model.evaluation() between steps only (a forward or a backward is under way)");

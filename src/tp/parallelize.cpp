@@ -11,7 +11,7 @@
 #include "ddp/autograd/accumulation_hook.hpp"
 #include "ddp/autograd/end_of_backward.hpp"
 #include "ddp/buckets/bucket_table.hpp"
-#include "ddp/comm/layout_tensors.hpp"
+#include "ddp/comm/sharding/layout_tensors.hpp"
 #include "ddp/intake/module_intake.hpp"
 #include "ddp/tp/region_ops.hpp"
 
@@ -288,22 +288,6 @@ std::string TensorParallel::table() const {
          std::to_string(rows.size()) + " parameters split, the others replicated)\n" +
          buckets::format_text_table({"Parameter", "Style", "Whole shape", "Local shape"}, rows,
                                     {false, false, false, false});
-}
-
-std::vector<std::pair<std::string, at::Tensor>> TensorParallel::full_parameters() const {
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
-    out.emplace_back(item.key(), full(item.key(), item.value()));
-  }
-  return out;
-}
-
-std::vector<std::pair<std::string, at::Tensor>> TensorParallel::local_parameters() const {
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
-    out.emplace_back(item.key(), item.value().detach());
-  }
-  return out;
 }
 
 std::unique_ptr<TensorParallel> parallelize_module(std::shared_ptr<torch::nn::Module> module,

@@ -5,7 +5,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "ddp/comm/broadcast_coalesced.hpp"
-#include "ddp/comm/flight_recorder.hpp"
+#include "ddp/comm/recorder/flight_recorder.hpp"
 #include "ddp/gradients/gradient_runtime.hpp"
 #include "ddp/nn/sync_batch_norm.hpp"
 

@@ -1,5 +1,5 @@
-// The collective check (comm/collective_check.hpp) and the desyncs it is for, on Gloo at worlds 2
-// and 3:
+// The collective check (comm/recorder/collective_check.hpp) and the desyncs it is for, on Gloo at
+// worlds 2 and 3:
 //   - the check alone, over one in-memory store: ranks that agree for 3000 collectives (the store
 //     slots reused twice over), the sentence for the first that differs, a slot lost from the
 //     store;
@@ -20,8 +20,8 @@
 #include <sstream>
 #include <string>
 
-#include "ddp/comm/collective_check.hpp"
-#include "ddp/comm/flight_recorder.hpp"
+#include "ddp/comm/recorder/collective_check.hpp"
+#include "ddp/comm/recorder/flight_recorder.hpp"
 #include "ddp/hooks/comm_hook.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
 #include "support/param_names.hpp"

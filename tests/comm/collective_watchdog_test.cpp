@@ -11,8 +11,8 @@
 #include <mutex>
 #include <sstream>
 
-#include "ddp/comm/collective_watchdog.hpp"
 #include "ddp/comm/init.hpp"
+#include "ddp/comm/recorder/collective_watchdog.hpp"
 #include "support/param_names.hpp"
 #include "support/temp_dir.hpp"
 #include "support/workers.hpp"

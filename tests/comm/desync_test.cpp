@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "ddp/comm/collective_progress.hpp"
+#include "ddp/comm/recorder/collective_progress.hpp"
 #include "support/param_names.hpp"
 #include "support/workers.hpp"
 

@@ -1,6 +1,6 @@
-// Flight recorder dumps read back and lined up (comm/flight_dump.hpp): each kind of divergence
-// named in one exact sentence; a damaged or foreign dump refused by name, never a crash (a fuzz
-// over a real dump's text).
+// Flight recorder dumps read back and lined up (comm/recorder/flight_dump.hpp): each kind of
+// divergence named in one exact sentence; a damaged or foreign dump refused by name, never a crash
+// (a fuzz over a real dump's text).
 
 #include <gtest/gtest.h>
 
@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "ddp/comm/flight_divergence.hpp"
-#include "ddp/comm/flight_recorder.hpp"
+#include "ddp/comm/recorder/flight_divergence.hpp"
+#include "ddp/comm/recorder/flight_recorder.hpp"
 
 namespace ddp::testing {
 namespace {

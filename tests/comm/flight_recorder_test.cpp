@@ -1,6 +1,6 @@
-// The flight recorder ([Note: flight recorder] in comm/flight_recorder.hpp): the ring keeps the
-// newest collectives with what they were for and what became of them; every rank's dump is
-// written when a collective fails, on SIGUSR1 (the process goes on) and on SIGTERM (it ends as
+// The flight recorder ([Note: flight recorder] in comm/recorder/flight_recorder.hpp): the ring
+// keeps the newest collectives with what they were for and what became of them; every rank's dump
+// is written when a collective fails, on SIGUSR1 (the process goes on) and on SIGTERM (it ends as
 // SIGTERM would), as JSON that says who issued what.
 
 #include <gtest/gtest.h>
@@ -14,8 +14,8 @@
 #include <sstream>
 #include <thread>
 
-#include "ddp/comm/flight_recorder.hpp"
-#include "ddp/comm/flight_ring.hpp"
+#include "ddp/comm/recorder/flight_recorder.hpp"
+#include "ddp/comm/recorder/flight_ring.hpp"
 #include "support/param_names.hpp"
 #include "support/run_command.hpp"
 #include "support/temp_dir.hpp"

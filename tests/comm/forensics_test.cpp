@@ -16,7 +16,7 @@
 #include <chrono>
 #include <string>
 
-#include "ddp/comm/flight_recorder.hpp"
+#include "ddp/comm/recorder/flight_recorder.hpp"
 #include "support/param_names.hpp"
 #include "support/run_command.hpp"
 #include "support/temp_dir.hpp"

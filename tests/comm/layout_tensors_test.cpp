@@ -1,5 +1,5 @@
-// Tensors over layouts (comm/layout_tensors.hpp): take_local against hand-computed rows of a
-// tensor whose elements are their global indices, and gather_whole giving back exactly the whole
+// Tensors over layouts (comm/sharding/layout_tensors.hpp): take_local against hand-computed rows of
+// a tensor whose elements are their global indices, and gather_whole giving back exactly the whole
 // tensor from every rank's take_local, for 1-D layouts at world sizes 1 to 4 (sizes that do not
 // divide, a rank holding nothing, packed blocks) and nested 2x2 layouts at world size 4.
 
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "ddp/comm/device_mesh.hpp"
-#include "ddp/comm/layout_tensors.hpp"
+#include "ddp/comm/sharding/layout_tensors.hpp"
 #include "ddp/layout/layout.hpp"
 #include "support/error_text.hpp"
 #include "support/param_names.hpp"

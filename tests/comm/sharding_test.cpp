@@ -7,7 +7,7 @@
 #include <torch/torch.h>
 
 #include "ddp/comm/device_mesh.hpp"
-#include "ddp/comm/sharding.hpp"
+#include "ddp/comm/sharding/sharding.hpp"
 #include "ddp/io/full_state_dict.hpp"
 #include "ddp/parallel/data_parallel.hpp"
 #include "support/error_text.hpp"

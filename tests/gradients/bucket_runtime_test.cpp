@@ -58,7 +58,7 @@ DDP_TEST_WORKER(bucket_runtime_reductions) {
     RuntimeFixture s(/*one_bucket=*/false, 1, pg->rank());
     require(s.plan.buckets.size() == 3, "expected 3 buckets");
     BucketRuntime runtime(s.params, s.plan, s.layout, pg, nullptr, 0);
-    runtime.start_backward(0, 0);
+    runtime.arm_synchronized(0, 0);
     require(runtime.register_grad_ready(0) == 0, "p0's bucket is last in plan order: no launch");
     require(runtime.register_grad_ready(1) == 0, "p1's bucket waits for p2's");
     require(runtime.register_grad_ready(2) == 3, "p2 completes the first bucket: all 3 launch");
@@ -78,7 +78,7 @@ DDP_TEST_WORKER(bucket_runtime_reductions) {
     require(s.layout.data(0).numel() == 15, "data excludes the padding");
     s.plan.buckets[0].reduction = Reduction::kReduceScatter;
     BucketRuntime runtime(s.params, s.plan, s.layout, pg, nullptr, 0);
-    runtime.start_backward(0, 0);
+    runtime.arm_synchronized(0, 0);
     for (size_t p = 0; p < 3; ++p) runtime.register_grad_ready(p);
     const auto finished = runtime.finish_next();
     const int64_t chunk = padded / world;

@@ -35,6 +35,7 @@
 #include "ddp/parallel/data_parallel.hpp"
 #include "ddp/parallel/grad_clip.hpp"
 #include "support/error_text.hpp"
+#include "support/whole_parameters.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::testing {
@@ -250,10 +251,8 @@ Result train(const Config& config, bool captured, comm::ProcessGroupPtr pg) {
   torch::cuda::synchronize();
   if (opt) out.steps_taken = dynamic_cast<optim::DeviceStep&>(*opt).steps_taken();
   if (clipper) out.skipped_steps = clipper->skipped_steps();
-  if (wrapped && wrapped->sharded()) {
-    for (const auto& [name, p] : wrapped->sharded()->full_parameters()) {
-      out.params.push_back(p.detach().cpu().clone());
-    }
+  if (wrapped) {
+    for (const auto& [name, p] : whole_parameters(wrapped->wrapped())) out.params.push_back(p);
   } else {
     for (const auto& p : w.ptr->parameters()) out.params.push_back(p.detach().cpu().clone());
   }

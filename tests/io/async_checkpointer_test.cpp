@@ -57,7 +57,7 @@ struct Run {
     state.model = net.ptr().get();
     state.optimizer = opt.get();
     state.global_batch = kGlobalBatch;
-    if (sharded) state.layouts = sharded->layouts();
+    if (sharded) state.sharding = sharded->sharding();
   }
 
   // One step on this rank's part of a global batch drawn from `step`; every parameter and

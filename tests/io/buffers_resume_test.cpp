@@ -35,7 +35,7 @@ std::map<std::string, torch::Tensor> train(const comm::ProcessGroupPtr& pg,
   io::TrainingState state;
   state.model = net.get();
   state.optimizer = &opt;
-  state.layouts = dp.layouts();
+  state.sharding = dp.sharding();
   io::CoordinatorOptions options;
   options.root = root;
   int first = 0;

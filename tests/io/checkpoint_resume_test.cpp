@@ -76,7 +76,8 @@ INSTANTIATE_TEST_SUITE_P(CheckpointOptimizers, CheckpointResume, ::testing::Valu
                          [](const auto& info) { return info.param; });
 
 // FULLY_SHARD over TP at (dp 2, tp 2): the checkpoint holds whole tensors gathered by the nested
-// layouts (TrainingState::layouts); 3 steps, a checkpoint, --resume to 6 ends where 6 straight end.
+// sharding (TrainingState::sharding); 3 steps, a checkpoint, --resume to 6 ends where 6 straight
+// end.
 TEST(CheckpointResume, FullyShardOverTpResumesThroughItsLayouts) {
   TempDir dir;
   const std::string flags = "--steps 6 --checkpoint-every 3 --tp 2 --fsdp --model toy ";

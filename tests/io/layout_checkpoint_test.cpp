@@ -1,4 +1,4 @@
-// Checkpoints by registered layouts (TrainingState::layouts, io/checkpoint.hpp) on Gloo:
+// Checkpoints by the wrappers' sharding (TrainingState::sharding, io/checkpoint.hpp) on Gloo:
 // FULLY_SHARD over tensor parallelism, saved at (dp 2, tp 2) through save_and_barrier with the
 // nested layouts, resumes as a plain model at world 1, as TP 1x2 and as FULLY_SHARD at world 3;
 // each resumed run ends within 1e-5 of the uninterrupted (dp 2, tp 2) run on the same global
@@ -95,18 +95,19 @@ DDP_TEST_WORKER(layout_checkpoint_save) {
   const int dp_rank = static_cast<int>(mesh.coordinate()[0]);
   const auto forward = [&](const torch::Tensor& x) { return sharded(x); };
   train(forward, *opt, 0, kSaved, 2, dp_rank);
-  const layout::TensorLayouts layouts = layout::nest(tensor_parallel->layouts(), sharded.layouts());
+  // FULLY_SHARD over "dp" nested on TP's split over "tp", over the world group (the mesh's).
+  const comm::Sharding sharding = comm::nest(tensor_parallel->sharding(), sharded.sharding(), pg);
   io::TrainingState state;
   state.model = net.ptr().get();
   state.optimizer = opt.get();
   state.step = kSaved;
   state.data_position = kSaved * kGlobal;
-  state.layouts = layouts;
+  state.sharding = sharding;
   io::CoordinatorOptions where;
   where.root = checkpoint_root();
   io::save_and_barrier(*pg, where, state);
   train(forward, *opt, kSaved, kSteps, 2, dp_rank);
-  const io::TensorMap whole = io::whole_state(*net, layouts, pg.get());
+  const io::TensorMap whole = io::whole_state(*net, sharding);
   if (pg->rank() == 0) io::save_safetensors(reference_file(), whole);
   pg->barrier("reference written");
 }
@@ -146,7 +147,6 @@ DDP_TEST_WORKER(layout_checkpoint_resume) {
   std::unique_ptr<tp::TensorParallel> tensor_parallel;
   std::unique_ptr<shard::FullyShardedDataParallel<models::Net>> sharded;
   std::unique_ptr<parallel::DistributedDataParallel<models::Net>> ddp;
-  std::optional<layout::TensorLayouts> layouts;
   io::TrainingState state;
   state.model = net.ptr().get();
   int dp = 1, dp_rank = 0;
@@ -155,12 +155,10 @@ DDP_TEST_WORKER(layout_checkpoint_resume) {
                                               std::vector<std::string>{"dp", "tp"});
     tensor_parallel = tp::parallelize_module(net.ptr(), (*mesh)["tp"], seed_plan());
     // The mesh {1, 2}: dp is one rank, so tp's layouts are over the whole group.
-    layouts = tensor_parallel->layouts();
-    state.layouts = *layouts;
+    state.sharding = tensor_parallel->sharding();
   } else if (as == "fully_shard") {
     sharded = std::make_unique<shard::FullyShardedDataParallel<models::Net>>(net, pg, per_layer());
-    layouts = sharded->layouts();
-    state.layouts = *layouts;
+    state.sharding = sharded->sharding();
     dp = pg->world_size();
     dp_rank = pg->rank();
   } else if (as == "ddp") {
@@ -179,14 +177,9 @@ DDP_TEST_WORKER(layout_checkpoint_resume) {
     return sharded ? (*sharded)(x) : ddp ? (*ddp)(x) : net->forward(x);
   };
   train(forward, *opt, kSaved, kSteps, dp, dp_rank);
-  io::TensorMap whole;
-  if (sharded) {
-    whole = io::whole_state(*net, sharded->layouts(), pg.get());
-  } else if (tensor_parallel) {
-    whole = io::whole_state(*net, tensor_parallel->layouts(), (*mesh)["tp"].get());
-  } else {
-    whole = io::whole_state(*net, layout::TensorLayouts{}, nullptr);
-  }
+  // The export by the same sharding the load used (none: every parameter whole here).
+  const io::TensorMap whole =
+      io::whole_state(*net, state.sharding ? *state.sharding : comm::whole_over(nullptr));
   const io::TensorMap want = io::load_safetensors(reference_file());
   std::vector<std::string> names;
   std::vector<torch::Tensor> got, expected;

@@ -116,11 +116,10 @@ DDP_TEST_WORKER(sharded_checkpoint_train) {
   auto net = make_net();
   shard::FullyShardedDataParallel<torch::nn::Sequential> model(net, pg, style_from_env());
   auto opt = make_optimizer(optimizer, net->parameters());
-  const layout::TensorLayouts layouts = model.layouts();
   io::TrainingState state;
   state.model = net.ptr().get();
   state.optimizer = opt.get();
-  state.layouts = layouts;
+  state.sharding = model.sharding();
   io::CoordinatorOptions options;
   options.root = worker_env("CKPT_ROOT");
 
@@ -366,11 +365,10 @@ DDP_TEST_WORKER(sharded_checkpoint_refusals) {
     model(torch::ones({1, 5})).sum().backward();
     opt->step();
     const io::TensorMap before = snapshot(*net, *opt);
-    const layout::TensorLayouts layouts = model.layouts();
     io::TrainingState state;
     state.model = net.ptr().get();
     state.optimizer = opt.get();
-    state.layouts = layouts;
+    state.sharding = model.sharding();
     const std::string error = error_of([&] { io::load_checkpoint(from, w, state, r); });
     if (!error.empty()) require_unchanged(before, *net, *opt, error);
     return error;

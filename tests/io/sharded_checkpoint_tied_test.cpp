@@ -55,11 +55,10 @@ DDP_TEST_WORKER(sharded_checkpoint_tied) {
   for (int64_t i = 0; i < config.n_layers; ++i) options.units.push_back("h." + std::to_string(i));
   shard::FullyShardedDataParallel<models::GPT> model(gpt, pg, options);
   torch::optim::SGD opt(distinct(gpt->parameters()), torch::optim::SGDOptions(0.1).momentum(0.9));
-  const layout::TensorLayouts layouts = model.layouts();
   io::TrainingState state;
   state.model = gpt.ptr().get();
   state.optimizer = &opt;
-  state.layouts = layouts;
+  state.sharding = model.sharding();
   io::CoordinatorOptions coordinator;
   coordinator.root = worker_env("CKPT_ROOT");
   int64_t first = 0;

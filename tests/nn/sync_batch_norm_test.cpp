@@ -18,6 +18,7 @@
 #include "ddp/parallel/autocast.hpp"
 #include "ddp/parallel/data_parallel.hpp"
 #include "ddp/shard/sharded_module.hpp"
+#include "support/whole_parameters.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::testing {
@@ -126,11 +127,7 @@ void train_and_compare(const comm::ProcessGroupPtr& pg, shard::DataParallelStyle
   const auto [offset, count] = local_slice(r, w);
   const auto wrapped_values = [&] {
     std::map<std::string, torch::Tensor> out;
-    if (dp.sharded() != nullptr) {
-      for (const auto& [name, value] : dp.sharded()->full_parameters()) out[name] = value;
-    } else {
-      for (const auto& p : mine->named_parameters()) out[p.key()] = p.value().detach().clone();
-    }
+    for (const auto& [name, value] : whole_parameters(dp.wrapped())) out[name] = value;
     for (const auto& b : mine->named_buffers()) out[b.key()] = b.value().detach().clone();
     return on_cpu(out);
   };

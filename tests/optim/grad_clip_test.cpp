@@ -13,7 +13,7 @@
 #include <limits>
 
 #include "ddp/comm/device_mesh.hpp"
-#include "ddp/comm/layout_tensors.hpp"
+#include "ddp/comm/sharding/layout_tensors.hpp"
 #include "ddp/models/net.hpp"
 #include "ddp/optim/grad_clip.hpp"
 #include "ddp/parallel/grad_clip.hpp"
@@ -224,7 +224,8 @@ DDP_TEST_WORKER(clip_styles) {
                               std::to_string(world) + ", norm " + worker_env("DDP_TEST_NORM") +
                               ", max_norm " + std::to_string(factor) + " x the norm";
   // One collective where the style splits something over more than one rank, none for DDP.
-  const int64_t collectives = model.sharded() != nullptr && world > 1 ? 1 : 0;
+  const bool sharded = model.style() != DataParallelStyle::kReplicate;
+  const int64_t collectives = sharded && world > 1 ? 1 : 0;
   require(pg->collectives_issued() - issued == collectives,
           context + ": " + std::to_string(pg->collectives_issued() - issued) +
               " collectives, want " + std::to_string(collectives));
@@ -233,11 +234,10 @@ DDP_TEST_WORKER(clip_styles) {
       context + ": total norm " + std::to_string(result.norm()) + " != " + std::to_string(want));
   oracle_clip(*oracle, want, options.max_norm);
   const auto layout_of = [&](const std::string& name) {
-    if (auto* sharded = model.sharded()) return sharded->layout(name);
-    return layout::Layout::replicated(oracle->named_parameters()[name].sizes().vec());
+    return model.layouts().of(name, oracle->named_parameters()[name].sizes().vec());
   };
   const std::vector<int64_t> coordinate =
-      model.sharded() ? std::vector<int64_t>{pg->rank()} : std::vector<int64_t>{0};
+      sharded ? std::vector<int64_t>{pg->rank()} : std::vector<int64_t>{0};
   const auto after = parallel::grad_shards(model);
   require_same_grads(after, *oracle, layout_of, coordinate, context);
   if (factor > 1) {  // below max_norm: bit for bit as before
@@ -354,9 +354,10 @@ DDP_TEST_WORKER(clip_meshes) {
       rel(result.norm(), want) < 1e-6,
       context + ": total norm " + std::to_string(result.norm()) + " != " + std::to_string(want));
   oracle_clip(*oracle, want, options.max_norm);
-  const bool sharded = model && model->sharded() != nullptr;
+  const bool sharded = model && model->style() != DataParallelStyle::kReplicate;
   const auto layout_of = [&](const std::string& name) {
-    return sharded ? layout::nest(tensor_parallel->layout(name), model->sharded()->layout(name))
+    return sharded ? model->layouts(*tensor_parallel)
+                         .of(name, oracle->named_parameters()[name].sizes().vec())
                    : tensor_parallel->layout(name);
   };
   const std::vector<int64_t> coordinate =

@@ -12,6 +12,8 @@
 #include "support/error_text.hpp"
 #include "support/oracle.hpp"
 #include "support/regression_steps.hpp"
+#include "support/style_runtime.hpp"
+#include "support/whole_parameters.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::testing {
@@ -37,8 +39,8 @@ DDP_TEST_WORKER(data_parallel_styles) {
   if (on_mesh) mesh.emplace(pg, std::vector<int64_t>{w}, std::vector<std::string>{"dp"});
   auto model =
       on_mesh ? data_parallel(net, *mesh, style, options) : data_parallel(net, pg, style, options);
-  require(model.style() == style &&
-              (model.replicated() != nullptr) == (style == DataParallelStyle::kReplicate),
+  require(model.style() == style && (replicated_runtime(model.wrapped()) != nullptr) ==
+                                        (style == DataParallelStyle::kReplicate),
           "the style picks the runtime");
   // The layouts every style answers, over mesh {w} at {r}: DDP names nothing (whole everywhere);
   // FULLY_SHARD shards every parameter on dim 0; DEFAULT the ones whose dim 0 divides by w (the
@@ -63,7 +65,7 @@ DDP_TEST_WORKER(data_parallel_styles) {
   // Issue 46: after a backward, a forward under grad mode whose backward never runs leaves the
   // sharded styles' gradients set aside and the parameters gathered: reading their layouts (a
   // checkpoint's) and the next forward refuse by name, until reshard() puts them back.
-  if (model.sharded()) {
+  if (style != DataParallelStyle::kReplicate) {
     torch::manual_seed(5);
     const auto x = torch::randn({3, shape.in});
     torch::mse_loss(model(x), torch::zeros({3, shape.out})).backward();
@@ -102,13 +104,7 @@ DDP_TEST_WORKER(data_parallel_styles) {
     torch::mse_loss(oracle->forward(x), y).backward();
     oracle_opt.step();
   }
-  std::vector<std::pair<std::string, torch::Tensor>> ours;
-  if (model.sharded()) {
-    ours = model.sharded()->full_parameters();
-  } else {
-    for (const auto& item : net->named_parameters()) ours.emplace_back(item.key(), item.value());
-  }
-  require_close_by_name(ours, *oracle, 1e-5,
+  require_close_by_name(whole_parameters(model.wrapped()), *oracle, 1e-5,
                         std::string("data_parallel ") + shard::style_name(style));
   // zero_grad, every style: each gradient this rank holds is zero.
   model.zero_grad();
@@ -185,12 +181,6 @@ DDP_TEST_WORKER(data_parallel_any_module) {
   shape.depth = 3;
   DataParallelOptions options;
   options.shard.units = {"mlp.layers.0", "mlp.layers.1", "mlp.layers.2"};
-  const auto whole = [&](auto& model, torch::nn::Module& net) {
-    std::vector<std::pair<std::string, torch::Tensor>> out;
-    if (model.sharded()) return model.sharded()->full_parameters();
-    for (const auto& item : net.named_parameters()) out.emplace_back(item.key(), item.value());
-    return out;
-  };
   {
     torch::manual_seed(0);
     models::MLP net(shape);
@@ -200,7 +190,7 @@ DDP_TEST_WORKER(data_parallel_any_module) {
     auto model = data_parallel(torch::nn::AnyModule(net), pg, style, options);
     regression_steps([&](const torch::Tensor& x) { return model(x); }, net->parameters(), oracle, w,
                      r, shape.in, shape.out, 3);
-    require_close_by_name(whole(model, *net), *oracle, 1e-5,
+    require_close_by_name(whole_parameters(model.wrapped()), *oracle, 1e-5,
                           std::string("AnyModule, ") + shard::style_name(style));
   }
   torch::manual_seed(0);
@@ -227,7 +217,7 @@ DDP_TEST_WORKER(data_parallel_any_module) {
     oracle_opt.step();
     oracle_opt.zero_grad();
   }
-  require_close_by_name(whole(model, *net), *oracle, 1e-5,
+  require_close_by_name(whole_parameters(model.wrapped()), *oracle, 1e-5,
                         std::string("tuple output, ") + shard::style_name(style));
 }
 

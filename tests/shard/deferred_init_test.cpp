@@ -15,6 +15,7 @@
 
 #include "ddp/comm/flat_shards.hpp"
 #include "ddp/intake/module_intake.hpp"
+#include "ddp/io/full_state_dict.hpp"
 #include "ddp/models/registry.hpp"
 #include "ddp/parallel/data_parallel.hpp"
 #include "support/error_text.hpp"
@@ -163,17 +164,8 @@ DDP_TEST_WORKER(deferred_init_matches_one_process) {
   parallel::DataParallelOptions options;
   options.shard.units = mine.wrap_units;
   parallel::DataParallel<torch::nn::AnyModule> dp(mine.module, pg, style, options);
-  const auto wrapped_values = [&] {
-    std::vector<std::pair<std::string, torch::Tensor>> out;
-    if (dp.sharded() != nullptr) {
-      out = dp.sharded()->full_parameters();
-    } else {
-      for (const auto& item : mine.ptr->named_parameters())
-        out.emplace_back(item.key(), item.value());
-    }
-    for (const auto& item : mine.ptr->named_buffers()) out.emplace_back(item.key(), item.value());
-    return out;
-  };
+  // The one export path, every style: parameters whole and buffers, on the CPU.
+  const auto wrapped_values = [&] { return io::whole_state(*mine.ptr, dp.sharding()); };
   const auto oracle_values = [&] {
     std::map<std::string, torch::Tensor> out;
     for (const auto& [name, value] : named_values(*oracle.ptr)) out[name] = value;

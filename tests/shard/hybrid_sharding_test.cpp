@@ -130,7 +130,7 @@ DDP_TEST_WORKER(hybrid_checkpoint) {
   io::TrainingState state;
   state.model = w.ptr.get();
   state.optimizer = &opt;
-  state.layouts = model.layouts();
+  state.sharding = model.sharding();
   io::CoordinatorOptions ckpt;
   ckpt.root = worker_env("CKPT_ROOT");
   int first = 0;

@@ -18,6 +18,7 @@
 #include "support/param_names.hpp"
 #include "support/regression_steps.hpp"
 #include "support/tiny_gpt.hpp"
+#include "support/whole_parameters.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::testing {
@@ -140,7 +141,7 @@ DDP_TEST_WORKER(param_dtype_mlp) {
   int64_t held = 0;
   for (const auto& p : net->parameters()) held += p.numel() * static_cast<int64_t>(sizeof(float));
   require(held == model.local_param_bytes(), "between steps the module holds its fp32 shards");
-  require_close_by_name(model.full_parameters(), *oracle.master(), 1e-5,
+  require_close_by_name(whole_parameters(model), *oracle.master(), 1e-5,
                         "param_dtype bf16, per-layer FULLY_SHARD of the MLP");
 }
 
@@ -182,7 +183,7 @@ DDP_TEST_WORKER(param_dtype_gpt) {
         [&](models::GPTImpl& low, int k, int) { return loss(low.forward(mine(x, k)), mine(y, k)); },
         oracle_opt);
   }
-  require_close_by_name(model.full_parameters(), *oracle.master(), 1e-5,
+  require_close_by_name(whole_parameters(model), *oracle.master(), 1e-5,
                         "param_dtype bf16, per-block FULLY_SHARD of the tied GPT");
 }
 

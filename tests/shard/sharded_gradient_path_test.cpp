@@ -18,6 +18,7 @@
 #include "support/error_text.hpp"
 #include "support/param_names.hpp"
 #include "support/regression_steps.hpp"
+#include "support/whole_parameters.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::testing {
@@ -64,9 +65,8 @@ struct Run {
 // Trains the sharded MLP and the oracle on the same global batches (SGD with momentum; the
 // optimizer in backward: plain SGD per parameter); returns the sharded wrapper's whole parameters
 // and checks the stats on the way.
-std::vector<std::pair<std::string, torch::Tensor>> train(comm::ProcessGroupPtr pg,
-                                                         shard::ShardOptions options, Run run,
-                                                         models::MLP oracle) {
+NamedTensors train(comm::ProcessGroupPtr pg, shard::ShardOptions options, Run run,
+                   models::MLP oracle) {
   const int w = pg->world_size(), r = pg->rank();
   torch::manual_seed(r);  // the wrapper broadcasts rank 0's values
   models::MLP net = make_mlp();
@@ -102,7 +102,7 @@ std::vector<std::pair<std::string, torch::Tensor>> train(comm::ProcessGroupPtr p
     oracle_opt->step();
     oracle_opt->zero_grad();
   }
-  return model.full_parameters();
+  return whole_parameters(model);
 }
 
 DDP_TEST_WORKER(unit_runtime_training_and_stats) {
@@ -133,7 +133,7 @@ DDP_TEST_WORKER(unit_runtime_training_and_stats) {
     oracle_opt.zero_grad();
     trace.add_buckets(model.last_timeline(), model.bucket_plan(), s);
   }
-  require_close_by_name(model.full_parameters(), *oracle, 1e-5, style + " through the runtime");
+  require_close_by_name(whole_parameters(model), *oracle, 1e-5, style + " through the runtime");
 
   // One bucket per unit with sharded parameters, (world, S) elements of fp32 each, launched in
   // the reverse of the forward's order: the last layer's unit first. Then DEFAULT's replicated
@@ -216,7 +216,7 @@ DDP_TEST_WORKER(unit_runtime_compression_hooks) {
     require_close_by_name(ours, *oracle, tolerance, hook + " hook under " + style);
     bool differs = false;
     const auto named = oracle->named_parameters();
-    for (const auto& [name, value] : ours) differs |= !torch::equal(value, named[name]);
+    for (const auto& [name, value] : ours) differs |= !torch::equal(value, named[name].cpu());
     require(differs, hook + " hook: the reduce-scatter was compressed");
   }
   torch::manual_seed(0);

@@ -10,12 +10,13 @@
 
 #include <set>
 
-#include "ddp/comm/flight_recorder.hpp"
-#include "ddp/comm/flight_ring.hpp"
+#include "ddp/comm/recorder/flight_recorder.hpp"
+#include "ddp/comm/recorder/flight_ring.hpp"
 
 #include "support/oracle.hpp"
 #include "support/param_names.hpp"
 #include "support/regression_steps.hpp"
+#include "support/whole_parameters.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::testing {
@@ -83,7 +84,7 @@ DDP_TEST_WORKER(sharded_module_training) {
   require(held == model.local_param_bytes(), "parameter bytes held: " + std::to_string(held) +
                                                  ", planned " +
                                                  std::to_string(model.local_param_bytes()));
-  require_close_by_name(model.full_parameters(), *oracle, 1e-5, "sharded training");
+  require_close_by_name(whole_parameters(model), *oracle, 1e-5, "sharded training");
   // One number per unit (house 5): the recorder tags a unit's reduce-scatters with the unit index
   // its gathers carry (the plan's), not with the bucket's position in the backward.
   std::set<int64_t> gathered, reduced;
@@ -135,7 +136,7 @@ DDP_TEST_WORKER(sharded_module_no_sync) {
     oracle_opt.step();
     oracle_opt.zero_grad();
   }
-  require_close_by_name(model.full_parameters(), *oracle, 1e-5, "no_sync then a synchronized step");
+  require_close_by_name(whole_parameters(model), *oracle, 1e-5, "no_sync then a synchronized step");
 }
 
 class ShardedNoSyncTest : public ::testing::TestWithParam<int> {};

@@ -16,6 +16,7 @@
 #include "support/param_names.hpp"
 #include "support/regression_steps.hpp"
 #include "support/tiny_gpt.hpp"
+#include "support/whole_parameters.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::testing {
@@ -106,7 +107,7 @@ void train_and_compare(comm::ProcessGroupPtr pg, Holder net, Holder oracle,
     require(peak >= total, "without resharding every unit stays gathered: " + numbers);
   }
 
-  require_close_by_name(model.full_parameters(), *oracle, 1e-5, what + ", " + opt_kind);
+  require_close_by_name(whole_parameters(model), *oracle, 1e-5, what + ", " + opt_kind);
 }
 
 shard::ShardOptions schedule_options() {
@@ -204,7 +205,7 @@ DDP_TEST_WORKER(unit_schedule_reduce_dtype) {
   regression_steps([&](const torch::Tensor& x) { return model(x); }, net->parameters(), oracle, w,
                    r, shape.in, shape.out, 3);
   // fp16 keeps 11 bits: a reduced gradient is within about 5e-4 of the exact one, relative.
-  require_close_by_name(model.full_parameters(), *oracle, 2e-3, "reduce_dtype fp16");
+  require_close_by_name(whole_parameters(model), *oracle, 2e-3, "reduce_dtype fp16");
 }
 
 class ReduceDtypeTest : public ::testing::TestWithParam<int> {};

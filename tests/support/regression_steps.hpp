@@ -34,7 +34,7 @@ void regression_steps(Forward model, std::vector<torch::Tensor> params, Oracle& 
   }
 }
 
-// `ours`: (name, whole tensor), e.g. ShardedModule::full_parameters(); each against the oracle's
+// `ours`: (name, whole tensor), e.g. whole_parameters(model); each against the oracle's
 // parameter of that name (require_close's tolerance and message).
 inline void require_close_by_name(const std::vector<std::pair<std::string, torch::Tensor>>& ours,
                                   const torch::nn::Module& oracle, double rtol,

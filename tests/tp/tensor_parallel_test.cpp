@@ -13,7 +13,7 @@
 #include <sstream>
 
 #include "ddp/comm/device_mesh.hpp"
-#include "ddp/comm/layout_tensors.hpp"
+#include "ddp/comm/sharding/layout_tensors.hpp"
 #include "ddp/io/checkpoint_coordinator.hpp"
 #include "ddp/io/full_state_dict.hpp"
 #include "ddp/models/gpt.hpp"
@@ -28,6 +28,7 @@
 #include "support/regression_steps.hpp"
 #include "support/temp_dir.hpp"
 #include "support/tiny_gpt.hpp"
+#include "support/whole_parameters.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::testing {
@@ -95,8 +96,11 @@ DDP_TEST_WORKER(tp_seed_net) {
     oracle_opt.step();
     oracle_opt.zero_grad();
   }
-  // Whole over "dp" first (FULLY_SHARD), then over "tp".
-  auto whole = sharded ? sharded->full_parameters() : tensor_parallel->local_parameters();
+  // Whole over "dp" first (the wrapper's sharding: FULLY_SHARD's shards, DDP's whole), then over
+  // "tp" tensor by tensor.
+  const wrap::WrappedModel& wrapper =
+      sharded ? static_cast<const wrap::WrappedModel&>(*sharded) : *ddp;
+  auto whole = whole_parameters(*net, wrapper.sharding());
   for (auto& [name, t] : whole) t = tensor_parallel->full(name, t);
   // The same from the one layout description: TP's layout, with FULLY_SHARD's placement
   // appended (layout::nest), gathered in one collective over the mesh.
@@ -116,8 +120,6 @@ DDP_TEST_WORKER(tp_seed_net) {
   }
   // The export's one path (io::whole_state) by the wrapper's sharding nested on TP's, the same
   // call for both styles: its layouts with the mesh's parent group.
-  const wrap::WrappedModel& wrapper =
-      sharded ? static_cast<const wrap::WrappedModel&>(*sharded) : *ddp;
   const comm::Sharding sharding =
       parallel::over_tensor_parallel(wrapper.sharding(), *tensor_parallel, mesh.parent());
   require(sharding.groups == std::vector<comm::ProcessGroupPtr>{mesh["dp"], mesh["tp"]} &&
@@ -126,7 +128,7 @@ DDP_TEST_WORKER(tp_seed_net) {
           "the nested sharding is over the mesh {dp, tp} with its groups");
   const io::TensorMap exported = io::whole_state(*net, sharding);
   for (const auto& [name, t] : whole) {
-    require(torch::equal(exported.at(name), t.cpu()), "exported '" + name + "' differs");
+    require(torch::equal(exported.at(name), t), "exported '" + name + "' differs");
   }
   std::ostringstream context;
   context << "mesh " << dp << "x" << tps << " " << (fully_shard ? "fully_shard" : "ddp")
@@ -334,7 +336,7 @@ DDP_TEST_WORKER(tp_embedding) {
     oracle_opt.step();
     oracle_opt.zero_grad();
   }
-  require_close_by_name(tensor_parallel->full_parameters(), *oracle, 1e-5,
+  require_close_by_name(whole_parameters(*net, tensor_parallel->sharding()), *oracle, 1e-5,
                         "vocabulary-parallel embedding, parameters after 3 steps");
 }
 
@@ -377,8 +379,8 @@ TEST(TensorParallelPlan, AMissingSubmoduleOrAnUnevenSplitIsNamed) {
   EXPECT_TRUE(result.ok()) << result.describe();
 }
 
-// FULLY_SHARD over tensor parallelism, checkpointed with the dp group's layouts through the world
-// group (a program using the public API): the error says which group and layouts to pass.
+// FULLY_SHARD over tensor parallelism, checkpointed with the dp group's sharding through the world
+// group (a program using the public API): the error says which group and sharding to pass.
 DDP_TEST_WORKER(tp_sharded_checkpoint_group) {
   auto pg = worker_process_group(std::chrono::seconds(60));
   comm::DeviceMesh mesh(pg, {2, 2}, {"dp", "tp"});
@@ -387,18 +389,17 @@ DDP_TEST_WORKER(tp_sharded_checkpoint_group) {
   shard::ShardOptions options;
   options.units = {"fc1", "fc2", "fc3", "fc4"};
   shard::FullyShardedDataParallel<models::Net> sharded(net, mesh["dp"], options);
-  const layout::TensorLayouts layouts = sharded.layouts();  // the dp group's alone
   io::TrainingState state;
   state.model = net.ptr().get();
   state.step = 1;
-  state.layouts = layouts;
+  state.sharding = sharded.sharding();  // the dp group's alone
   io::CoordinatorOptions where;
   where.root = worker_env("DDP_TEST_DIR");
   const std::string error = error_of([&] { io::save_and_barrier(*pg, where, state); });
-  require(error.find("ddp: save_and_barrier: the layouts are over a mesh of 2 ranks but the "
-                     "group has 4; pass the group the layouts are over (a sharded runtime's own "
-                     "group; for a sharded style over tensor parallelism, the nested layouts "
-                     "layout::nest(tp.layouts(), sharded.layouts()) with the mesh's parent "
+  require(error.find("ddp: save_and_barrier: the sharding is over a mesh of 2 ranks but the "
+                     "group has 4; pass the group the sharding is over (its mesh group: a sharded "
+                     "runtime's own group; for a sharded style over tensor parallelism, the "
+                     "nested sharding model.sharding(*tp, mesh.parent()) with the mesh's parent "
                      "group)") != std::string::npos,
           "the error names the group to pass, got: '" + error + "'");
 }

@@ -23,6 +23,7 @@
 #include "support/param_names.hpp"
 #include "support/regression_steps.hpp"
 #include "support/test_nets.hpp"
+#include "support/whole_parameters.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::testing {
@@ -380,7 +381,7 @@ DDP_TEST_WORKER(checkpoint_fully_shard) {
     oracle_opt.step();
     oracle_opt.zero_grad();
   }
-  require_close_by_name(model.full_parameters(), *oracle, 1e-5,
+  require_close_by_name(whole_parameters(model), *oracle, 1e-5,
                         "Net(checkpoint=True) under FULLY_SHARD");
 }
 

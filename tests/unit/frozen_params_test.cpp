@@ -14,6 +14,7 @@
 #include "ddp/tp/parallelize.hpp"
 #include "support/error_text.hpp"
 #include "support/regression_steps.hpp"
+#include "support/whole_parameters.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::testing {
@@ -68,12 +69,7 @@ DDP_TEST_WORKER(frozen_styles) {
       require(!item.value().grad().defined(), "frozen '" + item.key() + "' got a gradient");
     }
   }
-  std::vector<std::pair<std::string, torch::Tensor>> whole;
-  if (model.sharded()) {
-    whole = model.sharded()->full_parameters();
-  } else {
-    for (const auto& item : net->named_parameters()) whole.emplace_back(item.key(), item.value());
-  }
+  const auto whole = whole_parameters(model.wrapped());
   const std::string context = std::string("frozen layer, ") + shard::style_name(style);
   require_frozen_untouched(whole, *oracle, "layers.1.", context);
   require_close_by_name(whole, *oracle, 1e-5, context);
@@ -122,7 +118,7 @@ DDP_TEST_WORKER(frozen_tensor_parallel) {
       require(!item.value().grad().defined(), "frozen '" + item.key() + "' got a gradient");
     }
   }
-  const auto whole = tensor_parallel->full_parameters();
+  const auto whole = whole_parameters(*net, tensor_parallel->sharding());
   require_frozen_untouched(whole, *oracle, "layers.0.", "frozen colwise layer");
   require_close_by_name(whole, *oracle, 1e-5, "frozen colwise layer");
 }

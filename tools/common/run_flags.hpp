@@ -15,22 +15,23 @@
 namespace ddp::tools {
 
 struct RunFlags {
-  std::string model = "net";       // --model: a zoo workload (models/registry.hpp)
-  std::string device = "cpu";      // --device cpu|cuda (cuda: GPU LOCAL_RANK per worker)
-  int64_t batch_size = 32;         // --batch-size: samples per rank per micro-batch
-  int nproc = 0;                   // --nproc N: spawn N local workers; 0: the tool's default
-  int threads = 1;                 // --threads: intra-op threads per worker (2 cores: 1 each)
-  double lr = 0;                   // --lr: learning rate; 0: the model's own (Workload::lr)
+  std::string model = "net";   // --model: a zoo workload (models/registry.hpp)
+  std::string device = "cpu";  // --device cpu|cuda (cuda: GPU LOCAL_RANK per worker)
+  int64_t batch_size = 32;     // --batch-size: samples per rank per micro-batch
+  int nproc = 0;               // --nproc N: spawn N local workers; 0: the tool's default
+  int threads = 1;             // --threads: intra-op threads per worker (2 cores: 1 each)
+  double lr = 0;               // --lr: learning rate; 0: the model's own (Workload::lr)
   int timeout_s = 300;  // --timeout-s: bound of every collective (default: DDP_TIMEOUT_S, else 300)
   bool optimizer_overlap = false;  // --optimizer-overlap: optimizer in backward (every style)
   // --cuda-graph: the whole step captured in a CUDA graph after the warm-up and replayed
   // (graphs/captured_step.hpp) with the capturable optimizers (optim/capturable.hpp).
   bool cuda_graph = false;
-  // --flight-recorder DIR: every worker's flight recorder dumps to DIR (comm/flight_recorder.hpp)
-  // when a collective fails or times out, on SIGTERM and SIGUSR1; "" (default): no dumps.
+  // --flight-recorder DIR: every worker's flight recorder dumps to DIR
+  // (comm/recorder/flight_recorder.hpp) when a collective fails or times out, on SIGTERM and
+  // SIGUSR1; "" (default): no dumps.
   std::string flight_recorder;
   // --check-collectives: every collective's fingerprint compared across ranks before it is
-  // issued (comm/collective_check.hpp). Default off: a store round trip per collective.
+  // issued (comm/recorder/collective_check.hpp). Default off: a store round trip per collective.
   bool check_collectives = false;
   // --nccl-high-priority-stream / --no-nccl-high-priority-stream, --nccl-cta-policy,
   // --nccl-max-ctas, --nccl-min-ctas: how NCCL makes its communicators (comm/init.hpp).

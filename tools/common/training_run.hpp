@@ -121,7 +121,7 @@ class TrainingRun {
   // The model's output for `x`, through the style when there is one.
   at::Tensor forward(const at::Tensor& x);
   // What this rank holds of each parameter and over which groups: the style's sharding, nested on
-  // --tp's (comm/sharding.hpp). What the clip, the export and the checkpoints take.
+  // --tp's (comm/sharding/sharding.hpp). What the clip, the export and the checkpoints take.
   const comm::Sharding& sharding() const { return sharding_; }
   // The gradients as this rank holds them, split by the sharding (for the clip's norm).
   optim::GradShards grad_shards();

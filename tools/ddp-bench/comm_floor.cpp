@@ -11,7 +11,7 @@
 #include <tuple>
 
 #include "ddp/comm/flat_shards.hpp"
-#include "ddp/comm/flight_ring.hpp"
+#include "ddp/comm/recorder/flight_ring.hpp"
 
 namespace ddp::tools {
 namespace {

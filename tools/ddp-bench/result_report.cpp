@@ -190,7 +190,11 @@ void print_init_only(const Args& args, ddp::tools::TrainingRun& run,
   int64_t param_bytes = 0;
   for (const auto& p : run.params()) param_bytes += p.numel() * p.element_size();
   int64_t largest_unit = 0;
-  if (const auto* sharded = run.model() ? run.model()->sharded() : nullptr) {
+  // The unit plan is the sharded runtime's own (no other style has units).
+  const auto* sharded =
+      run.model() ? dynamic_cast<const ddp::shard::ShardedModule*>(&run.model()->wrapped())
+                  : nullptr;
+  if (sharded != nullptr) {
     const ddp::shard::ShardPlan& plan = sharded->plan();
     for (const auto& unit : plan.units) {
       int64_t bytes = 0;

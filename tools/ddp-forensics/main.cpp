@@ -18,7 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/flag_parse.hpp"
-#include "ddp/comm/flight_divergence.hpp"
+#include "ddp/comm/recorder/flight_divergence.hpp"
 
 namespace {
 

@@ -37,8 +37,9 @@ struct Args {
   double timeout_s = 0;
   double job_timeout_s = 0;  // --job-timeout-s: bound on the whole job; 0: none
   bool no_python = false;
-  // --flight-recorder DIR: DDP_FLIGHT_RECORDER_DIR for every worker (comm/flight_recorder.hpp),
-  // and where the dumps are said when the job fails; "" (default): none.
+  // --flight-recorder DIR: DDP_FLIGHT_RECORDER_DIR for every worker
+  // (comm/recorder/flight_recorder.hpp), and where the dumps are said when the job fails; ""
+  // (default): none.
   std::string flight_recorder;
   std::vector<std::string> command;  // after `--`
 };

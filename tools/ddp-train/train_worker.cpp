@@ -252,7 +252,7 @@ int run_worker(const TrainArgs& given) {
   state.model = run.workload().ptr.get();
   state.optimizer = run.optimizer();
   state.global_batch = global_batch;
-  state.layouts = run.sharding().layouts;
+  state.sharding = run.sharding();
   ddp::io::CoordinatorOptions ckpt;
   ckpt.root = args.checkpoint_dir;
   ckpt.keep = args.keep_checkpoints;

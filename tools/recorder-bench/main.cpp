@@ -20,7 +20,7 @@
 
 #include "common/flag_parse.hpp"
 #include "ddp/buckets/bucket_plan.hpp"
-#include "ddp/comm/flight_ring.hpp"
+#include "ddp/comm/recorder/flight_ring.hpp"
 #include "ddp/models/registry.hpp"
 
 namespace {

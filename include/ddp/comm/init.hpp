@@ -7,8 +7,8 @@
 #include <string>
 
 #include "ddp/comm/env.hpp"
-#include "ddp/comm/flight_recorder.hpp"
 #include "ddp/comm/process_group.hpp"
+#include "ddp/comm/recorder/flight_recorder.hpp"
 
 namespace ddp::comm {
 

@@ -47,8 +47,9 @@
 
 namespace ddp::comm {
 
-// Internal (comm/made_backend.hpp, comm/collective_progress.hpp, comm/collective_watchdog.hpp):
-// declared here so that this public header includes none of them.
+// Internal (comm/made_backend.hpp, comm/recorder/collective_progress.hpp,
+// comm/recorder/collective_watchdog.hpp): declared here so that this public header includes none of
+// them.
 struct MadeBackend;
 struct CollectiveOp;
 struct CapturedCollectives;
@@ -128,9 +129,9 @@ class ProcessGroup {
     // (Gloo). Sub-groups inherit it.
     std::optional<bool> watch_collectives;
     // Before each collective, compare what this rank is about to issue with what the first rank
-    // to reach the same sequence number issued (comm/collective_check.hpp): a desync becomes an
-    // error naming both collectives before the wrong one is issued. Default off: it costs one
-    // store round trip per collective (docs/benchmarks.md). Sub-groups inherit it.
+    // to reach the same sequence number issued (comm/recorder/collective_check.hpp): a desync
+    // becomes an error naming both collectives before the wrong one is issued. Default off: it
+    // costs one store round trip per collective (docs/benchmarks.md). Sub-groups inherit it.
     bool check_collectives = false;
   };
 
@@ -244,8 +245,8 @@ class ProcessGroup {
   // (wire_bytes): what the group costs this rank's links, for the bytes a step sends per group
   // (ddp-bench's JSON; hybrid sharding's cross-node bytes, issue 63).
   int64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
-  // This group's flight ring as a dump writes it (comm/flight_ring.hpp): the collectives it
-  // issued, newest last (none when the recorder is off).
+  // This group's flight ring as a dump writes it (comm/recorder/flight_ring.hpp): the collectives
+  // it issued, newest last (none when the recorder is off).
   FlightGroup flight_snapshot() const;
 
   // CUDA-graph replays in the flight recorder (graphs/captured_step.hpp). A capture issues its

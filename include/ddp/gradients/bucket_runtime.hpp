@@ -69,10 +69,10 @@ class BucketRuntime {
   // Begins a synchronized backward: every bucket waits for all its gradients again.
   // `iteration`: synchronized backwards completed before this one (GradBucket::iteration).
   // `divisor`: what the average divides by; 0: the group size (join passes fewer ranks).
-  void start_backward(int64_t iteration, int64_t divisor);
+  void arm_synchronized(int64_t iteration, int64_t divisor);
   // Begins a local backward (no_sync): the counters are armed, but nothing launches (a group that
   // must know when a bucket's last gradient arrived still reads pending()).
-  void start_local();
+  void arm_local();
 
   // A sparse parameter's gradient for this iteration (a sparse bucket holds no flat storage).
   void set_sparse_grad(size_t bucket, at::Tensor grad) {
@@ -145,7 +145,7 @@ class BucketRuntime {
   std::vector<std::string> what_;  // describe(b), per bucket
   int64_t iteration_ = 0;
   int64_t divisor_ = 0;           // this iteration's; 0: the group size
-  bool local_ = false;            // this backward only counts (start_local)
+  bool local_ = false;            // this backward only counts (arm_local)
   size_t next_launch_ = 0;        // buckets [0, next_launch_) are launched this iteration
   std::deque<size_t> in_flight_;  // launched, not yet finished, in launch order
 };

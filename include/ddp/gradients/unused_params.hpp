@@ -37,7 +37,7 @@ class UnusedParams {
   // gradient this iteration. With `map` (find_unused_parameters, or static_graph's first
   // iteration) it launches the map's all-reduce, before any bucket on every rank; with a
   // `recorded` static graph it reuses iteration 1's answer.
-  std::vector<bool> start_backward(bool map, bool recorded, comm::ProcessGroup& pg);
+  std::vector<bool> find_unused(bool map, bool recorded, comm::ProcessGroup& pg);
   // Whether p had a gradient on some rank this iteration; waits (bounded) for the map first.
   bool globally_used(size_t p, comm::ProcessGroup& pg) {
     wait(pg);

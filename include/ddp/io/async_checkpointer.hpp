@@ -20,8 +20,8 @@
 //           removes
 // poll(), every step, local: says once what the finished save came to (its directory, or its
 // error by name on the rank that saw it). wait(), collective: the save in flight finished, and its
-// failure thrown on every rank. Replicated state (DDP): rank 0 writes every file, the others only
-// take part in the collectives.
+// failure thrown on every rank. Replicated state (DDP) goes the same way: rank 0 has every file to
+// write, the others report none.
 
 #include <chrono>
 #include <cstdint>

@@ -15,16 +15,15 @@
 // at most a .tmp-step-* directory that the next save removes. Only after that are older step-*
 // directories beyond `keep` deleted.
 //
-// Replicated state (data parallel): rank 0 writes, every rank loads. The ranks agree that a save is
-// complete and which checkpoint to load through checkpoint_coordinator.hpp (save_and_barrier,
-// resume_latest); this layer touches files only.
-//
-// Split state (TrainingState::layouts set: FULLY_SHARD, DEFAULT, tensor parallelism, or one over
-// the other): every rank writes its real local piece of each split parameter and of its optimizer
-// state ("model.rank-<R>.safetensors", "optim.rank-<R>.safetensors"), rank 0 the rest under the
-// names above, all in one directory whose manifest records each split tensor's layout; loading
-// copies, by layout::pieces, the parts this rank's layout wants out of the files holding them, so
-// any checkpoint loads onto any mesh and style. See sharded_checkpoint.hpp.
+// One writer, parameterised by the sharding (TrainingState::sharding): every rank writes its real
+// local piece of each parameter the sharding splits, and of its optimizer state
+// ("model.rank-<R>.safetensors", "optim.rank-<R>.safetensors"), rank 0 the rest under the names
+// above, all in one directory whose manifest records each split tensor's layout. Replicated state
+// (DDP, one process) is the case where nothing is split: rank 0 writes the three files, the other
+// ranks nothing. Loading copies, by layout::pieces, the parts this rank's layout wants out of the
+// files holding them, so any checkpoint loads onto any mesh and style (sharded_checkpoint.hpp).
+// The ranks agree that a save is complete and which checkpoint to load through
+// checkpoint_coordinator.hpp (save_and_barrier, resume_latest); this layer touches files only.
 
 #include <cstdint>
 #include <optional>
@@ -34,6 +33,7 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include "ddp/comm/sharding/sharding.hpp"
 #include "ddp/layout/tensor_layouts.hpp"
 
 namespace ddp::io {
@@ -72,19 +72,20 @@ struct TrainingState {
   // that changed it would read other samples per step and mean another schedule); 0 (unstated):
   // load sets it to the checkpoint's (0 for one that did not record it).
   int64_t global_batch = 0;
-  // How the wrappers split the model's parameters, as the wrapped model answers it
-  // (DataParallel::layouts(), or DataParallel::layouts(tp) over tensor parallelism; also
-  // ShardedModule::layouts(), TensorParallel::layouts() and layout::nest of the two). The mesh's
-  // product is the number of ranks the save and load run on (the group passed to save_and_barrier
-  // and resume_latest), and this rank sits at layouts->coordinate there. Empty, or layouts that
-  // name no parameter (DDP's: layout::replicated_over): every parameter is whole on every rank,
-  // saved once by rank 0. Between steps only: a split parameter must be its local storage
-  // (layout::padded_local_shape).
-  std::optional<layout::TensorLayouts> layouts;
+  // How the wrappers split the model's parameters and over which groups, as the wrapped model
+  // answers it (comm/sharding/sharding.hpp): `model.sharding()`, over tensor parallelism
+  // `model.sharding(*tp, mesh.parent())`, or `tp->sharding()` alone. Its mesh's product is the
+  // number of ranks the save and load run on (the group passed to save_and_barrier and
+  // resume_latest, its mesh group), and this rank sits at its layouts' coordinate there. Unset, or
+  // a sharding that names no parameter (DDP's: comm::whole_over): every parameter is whole on every
+  // rank and rank 0 saves it. Between steps only: a split parameter must be its local storage
+  // (layout::padded_local_shape). One writer serves both ([Note: per-rank shard files]).
+  std::optional<comm::Sharding> sharding;
 
-  // `layouts` when they split a parameter (name one), else null: what the save and load read.
+  // The sharding's layouts when they split a parameter (name one), else null: what the save and
+  // load read.
   const layout::TensorLayouts* split_layouts() const {
-    return layouts && !layouts->by_name.empty() ? &*layouts : nullptr;
+    return sharding && !sharding->layouts.by_name.empty() ? &sharding->layouts : nullptr;
   }
 };
 
@@ -106,7 +107,7 @@ Manifest verify_checkpoint(const std::string& dir);
 // the checkpoint must then hold that kind of optimizer's state) and the CPU generator; sets
 // state.step and state.data_position. Throws, changing nothing, when the checkpoint is corrupt.
 // Any checkpoint loads at any `world_size` and mesh: a replicated one is read whole by every
-// rank; when the checkpoint or the run is split (state.layouts), this rank's wanted pieces are
+// rank; when the checkpoint or the run is split (state.sharding), this rank's wanted pieces are
 // copied out of the files holding them, and only those files are read and verified
 // (load_resharded_checkpoint in sharded_checkpoint.hpp). `rank` names this process in errors.
 Manifest load_checkpoint(const std::string& dir, int world_size, TrainingState& state,

@@ -12,16 +12,16 @@
 // Ranks therefore never disagree about where they resume, even when a newer checkpoint appears or
 // is corrupted while they start.
 //
-// Save (save_and_barrier):
-//   rank 0: save_checkpoint (write to a temp dir, fsync, manifest last, rename; checkpoint.hpp)
-//   all:    barrier -- nobody goes on, and no launcher restart can resume, before the checkpoint is
-//           complete on disk. A failed write on rank 0 is reported to every rank through the same
-//           collective pattern as a failed load.
+// Save (save_and_barrier): every rank writes its files (rank 0 all of them when nothing is split)
+// into one temporary directory, rank 0 the manifest last and the rename; a barrier -- nobody goes
+// on, and no launcher restart can resume, before the checkpoint is complete on disk. A failed
+// write on any rank is reported to every rank through the same collective pattern as a failed
+// load.
 //
 // [Note: per-rank shard files]
-// Replicated state (DDP; TrainingState::layouts null): rank 0 writes every file, every rank reads
-// all of them. Split state (the wrappers' layouts registered in TrainingState::layouts) uses the
-// same two calls, with the group the layouts are over (its size the mesh's product):
+// One protocol for every sharding (TrainingState::sharding, the group passed the one it is over:
+// its size the mesh's product). Replicated state (DDP; no sharding, or one that splits nothing)
+// is the case where only rank 0 has files and every rank reads all of them:
 //   - save: rank 0's pid, broadcast, names the temporary directory; rank 0 creates it; every rank
 //     writes its own files into it ("model.rank-<R>.safetensors", "optim.rank-<R>.safetensors";
 //     rank 0 also the replicated model/optim/rng files) and hashes them itself; their ManifestFile
@@ -60,8 +60,8 @@ std::optional<CheckpointEntry> resume_latest(comm::ProcessGroup& group,
                                              const CoordinatorOptions& options,
                                              TrainingState& state);
 
-// Saves `state` as step-<state.step> (rank 0 writes, or every rank its shard when
-// state.layouts is set; see the note above) and returns once the checkpoint is complete for
+// Saves `state` as step-<state.step> (every rank its pieces of what state.sharding splits, rank 0
+// the rest; see the note above) and returns once the checkpoint is complete for
 // every rank. Returns the directory on rank 0, "" elsewhere. Collective. Throws c10::Error on
 // every rank when a write fails (the failing rank with the file and errno's text); the
 // checkpoints saved before are untouched.

@@ -11,7 +11,7 @@
 #include <torch/nn/module.h>
 
 #include "ddp/comm/process_group.hpp"
-#include "ddp/comm/sharding.hpp"
+#include "ddp/comm/sharding/sharding.hpp"
 #include "ddp/io/safetensors.hpp"
 #include "ddp/layout/tensor_layouts.hpp"
 
@@ -28,8 +28,8 @@ namespace ddp::io {
 // FULLY_SHARD over TP (layout::nest of the two, over the mesh's parent group).
 TensorMap whole_state(const torch::nn::Module& model, const layout::TensorLayouts& layouts,
                       comm::ProcessGroup* group);
-// The same by a sharding (comm/sharding.hpp: its layouts over its mesh group), as every wrapper
-// and tensor parallelism answer it: `whole_state(*net, model.sharding())`, or over tensor
+// The same by a sharding (comm/sharding/sharding.hpp: its layouts over its mesh group), as every
+// wrapper and tensor parallelism answer it: `whole_state(*net, model.sharding())`, or over tensor
 // parallelism `whole_state(*net, model.sharding(*tp, mesh.parent()))`. A nested sharding without
 // its mesh group is refused by name.
 TensorMap whole_state(const torch::nn::Module& model, const comm::Sharding& sharding);

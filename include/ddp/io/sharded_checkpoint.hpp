@@ -1,6 +1,6 @@
 #pragma once
 // Checkpoints of split state: the training state of a run whose wrappers split its parameters
-// (TrainingState::layouts: FULLY_SHARD, DEFAULT, tensor parallelism, or a sharded style over
+// (TrainingState::sharding: FULLY_SHARD, DEFAULT, tensor parallelism, or a sharded style over
 // TP), written by every rank (its pieces) into one checkpoint directory, and read back onto any
 // mesh and style.
 //
@@ -54,31 +54,32 @@ struct ShardFiles {
   std::string optimizer;               // "sgd", "adam", or "" without an optimizer
 };
 
-// Writes rank `rank`'s files of `state` (layouts set; called between steps, when every split
-// parameter is its local storage) into the existing directory `dir`: its rank files, and on
-// rank 0 also the replicated files. Each file is written atomically (fsynced). `rank` must be
-// layout::rank_of(state.layouts->coordinate, state.layouts->mesh). Throws c10::Error when a
+// The one writer: rank `rank`'s files of `state` (called between steps, when every split
+// parameter is its local storage) into the existing directory `dir`: its rank files (none when
+// the sharding splits nothing), and on rank 0 also the replicated files. Each file is written
+// atomically (fsynced). Where the sharding splits a parameter, `rank` must be layout::rank_of of
+// its layouts' coordinate in their mesh. Throws c10::Error when a
 // parameter is not the local storage its layout says (e.g. gathered: "save and load between
 // steps") or a write fails (naming the file and errno's text).
 ShardFiles write_shard_files(const std::string& dir, const TrainingState& state, int rank);
 
 // load_checkpoint's path for split state (the run's or the checkpoint's): loads `dir`, whose
-// `manifest` was read already, into `state` at state.layouts' coordinate (every parameter whole
-// without layouts), resharding as the note above says. All checks come before the first change:
+// `manifest` was read already, into `state` at its sharding's coordinate (every parameter whole
+// without one), resharding as the note above says. All checks come before the first change:
 // a corrupt file (named, as verify_manifest_file names it), a checkpoint of another model (the
 // parameter that differs, and the file or manifest it was found in), or another optimizer throw
 // c10::Error and leave the model, the optimizer and the generator as they were.
 Manifest load_resharded_checkpoint(const std::string& dir, const Manifest& manifest,
                                    TrainingState& state);
 
-// The error of every entry point that takes layouts (or a sharded runtime) with a group of
+// The error of every entry point that takes a sharding (or a sharded runtime) with a group of
 // another size: what happened and which group to pass ("who" names the entry point, e.g.
 // "save_and_barrier").
-std::string wrong_group_for_layouts(const std::string& who, int layout_ranks, int group_ranks);
+std::string wrong_group_for_sharding(const std::string& who, int layout_ranks, int group_ranks);
 
-// Throws wrong_group_for_layouts when `layouts` are not over `world_size` ranks, or when `rank`
+// Throws wrong_group_for_sharding when `layouts` are not over `world_size` ranks, or when `rank`
 // does not sit at layouts.coordinate (the group is not the one the layouts were made over).
-void check_layouts_group(const std::string& who, const layout::TensorLayouts& layouts,
-                         int world_size, int rank);
+void check_sharding_group(const std::string& who, const layout::TensorLayouts& layouts,
+                          int world_size, int rank);
 
 }  // namespace ddp::io

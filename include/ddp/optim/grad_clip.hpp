@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "ddp/comm/process_group.hpp"
-#include "ddp/comm/sharding.hpp"
+#include "ddp/comm/sharding/sharding.hpp"
 #include "ddp/layout/tensor_layouts.hpp"
 
 namespace torch::nn {
@@ -82,8 +82,8 @@ struct GradShards {
 // step: a split parameter must be its stored shard (comm::real_local's check names it otherwise).
 GradShards grad_shards(torch::nn::Module& module, const layout::TensorLayouts* layouts = nullptr,
                        std::vector<comm::ProcessGroupPtr> groups = {});
-// The same as `sharding` splits them over its groups (comm/sharding.hpp): what every wrapper and
-// tensor parallelism answer, so the caller never picks groups by style.
+// The same as `sharding` splits them over its groups (comm/sharding/sharding.hpp): what every
+// wrapper and tensor parallelism answer, so the caller never picks groups by style.
 GradShards grad_shards(torch::nn::Module& module, const comm::Sharding& sharding);
 
 // The total norm of the whole gradients (a 0-d float tensor on the gradients' device; 0 with no

@@ -33,6 +33,7 @@
 #include "ddp/shard/data_parallel_style.hpp"
 #include "ddp/shard/sharded_module.hpp"
 #include "ddp/wrap/evaluation.hpp"
+#include "ddp/wrap/typed_module.hpp"
 #include "ddp/wrap/wrapped_model.hpp"
 
 namespace ddp::tp {
@@ -94,29 +95,21 @@ std::unique_ptr<wrap::WrappedModel> make_wrapped(std::shared_ptr<torch::nn::Modu
                                                  DataParallelOptions options);
 
 template <typename ModuleType>
-class DataParallel {
+class DataParallel : public wrap::TypedModule<ModuleType, DataParallel<ModuleType>> {
  public:
+  // forward, operator() and module() (wrap/typed_module.hpp): the module's own forward, inside
+  // the style's forward protocol.
   DataParallel(ModuleType module, comm::ProcessGroupPtr group, DataParallelStyle style,
                DataParallelOptions options = {})
-      : style_(style),
+      : wrap::TypedModule<ModuleType, DataParallel>(module),
+        style_(style),
         wrapped_(make_wrapped(intake::as_module_ptr(module), std::move(group), style,
-                              std::move(options))),
-        module_(std::move(module)) {}
+                              std::move(options))) {}
   DataParallel(ModuleType module, const comm::DeviceMesh& mesh, DataParallelStyle style,
                DataParallelOptions options = {})
-      : style_(style),
-        wrapped_(make_wrapped(intake::as_module_ptr(module), mesh, style, std::move(options))),
-        module_(std::move(module)) {}
-
-  // The module's own forward, inside the style's forward protocol (wrap/wrapped_model.hpp).
-  template <typename... Args>
-  auto forward(Args&&... args) {
-    return wrap::WrappedForward::run(*wrapped_, module_, std::forward<Args>(args)...);
-  }
-  template <typename... Args>
-  auto operator()(Args&&... args) {
-    return forward(std::forward<Args>(args)...);
-  }
+      : wrap::TypedModule<ModuleType, DataParallel>(module),
+        style_(style),
+        wrapped_(make_wrapped(intake::as_module_ptr(module), mesh, style, std::move(options))) {}
 
   DataParallelStyle style() const { return style_; }
   // The runtime behind the style, as every style's base: what a training loop or a tool asks
@@ -134,13 +127,13 @@ class DataParallel {
   std::shared_ptr<torch::nn::Module> module_ptr() const { return wrapped_->module_ptr(); }
   // What this rank holds of each parameter, over the data-parallel group (mesh {world}): under
   // kReplicate no parameter is named (whole on every rank), under the sharded styles the shard
-  // plan's. What io::TrainingState::layouts, io::whole_state and the gradient clip read.
+  // plan's. What the gradient clip reads (checkpoints and the export take sharding()).
   const layout::TensorLayouts& layouts() const { return wrapped_->layouts(); }
   // The same over tensor parallelism (mesh {dp, tp}): over_tensor_parallel's.
   layout::TensorLayouts layouts(const tp::TensorParallel& tp) const { return sharding(tp).layouts; }
-  // The layouts with their groups (comm/sharding.hpp): what clip_grad_norm and io::whole_state
-  // take, the same call for every style. Over tensor parallelism the groups {dp, tp}, and
-  // `mesh_group` the mesh's parent (an export needs it; a norm does not).
+  // The layouts with their groups (comm/sharding/sharding.hpp): what clip_grad_norm and
+  // io::whole_state take, the same call for every style. Over tensor parallelism the groups {dp,
+  // tp}, and `mesh_group` the mesh's parent (an export needs it; a norm does not).
   comm::Sharding sharding() const { return wrapped_->sharding(); }
   comm::Sharding sharding(const tp::TensorParallel& tp,
                           comm::ProcessGroupPtr mesh_group = nullptr) const {
@@ -165,17 +158,10 @@ class DataParallel {
   // last synchronized backward.
   obs::LoggingData logging_data() { return wrapped_->logging_data(); }
   obs::IterationTimeline last_timeline() const { return wrapped_->last_timeline(); }
-  // The runtime of one style (null under the other): for what only that style has (DDP's join
-  // and bucket storage; the sharded styles' per-parameter layout and full_parameters).
-  DistributedDataParallelBase* replicated() {
-    return dynamic_cast<DistributedDataParallelBase*>(wrapped_.get());
-  }
-  shard::ShardedModule* sharded() { return dynamic_cast<shard::ShardedModule*>(wrapped_.get()); }
 
  private:
   DataParallelStyle style_;
-  std::unique_ptr<wrap::WrappedModel> wrapped_;  // before module_: made from its pointer first
-  ModuleType module_;
+  std::unique_ptr<wrap::WrappedModel> wrapped_;
 };
 
 template <typename ModuleType>

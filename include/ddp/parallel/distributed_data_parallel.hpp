@@ -26,6 +26,7 @@
 #include "ddp/layout/tensor_layouts.hpp"
 #include "ddp/parallel/ddp_options.hpp"
 #include "ddp/wrap/evaluation.hpp"
+#include "ddp/wrap/typed_module.hpp"
 #include "ddp/wrap/wrapped_model.hpp"
 
 namespace ddp::parallel {
@@ -91,27 +92,18 @@ class DistributedDataParallelBase : public wrap::WrappedModel {
 };
 
 template <typename ModuleType>
-class DistributedDataParallel : public DistributedDataParallelBase {
+class DistributedDataParallel
+    : public DistributedDataParallelBase,
+      public wrap::TypedModule<ModuleType, DistributedDataParallel<ModuleType>> {
  public:
   DistributedDataParallel(ModuleType module, comm::ProcessGroupPtr process_group,
                           DDPOptions options = {})
       : DistributedDataParallelBase(intake::as_module_ptr(module), std::move(process_group),
                                     options),
-        module_(std::move(module)) {}
+        wrap::TypedModule<ModuleType, DistributedDataParallel>(module) {}
 
-  template <typename... Args>
-  auto forward(Args&&... args) {
-    return wrap::WrappedForward::run(*this, module_, std::forward<Args>(args)...);
-  }
-  template <typename... Args>
-  auto operator()(Args&&... args) {
-    return forward(std::forward<Args>(args)...);
-  }
-
-  ModuleType& module() { return module_; }
-
- private:
-  ModuleType module_;
+  // The runtime of the forward protocol (wrap/typed_module.hpp): this wrapper itself.
+  wrap::WrappedModel& wrapped() { return *this; }
 };
 
 }  // namespace ddp::parallel

@@ -21,7 +21,7 @@
 namespace ddp::parallel {
 
 // `module`'s gradients as `sharding` splits them (the wrapper's, tensor parallelism's, or the two
-// nested: comm/sharding.hpp). `nests_tensor_parallel`: whether `sharding` includes tensor
+// nested: comm/sharding/sharding.hpp). `nests_tensor_parallel`: whether `sharding` includes tensor
 // parallelism's split; a module split by it that is normed without it is refused by name.
 optim::GradShards grad_shards(torch::nn::Module& module, const comm::Sharding& sharding,
                               bool nests_tensor_parallel);

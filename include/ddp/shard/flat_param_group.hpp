@@ -135,9 +135,6 @@ class FlatParamGroup : public gradients::UnitStorage {
   // param_dtype]); set while sharded, before the first unshard.
   void set_param_dtype(c10::ScalarType dtype);
   c10::ScalarType param_dtype() const { return gather_dtype_; }
-  // The full parameters, gathered into new tensors (trimmed of padding, registration order);
-  // the group's state and the parameters are untouched. Collective.
-  std::vector<at::Tensor> gather_full() const;
 
   ShardedState state() const { return state_; }
   const std::string& unit_name() const { return unit_name_; }

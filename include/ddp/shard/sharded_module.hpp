@@ -51,7 +51,7 @@
 
 #include "ddp/comm/device_mesh.hpp"
 #include "ddp/comm/process_group.hpp"
-#include "ddp/comm/sharding.hpp"
+#include "ddp/comm/sharding/sharding.hpp"
 #include "ddp/gradients/gradient_options.hpp"
 #include "ddp/intake/module_call.hpp"
 #include "ddp/layout/layout.hpp"
@@ -60,6 +60,7 @@
 #include "ddp/shard/shard_plan.hpp"
 #include "ddp/unit/unit_scope.hpp"
 #include "ddp/wrap/evaluation.hpp"
+#include "ddp/wrap/typed_module.hpp"
 #include "ddp/wrap/wrapped_model.hpp"
 
 namespace ddp::shard {
@@ -110,9 +111,6 @@ class ShardedModule : public wrap::WrappedModel, private unit::UnitListener {
   // Bytes of parameters this rank holds between steps (ShardPlan::local_param_bytes).
   int64_t local_param_bytes() const { return plan_.local_param_bytes(); }
   ShardMemory memory() const;
-  // Every distinct parameter, whole (registration order, the first of a tied parameter's names
-  // with it), gathered into new tensors: for comparisons and export. Between steps; collective.
-  std::vector<std::pair<std::string, at::Tensor>> full_parameters() const;
   // Unit indices (into plan().units) in the order the last forward ran them through run_unit.
   const std::vector<size_t>& unit_order() const;
 
@@ -198,25 +196,17 @@ class ShardedModule : public wrap::WrappedModel, private unit::UnitListener {
 // Any output structure is returned as it came (tensor, vector, pair, tuple), every tensor in it
 // carrying the node that starts the backward's bookkeeping.
 template <typename ModuleType>
-class FullyShardedDataParallel : public ShardedModule {
+class FullyShardedDataParallel
+    : public ShardedModule,
+      public wrap::TypedModule<ModuleType, FullyShardedDataParallel<ModuleType>> {
  public:
   FullyShardedDataParallel(ModuleType module, comm::ProcessGroupPtr group,
                            ShardOptions options = {})
       : ShardedModule(intake::as_module_ptr(module), std::move(group), std::move(options)),
-        module_(std::move(module)) {}
+        wrap::TypedModule<ModuleType, FullyShardedDataParallel>(module) {}
 
-  template <typename... Args>
-  auto forward(Args&&... args) {
-    return wrap::WrappedForward::run(*this, module_, std::forward<Args>(args)...);
-  }
-  template <typename... Args>
-  auto operator()(Args&&... args) {
-    return forward(std::forward<Args>(args)...);
-  }
-  ModuleType& module() { return module_; }
-
- private:
-  ModuleType module_;
+  // The runtime of the forward protocol (wrap/typed_module.hpp): this wrapper itself.
+  wrap::WrappedModel& wrapped() { return *this; }
 };
 
 }  // namespace ddp::shard

@@ -46,7 +46,7 @@
 #include <vector>
 
 #include "ddp/comm/process_group.hpp"
-#include "ddp/comm/sharding.hpp"
+#include "ddp/comm/sharding/sharding.hpp"
 #include "ddp/layout/layout.hpp"
 #include "ddp/layout/tensor_layouts.hpp"
 #include "ddp/unit/unit_scope.hpp"
@@ -95,7 +95,7 @@ class TensorParallel : private unit::UnitListener {
   // Every parameter's layout (as layout(name)) and this rank's coordinate {tp rank}: what the
   // checkpoints and the export read (layout/tensor_layouts.hpp).
   const layout::TensorLayouts& layouts() const { return layouts_; }
-  // The same with its group (comm/sharding.hpp): mesh {tp}, over group().
+  // The same with its group (comm/sharding/sharding.hpp): mesh {tp}, over group().
   comm::Sharding sharding() const { return {layouts_, {group_}, group_}; }
   // `local` (parameter `name`'s local shard, or a tensor shaped like it, e.g. its gradient) made
   // whole; a replicated parameter's tensor comes back as a copy. Collective over the tp group.
@@ -109,10 +109,6 @@ class TensorParallel : private unit::UnitListener {
   // ddp-train / ddp-bench --tp --verbose print next to the bucket or unit table, whose sizes are
   // the local ones). No communication.
   std::string table() const;
-  // Every parameter of the module, whole (named_parameters order). Collective.
-  std::vector<std::pair<std::string, at::Tensor>> full_parameters() const;
-  // Every parameter as this rank holds it (named_parameters order), detached.
-  std::vector<std::pair<std::string, at::Tensor>> local_parameters() const;
 
  private:
   struct Planned {

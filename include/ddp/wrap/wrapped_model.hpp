@@ -32,7 +32,7 @@
 
 #include "ddp/buckets/bucket_plan.hpp"
 #include "ddp/comm/process_group.hpp"
-#include "ddp/comm/sharding.hpp"
+#include "ddp/comm/sharding/sharding.hpp"
 #include "ddp/gradients/no_sync_guard.hpp"
 #include "ddp/hooks/comm_hook.hpp"
 #include "ddp/intake/module_call.hpp"
@@ -97,8 +97,8 @@ class WrappedModel {
   // named under DDP (whole on every rank), the shard plan's under the sharded styles. Refused
   // while a forward's parameters are gathered ([Note: a forward whose backward never runs]).
   virtual const layout::TensorLayouts& layouts() const = 0;
-  // The layouts with the group they are over (comm/sharding.hpp): mesh {world} over group(). What
-  // the gradient norm and the export take, whichever style answers.
+  // The layouts with the group they are over (comm/sharding/sharding.hpp): mesh {world} over
+  // group(). What the gradient norm and the export take, whichever style answers.
   virtual comm::Sharding sharding() const;
   // After a forward under grad mode whose backward never runs: back to the state before it (the
   // sharded styles put every unit back on its shards; DDP has nothing to undo). Between steps.
@@ -166,7 +166,8 @@ class WrappedModel {
 };
 
 // The forward protocol around a module's own forward, for the typed wrappers
-// (DistributedDataParallel<M>, FullyShardedDataParallel<M>, DataParallel<M>): any signature, any
+// (DistributedDataParallel<M>, FullyShardedDataParallel<M>, DataParallel<M>, through
+// wrap/typed_module.hpp): any signature, any
 // output structure returned as it came (tensor, vector, pair, tuple), each tensor in it through
 // attach_start_backward.
 class WrappedForward {

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "ddp/comm/flight_dump.hpp"
+#include "ddp/comm/recorder/flight_dump.hpp"
 
 namespace ddp::comm {
 

@@ -1,4 +1,4 @@
-#include "ddp/comm/flight_ring.hpp"
+#include "ddp/comm/recorder/flight_ring.hpp"
 
 #include <cstring>
 

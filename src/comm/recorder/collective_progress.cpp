@@ -1,6 +1,6 @@
-#include "ddp/comm/collective_progress.hpp"
+#include "ddp/comm/recorder/collective_progress.hpp"
 
-#include "ddp/comm/collective_check.hpp"
+#include "ddp/comm/recorder/collective_check.hpp"
 
 #include <algorithm>
 #include <condition_variable>

@@ -1,10 +1,10 @@
-#include "ddp/comm/collective_check.hpp"
+#include "ddp/comm/recorder/collective_check.hpp"
 
 #include <c10/util/Exception.h>
 
 #include <sstream>
 
-#include "ddp/comm/flight_ring.hpp"
+#include "ddp/comm/recorder/flight_ring.hpp"
 
 namespace ddp::comm {
 

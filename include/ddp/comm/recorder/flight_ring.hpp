@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "ddp/comm/flight_recorder.hpp"
+#include "ddp/comm/recorder/flight_recorder.hpp"
 
 namespace ddp::comm {
 

@@ -2,7 +2,7 @@
 // ddp-forensics, so that the dumps and their reader name things from one list.
 #include <string>
 
-#include "ddp/comm/flight_recorder.hpp"
+#include "ddp/comm/recorder/flight_recorder.hpp"
 
 namespace ddp::comm {
 

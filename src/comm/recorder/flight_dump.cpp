@@ -1,4 +1,4 @@
-#include "ddp/comm/flight_dump.hpp"
+#include "ddp/comm/recorder/flight_dump.hpp"
 
 #include <dirent.h>
 #include <algorithm>
@@ -10,7 +10,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "ddp/comm/flight_recorder.hpp"
+#include "ddp/comm/recorder/flight_recorder.hpp"
 
 namespace ddp::comm {
 

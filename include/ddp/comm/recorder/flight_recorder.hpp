@@ -1,8 +1,8 @@
 #pragma once
 // [Note: flight recorder] Every collective of every group of this process is recorded, as it is
-// issued, into a fixed ring per group (comm/flight_ring.hpp): its sequence number in the group,
-// kind, dtype, element count, root, what it was for, the step, when it was issued and ended, and
-// its state. When something fails (a wait that throws, the watchdog's timeout, SIGTERM from the
+// issued, into a fixed ring per group (comm/recorder/flight_ring.hpp): its sequence number in the
+// group, kind, dtype, element count, root, what it was for, the step, when it was issued and ended,
+// and its state. When something fails (a wait that throws, the watchdog's timeout, SIGTERM from the
 // launcher) or on request (SIGUSR1, dump_flight_recorder), this rank's rings are written to
 // "<dir>/flight-rank<R>.json", atomically; `ddp-forensics <dir>` lines the ranks' dumps up by
 // group and sequence number and names the first divergence. PyTorch's Flight Recorder does this

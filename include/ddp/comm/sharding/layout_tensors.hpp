@@ -5,9 +5,10 @@
 // right is right here too.
 //
 // They replace the three ways whole parameters were assembled, each with its own row rule:
-// ShardedModule::full_parameters (FSDP's padded dim-0 shards), TensorParallel::full (packed
-// q,k,v rows, column splits) and a sharded-only export (the whole checkpoint). A nested layout
-// (TP, then FSDP over what TP left) had no way at all.
+// a sharded module's own gather (FSDP's padded dim-0 shards), TensorParallel::full (packed q,k,v
+// rows, column splits) and a sharded-only export (the whole checkpoint). A nested layout (TP,
+// then FSDP over what TP left) had no way at all. The export of every style is now
+// io::whole_state over these.
 //
 // [Note: one all-gather per whole tensor] gather_whole issues ONE all-gather over the mesh's
 // parent group, not one per mesh dim: every rank pads its flat local tensor to the largest local

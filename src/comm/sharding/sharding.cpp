@@ -1,4 +1,4 @@
-#include "ddp/comm/sharding.hpp"
+#include "ddp/comm/sharding/sharding.hpp"
 
 #include <c10/util/Exception.h>
 #include <c10/util/accumulate.h>

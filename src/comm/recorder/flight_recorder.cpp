@@ -1,4 +1,4 @@
-#include "ddp/comm/flight_recorder.hpp"
+#include "ddp/comm/recorder/flight_recorder.hpp"
 
 #include <c10/util/Exception.h>
 #include <fcntl.h>
@@ -20,8 +20,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "ddp/comm/flight_ring.hpp"
 #include "ddp/comm/launcher_channel.hpp"
+#include "ddp/comm/recorder/flight_ring.hpp"
 #include "ddp/files/posix_file.hpp"
 
 namespace ddp::comm {

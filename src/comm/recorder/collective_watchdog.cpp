@@ -1,4 +1,4 @@
-#include "ddp/comm/collective_watchdog.hpp"
+#include "ddp/comm/recorder/collective_watchdog.hpp"
 
 #include <c10/util/Exception.h>
 

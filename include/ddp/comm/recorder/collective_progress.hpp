@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "ddp/comm/flight_ring.hpp"
+#include "ddp/comm/recorder/flight_ring.hpp"
 #include "ddp/detail/torch_compat.hpp"
 
 namespace ddp::comm {

@@ -1,4 +1,4 @@
-#include "ddp/comm/layout_tensors.hpp"
+#include "ddp/comm/sharding/layout_tensors.hpp"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>

@@ -1,4 +1,4 @@
-#include "ddp/comm/flight_divergence.hpp"
+#include "ddp/comm/recorder/flight_divergence.hpp"
 
 #include <algorithm>
 #include <climits>
