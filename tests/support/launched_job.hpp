@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <sstream>
 #include <string>
@@ -63,9 +64,13 @@ struct LaunchedJob {
     return false;
   }
 
-  // The worker (a child of the launcher) whose environment says RANK=<rank>; -1 if none.
+  // The worker (a child of the launcher) whose environment says RANK=<rank>; -1 if none. A worker
+  // forked rather than exec'd (the tools on the CPU: launch::WorkerGroupOptions::fork_main) keeps
+  // the launcher's environment in /proc/<pid>/environ (its own is set after the fork): then the
+  // rank-th child by pid, as the launcher forks rank 0 first.
   pid_t worker(int rank) const {
     const std::string key = "RANK=" + std::to_string(rank);
+    std::vector<pid_t> children;
     for (const std::string& name : names_in("/proc")) {
       if (name.find_first_not_of("0123456789") != std::string::npos) continue;
       const std::string stat = read_file("/proc/" + name + "/stat");
@@ -76,12 +81,17 @@ struct LaunchedJob {
       pid_t parent = 0;
       fields >> state >> parent;
       if (parent != pid) continue;
+      children.push_back(static_cast<pid_t>(std::stoi(name)));
       std::istringstream env(read_file("/proc/" + name + "/environ"));
+      bool has_rank = false;
       for (std::string entry; std::getline(env, entry, '\0');) {
-        if (entry == key) return static_cast<pid_t>(std::stoi(name));
+        if (entry == key) return children.back();
+        has_rank |= entry.rfind("RANK=", 0) == 0;
       }
+      if (has_rank) children.pop_back();  // an exec'd worker of another rank
     }
-    return -1;
+    std::sort(children.begin(), children.end());
+    return rank < static_cast<int>(children.size()) ? children[static_cast<size_t>(rank)] : -1;
   }
 
   // The launcher's wait status, waiting at most `bound`; past it the job is killed and -1

@@ -32,6 +32,7 @@ WorkerRegistrar::WorkerRegistrar(const std::string& name, WorkerFn fn) {
 
 namespace {
 
+#if !DDP_HAVE_NCCL
 // In a forked worker: the state a fresh process would start with where the parent may have
 // changed it (the default generator's seed), then the worker named in the environment.
 int run_forked_worker() {
@@ -42,6 +43,7 @@ int run_forked_worker() {
   }
   return maybe_run_worker();
 }
+#endif
 
 }  // namespace
 

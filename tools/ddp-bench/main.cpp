@@ -163,6 +163,10 @@ int main(int argc, char** argv) {
     // Unprefixed: rank 0's result lines are parsed by bench/compare as lines that start with
     // "result " or "{", and only rank 0 prints them.
     spawn.relay_output = false;
+    // On the CPU a worker is a fork of this process (ddp-train's reason: tools/ddp-train/main.cpp).
+    if (args.device == "cpu") {
+      spawn.fork_main = [&args] { return ddp::tools::bench::run_worker(args); };
+    }
     return ddp::launch::run_self_as_workers(argc, argv, "DDP_BENCH_WORKER", spawn);
   } catch (const c10::Error& e) {
     std::cerr << ddp::tools::tool_error("ddp-bench", e.what_without_backtrace()) << std::endl;

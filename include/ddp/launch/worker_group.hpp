@@ -97,7 +97,8 @@ struct WorkerGroupOptions {
   // it starts without loading itself again (Debian's libtorch takes ~0.7 s of CPU to start, more
   // than most test bodies run). Only where the launcher holds no CUDA context and no other
   // thread holds a lock the function needs (a fork keeps only the calling thread): the CPU test
-  // binary. argv still names the workers in messages.
+  // binary. argv still names the workers in messages. The launcher sets its own BLAS and OpenMP
+  // threads to the workers' OMP_NUM_THREADS before it forks ([Note: a forked worker's threads]).
   std::function<int()> fork_main;
 };
 
