@@ -145,24 +145,33 @@ void PrintTo(const Mesh& m, std::ostream* out) {
   *out << "mesh " << m.dp << "x" << m.tp << ", " << m.dp_style << " over dp";
 }
 
+// Runs `worker` at dp x tp ranks with the mesh and dp's style in its environment.
+void run_on_mesh(const std::string& worker, const Mesh& m) {
+  const auto result = run_workers(worker, m.dp * m.tp,
+                                  {{"DDP_TEST_DP", std::to_string(m.dp)},
+                                   {"DDP_TEST_TP", std::to_string(m.tp)},
+                                   {"DDP_TEST_DP_STYLE", m.dp_style}});
+  EXPECT_TRUE(result.ok()) << result.describe();
+}
+
+// "dp2_tp2", with "_fully_shard" where FULLY_SHARD runs over dp.
+std::string mesh_name(const ::testing::TestParamInfo<Mesh>& info) {
+  const Mesh& m = info.param;
+  return "dp" + std::to_string(m.dp) + "_tp" + std::to_string(m.tp) +
+         (m.dp_style == "ddp" ? "" : "_" + m.dp_style);
+}
+
 class TensorParallelSeedNet : public ::testing::TestWithParam<Mesh> {};
 
 TEST_P(TensorParallelSeedNet, EqualsTheSingleProcessModelOnTheGlobalBatch) {
-  const Mesh m = GetParam();
-  const auto result =
-      run_workers("tp_seed_net", m.dp * m.tp,
-                  {{"DDP_TEST_DP", std::to_string(m.dp)}, {"DDP_TEST_TP", std::to_string(m.tp)}});
-  EXPECT_TRUE(result.ok()) << result.describe();
+  run_on_mesh("tp_seed_net", GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Meshes, TensorParallelSeedNet,
                          ::testing::Values(Mesh{2, 2}, Mesh{1, 2}, Mesh{2, 1}, Mesh{1, 4},
                                            Mesh{4, 1}, Mesh{2, 2, "fully_shard"},
                                            Mesh{1, 2, "fully_shard"}),
-                         [](const auto& info) {
-                           return "dp" + std::to_string(info.param.dp) + "_tp" +
-                                  std::to_string(info.param.tp) + "_" + info.param.dp_style;
-                         });
+                         mesh_name);
 
 // A zoo transformer's plan over "tp", DDP over "dp": the same equality, gradients of step 1 and
 // parameters after 3 steps. The GPT's (c_attn colwise by heads, projections rowwise, MLP colwise
@@ -253,34 +262,20 @@ DDP_TEST_WORKER(tp_llama) {
 class TensorParallelGpt : public ::testing::TestWithParam<Mesh> {};
 
 TEST_P(TensorParallelGpt, EqualsTheSingleProcessModelOnTheGlobalBatch) {
-  const Mesh m = GetParam();
-  const auto result =
-      run_workers("tp_gpt", m.dp * m.tp,
-                  {{"DDP_TEST_DP", std::to_string(m.dp)}, {"DDP_TEST_TP", std::to_string(m.tp)}});
-  EXPECT_TRUE(result.ok()) << result.describe();
+  run_on_mesh("tp_gpt", GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Meshes, TensorParallelGpt, ::testing::Values(Mesh{1, 2}, Mesh{2, 2}),
-                         [](const auto& info) {
-                           return "dp" + std::to_string(info.param.dp) + "_tp" +
-                                  std::to_string(info.param.tp);
-                         });
+                         mesh_name);
 
 class TensorParallelLlama : public ::testing::TestWithParam<Mesh> {};
 
 TEST_P(TensorParallelLlama, EqualsTheSingleProcessModelOnTheGlobalBatch) {
-  const Mesh m = GetParam();
-  const auto result =
-      run_workers("tp_llama", m.dp * m.tp,
-                  {{"DDP_TEST_DP", std::to_string(m.dp)}, {"DDP_TEST_TP", std::to_string(m.tp)}});
-  EXPECT_TRUE(result.ok()) << result.describe();
+  run_on_mesh("tp_llama", GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Meshes, TensorParallelLlama, ::testing::Values(Mesh{1, 2}, Mesh{2, 2}),
-                         [](const auto& info) {
-                           return "dp" + std::to_string(info.param.dp) + "_tp" +
-                                  std::to_string(info.param.tp);
-                         });
+                         mesh_name);
 
 // A vocabulary-parallel Embedding (RowwiseParallel on an Embedding) feeding a colwise then a
 // rowwise Linear, at tp 2 and 4 with DDP over dp: equal to the single-process model.
@@ -343,18 +338,11 @@ DDP_TEST_WORKER(tp_embedding) {
 class TensorParallelEmbedding : public ::testing::TestWithParam<Mesh> {};
 
 TEST_P(TensorParallelEmbedding, EqualsTheSingleProcessModelOnTheGlobalBatch) {
-  const Mesh m = GetParam();
-  const auto result =
-      run_workers("tp_embedding", m.dp * m.tp,
-                  {{"DDP_TEST_DP", std::to_string(m.dp)}, {"DDP_TEST_TP", std::to_string(m.tp)}});
-  EXPECT_TRUE(result.ok()) << result.describe();
+  run_on_mesh("tp_embedding", GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Meshes, TensorParallelEmbedding, ::testing::Values(Mesh{2, 2}, Mesh{1, 4}),
-                         [](const auto& info) {
-                           return "dp" + std::to_string(info.param.dp) + "_tp" +
-                                  std::to_string(info.param.tp);
-                         });
+                         mesh_name);
 
 DDP_TEST_WORKER(tp_bad_plans) {
   auto pg = worker_process_group(std::chrono::seconds(60));
