@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include "support/error_text.hpp"
+#include "support/global_batches.hpp"
 #include "support/oracle.hpp"
 #include "support/param_names.hpp"
 #include "support/workers.hpp"
@@ -189,12 +190,9 @@ DDP_TEST_WORKER(flat_param_group_training) {
   auto net = make_net();
   torch::manual_seed(0);
   auto oracle = make_net();
-  torch::manual_seed(1);
-  std::vector<torch::Tensor> xs, ys;
-  for (int64_t s = 0; s < steps; ++s) {
-    xs.push_back(torch::randn({w * per_rank, 5}));
-    ys.push_back(torch::randn({w * per_rank, 2}));
-  }
+  const GlobalBatches batches = regression_batches(steps, w * per_rank, 5, 2);
+  const std::vector<torch::Tensor>& xs = batches.x;
+  const std::vector<torch::Tensor>& ys = batches.y;
   auto params = net->parameters();
   const auto plan = shard::plan_shards(shapes_of(*net), {}, w, DataParallelStyle::kFullyShard);
   FlatParamGroup group(plan, 0, params, pg);

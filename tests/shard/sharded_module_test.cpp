@@ -13,6 +13,7 @@
 #include "ddp/comm/recorder/flight_recorder.hpp"
 #include "ddp/comm/recorder/flight_ring.hpp"
 
+#include "support/global_batches.hpp"
 #include "support/oracle.hpp"
 #include "support/param_names.hpp"
 #include "support/regression_steps.hpp"
@@ -53,12 +54,9 @@ DDP_TEST_WORKER(sharded_module_training) {
   auto net = make_net();
   torch::manual_seed(0);
   auto oracle = make_net();
-  torch::manual_seed(1);
-  std::vector<torch::Tensor> xs, ys;
-  for (int64_t s = 0; s < steps; ++s) {
-    xs.push_back(torch::randn({w * per_rank, 5}));
-    ys.push_back(torch::randn({w * per_rank, 2}));
-  }
+  const GlobalBatches batches = regression_batches(steps, w * per_rank, 5, 2);
+  const std::vector<torch::Tensor>& xs = batches.x;
+  const std::vector<torch::Tensor>& ys = batches.y;
   shard::FullyShardedDataParallel<torch::nn::Sequential> model(net, pg, options);
   if (options.style == shard::DataParallelStyle::kDefault && w == 3) {
     const std::string table = model.unit_table();

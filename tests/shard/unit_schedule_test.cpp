@@ -12,6 +12,7 @@
 #include "ddp/models/mlp.hpp"
 #include "ddp/shard/sharded_module.hpp"
 #include "support/error_text.hpp"
+#include "support/global_batches.hpp"
 #include "support/oracle.hpp"
 #include "support/param_names.hpp"
 #include "support/regression_steps.hpp"
@@ -166,12 +167,9 @@ DDP_TEST_WORKER(unit_schedule_mlp) {
   models::MLP mlp(shape);
   torch::manual_seed(0);
   models::MLP oracle(shape);
-  torch::manual_seed(1);
-  std::vector<torch::Tensor> xs, ys;
-  for (int s = 0; s < 4; ++s) {
-    xs.push_back(torch::randn({w * 3, shape.in}));
-    ys.push_back(torch::randn({w * 3, shape.out}));
-  }
+  const GlobalBatches batches = regression_batches(4, w * 3, shape.in, shape.out);
+  const std::vector<torch::Tensor>& xs = batches.x;
+  const std::vector<torch::Tensor>& ys = batches.y;
   const auto loss = [](const torch::Tensor& out, const torch::Tensor& y) {
     return torch::mse_loss(out, y);
   };
