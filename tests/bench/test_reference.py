@@ -285,6 +285,23 @@ class CompareTest(unittest.TestCase):
             self.assertIn(want, r.stderr)
 
 
+def mlp_deep_run_files(tmp, steps, seed, outputs):
+    """mlp-deep's initial parameters (torch seed 0) and `steps` batches of 8 (generator seed
+    `seed`, targets scaled to unit variance) saved in `tmp` for --init-params and --inputs:
+    the parameters, and the paths by name (init, inputs and each of `outputs`)."""
+    torch.manual_seed(0)
+    init = {n: p.detach() for n, p in torch_ddp.build_model("mlp-deep").named_parameters()}
+    gen = torch.Generator().manual_seed(seed)
+    inputs = {}
+    for step in range(steps):
+        x, y = torch_ddp.random_batch("mlp-deep", 8, gen)
+        inputs[f"x.{step}.0"], inputs[f"y.{step}.0"] = x, y / 512 ** 0.5
+    f = {k: os.path.join(tmp, k + ".safetensors") for k in ("init", "inputs", *outputs)}
+    safetensors_io.save_file(init, f["init"])
+    safetensors_io.save_file(inputs, f["inputs"])
+    return init, f
+
+
 class RecipeTest(unittest.TestCase):
     """The GPT training recipe (nanoGPT's train.py): schedule, AdamW groups, accumulation."""
 
@@ -334,18 +351,9 @@ class RecipeTest(unittest.TestCase):
     def test_grad_accum_matches_the_whole_batch(self):
         # 4 micro-batches of 2 accumulate to the gradient of the batch of 8, so AdamW with a
         # clip and a schedule (warmup, cosine, then min_lr) ends where the unsplit run does.
-        torch.manual_seed(0)
         model = "mlp-deep"
-        init = {n: p.detach() for n, p in torch_ddp.build_model(model).named_parameters()}
-        gen = torch.Generator().manual_seed(1)
-        inputs = {}
-        for step in range(4):
-            x, y = torch_ddp.random_batch(model, 8, gen)
-            inputs[f"x.{step}.0"], inputs[f"y.{step}.0"] = x, y / 512 ** 0.5
         with tempfile.TemporaryDirectory() as tmp:
-            f = {k: os.path.join(tmp, k + ".safetensors") for k in ("init", "inputs", "one", "four")}
-            safetensors_io.save_file(init, f["init"])
-            safetensors_io.save_file(inputs, f["inputs"])
+            init, f = mlp_deep_run_files(tmp, steps=4, seed=1, outputs=("one", "four"))
             common = ["--model", model, "--init-params", f["init"], "--inputs", f["inputs"],
                       "--lr", "1e-3", "--optimizer", "adamw", "--grad-clip", "0.5",
                       "--warmup-steps", "1", "--lr-decay-steps", "3"]
@@ -520,18 +528,9 @@ class CapturedRecipeTest(unittest.TestCase):
         # The captured step's body, run eagerly on the CPU the way the capture drives it (gradients
         # set to None, the rate written into one lr tensor before each step), ends where the
         # script's eager path does: AdamW in two groups, 2 micro-batches, a clip, a schedule.
-        torch.manual_seed(0)
         model = "mlp-deep"
-        init = {n: p.detach() for n, p in torch_ddp.build_model(model).named_parameters()}
-        gen = torch.Generator().manual_seed(2)
-        inputs = {}
-        for step in range(3):
-            x, y = torch_ddp.random_batch(model, 8, gen)
-            inputs[f"x.{step}.0"], inputs[f"y.{step}.0"] = x, y / 512 ** 0.5
         with tempfile.TemporaryDirectory() as tmp:
-            f = {k: os.path.join(tmp, k + ".safetensors") for k in ("init", "inputs", "eager")}
-            safetensors_io.save_file(init, f["init"])
-            safetensors_io.save_file(inputs, f["inputs"])
+            init, f = mlp_deep_run_files(tmp, steps=3, seed=2, outputs=("eager",))
             flags = ["--model", model, "--lr", "1e-3", "--optimizer", "adamw", "--grad-clip", "0.5",
                      "--grad-accum", "2", "--warmup-steps", "1", "--lr-decay-steps", "2"]
             run_reference(*flags, "--init-params", f["init"], "--inputs", f["inputs"],

@@ -72,10 +72,17 @@ double max_rel_error(const std::vector<torch::Tensor>& a, const std::vector<torc
   return worst;
 }
 
-DDP_TEST_WORKER(c_abi_training) {
-  // Gloo on the CPU (CI), or NCCL on CUDA (scripts/gpu-check.sh: CAbiGpu).
-  const std::string backend = worker_env("DDP_TEST_BACKEND", "gloo");
-  const torch::Device device(worker_env("DDP_TEST_DEVICE", "cpu"));
+// A training run: Gloo on the CPU (CI), or NCCL on CUDA (scripts/gpu-check.sh: CAbiGpu).
+struct TrainingCase {
+  std::string root;  // the checkpoint's directory
+  std::string backend = "gloo";
+  std::string device = "cpu";
+  DDP_CASE_FIELDS(root, backend, device)
+};
+
+DDP_TEST_WORKER_WITH(c_abi_training, TrainingCase, c) {
+  const std::string& backend = c.backend;
+  const torch::Device device(c.device);
   ddp_group_options group_options;
   ddp_group_options_init(&group_options);
   group_options.backend = backend.c_str();
@@ -149,7 +156,7 @@ DDP_TEST_WORKER(c_abi_training) {
           "broadcast from rank " + std::to_string(world - 1));
 
   // A checkpoint of the binding's tensors: saved at step 3, the tensors spoiled, loaded back.
-  const std::string root = worker_env("DDP_TEST_ROOT");
+  const std::string& root = c.root;
   ok(ddp_checkpoint_save(group, root.c_str(), h.pointers.data(), h.name_pointers.data(),
                          h.params.size(), 3),
      "ddp_checkpoint_save");
@@ -312,8 +319,7 @@ class CAbiTest : public ::testing::TestWithParam<int> {};
 TEST_P(CAbiTest, TrainsThroughRawTensorPointersLikeTheOracle) {
   const std::string root = ::testing::TempDir() + "c_abi_ckpt_" + std::to_string(GetParam()) + "_" +
                            std::to_string(::getpid());
-  const auto result = run_workers("c_abi_training", GetParam(), {{"DDP_TEST_ROOT", root}});
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(c_abi_training, GetParam(), TrainingCase{root}));
   // Not std::filesystem::remove_all: the torch wheel's copy of it crashes (files/posix_file.hpp).
   EXPECT_EQ(ddp::files::remove_tree(root), 0) << root;
 }
@@ -323,17 +329,13 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, CAbiTest, ::testing::Values(1, 2, 3), world
 TEST(CAbiGpu, TrainsOnNcclAtWorldOne) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const std::string root = ::testing::TempDir() + "c_abi_gpu_" + std::to_string(::getpid());
-  const auto result = run_workers(
-      "c_abi_training", 1,
-      {{"DDP_TEST_ROOT", root}, {"DDP_TEST_BACKEND", "nccl"}, {"DDP_TEST_DEVICE", "cuda"}});
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(c_abi_training, 1, TrainingCase{root, "nccl", "cuda"}));
   // Not std::filesystem::remove_all: the torch wheel's copy of it crashes (files/posix_file.hpp).
   EXPECT_EQ(ddp::files::remove_tree(root), 0) << root;
 }
 
 TEST(CAbi, BadInputIsAStatusAndAMessageNeverACrash) {
-  const auto result = run_workers("c_abi_bad_input", 2);
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(c_abi_bad_input, 2));
 }
 
 }  // namespace

@@ -245,18 +245,16 @@ def main():
     group_from = " (a ddp_group* comes from ddp_group_create)"
     model_from = " (a ddp_model* comes from ddp_model_create)"
     forged = ctypes.c_void_p(0x7F00DEADBEE1)
-    for fn_name, fn in group_fns.items():
-        refused(fn(model), INVALID_ARGUMENT,
-                f"{fn_name}: the group is a model handle (ddp_model*), not a group{group_from}")
-        refused(fn(forged), INVALID_ARGUMENT,
-                f"{fn_name}: the group is not a handle libddp made{group_from}")
-        refused(fn(None), INVALID_ARGUMENT, f"{fn_name}: the group is NULL")
-    for fn_name, fn in model_fns.items():
-        refused(fn(group), INVALID_ARGUMENT,
-                f"{fn_name}: the model is a group handle (ddp_group*), not a model{model_from}")
-        refused(fn(forged), INVALID_ARGUMENT,
-                f"{fn_name}: the model is not a handle libddp made{model_from}")
-        refused(fn(None), INVALID_ARGUMENT, f"{fn_name}: the model is NULL")
+    # Each function of one kind handed the other kind's handle, a forged pointer and NULL.
+    for kind, fns, made_by, other, other_handle in (
+            ("group", group_fns, group_from, "model handle (ddp_model*)", model),
+            ("model", model_fns, model_from, "group handle (ddp_group*)", group)):
+        for fn_name, fn in fns.items():
+            refused(fn(other_handle), INVALID_ARGUMENT,
+                    f"{fn_name}: the {kind} is a {other}, not a {kind}{made_by}")
+            refused(fn(forged), INVALID_ARGUMENT,
+                    f"{fn_name}: the {kind} is not a handle libddp made{made_by}")
+            refused(fn(None), INVALID_ARGUMENT, f"{fn_name}: the {kind} is NULL")
 
     ok(call("ddp_model_free", model), "ddp_model_free")
     ok(call("ddp_group_free", group), "ddp_group_free")

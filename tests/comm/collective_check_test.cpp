@@ -125,22 +125,19 @@ struct Net : torch::nn::Module {
   torch::nn::Linear fc{nullptr};
 };
 
-void write(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+struct ScenarioCase {
+  std::string scenario;  // skip_bucket or extra_parameter
+  std::string dir;       // where the ranks write their errors (and rank 0 the numbers)
+  DDP_CASE_FIELDS(scenario, dir)
+};
 
-std::string read(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-// The last rank diverges (SCENARIO skip_bucket or extra_parameter); every rank writes what it
-// ended with to DIR/error-rank<R> ("" when nothing was raised), and rank 0 (the store's host)
-// stays until every rank wrote, so that their errors can still read the store.
-DDP_TEST_WORKER(desync_scenario) {
+// The last rank diverges (c.scenario); every rank writes what it ended with to
+// c.dir/error-rank<R> ("" when nothing was raised), and rank 0 (the store's host) stays until
+// every rank wrote, so that their errors can still read the store.
+DDP_TEST_WORKER_WITH(desync_scenario, ScenarioCase, c) {
   auto pg = worker_process_group(std::chrono::seconds(2));
-  const std::string scenario = worker_env("SCENARIO");
-  const std::string dir = worker_env("DIR");
+  const std::string& scenario = c.scenario;
+  const std::string& dir = c.dir;
   const bool odd = pg->rank() == pg->world_size() - 1;
   std::string error;
   try {
@@ -170,7 +167,7 @@ DDP_TEST_WORKER(desync_scenario) {
     const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
     error = c10_error != nullptr ? c10_error->what_without_backtrace() : e.what();
   }
-  write(dir + "/error-rank" + std::to_string(pg->rank()), error);
+  write_file(dir + "/error-rank" + std::to_string(pg->rank()), error);
   const std::string done = "test/done/" + std::to_string(pg->rank());
   pg->store().set(done, std::vector<uint8_t>{1});
   if (pg->rank() != 0) return;
@@ -188,17 +185,15 @@ struct Outcome {
 };
 
 Outcome run_scenario(const std::string& scenario, int world, bool check, const TempDir& dir) {
-  std::map<std::string, std::string> env{{"SCENARIO", scenario},
-                                         {"DIR", dir.str()},
-                                         {"DDP_FLIGHT_RECORDER_DIR", dir.str()},
-                                         {"DDP_CHECK_COLLECTIVES", check ? "1" : "0"}};
-  const auto result = run_workers("desync_scenario", world, env, std::chrono::seconds(60));
-  EXPECT_TRUE(result.ok()) << result.describe();
+  const std::map<std::string, std::string> env{{"DDP_FLIGHT_RECORDER_DIR", dir.str()},
+                                               {"DDP_CHECK_COLLECTIVES", check ? "1" : "0"}};
+  EXPECT_WORKERS_PASS(run_workers(desync_scenario, world, ScenarioCase{scenario, dir.str()}, env,
+                                  std::chrono::seconds(60)));
   Outcome out;
   out.dir = dir.str();
   for (int r = 0; r < world; ++r)
-    out.errors.push_back(read(dir.file("error-rank" + std::to_string(r))));
-  std::istringstream(read(dir.file("numbers"))) >> out.bucket1 >> out.epoch;
+    out.errors.push_back(read_file(dir.file("error-rank" + std::to_string(r))));
+  std::istringstream(read_file(dir.file("numbers"))) >> out.bucket1 >> out.epoch;
   const auto [text, code] =
       run_command(std::string(DDP_FORENSICS_PATH) + " " + dir.str() + " 2>&1");
   EXPECT_EQ(code, 0) << text;

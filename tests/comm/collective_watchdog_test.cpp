@@ -153,9 +153,14 @@ TEST(CollectiveWatchdog, RefusesANonPositiveTimeout) {
 // in its own code would), while rank 0 issues #2 and never waits for it on the host, as a
 // collective on NCCL's stream. With watch_collectives on, a waiting rank's process must end with
 // exit code 124 and, on stderr, the error naming the collective and rank 1.
-DDP_TEST_WORKER(watchdog) {
+struct WatchdogCase {
+  std::string dir;  // where each rank's stderr goes (stderr.<rank>)
+  DDP_CASE_FIELDS(dir)
+};
+
+DDP_TEST_WORKER_WITH(watchdog, WatchdogCase, c) {
   // stderr into a file the parent reads: the process ends without returning to the harness.
-  const std::string path = worker_env("DDP_TEST_DIR") + "/stderr." + worker_env("RANK");
+  const std::string path = c.dir + "/stderr." + worker_env("RANK");
   require(std::freopen(path.c_str(), "w", stderr) != nullptr, "cannot open " + path);
   comm::InitOptions options;
   options.backend = "gloo";
@@ -186,9 +191,8 @@ class CollectiveWatchdogWorkers : public ::testing::TestWithParam<int> {};
 TEST_P(CollectiveWatchdogWorkers, AnUnwaitedCollectiveEndsTheProcessNamingTheRankBehind) {
   TempDir dir("ddp_watchdog");
   const auto start = std::chrono::steady_clock::now();
-  const auto result = run_workers("watchdog", GetParam(),
-                                  {{"DDP_HEARTBEAT_MS", "100"}, {"DDP_TEST_DIR", dir.str()}},
-                                  std::chrono::seconds(90));
+  const auto result = run_workers(watchdog, GetParam(), WatchdogCase{dir.str()},
+                                  {{"DDP_HEARTBEAT_MS", "100"}}, std::chrono::seconds(90));
   // The 1.5 s timeout plus start-up, far from the 60 s store waits.
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(45));
   ASSERT_EQ(result.workers.size(), static_cast<size_t>(GetParam()));

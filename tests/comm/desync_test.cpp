@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "ddp/comm/recorder/collective_progress.hpp"
+#include "support/error_text.hpp"
 #include "support/param_names.hpp"
 #include "support/workers.hpp"
 
@@ -90,12 +91,7 @@ DDP_TEST_WORKER(desync) {
     pg->store().wait({"test/release"}, std::chrono::seconds(60));
     return;
   }
-  std::string error;
-  try {
-    pg->allreduce_sum(t, "second all-reduce");
-  } catch (const c10::Error& e) {
-    error = e.what_without_backtrace();
-  }
+  const std::string error = error_of([&] { pg->allreduce_sum(t, "second all-reduce"); });
   require(!error.empty(), "the second all-reduce did not fail");
   const std::string expected_head =
       "ddp: second all-reduce failed on rank " + std::to_string(pg->rank()) + " of " +
@@ -128,9 +124,8 @@ DDP_TEST_WORKER(desync) {
 class Desync : public ::testing::TestWithParam<int> {};
 
 TEST_P(Desync, TheErrorNamesTheRankThatIsBehind) {
-  const auto result =
-      run_workers("desync", GetParam(), {{"DDP_HEARTBEAT_MS", "100"}}, std::chrono::seconds(90));
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(
+      run_workers(desync, GetParam(), {}, {{"DDP_HEARTBEAT_MS", "100"}}, std::chrono::seconds(90)));
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, Desync, ::testing::Values(2, 3), ddp::testing::world_name);

@@ -76,8 +76,7 @@ DDP_TEST_WORKER(mesh_2x2) {
 }
 
 TEST(DeviceMesh, TwoByTwoSubGroupsReduceIndependentlyWithoutKeyCollisions) {
-  const auto result = run_workers("mesh_2x2", 4, {}, std::chrono::seconds(240));
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(mesh_2x2, 4, {}, {}, std::chrono::seconds(240)));
 }
 
 DDP_TEST_WORKER(mesh_errors) {
@@ -98,10 +97,7 @@ DDP_TEST_WORKER(mesh_errors) {
   require(t.eq(1.0f).all().item<bool>(), "a size-1 group's all-reduce changed the tensor");
 }
 
-TEST(DeviceMesh, ErrorsNameTheShapeAndTheDims) {
-  const auto result = run_workers("mesh_errors", 1);
-  EXPECT_TRUE(result.ok()) << result.describe();
-}
+TEST(DeviceMesh, ErrorsNameTheShapeAndTheDims) { EXPECT_WORKERS_PASS(run_workers(mesh_errors, 1)); }
 
 // The same sub-group construction on NCCL (the device machine): a 2x1 mesh over 2 GPUs, so "dp"
 // is one NCCL communicator of both ranks and each "tp" group holds one rank.
@@ -136,8 +132,7 @@ DDP_TEST_WORKER(mesh_nccl) {
 TEST(DeviceMeshNccl, TwoByOneSubGroupsOnGpus) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   if (torch::cuda::device_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
-  const auto result = run_workers("mesh_nccl", 2, {{"NCCL_NVLS_ENABLE", "0"}});
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(mesh_nccl, 2, {}, {{"NCCL_NVLS_ENABLE", "0"}}));
 }
 
 }  // namespace

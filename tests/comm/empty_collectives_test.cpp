@@ -54,8 +54,7 @@ DDP_TEST_WORKER(empty_collectives) {
 class EmptyCollectives : public ::testing::TestWithParam<int> {};
 
 TEST_P(EmptyCollectives, EveryCollectiveOfAnEmptyTensorGivesAnEmptyResult) {
-  const auto result = run_workers("empty_collectives", GetParam());
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(empty_collectives, GetParam()));
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, EmptyCollectives, ::testing::Values(1, 2, 3),

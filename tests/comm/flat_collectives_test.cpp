@@ -87,9 +87,14 @@ void require_close(const torch::Tensor& got, const torch::Tensor& want, const st
           what + ": wrong values");
 }
 
-// DDP_TEST_BACKEND=nccl runs the same on GPUs (the native path); default gloo (the emulation).
-DDP_TEST_WORKER(flat_collectives) {
-  const std::string backend = worker_env("DDP_TEST_BACKEND", "gloo");
+struct BackendCase {
+  // nccl runs the same on GPUs (the native path); gloo the emulation.
+  std::string backend = "gloo";
+  DDP_CASE_FIELDS(backend)
+};
+
+DDP_TEST_WORKER_WITH(flat_collectives, BackendCase, c) {
+  const std::string& backend = c.backend;
   if (backend == "nccl") {
     const int local_rank = std::stoi(worker_env("LOCAL_RANK", "0"));
     c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)
@@ -159,18 +164,13 @@ DDP_TEST_WORKER(flat_collectives) {
   require(comm::read_scalar(counts, 1) == w, "read_scalar(1) is not the world size");
 }
 
-class FlatCollectives : public ::testing::TestWithParam<int> {};
+DDP_WORLD_SUITE(FlatCollectives, 1, 2, 3);
 
-TEST_P(FlatCollectives, ClosedFormResultsForEvenUnevenAndEmptyShards) {
-  const auto result = run_workers("flat_collectives", GetParam());
-  EXPECT_TRUE(result.ok()) << result.describe();
-}
+DDP_WORKER_TEST_P(FlatCollectives, ClosedFormResultsForEvenUnevenAndEmptyShards, flat_collectives);
 
 std::string world_name(const ::testing::TestParamInfo<int>& info) {
   return "world" + std::to_string(info.param);
 }
-
-INSTANTIATE_TEST_SUITE_P(WorldSizes, FlatCollectives, ::testing::Values(1, 2, 3), world_name);
 
 // The native NCCL path (`_reduce_scatter_base`, `_allgather_base`), on the device machine.
 class FlatCollectivesNccl : public ::testing::TestWithParam<int> {};
@@ -180,9 +180,8 @@ TEST_P(FlatCollectivesNccl, ClosedFormResultsForEvenUnevenAndEmptyShards) {
   if (static_cast<int>(torch::cuda::device_count()) < GetParam()) {
     GTEST_SKIP() << "needs " << GetParam() << " GPUs, found " << torch::cuda::device_count();
   }
-  const auto result = run_workers("flat_collectives", GetParam(),
-                                  {{"DDP_TEST_BACKEND", "nccl"}, {"NCCL_NVLS_ENABLE", "0"}});
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(
+      run_workers(flat_collectives, GetParam(), BackendCase{"nccl"}, {{"NCCL_NVLS_ENABLE", "0"}}));
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, FlatCollectivesNccl, ::testing::Values(1, 2, 3, 4),

@@ -16,6 +16,7 @@
 
 #include "ddp/comm/recorder/flight_recorder.hpp"
 #include "ddp/comm/recorder/flight_ring.hpp"
+#include "support/error_text.hpp"
 #include "support/param_names.hpp"
 #include "support/run_command.hpp"
 #include "support/temp_dir.hpp"
@@ -192,12 +193,7 @@ DDP_TEST_WORKER(flight_dump_on_failure) {
             "dump path " + path);
     return;
   }
-  std::string error;
-  try {
-    pg->allreduce_sum(t, "second all-reduce");
-  } catch (const c10::Error& e) {
-    error = e.what_without_backtrace();
-  }
+  const std::string error = error_of([&] { pg->allreduce_sum(t, "second all-reduce"); });
   const std::string dump =
       worker_env("DDP_FLIGHT_RECORDER_DIR") + "/flight-rank" + std::to_string(pg->rank()) + ".json";
   require(error.find("; flight recorder dump: " + dump) != std::string::npos, "error: " + error);
@@ -210,8 +206,8 @@ TEST_P(FlightDump, EveryRankDumpsWhatItIssuedAndWhatBecameOfIt) {
   const int world = GetParam();
   TempDir dir("flight");
   const auto result =
-      run_workers("flight_dump_on_failure", world, {{"DDP_FLIGHT_RECORDER_DIR", dir.path.string()}},
-                  std::chrono::seconds(90));
+      run_workers(flight_dump_on_failure, world, {},
+                  {{"DDP_FLIGHT_RECORDER_DIR", dir.path.string()}}, std::chrono::seconds(90));
   ASSERT_TRUE(result.ok()) << result.describe();
   for (int r = 0; r < world; ++r) {
     const json d = read_dump(dir.path.string() + "/flight-rank" + std::to_string(r) + ".json");
@@ -292,15 +288,21 @@ DDP_TEST_WORKER(flight_dump_on_signals) {
   require(false, "still running 20 s after SIGTERM");
 }
 
-TEST(FlightDumpSignals, SigusrDumpsAndGoesOnSigtermDumpsAndEnds) {
+// Runs `worker` alone with the recorder dumping into a temporary folder and expects it to end by
+// `signal`; its dump (null where it did not end so).
+json dump_after_signal(const Worker<NoCase>& worker, int signal) {
   TempDir dir("flight");
-  const auto result =
-      run_workers("flight_dump_on_signals", 1, {{"DDP_FLIGHT_RECORDER_DIR", dir.path.string()}},
-                  std::chrono::seconds(60));
-  ASSERT_EQ(result.workers.size(), 1u);
-  EXPECT_TRUE(result.workers[0].signaled) << result.describe();
-  EXPECT_EQ(result.workers[0].signal, SIGTERM) << result.describe();
-  const json d = read_dump(dir.path.string() + "/flight-rank0.json");
+  const auto result = run_workers(worker, 1, {}, {{"DDP_FLIGHT_RECORDER_DIR", dir.path.string()}},
+                                  std::chrono::seconds(60));
+  const bool ended = result.workers.size() == 1 && result.workers[0].signaled &&
+                     result.workers[0].signal == signal;
+  EXPECT_TRUE(ended) << "want the end by signal " << signal << ": " << result.describe();
+  return ended ? read_dump(dir.path.string() + "/flight-rank0.json") : json();
+}
+
+TEST(FlightDumpSignals, SigusrDumpsAndGoesOnSigtermDumpsAndEnds) {
+  const json d = dump_after_signal(flight_dump_on_signals, SIGTERM);
+  ASSERT_FALSE(d.is_null());
   EXPECT_EQ(d.at("reason"), "SIGTERM");
   const json& entries = d.at("groups").at(0).at("entries");
   ASSERT_EQ(entries.size(), 2u);
@@ -318,14 +320,8 @@ DDP_TEST_WORKER(flight_dump_on_abort) {
 }
 
 TEST(FlightDumpSignals, AnAbortDumpsAndTheProcessStillEndsBySigabrt) {
-  TempDir dir("flight");
-  const auto result =
-      run_workers("flight_dump_on_abort", 1, {{"DDP_FLIGHT_RECORDER_DIR", dir.path.string()}},
-                  std::chrono::seconds(60));
-  ASSERT_EQ(result.workers.size(), 1u);
-  EXPECT_TRUE(result.workers[0].signaled) << result.describe();
-  EXPECT_EQ(result.workers[0].signal, SIGABRT) << result.describe();
-  const json d = read_dump(dir.path.string() + "/flight-rank0.json");
+  const json d = dump_after_signal(flight_dump_on_abort, SIGABRT);
+  ASSERT_FALSE(d.is_null());
   EXPECT_EQ(d.at("reason"), "SIGABRT (the process is aborting)");
   const json& entries = d.at("groups").at(0).at("entries");
   ASSERT_EQ(entries.size(), 1u);

@@ -27,11 +27,16 @@ namespace {
 
 #ifdef DDP_FORENSICS_PATH  // the tool is built with the tools
 
+struct ScenarioCase {
+  std::string scenario;  // what the last rank does after #1: kill, stop or branch
+  DDP_CASE_FIELDS(scenario)
+};
+
 // Collective #1 on every rank, then what the scenario makes the last rank do; the others issue
 // #2 and fail or time out after 2 s (dumping), and report back by exiting 0.
-DDP_TEST_WORKER(forensics_scenario) {
+DDP_TEST_WORKER_WITH(forensics_scenario, ScenarioCase, c) {
   auto pg = worker_process_group(std::chrono::seconds(2));
-  const std::string scenario = worker_env("SCENARIO");
+  const std::string& scenario = c.scenario;
   const bool odd = pg->rank() == pg->world_size() - 1;
   auto t = torch::ones({4});
   comm::note_step(3);
@@ -66,9 +71,8 @@ DDP_TEST_WORKER(forensics_scenario) {
 }
 
 std::string forensics_of(const std::string& scenario, int world, const TempDir& dir) {
-  run_workers("forensics_scenario", world,
-              {{"SCENARIO", scenario}, {"DDP_FLIGHT_RECORDER_DIR", dir.path.string()}},
-              std::chrono::seconds(30));
+  run_workers(forensics_scenario, world, ScenarioCase{scenario},
+              {{"DDP_FLIGHT_RECORDER_DIR", dir.path.string()}}, std::chrono::seconds(30));
   const auto [out, code] =
       run_command(std::string(DDP_FORENSICS_PATH) + " " + dir.path.string() + " 2>&1");
   EXPECT_EQ(code, 0) << out;
@@ -77,17 +81,21 @@ std::string forensics_of(const std::string& scenario, int world, const TempDir& 
 
 std::string others(int world) { return world == 2 ? "rank 0" : "ranks 0 and 1"; }
 
+// The first words when the last rank left no dump and the others agree, then who the others are.
+std::string left_no_dump(int world) {
+  return "rank " + std::to_string(world - 1) +
+         " left no dump (killed, or never started) and the others agree on every collective they "
+         "hold; " +
+         others(world);
+}
+
 class Forensics : public ::testing::TestWithParam<int> {};
 
 TEST_P(Forensics, AKilledRankIsNamedAndWhereTheOthersEnded) {
   const int world = GetParam();
   TempDir dir("forensics");
   const std::string line = forensics_of("kill", world, dir);
-  const std::string head = "rank " + std::to_string(world - 1) +
-                           " left no dump (killed, or never started) and the others agree on every "
-                           "collective they hold; " +
-                           others(world);
-  EXPECT_EQ(line.rfind(head, 0), 0u) << line;
+  EXPECT_EQ(line.rfind(left_no_dump(world), 0), 0u) << line;
   // "ended in" (their wait failed first) or "wait in" (the launcher's SIGTERM came first).
   EXPECT_NE(line.find(" in collective #2 of group ddp/world (all-reduce (sum) of 4 Float elements "
                       "for the user's own call, step 3, issued at "),
@@ -99,10 +107,7 @@ TEST_P(Forensics, AStoppedRankIsNamedAndTheOthersTimedOut) {
   const int world = GetParam();
   TempDir dir("forensics");
   const std::string line = forensics_of("stop", world, dir);
-  const std::string head = "rank " + std::to_string(world - 1) +
-                           " left no dump (killed, or never started) and the others agree on every "
-                           "collective they hold; " +
-                           others(world) + " ended in collective #2 of group ddp/world ";
+  const std::string head = left_no_dump(world) + " ended in collective #2 of group ddp/world ";
   EXPECT_EQ(line.rfind(head, 0), 0u) << line;
   EXPECT_NE(line.find(", timed out)"), std::string::npos) << line;
 }

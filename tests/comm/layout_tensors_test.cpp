@@ -156,14 +156,8 @@ DDP_TEST_WORKER(gather_whole) {
           "gather_whole over a DeviceMesh");
 }
 
-class GatherWhole : public ::testing::TestWithParam<int> {};
-
-TEST_P(GatherWhole, EveryRankGetsExactlyTheWholeTensorBack) {
-  const auto result = run_workers("gather_whole", GetParam());
-  EXPECT_TRUE(result.ok()) << result.describe();
-}
-
-INSTANTIATE_TEST_SUITE_P(WorldSizes, GatherWhole, ::testing::Values(1, 2, 3, 4), world_name);
+DDP_WORKER_TEST_PER_WORLD(GatherWhole, EveryRankGetsExactlyTheWholeTensorBack, gather_whole, 1, 2,
+                          3, 4);
 
 DDP_TEST_WORKER(gather_whole_errors) {
   auto world = worker_process_group(std::chrono::seconds(60));
@@ -195,8 +189,7 @@ DDP_TEST_WORKER(gather_whole_errors) {
 }
 
 TEST(GatherWholeErrors, NameTheGroupSizeTheLocalShapeAndTheMesh) {
-  const auto result = run_workers("gather_whole_errors", 1);
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(gather_whole_errors, 1));
 }
 
 }  // namespace

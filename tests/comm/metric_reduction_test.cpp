@@ -45,8 +45,7 @@ DDP_TEST_WORKER(metric_over_padded_epoch) {
 class MetricReduction : public ::testing::TestWithParam<int> {};
 
 TEST_P(MetricReduction, CountsEverySampleOnceDespitePadding) {
-  const auto result = run_workers("metric_over_padded_epoch", GetParam());
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(metric_over_padded_epoch, GetParam()));
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, MetricReduction, ::testing::Values(1, 2, 3),

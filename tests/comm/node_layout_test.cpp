@@ -69,12 +69,16 @@ TEST(NodeLayout, WhatCannotBeANodeLayoutIsRefusedByName) {
             "sizes; hybrid sharding by node needs every node alike");
 }
 
-// DDP_TEST_NODE_ORDER: "good" (local rank = rank % 2) or "swapped" (ranks 2 and 3 say each
-// other's local rank).
-DDP_TEST_WORKER(node_mesh_2x2) {
+struct NodeOrderCase {
+  // "good" (local rank = rank % 2) or "swapped" (ranks 2 and 3 say each other's local rank).
+  std::string node_order = "good";
+  DDP_CASE_FIELDS(node_order)
+};
+
+DDP_TEST_WORKER_WITH(node_mesh_2x2, NodeOrderCase, c) {
   auto world = worker_process_group(std::chrono::seconds(60));
   const int g = world->rank();
-  const bool swapped = worker_env("DDP_TEST_NODE_ORDER") == "swapped";
+  const bool swapped = c.node_order == "swapped";
   const int local = swapped && g >= 2 ? 1 - g % 2 : g % 2;
   const auto env = env_of({{"RANK", std::to_string(g)},
                            {"LOCAL_RANK", std::to_string(local)},
@@ -100,13 +104,11 @@ DDP_TEST_WORKER(node_mesh_2x2) {
 }
 
 TEST(NodeLayout, TheNodeMeshShardsWithinANode) {
-  const auto result = run_workers("node_mesh_2x2", 4, {{"DDP_TEST_NODE_ORDER", "good"}});
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(node_mesh_2x2, 4, NodeOrderCase{"good"}));
 }
 
 TEST(NodeLayout, ARankOutOfNodeOrderIsNamedOnEveryRank) {
-  const auto result = run_workers("node_mesh_2x2", 4, {{"DDP_TEST_NODE_ORDER", "swapped"}});
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(node_mesh_2x2, 4, NodeOrderCase{"swapped"}));
 }
 
 }  // namespace

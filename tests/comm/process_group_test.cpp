@@ -59,15 +59,7 @@ DDP_TEST_WORKER(collectives) {
   }
 }
 
-class Collectives : public ::testing::TestWithParam<int> {};
-
-TEST_P(Collectives, ClosedFormResults) {
-  const auto result = run_workers("collectives", GetParam());
-  EXPECT_TRUE(result.ok()) << result.describe();
-}
-
-INSTANTIATE_TEST_SUITE_P(WorldSizes, Collectives, ::testing::Values(1, 2, 3),
-                         ddp::testing::world_name);
+DDP_WORKER_TEST_PER_WORLD(Collectives, ClosedFormResults, collectives, 1, 2, 3);
 
 // Rank 1 stays alive but never joins the all-reduce; rank 0 must fail within its 2 s timeout
 // with a message that says so, then release rank 1 through the store.
@@ -100,8 +92,7 @@ DDP_TEST_WORKER(collective_timeout) {
 }
 
 TEST(ProcessGroup, CollectiveTimesOutWithANamedError) {
-  const auto result = run_workers("collective_timeout", 2, {}, std::chrono::seconds(60));
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(collective_timeout, 2, {}, {}, std::chrono::seconds(60)));
 }
 
 }  // namespace

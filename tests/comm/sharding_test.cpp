@@ -101,8 +101,7 @@ DDP_TEST_WORKER(sharding_2x2) {
 }
 
 TEST(Sharding, NestsGroupsInMeshOrderAndRefusesWhatDoesNotFitByName) {
-  const auto result = run_workers("sharding_2x2", 4, {}, std::chrono::seconds(240));
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(sharding_2x2, 4, {}, {}, std::chrono::seconds(240)));
 }
 
 }  // namespace

@@ -51,8 +51,7 @@ DDP_TEST_WORKER(submesh_2x1x2) {
 }
 
 TEST(Submesh, KeepsTheRanksOfThisRanksOtherCoordinates) {
-  const auto result = run_workers("submesh_2x1x2", 4, {}, std::chrono::seconds(240));
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(submesh_2x1x2, 4, {}, {}, std::chrono::seconds(240)));
 }
 
 }  // namespace

@@ -41,12 +41,19 @@ double max_relative_error(const std::vector<torch::Tensor>& a,
   return worst;
 }
 
-DDP_TEST_WORKER(gpu_equivalence) {
+struct Case {
+  std::string model = "net";  // a workload name (make_test_workload)
+  bool autocast = false;      // bf16 autocast; false: fp32
+  int world = 1;
+  DDP_CASE_FIELDS(model, autocast)
+};
+
+DDP_TEST_WORKER_WITH(gpu_equivalence, Case, c) {
   auto pg = worker_process_group(std::chrono::seconds(120), "nccl");
   TrainSpec spec;
-  spec.model = worker_env("DDP_TEST_MODEL");
+  spec.model = c.model;
   spec.device = "cuda";
-  spec.autocast_bf16 = worker_env("DDP_TEST_AUTOCAST", "0") == "1";
+  spec.autocast_bf16 = c.autocast;
   spec.optimizer = "sgd";
   spec.global_batch = 24;  // divisible by every world size tested (1-4)
   spec.steps = 4;
@@ -80,12 +87,6 @@ DDP_TEST_WORKER(gpu_equivalence) {
   }
 }
 
-struct Case {
-  std::string model;
-  bool autocast;
-  int world;
-};
-
 void PrintTo(const Case& c, std::ostream* os) {
   *os << c.model << (c.autocast ? " under bf16 autocast" : " in fp32") << " at world size "
       << c.world;
@@ -99,12 +100,8 @@ TEST_P(GpuEquivalence, MatchesSingleGpuTrainingOnTheGlobalBatch) {
   if (static_cast<int>(torch::cuda::device_count()) < c.world) {
     GTEST_SKIP() << "needs " << c.world << " GPUs, found " << torch::cuda::device_count();
   }
-  const auto result = run_workers("gpu_equivalence", c.world,
-                                  {{"DDP_TEST_MODEL", c.model},
-                                   {"DDP_TEST_AUTOCAST", c.autocast ? "1" : "0"},
-                                   {"NCCL_NVLS_ENABLE", "0"}},
-                                  std::chrono::seconds(240));
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(gpu_equivalence, c.world, c, {{"NCCL_NVLS_ENABLE", "0"}},
+                                  std::chrono::seconds(240)));
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GpuEquivalence,

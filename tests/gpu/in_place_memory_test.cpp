@@ -88,9 +88,8 @@ TEST_P(InPlaceMemory, GradientsExistOnce) {
   if (static_cast<int>(torch::cuda::device_count()) < GetParam()) {
     GTEST_SKIP() << "needs " << GetParam() << " GPUs, found " << torch::cuda::device_count();
   }
-  const auto result = run_workers("in_place_memory", GetParam(), {{"NCCL_NVLS_ENABLE", "0"}},
-                                  std::chrono::seconds(120));
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(in_place_memory, GetParam(), {}, {{"NCCL_NVLS_ENABLE", "0"}},
+                                  std::chrono::seconds(120)));
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, InPlaceMemory, ::testing::Values(1, 2, 4), world_name);

@@ -93,8 +93,7 @@ DDP_TEST_WORKER(bucket_runtime_reductions) {
 
 class BucketRuntimeTest : public ::testing::TestWithParam<int> {};
 TEST_P(BucketRuntimeTest, LaunchesInPlanOrderAndReducesByAllReduceOrReduceScatter) {
-  const auto result = run_workers("bucket_runtime_reductions", GetParam());
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(bucket_runtime_reductions, GetParam()));
 }
 INSTANTIATE_TEST_SUITE_P(WorldSizes, BucketRuntimeTest, ::testing::Values(1, 2, 3),
                          [](const auto& info) { return "world" + std::to_string(info.param); });

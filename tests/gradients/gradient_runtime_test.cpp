@@ -219,19 +219,12 @@ DDP_TEST_WORKER(gradient_runtime_interleaved) {
   }
 }
 
-class GradientRuntimeTest : public ::testing::TestWithParam<int> {};
+DDP_WORLD_SUITE(GradientRuntimeTest, 1, 2, 3);
 
-TEST_P(GradientRuntimeTest, UnitsAndReplicasInterleaveInOneNumbering) {
-  const auto result = run_workers("gradient_runtime_interleaved", GetParam());
-  EXPECT_TRUE(result.ok()) << result.describe();
-}
+DDP_WORKER_TEST_P(GradientRuntimeTest, UnitsAndReplicasInterleaveInOneNumbering,
+                  gradient_runtime_interleaved);
 
-TEST_P(GradientRuntimeTest, EveryTransitionOfOneIteration) {
-  const auto result = run_workers("gradient_runtime_transitions", GetParam());
-  EXPECT_TRUE(result.ok()) << result.describe();
-}
-
-INSTANTIATE_TEST_SUITE_P(WorldSizes, GradientRuntimeTest, ::testing::Values(1, 2, 3), world_name);
+DDP_WORKER_TEST_P(GradientRuntimeTest, EveryTransitionOfOneIteration, gradient_runtime_transitions);
 
 }  // namespace
 }  // namespace ddp::testing

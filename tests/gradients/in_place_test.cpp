@@ -48,14 +48,7 @@ DDP_TEST_WORKER(in_place_training) {
   }
 }
 
-class InPlace : public ::testing::TestWithParam<int> {};
-
-TEST_P(InPlace, TrainsLikeTheOracle) {
-  const auto result = run_workers("in_place_training", GetParam());
-  EXPECT_TRUE(result.ok()) << result.describe();
-}
-
-INSTANTIATE_TEST_SUITE_P(WorldSizes, InPlace, ::testing::Values(1, 2, 3), world_name);
+DDP_WORKER_TEST_PER_WORLD(InPlace, TrainsLikeTheOracle, in_place_training, 1, 2, 3);
 
 // After zero_grad(set_to_none) each gradient is a fresh tensor; reduced in place it stays that
 // tensor (outside every bucket, whose storage is never allocated) and holds the average of the
@@ -102,8 +95,7 @@ DDP_TEST_WORKER(in_place_grads_stay_put) {
 }
 
 TEST_P(InPlace, GradientsStayAutogradsTensors) {
-  const auto result = run_workers("in_place_grads_stay_put", GetParam());
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(in_place_grads_stay_put, GetParam()));
 }
 
 }  // namespace

@@ -56,13 +56,7 @@ DDP_TEST_WORKER(optimizer_overlap) {
   }
 }
 
-class OptimizerOverlap : public ::testing::TestWithParam<int> {};
-TEST_P(OptimizerOverlap, EqualsThePlainPath) {
-  const auto result = run_workers("optimizer_overlap", GetParam());
-  EXPECT_TRUE(result.ok()) << result.describe();
-}
-INSTANTIATE_TEST_SUITE_P(WorldSizes, OptimizerOverlap, ::testing::Values(1, 2, 3),
-                         ddp::testing::world_name);
+DDP_WORKER_TEST_PER_WORLD(OptimizerOverlap, EqualsThePlainPath, optimizer_overlap, 1, 2, 3);
 
 }  // namespace
 }  // namespace ddp::testing

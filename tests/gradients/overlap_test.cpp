@@ -53,14 +53,7 @@ DDP_TEST_WORKER(overlap) {
   require(model.num_synchronized_backwards() == 2, "two synchronized backwards expected");
 }
 
-class Overlap : public ::testing::TestWithParam<int> {};
-
-TEST_P(Overlap, FirstBucketLaunchesBeforeTheLastGradient) {
-  const auto result = run_workers("overlap", GetParam());
-  EXPECT_TRUE(result.ok()) << result.describe();
-}
-
-INSTANTIATE_TEST_SUITE_P(WorldSizes, Overlap, ::testing::Values(2, 3), ddp::testing::world_name);
+DDP_WORKER_TEST_PER_WORLD(Overlap, FirstBucketLaunchesBeforeTheLastGradient, overlap, 2, 3);
 
 // overlap = false (attribution only): every bucket is launched after the last gradient, in plan
 // order, and the gradients still equal the single-process gradient of the global batch.
@@ -101,15 +94,8 @@ DDP_TEST_WORKER(no_overlap) {
   require_close(names, ours, want, 1e-5, "overlap = false");
 }
 
-class NoOverlap : public ::testing::TestWithParam<int> {};
-
-TEST_P(NoOverlap, LaunchesEveryBucketAfterBackwardWithTheSameGradients) {
-  const auto result = run_workers("no_overlap", GetParam());
-  EXPECT_TRUE(result.ok()) << result.describe();
-}
-
-INSTANTIATE_TEST_SUITE_P(WorldSizes, NoOverlap, ::testing::Values(1, 2, 3),
-                         ddp::testing::world_name);
+DDP_WORKER_TEST_PER_WORLD(NoOverlap, LaunchesEveryBucketAfterBackwardWithTheSameGradients,
+                          no_overlap, 1, 2, 3);
 
 }  // namespace
 }  // namespace ddp::testing

@@ -70,12 +70,7 @@ DDP_TEST_WORKER(sparse) {
   require_close({"emb.weight", "fc.weight", "fc.bias"}, got, oracle, 1e-5, "sparse embedding");
 }
 
-class Sparse : public ::testing::TestWithParam<int> {};
-TEST_P(Sparse, EmbeddingWithSparseGradientsMatchesTheOracle) {
-  const auto result = run_workers("sparse", GetParam());
-  EXPECT_TRUE(result.ok()) << result.describe();
-}
-INSTANTIATE_TEST_SUITE_P(WorldSizes, Sparse, ::testing::Values(1, 2, 3), ddp::testing::world_name);
+DDP_WORKER_TEST_PER_WORLD(Sparse, EmbeddingWithSparseGradientsMatchesTheOracle, sparse, 1, 2, 3);
 
 }  // namespace
 }  // namespace ddp::testing

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "ddp/parallel/distributed_data_parallel.hpp"
+#include "support/error_text.hpp"
 #include "support/oracle.hpp"
 #include "support/param_names.hpp"
 #include "support/workers.hpp"
@@ -24,13 +25,7 @@ DDP_TEST_WORKER(static_graph) {
   require_close(got.names, got.params, oracle.params, 1e-5, "static_graph");
 }
 
-class StaticGraph : public ::testing::TestWithParam<int> {};
-TEST_P(StaticGraph, MatchesTheOracle) {
-  const auto result = run_workers("static_graph", GetParam());
-  EXPECT_TRUE(result.ok()) << result.describe();
-}
-INSTANTIATE_TEST_SUITE_P(WorldSizes, StaticGraph, ::testing::Values(1, 2, 3),
-                         ddp::testing::world_name);
+DDP_WORKER_TEST_PER_WORLD(StaticGraph, MatchesTheOracle, static_graph, 1, 2, 3);
 
 // A module whose branch is switched on after the first iteration.
 struct Switchable : torch::nn::Module {
@@ -52,21 +47,13 @@ DDP_TEST_WORKER(static_graph_changes) {
   auto x = torch::randn({2, 4});
   model(x).sum().backward();  // iteration 1: b unused, recorded
   module->use_b = true;
-  std::string error;
-  try {
-    model(x).sum().backward();
-  } catch (const c10::Error& e) {
-    error = e.what_without_backtrace();
-  }
-  require(error.find("static_graph is set, but parameter 'b.") != std::string::npos &&
-              error.find("although it was unused in the first iteration: the graph changed") !=
-                  std::string::npos,
-          "got: " + error);
+  require_error_says([&] { model(x).sum().backward(); },
+                     {"static_graph is set, but parameter 'b.",
+                      "although it was unused in the first iteration: the graph changed"});
 }
 
 TEST(StaticGraph, AChangedGraphIsAnError) {
-  const auto result = run_workers("static_graph_changes", 2);
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(static_graph_changes, 2));
 }
 
 }  // namespace

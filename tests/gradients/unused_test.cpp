@@ -50,14 +50,7 @@ DDP_TEST_WORKER(unused_branch) {
   }
 }
 
-class Unused : public ::testing::TestWithParam<int> {};
-
-TEST_P(Unused, UnusedBranchWithFindUnusedParameters) {
-  const auto result = run_workers("unused_branch", GetParam());
-  EXPECT_TRUE(result.ok()) << result.describe();
-}
-
-INSTANTIATE_TEST_SUITE_P(WorldSizes, Unused, ::testing::Values(1, 2, 3), ddp::testing::world_name);
+DDP_WORKER_TEST_PER_WORLD(Unused, UnusedBranchWithFindUnusedParameters, unused_branch, 1, 2, 3);
 
 // The used-parameter map is all-reduced every iteration next to the buckets; over several steps
 // the collectives must stay matched and the result exact.
@@ -73,10 +66,7 @@ DDP_TEST_WORKER(find_unused_many_steps) {
   require_close(got.names, got.params, oracle.params, 1e-5, "six steps");
 }
 
-TEST(Unused, ManyStepsStayInStep) {
-  const auto result = run_workers("find_unused_many_steps", 3);
-  EXPECT_TRUE(result.ok()) << result.describe();
-}
+TEST(Unused, ManyStepsStayInStep) { EXPECT_WORKERS_PASS(run_workers(find_unused_many_steps, 3)); }
 
 }  // namespace
 }  // namespace ddp::testing

@@ -465,11 +465,11 @@ DDP_TEST_WORKER(captured_step_replay_timeout) {
 
 TEST(CapturedStepGpu, EqualsEagerFallsBackAndRedrawsDropout) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  for (const char* worker :
-       {"captured_step_equals_eager", "captured_step_fallback", "captured_step_dropout",
-        "captured_step_refusals", "captured_step_replay_timeout"}) {
-    const auto result = run_workers(worker, 1);
-    EXPECT_TRUE(result.ok()) << worker << ": " << result.describe();
+  for (const Worker<NoCase>* worker :
+       {&captured_step_equals_eager, &captured_step_fallback, &captured_step_dropout,
+        &captured_step_refusals, &captured_step_replay_timeout}) {
+    const auto result = run_workers(*worker, 1);
+    EXPECT_TRUE(result.ok()) << worker->name() << ": " << result.describe();
   }
 }
 

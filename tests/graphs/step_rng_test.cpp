@@ -110,8 +110,7 @@ DDP_TEST_WORKER(step_rng_captured_equals_eager) {
 
 TEST(StepRngGpu, CapturedEqualsEagerAndRecaptured) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  const auto result = run_workers("step_rng_captured_equals_eager", 1);
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(step_rng_captured_equals_eager, 1));
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include "ddp/hooks/powersgd_hook.hpp"
 #include "ddp/models/registry.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
+#include "support/error_text.hpp"
 #include "support/oracle.hpp"
 #include "support/param_names.hpp"
 #include "support/workers.hpp"
@@ -86,12 +87,8 @@ DDP_TEST_WORKER(builtin_hooks) {
   }
 }
 
-class Hooks : public ::testing::TestWithParam<int> {};
-TEST_P(Hooks, BuiltinsMatchAllreduceAndUserHookIsHonoured) {
-  const auto result = run_workers("builtin_hooks", GetParam());
-  EXPECT_TRUE(result.ok()) << result.describe();
-}
-INSTANTIATE_TEST_SUITE_P(WorldSizes, Hooks, ::testing::Values(1, 2, 3), ddp::testing::world_name);
+DDP_WORKER_TEST_PER_WORLD(Hooks, BuiltinsMatchAllreduceAndUserHookIsHonoured, builtin_hooks, 1, 2,
+                          3);
 
 DDP_TEST_WORKER(hook_after_backward) {
   auto pg = worker_process_group();
@@ -99,20 +96,12 @@ DDP_TEST_WORKER(hook_after_backward) {
   Model model(w.module, pg);
   auto [x, y] = w.batch(0, 4);
   w.loss(model(x), y).backward();
-  std::string error;
-  try {
-    model.register_comm_hook(hooks::fp16_compress_hook(pg));
-  } catch (const c10::Error& e) {
-    error = e.what_without_backtrace();
-  }
-  require(error.find("register_comm_hook must be called before the first backward") !=
-              std::string::npos,
-          "got: " + error);
+  require_error_says([&] { model.register_comm_hook(hooks::fp16_compress_hook(pg)); },
+                     {"register_comm_hook must be called before the first backward"});
 }
 
 TEST(Hooks, RegisteringAfterTheFirstBackwardIsAnError) {
-  const auto result = run_workers("hook_after_backward", 1);
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(hook_after_backward, 1));
 }
 
 // PowerSGD (rank 2, compression from iteration 5) against plain averaging on the same task: the
@@ -152,13 +141,8 @@ DDP_TEST_WORKER(powersgd_training) {
                                         std::to_string(plain));
 }
 
-class PowerSGDTraining : public ::testing::TestWithParam<int> {};
-TEST_P(PowerSGDTraining, FinalLossWithinAFactorOfAllreduce) {
-  const auto result = run_workers("powersgd_training", GetParam());
-  EXPECT_TRUE(result.ok()) << result.describe();
-}
-INSTANTIATE_TEST_SUITE_P(WorldSizes, PowerSGDTraining, ::testing::Values(2, 3),
-                         ddp::testing::world_name);
+DDP_WORKER_TEST_PER_WORLD(PowerSGDTraining, FinalLossWithinAFactorOfAllreduce, powersgd_training, 2,
+                          3);
 
 // PowerSGD from iteration 0 without graph planning, on a model used in the opposite order of its
 // registration: the plan starts in reverse registration order and is rebuilt after iteration 1
@@ -213,13 +197,8 @@ DDP_TEST_WORKER(powersgd_after_rebuild) {
   }
 }
 
-class PowerSGDRebuild : public ::testing::TestWithParam<int> {};
-TEST_P(PowerSGDRebuild, StartIterZeroSurvivesThePostIterationOneRebuild) {
-  const auto result = run_workers("powersgd_after_rebuild", GetParam());
-  EXPECT_TRUE(result.ok()) << result.describe();
-}
-INSTANTIATE_TEST_SUITE_P(WorldSizes, PowerSGDRebuild, ::testing::Values(1, 2, 3),
-                         ddp::testing::world_name);
+DDP_WORKER_TEST_PER_WORLD(PowerSGDRebuild, StartIterZeroSurvivesThePostIterationOneRebuild,
+                          powersgd_after_rebuild, 1, 2, 3);
 
 }  // namespace
 }  // namespace ddp::testing

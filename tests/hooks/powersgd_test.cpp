@@ -209,8 +209,7 @@ DDP_TEST_WORKER(powersgd_single_process) {
 }
 
 TEST(PowerSGD, SingleProcessConvergesOnLowRankMatrices) {
-  const auto result = run_workers("powersgd_single_process", 1);
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(powersgd_single_process, 1));
 }
 
 // ---- Before start_powerSGD_iter: the plain average, exactly ----------------------------------
@@ -246,12 +245,10 @@ DDP_TEST_WORKER(powersgd_warmup_is_plain_average) {
   require_identical_on_all_ranks(*pg, out, "the first compressed output");
 }
 
-class PowerSGDWorld : public ::testing::TestWithParam<int> {};
+DDP_WORLD_SUITE(PowerSGDWorld, 1, 2, 3);
 
-TEST_P(PowerSGDWorld, BeforeStartIterationOutputIsThePlainAverage) {
-  const auto result = run_workers("powersgd_warmup_is_plain_average", GetParam());
-  EXPECT_TRUE(result.ok()) << result.describe();
-}
+DDP_WORKER_TEST_P(PowerSGDWorld, BeforeStartIterationOutputIsThePlainAverage,
+                  powersgd_warmup_is_plain_average);
 
 // ---- 1-D tensors and small matrices are reduced exactly after the start ----------------------
 
@@ -286,10 +283,8 @@ DDP_TEST_WORKER(powersgd_vectors_exact) {
   }
 }
 
-TEST_P(PowerSGDWorld, VectorsAndSmallMatricesAreExactAfterTheStart) {
-  const auto result = run_workers("powersgd_vectors_exact", GetParam());
-  EXPECT_TRUE(result.ok()) << result.describe();
-}
+DDP_WORKER_TEST_P(PowerSGDWorld, VectorsAndSmallMatricesAreExactAfterTheStart,
+                  powersgd_vectors_exact);
 
 // A plan change (GradBucket::plan_epoch) re-buckets the same parameters: A's iteration 0 has one
 // bucket [W1, W2, b]; iteration 1 has [b, W2] and [W1] under plan epoch 1. B keeps the first layout
@@ -361,13 +356,8 @@ DDP_TEST_WORKER(powersgd_plan_change) {
   require(error.find("bucket 1 changed layout") != std::string::npos, "got: " + error);
 }
 
-TEST_P(PowerSGDWorld, PlanChangeCarriesResidualAndQWithEachParameter) {
-  const auto result = run_workers("powersgd_plan_change", GetParam());
-  EXPECT_TRUE(result.ok()) << result.describe();
-}
-
-INSTANTIATE_TEST_SUITE_P(WorldSizes, PowerSGDWorld, ::testing::Values(1, 2, 3),
-                         ddp::testing::world_name);
+DDP_WORKER_TEST_P(PowerSGDWorld, PlanChangeCarriesResidualAndQWithEachParameter,
+                  powersgd_plan_change);
 
 // ---- Error feedback --------------------------------------------------------------------------
 
@@ -429,8 +419,7 @@ DDP_TEST_WORKER(powersgd_error_feedback) {
 }
 
 TEST(PowerSGD, ErrorFeedbackMakesTheCumulativeSumConverge) {
-  const auto result = run_workers("powersgd_error_feedback", 2);
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(powersgd_error_feedback, 2));
 }
 
 }  // namespace

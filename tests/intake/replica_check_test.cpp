@@ -60,14 +60,8 @@ DDP_TEST_WORKER(mismatched_shapes) {
   testing::require(error.find(expected) != std::string::npos, "got: " + error);
 }
 
-class Mismatch : public ::testing::TestWithParam<int> {};
-
-TEST_P(Mismatch, ShapeMismatchAcrossRanksNamesTheParameter) {
-  const auto result = testing::run_workers("mismatched_shapes", GetParam());
-  EXPECT_TRUE(result.ok()) << result.describe();
-}
-
-INSTANTIATE_TEST_SUITE_P(WorldSizes, Mismatch, ::testing::Values(2, 3), ddp::testing::world_name);
+DDP_WORKER_TEST_PER_WORLD(Mismatch, ShapeMismatchAcrossRanksNamesTheParameter, mismatched_shapes, 2,
+                          3);
 
 }  // namespace
 }  // namespace ddp::parallel

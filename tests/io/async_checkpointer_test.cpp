@@ -110,10 +110,18 @@ io::AsyncSaveEnd poll_until_landed(io::AsyncCheckpointer& saver) {
   }
 }
 
-DDP_TEST_WORKER(async_checkpoint_equals_sync) {
-  Run run(worker_env("DDP_TEST_STYLE") == "fully_shard");
+// Both workers' parameters; style and sync_root are async_checkpoint_equals_sync's only.
+struct Case {
+  std::string async_root;           // where the AsyncCheckpointer writes
+  std::string style = "replicate";  // or "fully_shard"
+  std::string sync_root{};          // where save_and_barrier writes
+  DDP_CASE_FIELDS(async_root, style, sync_root)
+};
+
+DDP_TEST_WORKER_WITH(async_checkpoint_equals_sync, Case, c) {
+  Run run(c.style == "fully_shard");
   const int rank = run.pg->rank();
-  const std::string sync_root = worker_env("SYNC_ROOT"), async_root = worker_env("ASYNC_ROOT");
+  const std::string sync_root = c.sync_root, async_root = c.async_root;
   io::CoordinatorOptions sync;
   sync.root = sync_root;
   sync.keep = 0;
@@ -176,10 +184,8 @@ class AsyncCheckpoint : public ::testing::TestWithParam<std::tuple<std::string, 
 TEST_P(AsyncCheckpoint, WritesWhatTheSyncSaveWritesWhileTrainingGoesOn) {
   const auto& [style, world] = GetParam();
   TempDir sync_root("async_sync"), async_root("async_async");
-  const auto result = run_workers("async_checkpoint_equals_sync", world,
-                                  {{"DDP_TEST_STYLE", style},
-                                   {"SYNC_ROOT", sync_root.str()},
-                                   {"ASYNC_ROOT", async_root.str()}});
+  const auto result = run_workers(async_checkpoint_equals_sync, world,
+                                  Case{async_root.str(), style, sync_root.str()});
   ASSERT_TRUE(result.ok()) << result.describe();
   // Nothing left behind: the published steps and no temporary directory.
   std::set<std::string> names;
@@ -189,11 +195,11 @@ TEST_P(AsyncCheckpoint, WritesWhatTheSyncSaveWritesWhileTrainingGoesOn) {
 }
 
 // The last rank cannot write more than a few bytes (a full disk, as far as its writes go).
-DDP_TEST_WORKER(async_checkpoint_failure) {
+DDP_TEST_WORKER_WITH(async_checkpoint_failure, Case, c) {
   Run run(true);
   const int rank = run.pg->rank(), world = run.pg->world_size();
   const bool failing = rank == world - 1;
-  const std::string root = worker_env("ASYNC_ROOT");
+  const std::string root = c.async_root;
   io::AsyncCheckpointer saver(*run.pg, async_options(root));
   run.step(1);
   saver.save(run.state);
@@ -255,7 +261,7 @@ class AsyncCheckpointFailure : public ::testing::TestWithParam<int> {};
 TEST_P(AsyncCheckpointFailure, AFailedWriteIsSaidByNameAndLosesNothingOlder) {
   const int world = GetParam();
   TempDir root("async_fail");
-  const auto result = run_workers("async_checkpoint_failure", world, {{"ASYNC_ROOT", root.str()}});
+  const auto result = run_workers(async_checkpoint_failure, world, Case{root.str()});
   ASSERT_TRUE(result.ok()) << result.describe();
   std::set<std::string> names;
   for (const auto& e : fs::directory_iterator(root.path))

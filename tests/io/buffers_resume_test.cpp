@@ -15,6 +15,7 @@
 #include "ddp/parallel/data_parallel.hpp"
 #include "support/temp_dir.hpp"
 #include "support/test_nets.hpp"
+#include "support/training_state.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::testing {
@@ -32,10 +33,7 @@ std::map<std::string, torch::Tensor> train(const comm::ProcessGroupPtr& pg,
   auto net = std::make_shared<BatchNormNetImpl>(4, 6, 3);
   parallel::DataParallel<std::shared_ptr<BatchNormNetImpl>> dp(net, pg, style);
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
-  io::TrainingState state;
-  state.model = net.get();
-  state.optimizer = &opt;
-  state.sharding = dp.sharding();
+  io::TrainingState state = training_state(net.get(), &opt, dp.sharding());
   io::CoordinatorOptions options;
   options.root = root;
   int first = 0;
@@ -59,10 +57,15 @@ std::map<std::string, torch::Tensor> train(const comm::ProcessGroupPtr& pg,
   return out;
 }
 
-DDP_TEST_WORKER(buffers_resume) {
+struct Case {
+  std::string style, root;  // root: the checkpoint root
+  DDP_CASE_FIELDS(style, root)
+};
+
+DDP_TEST_WORKER_WITH(buffers_resume, Case, c) {
   auto pg = worker_process_group();
-  const auto style = shard::parse_style(worker_env("STYLE"));
-  const std::string root = worker_env("CKPT_ROOT");
+  const auto style = shard::parse_style(c.style);
+  const std::string& root = c.root;
   const auto uninterrupted = train(pg, style, false, root, true);
   const auto resumed = train(pg, style, true, root, false);
   for (const auto& [name, want] : uninterrupted) {
@@ -76,9 +79,7 @@ class BuffersResume : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(BuffersResume, EveryRanksStatisticsContinueAsTheUninterruptedRuns) {
   const TempDir tmp("buffers_resume");
-  const auto result =
-      run_workers("buffers_resume", 2, {{"STYLE", GetParam()}, {"CKPT_ROOT", tmp.str()}});
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(buffers_resume, 2, Case{GetParam(), tmp.str()}));
 }
 
 INSTANTIATE_TEST_SUITE_P(Styles, BuffersResume,

@@ -41,11 +41,16 @@ int64_t sum_over_ranks(ddp::comm::ProcessGroup& pg, int64_t value) {
   return t.item<int64_t>();
 }
 
-DDP_TEST_WORKER(coordinator_resume) {
+struct Case {
+  std::string root;  // the checkpoint root
+  DDP_CASE_FIELDS(root)
+};
+
+DDP_TEST_WORKER_WITH(coordinator_resume, Case, c) {
   auto pg = ddp::testing::worker_process_group();
   const int world = pg->world_size();
   ddp::io::CoordinatorOptions options;
-  options.root = ddp::testing::worker_env("CKPT_ROOT");
+  options.root = c.root;
   options.keep = 0;
   auto linear = torch::nn::Linear(3, 2);
   ddp::io::TrainingState state;
@@ -138,9 +143,7 @@ class CheckpointCoordinator : public ::testing::TestWithParam<int> {};
 
 TEST_P(CheckpointCoordinator, EveryRankResumesFromTheSameCheckpoint) {
   ddp::testing::TempDir root("coordinator");
-  const auto result =
-      ddp::testing::run_workers("coordinator_resume", GetParam(), {{"CKPT_ROOT", root.str()}});
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(ddp::testing::run_workers(coordinator_resume, GetParam(), Case{root.str()}));
 }
 
 INSTANTIATE_TEST_SUITE_P(World, CheckpointCoordinator, ::testing::Values(1, 2, 3),

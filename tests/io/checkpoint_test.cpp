@@ -451,11 +451,16 @@ TEST(Checkpoint, OnlyRankZeroWrites) {
   EXPECT_FALSE(fs::exists(options.root));
 }
 
+struct LoadCase {
+  std::string root;  // the checkpoint root
+  DDP_CASE_FIELDS(root)
+};
+
 // Rank 0 writes, a barrier, every rank loads into a model it perturbed: all end with rank 0's
 // trained state, bit for bit.
-DDP_TEST_WORKER(checkpoint_every_rank_loads) {
+DDP_TEST_WORKER_WITH(checkpoint_every_rank_loads, LoadCase, c) {
   auto pg = ddp::testing::worker_process_group();
-  const std::string root = ddp::testing::worker_env("CKPT_ROOT");
+  const std::string& root = c.root;
   Trainer a("adam", "mlp");
   a.train(1, 2);
   CheckpointOptions options;
@@ -485,9 +490,8 @@ class CheckpointWorld : public ::testing::TestWithParam<int> {};
 
 TEST_P(CheckpointWorld, RankZeroWritesEveryRankLoads) {
   TempDir root;
-  const auto result =
-      ddp::testing::run_workers("checkpoint_every_rank_loads", GetParam(),
-                                {{"CKPT_ROOT", root.str()}}, std::chrono::seconds(120));
+  const auto result = ddp::testing::run_workers(
+      checkpoint_every_rank_loads, GetParam(), LoadCase{root.str()}, {}, std::chrono::seconds(120));
   ASSERT_TRUE(result.ok()) << result.describe();
   EXPECT_EQ(steps_in(root.str()), (std::vector<int64_t>{2}));
 }

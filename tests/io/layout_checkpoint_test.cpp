@@ -23,6 +23,7 @@
 #include "ddp/tp/parallelize.hpp"
 #include "support/oracle.hpp"
 #include "support/temp_dir.hpp"
+#include "support/training_state.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::testing {
@@ -46,8 +47,17 @@ shard::ShardOptions per_layer() {
   return options;
 }
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<torch::Tensor>& params) {
-  const std::string kind = worker_env("DDP_TEST_OPT");
+// One save and its resumes.
+struct Case {
+  std::string dir;        // holds the checkpoint root and the uninterrupted run's final parameters
+  std::string optimizer;  // "sgd", "adam", "adamw", "rmsprop" or "adagrad"
+  std::string saved;      // how the checkpoint was saved, for the resume's messages
+  std::string as;         // how layout_checkpoint_resume resumes
+  DDP_CASE_FIELDS(dir, optimizer, saved, as)
+};
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<torch::Tensor>& params,
+                                                        const std::string& kind) {
   if (kind == "adam") {
     return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(1e-2));
   }
@@ -80,67 +90,63 @@ void train(Forward forward, torch::optim::Optimizer& opt, int64_t first, int64_t
   }
 }
 
-std::string checkpoint_root() { return worker_env("DDP_TEST_DIR") + "/ckpt"; }
-std::string reference_file() { return worker_env("DDP_TEST_DIR") + "/uninterrupted.safetensors"; }
+std::string checkpoint_root(const Case& c) { return c.dir + "/ckpt"; }
+std::string reference_file(const Case& c) { return c.dir + "/uninterrupted.safetensors"; }
 
 // The uninterrupted run at (dp 2, tp 2): saves after kSaved steps, writes its final parameters.
-DDP_TEST_WORKER(layout_checkpoint_save) {
+DDP_TEST_WORKER_WITH(layout_checkpoint_save, Case, c) {
   auto pg = worker_process_group(std::chrono::seconds(60));
   comm::DeviceMesh mesh(pg, {2, 2}, {"dp", "tp"});
   torch::manual_seed(0);
   models::Net net(kDim);
   auto tensor_parallel = tp::parallelize_module(net.ptr(), mesh["tp"], seed_plan());
   shard::FullyShardedDataParallel<models::Net> sharded(net, mesh["dp"], per_layer());
-  auto opt = make_optimizer(net->parameters());
+  auto opt = make_optimizer(net->parameters(), c.optimizer);
   const int dp_rank = static_cast<int>(mesh.coordinate()[0]);
   const auto forward = [&](const torch::Tensor& x) { return sharded(x); };
   train(forward, *opt, 0, kSaved, 2, dp_rank);
   // FULLY_SHARD over "dp" nested on TP's split over "tp", over the world group (the mesh's).
   const comm::Sharding sharding = comm::nest(tensor_parallel->sharding(), sharded.sharding(), pg);
-  io::TrainingState state;
-  state.model = net.ptr().get();
-  state.optimizer = opt.get();
+  io::TrainingState state = training_state(net.ptr().get(), opt.get());
   state.step = kSaved;
   state.data_position = kSaved * kGlobal;
   state.sharding = sharding;
   io::CoordinatorOptions where;
-  where.root = checkpoint_root();
+  where.root = checkpoint_root(c);
   io::save_and_barrier(*pg, where, state);
   train(forward, *opt, kSaved, kSteps, 2, dp_rank);
   const io::TensorMap whole = io::whole_state(*net, sharding);
-  if (pg->rank() == 0) io::save_safetensors(reference_file(), whole);
+  if (pg->rank() == 0) io::save_safetensors(reference_file(c), whole);
   pg->barrier("reference written");
 }
 
 // The uninterrupted replicated run: DDP at world 2, saves after kSaved steps (every tensor whole,
 // no layouts), writes its final parameters.
-DDP_TEST_WORKER(layout_checkpoint_save_ddp) {
+DDP_TEST_WORKER_WITH(layout_checkpoint_save_ddp, Case, c) {
   auto pg = worker_process_group(std::chrono::seconds(60));
   torch::manual_seed(0);
   models::Net net(kDim);
   parallel::DistributedDataParallel<models::Net> ddp(net, pg);
-  auto opt = make_optimizer(net->parameters());
+  auto opt = make_optimizer(net->parameters(), c.optimizer);
   const auto forward = [&](const torch::Tensor& x) { return ddp(x); };
   train(forward, *opt, 0, kSaved, pg->world_size(), pg->rank());
-  io::TrainingState state;
-  state.model = net.ptr().get();
-  state.optimizer = opt.get();
+  io::TrainingState state = training_state(net.ptr().get(), opt.get());
   state.step = kSaved;
   state.data_position = kSaved * kGlobal;
   io::CoordinatorOptions where;
-  where.root = checkpoint_root();
+  where.root = checkpoint_root(c);
   io::save_and_barrier(*pg, where, state);
   train(forward, *opt, kSaved, kSteps, pg->world_size(), pg->rank());
   const io::TensorMap whole = io::whole_state(*net, layout::TensorLayouts{}, nullptr);
-  if (pg->rank() == 0) io::save_safetensors(reference_file(), whole);
+  if (pg->rank() == 0) io::save_safetensors(reference_file(c), whole);
   pg->barrier("reference written");
 }
 
-// Resumes the checkpoint as DDP_TEST_AS: "plain" (world 1), "tp" (TP 1x2), "fully_shard"
+// Resumes the checkpoint as c.as: "plain" (world 1), "tp" (TP 1x2), "fully_shard"
 // (world 3), "ddp" (DDP at world 3), trains to kSteps and compares with the uninterrupted run.
-DDP_TEST_WORKER(layout_checkpoint_resume) {
+DDP_TEST_WORKER_WITH(layout_checkpoint_resume, Case, c) {
   auto pg = worker_process_group(std::chrono::seconds(60));
-  const std::string as = worker_env("DDP_TEST_AS");
+  const std::string& as = c.as;
   torch::manual_seed(7 + pg->rank());  // values the load must replace
   models::Net net(kDim);
   std::unique_ptr<comm::DeviceMesh> mesh;
@@ -166,10 +172,10 @@ DDP_TEST_WORKER(layout_checkpoint_resume) {
     dp = pg->world_size();
     dp_rank = pg->rank();
   }
-  auto opt = make_optimizer(net->parameters());
+  auto opt = make_optimizer(net->parameters(), c.optimizer);
   state.optimizer = opt.get();
   io::CoordinatorOptions where;
-  where.root = checkpoint_root();
+  where.root = checkpoint_root(c);
   const auto entry = io::resume_latest(*pg, where, state);
   require(entry.has_value() && state.step == kSaved && state.data_position == kSaved * kGlobal,
           as + ": resumed at step " + std::to_string(state.step));
@@ -180,7 +186,7 @@ DDP_TEST_WORKER(layout_checkpoint_resume) {
   // The export by the same sharding the load used (none: every parameter whole here).
   const io::TensorMap whole =
       io::whole_state(*net, state.sharding ? *state.sharding : comm::whole_over(nullptr));
-  const io::TensorMap want = io::load_safetensors(reference_file());
+  const io::TensorMap want = io::load_safetensors(reference_file(c));
   std::vector<std::string> names;
   std::vector<torch::Tensor> got, expected;
   for (const auto& [name, t] : want) {
@@ -188,20 +194,18 @@ DDP_TEST_WORKER(layout_checkpoint_resume) {
     got.push_back(whole.at(name));
     expected.push_back(t);
   }
-  require_close(
-      names, got, expected, 1e-5,
-      as + " resumed from " + worker_env("DDP_TEST_SAVED") + ", " + worker_env("DDP_TEST_OPT"));
+  require_close(names, got, expected, 1e-5, as + " resumed from " + c.saved + ", " + c.optimizer);
 }
 
 class LayoutCheckpoint : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(LayoutCheckpoint, FullyShardOverTpResumesAsPlainTpAndFullyShard) {
   TempDir dir;
-  const std::map<std::string, std::string> env = {
-      {"DDP_TEST_DIR", dir.str()},
-      {"DDP_TEST_OPT", GetParam()},
-      {"DDP_TEST_SAVED", "(dp 2, tp 2) FULLY_SHARD x TP"}};
-  const auto saved = run_workers("layout_checkpoint_save", 4, env);
+  Case c;
+  c.dir = dir.str();
+  c.optimizer = GetParam();
+  c.saved = "(dp 2, tp 2) FULLY_SHARD x TP";
+  const auto saved = run_workers(layout_checkpoint_save, 4, c);
   ASSERT_TRUE(saved.ok()) << saved.describe();
   // The format: every rank wrote its pieces, and the manifest gives each split tensor's layout
   // over the (dp 2, tp 2) mesh: TP's split first, FULLY_SHARD's dim-0 split of what TP left.
@@ -230,9 +234,8 @@ TEST_P(LayoutCheckpoint, FullyShardOverTpResumesAsPlainTpAndFullyShard) {
   EXPECT_EQ(got, want);
   for (const auto& [as, world] :
        std::vector<std::pair<std::string, int>>{{"plain", 1}, {"tp", 2}, {"fully_shard", 3}}) {
-    auto with = env;
-    with["DDP_TEST_AS"] = as;
-    const auto resumed = run_workers("layout_checkpoint_resume", world, with);
+    c.as = as;
+    const auto resumed = run_workers(layout_checkpoint_resume, world, c);
     EXPECT_TRUE(resumed.ok()) << as << ": " << resumed.describe();
   }
 }
@@ -241,17 +244,17 @@ TEST_P(LayoutCheckpoint, FullyShardOverTpResumesAsPlainTpAndFullyShard) {
 // PyTorch's does (issue 26 item 6), with each optimizer's state whole in one file.
 TEST_P(LayoutCheckpoint, ReplicatedResumesAsDdpAndFullyShardAtThree) {
   TempDir dir;
-  const std::map<std::string, std::string> env = {{"DDP_TEST_DIR", dir.str()},
-                                                  {"DDP_TEST_OPT", GetParam()},
-                                                  {"DDP_TEST_SAVED", "DDP at world 2"}};
-  const auto saved = run_workers("layout_checkpoint_save_ddp", 2, env);
+  Case c;
+  c.dir = dir.str();
+  c.optimizer = GetParam();
+  c.saved = "DDP at world 2";
+  const auto saved = run_workers(layout_checkpoint_save_ddp, 2, c);
   ASSERT_TRUE(saved.ok()) << saved.describe();
   const io::Manifest m = io::verify_checkpoint(io::checkpoint_dir(dir.str() + "/ckpt", kSaved));
   EXPECT_TRUE(m.sharded.empty());
   for (const std::string as : {"ddp", "fully_shard"}) {
-    auto with = env;
-    with["DDP_TEST_AS"] = as;
-    const auto resumed = run_workers("layout_checkpoint_resume", 3, with);
+    c.as = as;
+    const auto resumed = run_workers(layout_checkpoint_resume, 3, c);
     EXPECT_TRUE(resumed.ok()) << as << ": " << resumed.describe();
   }
 }

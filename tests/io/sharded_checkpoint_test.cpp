@@ -28,6 +28,7 @@
 #include "support/pytorch_required.hpp"
 #include "support/run_command.hpp"
 #include "support/temp_dir.hpp"
+#include "support/training_state.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::testing {
@@ -97,31 +98,38 @@ void require_close_maps(const io::TensorMap& got, const io::TensorMap& want,
   require_close(names, a, b, 1e-5, context);
 }
 
-shard::ShardOptions style_from_env() {
+shard::ShardOptions style_options(const std::string& style) {
   shard::ShardOptions options;
-  options.style = shard::parse_style(worker_env("DDP_TEST_STYLE"));
+  options.style = shard::parse_style(style);
   return options;
 }
 
-// Phase "save": kSteps steps from the oracle's initial parameters, then save_and_barrier.
-// Phase "resume": from other initial parameters, resume_latest, kSteps more steps, compare with
-// the oracle; with DDP_TEST_EXPORT, export the full state there and load it into a plain model.
-DDP_TEST_WORKER(sharded_checkpoint_train) {
+// A run of sharded_checkpoint_train: the optimizer and the style are the test's parameter, the
+// rest the test body sets.
+struct Case {
+  std::string optimizer, style;
+  std::string root{};        // the checkpoint root
+  bool resume = false;       // the resume phase (else the save phase)
+  std::string export_dir{};  // where the resume phase exports the full state; empty: nowhere
+  DDP_CASE_FIELDS(optimizer, style, root, resume, export_dir)
+};
+
+// The save phase: kSteps steps from the oracle's initial parameters, then save_and_barrier.
+// The resume phase: from other initial parameters, resume_latest, kSteps more steps, compare with
+// the oracle; with an export_dir, export the full state there and load it into a plain model.
+DDP_TEST_WORKER_WITH(sharded_checkpoint_train, Case, c) {
   auto pg = worker_process_group(std::chrono::seconds(60));
   const int w = pg->world_size(), r = pg->rank();
-  const bool resume = worker_env("DDP_TEST_PHASE") == "resume";
-  const std::string optimizer = worker_env("DDP_TEST_OPTIMIZER");
+  const bool resume = c.resume;
+  const std::string& optimizer = c.optimizer;
   // A resumed run starts elsewhere: the checkpoint must overwrite every shard and every state.
   torch::manual_seed(resume ? 100 + r : 0);
   auto net = make_net();
-  shard::FullyShardedDataParallel<torch::nn::Sequential> model(net, pg, style_from_env());
+  shard::FullyShardedDataParallel<torch::nn::Sequential> model(net, pg, style_options(c.style));
   auto opt = make_optimizer(optimizer, net->parameters());
-  io::TrainingState state;
-  state.model = net.ptr().get();
-  state.optimizer = opt.get();
-  state.sharding = model.sharding();
+  io::TrainingState state = training_state(net.ptr().get(), opt.get(), model.sharding());
   io::CoordinatorOptions options;
-  options.root = worker_env("CKPT_ROOT");
+  options.root = c.root;
 
   int64_t first = 0;
   if (resume) {
@@ -151,7 +159,7 @@ DDP_TEST_WORKER(sharded_checkpoint_train) {
   const io::TensorMap whole = io::whole_state(*net, model.layouts(), pg.get());
   require_close_maps(whole, want, "resumed at world " + std::to_string(w));
 
-  const std::string export_dir = worker_env("DDP_TEST_EXPORT", "");
+  const std::string& export_dir = c.export_dir;
   if (export_dir.empty() || r != 0) return;
   for (const std::string name : {"export.safetensors", "export.pt"}) {
     const std::string path = (fs::path(export_dir) / name).string();
@@ -163,22 +171,15 @@ DDP_TEST_WORKER(sharded_checkpoint_train) {
   io::save_torch((fs::path(export_dir) / "oracle.pt").string(), want);
 }
 
-struct Case {
-  std::string optimizer, style;
-};
-
 void PrintTo(const Case& c, std::ostream* out) { *out << c.optimizer << " " << c.style; }
 
 class ShardedCheckpointResume : public ::testing::TestWithParam<Case> {};
 
 TEST_P(ShardedCheckpointResume, SavedAtThreeResumesAtTwoAndOneAsAnUninterruptedRun) {
-  const Case& c = GetParam();
+  Case c = GetParam();
   TempDir root("sharded_ckpt");
-  std::map<std::string, std::string> env = {{"CKPT_ROOT", root.str()},
-                                            {"DDP_TEST_OPTIMIZER", c.optimizer},
-                                            {"DDP_TEST_STYLE", c.style},
-                                            {"DDP_TEST_PHASE", "save"}};
-  auto result = run_workers("sharded_checkpoint_train", 3, env);
+  c.root = root.str();
+  auto result = run_workers(sharded_checkpoint_train, 3, c);
   ASSERT_TRUE(result.ok()) << result.describe();
 
   // What the format promises: every rank's files, one manifest with each file's writer and each
@@ -233,12 +234,12 @@ TEST_P(ShardedCheckpointResume, SavedAtThreeResumesAtTwoAndOneAsAnUninterruptedR
   }
 
   TempDir exported("sharded_export");
-  env["DDP_TEST_PHASE"] = "resume";
-  env["DDP_TEST_EXPORT"] = exported.str();
-  result = run_workers("sharded_checkpoint_train", 2, env);
+  c.resume = true;
+  c.export_dir = exported.str();
+  result = run_workers(sharded_checkpoint_train, 2, c);
   ASSERT_TRUE(result.ok()) << result.describe();
-  env.erase("DDP_TEST_EXPORT");
-  result = run_workers("sharded_checkpoint_train", 1, env);
+  c.export_dir.clear();
+  result = run_workers(sharded_checkpoint_train, 1, c);
   ASSERT_TRUE(result.ok()) << result.describe();
 
   // Every field of a "sharded" entry is checked and named (issue 49): one change at a time, each
@@ -300,7 +301,7 @@ TEST_P(ShardedCheckpointResume, SavedAtThreeResumesAtTwoAndOneAsAnUninterruptedR
     }
     std::ofstream(path) << j.dump(2);
     EXPECT_EQ(io::read_manifest(dir).format_version, 1);
-    result = run_workers("sharded_checkpoint_train", 2, env);
+    result = run_workers(sharded_checkpoint_train, 2, c);
     ASSERT_TRUE(result.ok()) << "version 1: " << result.describe();
   }
 
@@ -349,14 +350,22 @@ void require_unchanged(const io::TensorMap& before, torch::nn::Module& net,
     require(at::equal(after.at(k), t), context + ": '" + k + "' changed");
 }
 
-// Refusals at world 2 or 3 of the world-3 checkpoint in CKPT_ROOT (SGD, fully_shard): another
-// model's checkpoint names the parameter and the file; a copy with rank DDP_TEST_CORRUPT's model
-// file corrupted is refused naming that file by the ranks in DDP_TEST_FAILING, and loads on the
-// others (which never read it).
-DDP_TEST_WORKER(sharded_checkpoint_refusals) {
+struct RefusalCase {
+  std::string root;         // the checkpoint root
+  std::string corrupt_dir;  // a copy of the checkpoint with one model shard file corrupted
+  int corrupt = 0;          // the rank whose model shard file is corrupted
+  std::string failing;      // the ranks that read that file, e.g. "0,1"
+  DDP_CASE_FIELDS(root, corrupt_dir, corrupt, failing)
+};
+
+// Refusals at world 2 or 3 of the world-3 checkpoint in c.root (SGD, fully_shard): another
+// model's checkpoint names the parameter and the file; a copy with rank c.corrupt's model file
+// corrupted is refused naming that file by the ranks in c.failing, and loads on the others (which
+// never read it).
+DDP_TEST_WORKER_WITH(sharded_checkpoint_refusals, RefusalCase, c) {
   auto pg = worker_process_group(std::chrono::seconds(60));
   const int w = pg->world_size(), r = pg->rank();
-  const std::string dir = io::checkpoint_dir(worker_env("CKPT_ROOT"), kSteps);
+  const std::string dir = io::checkpoint_dir(c.root, kSteps);
   const auto load = [&](torch::nn::Sequential net,
                         shard::FullyShardedDataParallel<torch::nn::Sequential>& model,
                         const std::string& from) {
@@ -365,10 +374,7 @@ DDP_TEST_WORKER(sharded_checkpoint_refusals) {
     model(torch::ones({1, 5})).sum().backward();
     opt->step();
     const io::TensorMap before = snapshot(*net, *opt);
-    io::TrainingState state;
-    state.model = net.ptr().get();
-    state.optimizer = opt.get();
-    state.sharding = model.sharding();
+    io::TrainingState state = training_state(net.ptr().get(), opt.get(), model.sharding());
     const std::string error = error_of([&] { io::load_checkpoint(from, w, state, r); });
     if (!error.empty()) require_unchanged(before, *net, *opt, error);
     return error;
@@ -391,14 +397,12 @@ DDP_TEST_WORKER(sharded_checkpoint_refusals) {
                        "another model?",
           "another layer: " + error);
 
-  const std::string corrupt = worker_env("CORRUPT_DIR");
-  const std::string failing = worker_env("DDP_TEST_FAILING");
-  const bool fails = failing.find(std::to_string(r)) != std::string::npos;
+  const std::string& corrupt = c.corrupt_dir;
+  const bool fails = c.failing.find(std::to_string(r)) != std::string::npos;
   auto same = make_net();
   shard::FullyShardedDataParallel<torch::nn::Sequential> same_model(same, pg);
   error = load(same, same_model, corrupt);
-  const std::string file =
-      corrupt + "/" + io::model_shard_file(std::stoi(worker_env("DDP_TEST_CORRUPT")));
+  const std::string file = corrupt + "/" + io::model_shard_file(c.corrupt);
   if (fails) {
     require(error.rfind("ddp: checkpoint " + file + " is corrupt: sha256 ", 0) == 0,
             "corrupt shard: " + error);
@@ -418,36 +422,26 @@ void corrupt_copy(const std::string& dir, const std::string& copy, const std::st
 
 TEST(ShardedCheckpointLoad, RefusesAnotherModelAndACorruptShardByNameAndLoadsIntoAPlainModel) {
   TempDir root("sharded_refusals");
-  const auto saved = run_workers("sharded_checkpoint_train", 3,
-                                 {{"CKPT_ROOT", root.str()},
-                                  {"DDP_TEST_OPTIMIZER", "sgd"},
-                                  {"DDP_TEST_STYLE", "fully_shard"},
-                                  {"DDP_TEST_PHASE", "save"}});
+  Case train{"sgd", "fully_shard"};
+  train.root = root.str();
+  const auto saved = run_workers(sharded_checkpoint_train, 3, train);
   ASSERT_TRUE(saved.ok()) << saved.describe();
   const std::string dir = io::checkpoint_dir(root.str(), kSteps);
   // At world 2 both ranks need rows that old rank 1 wrote; at world 3 only rank 2 reads rank 2's.
   corrupt_copy(dir, root.file("corrupt1"), io::model_shard_file(1));
   corrupt_copy(dir, root.file("corrupt2"), io::model_shard_file(2));
-  auto result = run_workers("sharded_checkpoint_refusals", 2,
-                            {{"CKPT_ROOT", root.str()},
-                             {"CORRUPT_DIR", root.file("corrupt1")},
-                             {"DDP_TEST_CORRUPT", "1"},
-                             {"DDP_TEST_FAILING", "0,1"}});
+  auto result = run_workers(sharded_checkpoint_refusals, 2,
+                            RefusalCase{root.str(), root.file("corrupt1"), 1, "0,1"});
   EXPECT_TRUE(result.ok()) << result.describe();
-  result = run_workers("sharded_checkpoint_refusals", 3,
-                       {{"CKPT_ROOT", root.str()},
-                        {"CORRUPT_DIR", root.file("corrupt2")},
-                        {"DDP_TEST_CORRUPT", "2"},
-                        {"DDP_TEST_FAILING", "2"}});
+  result = run_workers(sharded_checkpoint_refusals, 3,
+                       RefusalCase{root.str(), root.file("corrupt2"), 2, "2"});
   EXPECT_TRUE(result.ok()) << result.describe();
 
   // A plain single-process model (no shard plan) wants every row: it reads all three shards and
   // holds the parameters of step kSteps, as the single-process run has them.
   auto plain = make_net();
   auto opt = make_optimizer("sgd", plain->parameters());
-  io::TrainingState state;
-  state.model = plain.ptr().get();
-  state.optimizer = opt.get();
+  io::TrainingState state = training_state(plain.ptr().get(), opt.get());
   io::load_checkpoint(dir, 1, state);
   EXPECT_EQ(state.step, kSteps);
   EXPECT_EQ(io::optimizer_tensors(*opt, *plain).size(), 6u) << "a momentum buffer per parameter";

@@ -15,6 +15,7 @@
 #include "support/oracle.hpp"
 #include "support/temp_dir.hpp"
 #include "support/tiny_gpt.hpp"
+#include "support/training_state.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::testing {
@@ -44,10 +45,16 @@ Batches global_batches(const models::GPTConfig& c) {
   return b;
 }
 
-DDP_TEST_WORKER(sharded_checkpoint_tied) {
+struct Case {
+  std::string root;     // the checkpoint root
+  bool resume = false;  // the resume phase (else the save phase)
+  DDP_CASE_FIELDS(root, resume)
+};
+
+DDP_TEST_WORKER_WITH(sharded_checkpoint_tied, Case, c) {
   auto pg = worker_process_group(std::chrono::seconds(60));
   const int w = pg->world_size(), r = pg->rank();
-  const bool resume = worker_env("DDP_TEST_PHASE") == "resume";
+  const bool resume = c.resume;
   const auto config = tied_gpt();
   torch::manual_seed(resume ? 100 + r : 0);  // a resumed run must get every value from the files
   models::GPT gpt(config);
@@ -55,12 +62,9 @@ DDP_TEST_WORKER(sharded_checkpoint_tied) {
   for (int64_t i = 0; i < config.n_layers; ++i) options.units.push_back("h." + std::to_string(i));
   shard::FullyShardedDataParallel<models::GPT> model(gpt, pg, options);
   torch::optim::SGD opt(distinct(gpt->parameters()), torch::optim::SGDOptions(0.1).momentum(0.9));
-  io::TrainingState state;
-  state.model = gpt.ptr().get();
-  state.optimizer = &opt;
-  state.sharding = model.sharding();
+  io::TrainingState state = training_state(gpt.ptr().get(), &opt, model.sharding());
   io::CoordinatorOptions coordinator;
-  coordinator.root = worker_env("CKPT_ROOT");
+  coordinator.root = c.root;
   int64_t first = 0;
   if (resume) {
     const auto entry = io::resume_latest(*pg, coordinator, state);
@@ -96,24 +100,24 @@ DDP_TEST_WORKER(sharded_checkpoint_tied) {
   require(got.size() == want.size() && got.count("lm_head.weight") == 1,
           "the full state has every name of the plain model's, lm_head.weight too");
   std::vector<std::string> names;
-  std::vector<torch::Tensor> a, c;
+  std::vector<torch::Tensor> actual, expected;
   for (const auto& [name, t] : want) {
     names.push_back(name);
-    a.push_back(got.at(name));
-    c.push_back(t);
+    actual.push_back(got.at(name));
+    expected.push_back(t);
   }
-  require_close(names, a, c, 1e-5, "tied GPT resumed at world " + std::to_string(w));
+  require_close(names, actual, expected, 1e-5, "tied GPT resumed at world " + std::to_string(w));
 }
 
 TEST(ShardedCheckpointTied, SavedAtThreeResumesAtTwoAndOneWithTheWeightsStillTied) {
   TempDir root("sharded_ckpt_tied");
-  std::map<std::string, std::string> env = {{"CKPT_ROOT", root.str()}, {"DDP_TEST_PHASE", "save"}};
-  auto result = run_workers("sharded_checkpoint_tied", 3, env);
+  Case c{root.str(), false};
+  auto result = run_workers(sharded_checkpoint_tied, 3, c);
   ASSERT_TRUE(result.ok()) << result.describe();
-  env["DDP_TEST_PHASE"] = "resume";
-  result = run_workers("sharded_checkpoint_tied", 2, env);
+  c.resume = true;
+  result = run_workers(sharded_checkpoint_tied, 2, c);
   ASSERT_TRUE(result.ok()) << result.describe();
-  result = run_workers("sharded_checkpoint_tied", 1, env);
+  result = run_workers(sharded_checkpoint_tied, 1, c);
   ASSERT_TRUE(result.ok()) << result.describe();
 }
 

@@ -59,11 +59,9 @@ TEST(Mpirun, TrainsDdpTrainAtWorldTwoAndEndsWhereItsOwnLauncherEnds) {
   EXPECT_EQ(count_of(out, "ddp-train: model mlp"), 1u) << out;
   EXPECT_NE(out.find("world size 2, backend gloo"), std::string::npos) << out;
   EXPECT_EQ(out.find("[rank "), std::string::npos) << out;
-  double first = 0, last = 0;
-  const auto pos = out.find("ddp-train: loss ");
-  ASSERT_NE(pos, std::string::npos) << out;
-  ASSERT_EQ(std::sscanf(out.c_str() + pos, "ddp-train: loss %lf -> %lf", &first, &last), 2) << out;
-  EXPECT_LT(last, 0.7 * first) << out;
+  const auto losses = ddp::testing::train_losses(out);
+  ASSERT_TRUE(losses) << out;
+  EXPECT_LT(losses->second, 0.7 * losses->first) << out;
 
   // The same job through ddp-train's own launcher (RANK, WORLD_SIZE): the same weights, bit for
   // bit, since only the launcher differs.

@@ -77,8 +77,7 @@ DDP_TEST_WORKER(resnet_sync_bn) {
 }
 
 TEST(ImageTask, SyncBnSynchronisesTheResNetsStatistics) {
-  const auto result = testing::run_workers("resnet_sync_bn", 2);
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(testing::run_workers(resnet_sync_bn, 2));
 }
 
 }  // namespace

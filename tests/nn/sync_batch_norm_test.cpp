@@ -96,8 +96,8 @@ struct Mode {
   double tolerance = 1e-5;  // fp32; bf16 autocast rounds differently for other batch sizes
 };
 
-torch::Device test_device() {
-  if (worker_env("DDP_TEST_DEVICE", "cpu") == "cpu") return torch::kCPU;
+torch::Device test_device(const std::string& device) {
+  if (device == "cpu") return torch::kCPU;
   return torch::Device(torch::kCUDA,
                        static_cast<c10::DeviceIndex>(std::stoi(worker_env("LOCAL_RANK", "0"))));
 }
@@ -185,10 +185,17 @@ void train_and_compare(const comm::ProcessGroupPtr& pg, shard::DataParallelStyle
   }
 }
 
-DDP_TEST_WORKER(sync_batch_norm_styles) {
-  const torch::Device device = test_device();
+struct StyleWorld {
+  std::string style;
+  int world;
+  std::string device = "cpu";  // or cuda: this rank's GPU, on NCCL
+  DDP_CASE_FIELDS(style, device)
+};
+
+DDP_TEST_WORKER_WITH(sync_batch_norm_styles, StyleWorld, c) {
+  const torch::Device device = test_device(c.device);
   auto pg = worker_process_group(std::chrono::seconds(120), device.is_cuda() ? "nccl" : "gloo");
-  const auto style = shard::parse_style(worker_env("STYLE"));
+  const auto style = shard::parse_style(c.style);
   std::vector<Mode> modes{{"fp32"}};
   if (device.is_cuda()) {
     // fp32 means fp32: cuDNN's convolutions default to TF32, whose rounding depends on the batch.
@@ -200,18 +207,8 @@ DDP_TEST_WORKER(sync_batch_norm_styles) {
   for (const Mode& mode : modes) train_and_compare(pg, style, mode, device);
 }
 
-struct StyleWorld {
-  std::string style;
-  int world;
-};
-
-class SyncBatchNormStyles : public ::testing::TestWithParam<StyleWorld> {};
-
-TEST_P(SyncBatchNormStyles, TrainsAsOneProcessWithBatchNormOnTheGlobalBatch) {
-  const auto result =
-      run_workers("sync_batch_norm_styles", GetParam().world, {{"STYLE", GetParam().style}});
-  EXPECT_TRUE(result.ok()) << result.describe();
-}
+DDP_WORKER_CASE_TEST(SyncBatchNormStyles, TrainsAsOneProcessWithBatchNormOnTheGlobalBatch,
+                     sync_batch_norm_styles, StyleWorld);
 
 INSTANTIATE_TEST_SUITE_P(StylesWorlds, SyncBatchNormStyles,
                          ::testing::Values(StyleWorld{"replicate", 1}, StyleWorld{"replicate", 2},
@@ -224,16 +221,14 @@ INSTANTIATE_TEST_SUITE_P(StylesWorlds, SyncBatchNormStyles,
 class SyncBatchNormStylesGpu : public ::testing::TestWithParam<StyleWorld> {};
 
 TEST_P(SyncBatchNormStylesGpu, TrainsAsOneProcessWithBatchNormOnTheGlobalBatch) {
-  const StyleWorld c = GetParam();
+  StyleWorld c = GetParam();
+  c.device = "cuda";
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   if (static_cast<int>(torch::cuda::device_count()) < c.world) {
     GTEST_SKIP() << "needs " << c.world << " GPUs, found " << torch::cuda::device_count();
   }
-  const auto result =
-      run_workers("sync_batch_norm_styles", c.world,
-                  {{"STYLE", c.style}, {"DDP_TEST_DEVICE", "cuda"}, {"NCCL_NVLS_ENABLE", "0"}},
-                  std::chrono::seconds(300));
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(sync_batch_norm_styles, c.world, c, {{"NCCL_NVLS_ENABLE", "0"}},
+                                  std::chrono::seconds(300)));
 }
 
 INSTANTIATE_TEST_SUITE_P(StylesWorlds, SyncBatchNormStylesGpu,
@@ -281,8 +276,7 @@ DDP_TEST_WORKER(sync_batch_norm_collectives) {
 }
 
 TEST(SyncBatchNorm, OneCollectiveEachWayAndNoneInEvaluation) {
-  const auto result = run_workers("sync_batch_norm_collectives", 2);
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(sync_batch_norm_collectives, 2));
 }
 
 // Unbound (no group): torch's BatchNorm, bit for bit, running statistics included.

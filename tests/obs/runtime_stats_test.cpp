@@ -69,13 +69,7 @@ DDP_TEST_WORKER(logging_data) {
   testing::require(format_summary(d).find("backward comm") != std::string::npos, "summary text");
 }
 
-class LoggingDataTest : public ::testing::TestWithParam<int> {};
-TEST_P(LoggingDataTest, SampledStatsAndConfiguration) {
-  const auto result = testing::run_workers("logging_data", GetParam());
-  EXPECT_TRUE(result.ok()) << result.describe();
-}
-INSTANTIATE_TEST_SUITE_P(WorldSizes, LoggingDataTest, ::testing::Values(1, 2, 3),
-                         ddp::testing::world_name);
+DDP_WORKER_TEST_PER_WORLD(LoggingDataTest, SampledStatsAndConfiguration, logging_data, 1, 2, 3);
 
 }  // namespace
 }  // namespace ddp::obs

@@ -188,11 +188,19 @@ TEST(GradClip, BadOptionsAreNamed) {
 // 33 rows divide by 3, not 2; 16 rows by 2, not 3: DEFAULT mixes sharded and replicated at worlds
 // 2 and 3, and FULLY_SHARD's shards are uneven (16 rows over 3 ranks: 6, 6, 4).
 
-DDP_TEST_WORKER(clip_styles) {
+struct StyleCase {
+  std::string style = "replicate";
+  int world = 1;
+  std::string norm = "2";  // "2" or "inf"
+  double factor = 0.5;     // max_norm over the oracle's total norm
+  DDP_CASE_FIELDS(style, norm, factor)
+};
+
+DDP_TEST_WORKER_WITH(clip_styles, StyleCase, c) {
   auto pg = worker_process_group();
-  const auto style = shard::parse_style(worker_env("DDP_TEST_STYLE"));
-  const double norm_type = worker_env("DDP_TEST_NORM") == "inf" ? kInf : 2.0;
-  const double factor = std::stod(worker_env("DDP_TEST_FACTOR"));
+  const auto style = shard::parse_style(c.style);
+  const double norm_type = c.norm == "inf" ? kInf : 2.0;
+  const double factor = c.factor;
   const int world = pg->world_size();
   torch::manual_seed(0);
   TiedNet net(33, 16);
@@ -221,8 +229,8 @@ DDP_TEST_WORKER(clip_styles) {
   const int64_t issued = pg->collectives_issued();
   const auto result = parallel::clip_grad_norm(model, options);
   const std::string context = std::string(shard::style_name(style)) + " at world " +
-                              std::to_string(world) + ", norm " + worker_env("DDP_TEST_NORM") +
-                              ", max_norm " + std::to_string(factor) + " x the norm";
+                              std::to_string(world) + ", norm " + c.norm + ", max_norm " +
+                              std::to_string(factor) + " x the norm";
   // One collective where the style splits something over more than one rank, none for DDP.
   const bool sharded = model.style() != DataParallelStyle::kReplicate;
   const int64_t collectives = sharded && world > 1 ? 1 : 0;
@@ -247,27 +255,12 @@ DDP_TEST_WORKER(clip_styles) {
   }
 }
 
-struct StyleCase {
-  std::string style;
-  int world;
-  std::string norm;
-  double factor;
-};
-
 void PrintTo(const StyleCase& c, std::ostream* out) {
   *out << c.style << " world " << c.world << " norm " << c.norm << " factor " << c.factor;
 }
 
-class GradClipStyles : public ::testing::TestWithParam<StyleCase> {};
-
-TEST_P(GradClipStyles, EqualsSingleProcessClippingOnTheGlobalBatch) {
-  const StyleCase c = GetParam();
-  const auto result = run_workers("clip_styles", c.world,
-                                  {{"DDP_TEST_STYLE", c.style},
-                                   {"DDP_TEST_NORM", c.norm},
-                                   {"DDP_TEST_FACTOR", std::to_string(c.factor)}});
-  EXPECT_TRUE(result.ok()) << result.describe();
-}
+DDP_WORKER_CASE_TEST(GradClipStyles, EqualsSingleProcessClippingOnTheGlobalBatch, clip_styles,
+                     StyleCase);
 
 std::vector<StyleCase> style_cases() {
   std::vector<StyleCase> cases;
@@ -289,12 +282,19 @@ INSTANTIATE_TEST_SUITE_P(Styles, GradClipStyles, ::testing::ValuesIn(style_cases
 
 // ---- meshes: the seed Net(8), fc1 / fc3 colwise, fc2 / fc4 rowwise over "tp" ----
 
-DDP_TEST_WORKER(clip_meshes) {
+struct MeshCase {
+  int dp = 1, tp = 2;
+  std::string dp_style = "none";  // none, replicate, fully_shard
+  std::string norm = "2";         // "2" or "inf"
+  DDP_CASE_FIELDS(dp, tp, dp_style, norm)
+};
+
+DDP_TEST_WORKER_WITH(clip_meshes, MeshCase, m) {
   auto pg = worker_process_group();
-  const int64_t dp = std::stoll(worker_env("DDP_TEST_DP"));
-  const int64_t tps = std::stoll(worker_env("DDP_TEST_TP"));
-  const std::string dp_style = worker_env("DDP_TEST_DP_STYLE");  // none, replicate, fully_shard
-  const double norm_type = worker_env("DDP_TEST_NORM") == "inf" ? kInf : 2.0;
+  const int64_t dp = m.dp;
+  const int64_t tps = m.tp;
+  const std::string& dp_style = m.dp_style;
+  const double norm_type = m.norm == "inf" ? kInf : 2.0;
   comm::DeviceMesh mesh(pg, {dp, tps}, {"dp", "tp"});
   const int64_t dp_rank = mesh.coordinate()[0];
   constexpr int64_t kDim = 8;
@@ -344,7 +344,7 @@ DDP_TEST_WORKER(clip_meshes) {
                                        ? parallel::clip_grad_norm(*model, *tensor_parallel, options)
                                        : parallel::clip_grad_norm(*net, *tensor_parallel, options);
   const std::string context = "mesh " + std::to_string(dp) + "x" + std::to_string(tps) + " " +
-                              dp_style + " over dp, norm " + worker_env("DDP_TEST_NORM");
+                              dp_style + " over dp, norm " + m.norm;
   // One collective per mesh dim that splits something over more than one rank.
   const int64_t dp_want = dp_style == "fully_shard" && dp > 1 ? 1 : 0;
   require(mesh["dp"]->collectives_issued() - dp_issued == dp_want &&
@@ -368,12 +368,6 @@ DDP_TEST_WORKER(clip_meshes) {
   require_same_grads(grads, *oracle, layout_of, coordinate, context);
 }
 
-struct MeshCase {
-  int dp, tp;
-  std::string dp_style;
-  std::string norm = "2";
-};
-
 void PrintTo(const MeshCase& m, std::ostream* out) {
   *out << "mesh " << m.dp << "x" << m.tp << ", " << m.dp_style << " over dp, norm " << m.norm;
 }
@@ -382,12 +376,7 @@ class GradClipMeshes : public ::testing::TestWithParam<MeshCase> {};
 
 TEST_P(GradClipMeshes, EqualsSingleProcessClippingOnTheGlobalBatch) {
   const MeshCase m = GetParam();
-  const auto result = run_workers("clip_meshes", m.dp * m.tp,
-                                  {{"DDP_TEST_DP", std::to_string(m.dp)},
-                                   {"DDP_TEST_TP", std::to_string(m.tp)},
-                                   {"DDP_TEST_DP_STYLE", m.dp_style},
-                                   {"DDP_TEST_NORM", m.norm}});
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(clip_meshes, m.dp * m.tp, m));
 }
 
 INSTANTIATE_TEST_SUITE_P(Meshes, GradClipMeshes,

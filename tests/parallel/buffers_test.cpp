@@ -22,12 +22,19 @@ bool all_equal(const std::vector<torch::Tensor>& each) {
   return true;
 }
 
-// STYLE: the wrapper's style; BROADCAST: "1" leaves broadcast_buffers at its default (true),
-// "0" turns it off in the struct the style reads.
-DDP_TEST_WORKER(evaluation_buffers) {
+struct Case {
+  std::string style = "replicate";  // the wrapper's style
+  // true leaves broadcast_buffers at its default (true), false turns it off in the struct the
+  // style reads.
+  bool broadcast = true;
+  int world = 2;
+  DDP_CASE_FIELDS(style, broadcast)
+};
+
+DDP_TEST_WORKER_WITH(evaluation_buffers, Case, c) {
   auto pg = worker_process_group();
-  const auto style = shard::parse_style(worker_env("STYLE"));
-  const bool broadcast = worker_env("BROADCAST") == "1";
+  const auto style = shard::parse_style(c.style);
+  const bool broadcast = c.broadcast;
   torch::manual_seed(3);
   auto net = std::make_shared<BatchNormNetImpl>(4, 6, 3);
   parallel::DataParallelOptions options;
@@ -59,20 +66,8 @@ DDP_TEST_WORKER(evaluation_buffers) {
               " after the evaluation forward");
 }
 
-struct Case {
-  std::string style;
-  bool broadcast;
-  int world;
-};
-
-class EvaluationBuffers : public ::testing::TestWithParam<Case> {};
-
-TEST_P(EvaluationBuffers, AnEvaluationForwardSeesRankZerosBuffersUnlessTurnedOff) {
-  const Case c = GetParam();
-  const auto result = run_workers("evaluation_buffers", c.world,
-                                  {{"STYLE", c.style}, {"BROADCAST", c.broadcast ? "1" : "0"}});
-  EXPECT_TRUE(result.ok()) << result.describe();
-}
+DDP_WORKER_CASE_TEST(EvaluationBuffers, AnEvaluationForwardSeesRankZerosBuffersUnlessTurnedOff,
+                     evaluation_buffers, Case);
 
 INSTANTIATE_TEST_SUITE_P(StylesWorlds, EvaluationBuffers,
                          ::testing::Values(Case{"replicate", true, 2}, Case{"replicate", true, 3},

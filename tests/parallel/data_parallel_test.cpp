@@ -10,8 +10,7 @@
 
 #include "ddp/models/mlp.hpp"
 #include "support/error_text.hpp"
-#include "support/oracle.hpp"
-#include "support/regression_steps.hpp"
+#include "support/oracle_twin.hpp"
 #include "support/style_runtime.hpp"
 #include "support/whole_parameters.hpp"
 #include "support/workers.hpp"
@@ -19,22 +18,25 @@
 namespace ddp::testing {
 namespace {
 
-DDP_TEST_WORKER(data_parallel_styles) {
+// One run of a worker below: data_parallel_any_module reads only the style.
+struct Case {
+  std::string style = "replicate";
+  bool mesh = false;  // wrap over a 1-D mesh named "dp" instead of the process group
+  int world = 1;
+  DDP_CASE_FIELDS(style, mesh)
+};
+
+DDP_TEST_WORKER_WITH(data_parallel_styles, Case, c) {
   auto pg = worker_process_group(std::chrono::seconds(60));
   const int w = pg->world_size(), r = pg->rank();
-  const auto style = shard::parse_style(worker_env("DDP_TEST_STYLE"));
-  models::MLPOptions shape;
-  shape.in = 4;
-  shape.hidden = 6;  // divides by 2 and 3: DEFAULT shards the hidden layers, replicates the last
-  shape.out = 5;
-  shape.depth = 3;
-  torch::manual_seed(0);
-  models::MLP net(shape);
-  torch::manual_seed(0);
-  models::MLP oracle(shape);
+  const auto style = shard::parse_style(c.style);
+  // hidden 6 divides by 2 and 3: DEFAULT shards the hidden layers, replicates the last
+  const models::MLPOptions shape{/*in=*/4, /*hidden=*/6, /*out=*/5, /*depth=*/3};
+  OracleTwin<models::MLP> twin([&] { return models::MLP(shape); }, w, r);
+  models::MLP& net = twin.net();
   DataParallelOptions options;
   options.shard.units = {"layers.0", "layers.1", "layers.2"};
-  const bool on_mesh = worker_env("DDP_TEST_MESH") == "1";
+  const bool on_mesh = c.mesh;
   std::optional<comm::DeviceMesh> mesh;
   if (on_mesh) mesh.emplace(pg, std::vector<int64_t>{w}, std::vector<std::string>{"dp"});
   auto model =
@@ -60,8 +62,8 @@ DDP_TEST_WORKER(data_parallel_styles) {
               item.key() + ": " + std::to_string(it->second.placements.size()) + " placements");
     }
   }
-  regression_steps([&](const torch::Tensor& x) { return model(x); }, net->parameters(), oracle, w,
-                   r, shape.in, shape.out, 3);
+  twin.regression_steps([&](const torch::Tensor& x) { return model(x); }, 3, 3, shape.in,
+                        shape.out);
   // Issue 46: after a backward, a forward under grad mode whose backward never runs leaves the
   // sharded styles' gradients set aside and the parameters gathered: reading their layouts (a
   // checkpoint's) and the next forward refuse by name, until reshard() puts them back.
@@ -93,7 +95,7 @@ DDP_TEST_WORKER(data_parallel_styles) {
   // gradients (the forward set the shards' aside) and silently skips them (issue 46).
   {
     torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
-    torch::optim::SGD oracle_opt(oracle->parameters(), torch::optim::SGDOptions(0.1));
+    torch::optim::SGD oracle_opt(twin.oracle()->parameters(), torch::optim::SGDOptions(0.1));
     torch::manual_seed(7);
     const auto x = torch::randn({3 * w, shape.in});
     const auto y = torch::randn({3 * w, shape.out});
@@ -101,11 +103,11 @@ DDP_TEST_WORKER(data_parallel_styles) {
     (void)model(x.narrow(0, 3 * r, 3));
     model.reshard();
     opt.step();
-    torch::mse_loss(oracle->forward(x), y).backward();
+    torch::mse_loss(twin.oracle()->forward(x), y).backward();
     oracle_opt.step();
   }
-  require_close_by_name(whole_parameters(model.wrapped()), *oracle, 1e-5,
-                        std::string("data_parallel ") + shard::style_name(style));
+  twin.require_close(whole_parameters(model.wrapped()), 1e-5,
+                     std::string("data_parallel ") + shard::style_name(style));
   // zero_grad, every style: each gradient this rank holds is zero.
   model.zero_grad();
   for (const auto& p : net->parameters()) {
@@ -124,25 +126,12 @@ DDP_TEST_WORKER(data_parallel_styles) {
   }
 }
 
-struct Case {
-  std::string style;
-  bool mesh;
-  int world;
-};
-
 void PrintTo(const Case& c, std::ostream* out) {
   *out << c.style << (c.mesh ? " on a mesh" : "") << " world " << c.world;
 }
 
-class DataParallelTest : public ::testing::TestWithParam<Case> {};
-
-TEST_P(DataParallelTest, EveryStyleEqualsSingleProcessTraining) {
-  const Case& c = GetParam();
-  const auto result =
-      run_workers("data_parallel_styles", c.world,
-                  {{"DDP_TEST_STYLE", c.style}, {"DDP_TEST_MESH", c.mesh ? "1" : "0"}});
-  EXPECT_TRUE(result.ok()) << result.describe();
-}
+DDP_WORKER_CASE_TEST(DataParallelTest, EveryStyleEqualsSingleProcessTraining, data_parallel_styles,
+                     Case);
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   return info.param.style + (info.param.mesh ? "_mesh" : "") + "_world" +
@@ -170,65 +159,49 @@ struct TupleMlpImpl : torch::nn::Module {
 };
 TORCH_MODULE(TupleMlp);
 
-DDP_TEST_WORKER(data_parallel_any_module) {
+DDP_TEST_WORKER_WITH(data_parallel_any_module, Case, c) {
   auto pg = worker_process_group(std::chrono::seconds(60));
   const int w = pg->world_size(), r = pg->rank();
-  const auto style = shard::parse_style(worker_env("DDP_TEST_STYLE"));
-  models::MLPOptions shape;
-  shape.in = 4;
-  shape.hidden = 6;
-  shape.out = 5;
-  shape.depth = 3;
+  const auto style = shard::parse_style(c.style);
+  const models::MLPOptions shape{/*in=*/4, /*hidden=*/6, /*out=*/5, /*depth=*/3};
   DataParallelOptions options;
   options.shard.units = {"mlp.layers.0", "mlp.layers.1", "mlp.layers.2"};
   {
-    torch::manual_seed(0);
-    models::MLP net(shape);
-    torch::manual_seed(0);
-    models::MLP oracle(shape);
+    OracleTwin<models::MLP> twin([&] { return models::MLP(shape); }, w, r);
     options.shard.units = {"layers.0", "layers.1", "layers.2"};
-    auto model = data_parallel(torch::nn::AnyModule(net), pg, style, options);
-    regression_steps([&](const torch::Tensor& x) { return model(x); }, net->parameters(), oracle, w,
-                     r, shape.in, shape.out, 3);
-    require_close_by_name(whole_parameters(model.wrapped()), *oracle, 1e-5,
-                          std::string("AnyModule, ") + shard::style_name(style));
+    auto model = data_parallel(torch::nn::AnyModule(twin.net()), pg, style, options);
+    twin.regression_steps([&](const torch::Tensor& x) { return model(x); }, 3, 3, shape.in,
+                          shape.out);
+    twin.require_close(whole_parameters(model.wrapped()), 1e-5,
+                       std::string("AnyModule, ") + shard::style_name(style));
   }
-  torch::manual_seed(0);
-  TupleMlp net(shape);
-  torch::manual_seed(0);
-  TupleMlp oracle(shape);
+  OracleTwin<TupleMlp> twin([&] { return TupleMlp(shape); }, w, r);
   options.shard.units = {"mlp.layers.0", "mlp.layers.1", "mlp.layers.2"};
-  auto model = data_parallel(net, pg, style, options);
-  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-  torch::optim::SGD oracle_opt(oracle->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-  torch::manual_seed(1);
+  auto model = data_parallel(twin.net(), pg, style, options);
+  const GlobalBatches batches = regression_batches(3, 3 * w, shape.in, shape.out);
   for (int step = 0; step < 3; ++step) {
-    const auto x = torch::randn({3 * w, shape.in});
-    const auto y = torch::randn({3 * w, shape.out});
-    // The second output is a per-rank mean, so it is weighted to make the oracle's the average.
-    const auto [out, aux] = model(x.narrow(0, 3 * r, 3));
-    (torch::mse_loss(out, y.narrow(0, 3 * r, 3)) + 0.1 * aux).backward();
-    opt.step();
-    opt.zero_grad();
-    const auto o_out = std::get<0>(oracle->forward(x));
-    torch::Tensor oracle_aux = torch::zeros({});
-    for (int k = 0; k < w; ++k) oracle_aux = oracle_aux + o_out.narrow(0, 3 * k, 3).square().mean();
-    (torch::mse_loss(o_out, y) + 0.1 * oracle_aux / w).backward();
-    oracle_opt.step();
-    oracle_opt.zero_grad();
+    const auto& x = batches.x[step];
+    const auto& y = batches.y[step];
+    twin.step(
+        [&] {
+          // The second output is a per-rank mean, so it is weighted to make the oracle's the
+          // average.
+          const auto [out, aux] = model(twin.mine(x));
+          (torch::mse_loss(out, twin.mine(y)) + 0.1 * aux).backward();
+        },
+        [&] {
+          const auto out = std::get<0>(twin.oracle()->forward(x));
+          torch::Tensor aux = torch::zeros({});
+          for (int k = 0; k < w; ++k) aux = aux + out.narrow(0, 3 * k, 3).square().mean();
+          (torch::mse_loss(out, y) + 0.1 * aux / w).backward();
+        });
   }
-  require_close_by_name(whole_parameters(model.wrapped()), *oracle, 1e-5,
-                        std::string("tuple output, ") + shard::style_name(style));
+  twin.require_close(whole_parameters(model.wrapped()), 1e-5,
+                     std::string("tuple output, ") + shard::style_name(style));
 }
 
-class DataParallelAnyModule : public ::testing::TestWithParam<Case> {};
-
-TEST_P(DataParallelAnyModule, TakesAnyModuleAndTupleOutputsInEveryStyle) {
-  const Case& c = GetParam();
-  const auto result =
-      run_workers("data_parallel_any_module", c.world, {{"DDP_TEST_STYLE", c.style}});
-  EXPECT_TRUE(result.ok()) << result.describe();
-}
+DDP_WORKER_CASE_TEST(DataParallelAnyModule, TakesAnyModuleAndTupleOutputsInEveryStyle,
+                     data_parallel_any_module, Case);
 
 INSTANTIATE_TEST_SUITE_P(Styles, DataParallelAnyModule,
                          ::testing::Values(Case{"replicate", false, 2},

@@ -9,13 +9,20 @@
 namespace ddp::testing {
 namespace {
 
+struct Case {
+  std::string model = "net";  // a workload name (make_test_workload)
+  int64_t dim = 0;            // its width; 0: its default
+  int world = 1;
+  DDP_CASE_FIELDS(model, dim)
+};
+
 // For one model: SGD and Adam x bucket views on/off x tiny/default caps, each K steps, every
 // rank's parameters against the single-process oracle on the concatenated batch.
-DDP_TEST_WORKER(equivalence) {
+DDP_TEST_WORKER_WITH(equivalence, Case, c) {
   auto pg = worker_process_group();
   TrainSpec spec;
-  spec.model = worker_env("DDP_TEST_MODEL");
-  spec.dim = std::stoll(worker_env("DDP_TEST_DIM", "0"));
+  spec.model = c.model;
+  spec.dim = c.dim;
   // Adam divides by sqrt(v): a parameter whose true gradient is exactly zero (attention's key
   // bias, a bias right before BatchNorm) gets full-size updates from fp32 rounding noise, which
   // differs between any two summation orders. That is Adam's conditioning, not the reduction's;
@@ -51,23 +58,9 @@ DDP_TEST_WORKER(equivalence) {
   }
 }
 
-struct Case {
-  std::string model;
-  int64_t dim;
-  int world;
-};
-
 void PrintTo(const Case& c, std::ostream* os) { *os << c.model << " at world size " << c.world; }
 
-class Equivalence : public ::testing::TestWithParam<Case> {};
-
-TEST_P(Equivalence, ParametersMatchSingleProcessTraining) {
-  const Case c = GetParam();
-  const auto result =
-      run_workers("equivalence", c.world,
-                  {{"DDP_TEST_MODEL", c.model}, {"DDP_TEST_DIM", std::to_string(c.dim)}});
-  EXPECT_TRUE(result.ok()) << result.describe();
-}
+DDP_WORKER_CASE_TEST(Equivalence, ParametersMatchSingleProcessTraining, equivalence, Case);
 
 std::vector<Case> cases() {
   std::vector<Case> out;

@@ -47,8 +47,7 @@ DDP_TEST_WORKER(unused_without_flag) {
 
 TEST(Errors, UnusedParameterWithoutTheFlagIsNamed) {
   for (int world : {1, 2}) {
-    const auto result = run_workers("unused_without_flag", world);
-    EXPECT_TRUE(result.ok()) << result.describe();
+    EXPECT_WORKERS_PASS(run_workers(unused_without_flag, world));
   }
 }
 
@@ -66,10 +65,7 @@ DDP_TEST_WORKER(backward_twice) {
                    "backward twice");
 }
 
-TEST(Errors, BackwardTwiceWithoutForward) {
-  const auto result = run_workers("backward_twice", 2);
-  EXPECT_TRUE(result.ok()) << result.describe();
-}
+TEST(Errors, BackwardTwiceWithoutForward) { EXPECT_WORKERS_PASS(run_workers(backward_twice, 2)); }
 
 // Rank 1 dies after its forward; rank 0's backward must fail within its 3 s collective timeout
 // (or sooner, when Gloo sees the closed connection) with a message naming the bucket and timeout.
@@ -90,8 +86,7 @@ DDP_TEST_WORKER(dead_rank) {
 
 TEST(Errors, DeadRankFailsTheSurvivorsWithinTheTimeout) {
   const auto start = std::chrono::steady_clock::now();
-  const auto result = run_workers("dead_rank", 2, {}, std::chrono::seconds(90));
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(dead_rank, 2, {}, {}, std::chrono::seconds(90)));
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60));
 }
 
@@ -106,10 +101,7 @@ DDP_TEST_WORKER(bad_options) {
                    "bad option");
 }
 
-TEST(Errors, BadOptionIsNamed) {
-  const auto result = run_workers("bad_options", 1);
-  EXPECT_TRUE(result.ok()) << result.describe();
-}
+TEST(Errors, BadOptionIsNamed) { EXPECT_WORKERS_PASS(run_workers(bad_options, 1)); }
 
 TEST(Errors, UnknownBackendIsNamed) {
   comm::InitOptions options;

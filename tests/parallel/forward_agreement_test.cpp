@@ -17,9 +17,14 @@
 namespace ddp::testing {
 namespace {
 
-DDP_TEST_WORKER(forward_on_one_rank) {
+struct Case {
+  std::string style = "replicate";
+  DDP_CASE_FIELDS(style)
+};
+
+DDP_TEST_WORKER_WITH(forward_on_one_rank, Case, c) {
   auto pg = worker_process_group(std::chrono::seconds(10));
-  const auto style = shard::parse_style(worker_env("STYLE"));
+  const auto style = shard::parse_style(c.style);
   torch::manual_seed(3);
   auto net = std::make_shared<BatchNormNetImpl>(4, 6, 3);
   parallel::DataParallel<std::shared_ptr<BatchNormNetImpl>> dp(net, pg, style);
@@ -57,9 +62,8 @@ DDP_TEST_WORKER(forward_on_one_rank) {
 class ForwardAgreement : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ForwardAgreement, AForwardOnOneRankIsNamedOnTheOthers) {
-  const auto result =
-      run_workers("forward_on_one_rank", 2, {{"STYLE", GetParam()}}, std::chrono::seconds(60));
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(
+      run_workers(forward_on_one_rank, 2, Case{GetParam()}, {}, std::chrono::seconds(60)));
 }
 
 INSTANTIATE_TEST_SUITE_P(Styles, ForwardAgreement, ::testing::Values("replicate", "fully_shard"),

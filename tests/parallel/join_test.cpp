@@ -69,12 +69,7 @@ DDP_TEST_WORKER(join) {
   }
 }
 
-class Join : public ::testing::TestWithParam<int> {};
-TEST_P(Join, UnevenInputsMatchTheOracleForBothDivisors) {
-  const auto result = run_workers("join", GetParam());
-  EXPECT_TRUE(result.ok()) << result.describe();
-}
-INSTANTIATE_TEST_SUITE_P(WorldSizes, Join, ::testing::Values(1, 2, 3), ddp::testing::world_name);
+DDP_WORKER_TEST_PER_WORLD(Join, UnevenInputsMatchTheOracleForBothDivisors, join, 1, 2, 3);
 
 }  // namespace
 }  // namespace ddp::testing

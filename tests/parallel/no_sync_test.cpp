@@ -8,12 +8,18 @@
 namespace ddp::testing {
 namespace {
 
+struct Case {
+  std::string model = "net";  // a workload name (make_test_workload)
+  int world = 1;
+  DDP_CASE_FIELDS(model)
+};
+
 // Three micro-batches per step, the first two under no_sync: the synchronized backward reduces
 // the accumulated sum, so the result equals the oracle on all three global micro-batches.
-DDP_TEST_WORKER(no_sync) {
+DDP_TEST_WORKER_WITH(no_sync, Case, c) {
   auto pg = worker_process_group();
   TrainSpec spec;
-  spec.model = worker_env("DDP_TEST_MODEL");
+  spec.model = c.model;
   spec.dim = 32;  // small widths keep the test quick; the reduction path is the same
   spec.micro_batches = 3;
   spec.steps = 2;
@@ -30,19 +36,9 @@ DDP_TEST_WORKER(no_sync) {
   }
 }
 
-struct Case {
-  std::string model;
-  int world;
-};
 void PrintTo(const Case& c, std::ostream* os) { *os << c.model << " at world size " << c.world; }
 
-class NoSync : public ::testing::TestWithParam<Case> {};
-
-TEST_P(NoSync, AccumulatedMicroBatchesMatchTheOracle) {
-  const auto result =
-      run_workers("no_sync", GetParam().world, {{"DDP_TEST_MODEL", GetParam().model}});
-  EXPECT_TRUE(result.ok()) << result.describe();
-}
+DDP_WORKER_CASE_TEST(NoSync, AccumulatedMicroBatchesMatchTheOracle, no_sync, Case);
 
 INSTANTIATE_TEST_SUITE_P(Models, NoSync,
                          ::testing::Values(Case{"net", 1}, Case{"net", 2}, Case{"net", 3},

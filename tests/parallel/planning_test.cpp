@@ -7,6 +7,7 @@
 
 #include "ddp/models/registry.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
+#include "support/error_text.hpp"
 #include "support/oracle.hpp"
 #include "support/param_names.hpp"
 #include "support/test_nets.hpp"
@@ -77,13 +78,8 @@ DDP_TEST_WORKER(planning) {
   }
 }
 
-class Planning : public ::testing::TestWithParam<int> {};
-TEST_P(Planning, PredictedOrderMatchesObservedAndRebuildWorks) {
-  const auto result = run_workers("planning", GetParam());
-  EXPECT_TRUE(result.ok()) << result.describe();
-}
-INSTANTIATE_TEST_SUITE_P(WorldSizes, Planning, ::testing::Values(1, 2, 3),
-                         ddp::testing::world_name);
+DDP_WORKER_TEST_PER_WORLD(Planning, PredictedOrderMatchesObservedAndRebuildWorks, planning, 1, 2,
+                          3);
 
 // Equivalence with the single-process oracle on the out-of-order model, planning on and off.
 DDP_TEST_WORKER(planning_equivalence) {
@@ -105,8 +101,7 @@ DDP_TEST_WORKER(planning_equivalence) {
 
 TEST(Planning, EquivalenceAcrossTheRebuild) {
   for (int world : {2, 3}) {
-    const auto result = run_workers("planning_equivalence", world);
-    EXPECT_TRUE(result.ok()) << result.describe();
+    EXPECT_WORKERS_PASS(run_workers(planning_equivalence, world));
   }
 }
 
@@ -147,8 +142,7 @@ DDP_TEST_WORKER(ignore_and_buffers) {
 }
 
 TEST(Planning, ParamsToIgnoreAreNeitherBroadcastNorReduced) {
-  const auto result = run_workers("ignore_and_buffers", 3);
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(ignore_and_buffers, 3));
 }
 
 DDP_TEST_WORKER(ignore_unknown_name) {
@@ -156,20 +150,12 @@ DDP_TEST_WORKER(ignore_unknown_name) {
   auto w = models::make_workload("net", {8});
   parallel::DDPOptions options;
   options.params_to_ignore = {"fc9.weight"};
-  std::string error;
-  try {
-    Model model(w.module, pg, options);
-  } catch (const c10::Error& e) {
-    error = e.what_without_backtrace();
-  }
-  require(error.find("params_to_ignore names 'fc9.weight', which is not a parameter or buffer") !=
-              std::string::npos,
-          "got: " + error);
+  require_error_says([&] { Model model(w.module, pg, options); },
+                     {"params_to_ignore names 'fc9.weight', which is not a parameter or buffer"});
 }
 
 TEST(Planning, UnknownIgnoredNameIsAnError) {
-  const auto result = run_workers("ignore_unknown_name", 1);
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(ignore_unknown_name, 1));
 }
 
 }  // namespace

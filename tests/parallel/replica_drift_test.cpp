@@ -16,9 +16,14 @@
 namespace ddp::testing {
 namespace {
 
-DDP_TEST_WORKER(replica_drift) {
+struct Case {
+  int64_t every = 3;  // DDPOptions::check_replicas_every; 0: no check
+  DDP_CASE_FIELDS(every)
+};
+
+DDP_TEST_WORKER_WITH(replica_drift, Case, c) {
   auto pg = worker_process_group();
-  const int64_t every = std::stoll(worker_env("EVERY"));
+  const int64_t every = c.every;
   torch::manual_seed(3);
   auto net = std::make_shared<BatchNormNetImpl>(4, 6, 3);
   parallel::DataParallelOptions options;
@@ -58,9 +63,7 @@ DDP_TEST_WORKER(replica_drift) {
 class ReplicaDrift : public ::testing::TestWithParam<std::pair<int, int64_t>> {};
 
 TEST_P(ReplicaDrift, TheNextCheckNamesTheFirstTensorThatDiffers) {
-  const auto result = run_workers("replica_drift", GetParam().first,
-                                  {{"EVERY", std::to_string(GetParam().second)}});
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(replica_drift, GetParam().first, Case{GetParam().second}));
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldsChecks, ReplicaDrift,

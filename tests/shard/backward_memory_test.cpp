@@ -181,8 +181,7 @@ DDP_TEST_WORKER(backward_memory) {
 class ShardedBackwardMemory : public ::testing::TestWithParam<int> {};
 
 TEST_P(ShardedBackwardMemory, ShardedStylesHoldLessThanDdp) {
-  const auto result = run_workers("backward_memory", GetParam(), {}, std::chrono::seconds(240));
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(backward_memory, GetParam(), {}, {}, std::chrono::seconds(240)));
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, ShardedBackwardMemory, ::testing::Values(2, 3), world_name);

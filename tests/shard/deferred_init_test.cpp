@@ -142,11 +142,18 @@ TEST(DeferredInit, WithoutOneShardNowAndFillFullChangeNothing) {
   }
 }
 
-DDP_TEST_WORKER(deferred_init_matches_one_process) {
+// A run at one world: the style and the workload ("piecewise": the model above, else the zoo's).
+struct Case {
+  std::string style, model;
+  int world = 1;
+  DDP_CASE_FIELDS(style, model)
+};
+
+DDP_TEST_WORKER_WITH(deferred_init_matches_one_process, Case, c) {
   auto pg = worker_process_group(std::chrono::seconds(60));
   const int w = pg->world_size(), r = pg->rank();
-  const auto style = shard::parse_style(worker_env("DDP_TEST_STYLE"));
-  const std::string model = worker_env("DDP_TEST_MODEL");
+  const auto style = shard::parse_style(c.style);
+  const std::string& model = c.model;
   const uint64_t seed = 11;
   models::Workload oracle = build(model, seed);
   models::Workload mine;
@@ -201,19 +208,9 @@ DDP_TEST_WORKER(deferred_init_matches_one_process) {
   }
 }
 
-struct Case {
-  std::string style, model;
-  int world;
-};
-
-class DeferredInitWorlds : public ::testing::TestWithParam<Case> {};
-
-TEST_P(DeferredInitWorlds, TheWrappedModelIsTheSingleProcessModelBitForBitAndTrainsAsIt) {
-  const Case& c = GetParam();
-  const auto result = run_workers("deferred_init_matches_one_process", c.world,
-                                  {{"DDP_TEST_STYLE", c.style}, {"DDP_TEST_MODEL", c.model}});
-  EXPECT_TRUE(result.ok()) << result.describe();
-}
+DDP_WORKER_CASE_TEST(DeferredInitWorlds,
+                     TheWrappedModelIsTheSingleProcessModelBitForBitAndTrainsAsIt,
+                     deferred_init_matches_one_process, Case);
 
 std::vector<Case> cases() {
   std::vector<Case> out;
@@ -233,27 +230,30 @@ INSTANTIATE_TEST_SUITE_P(StylesModels, DeferredInitWorlds, ::testing::ValuesIn(c
                            return name;
                          });
 
-DDP_TEST_WORKER(deferred_init_refused) {
+// A wrap that must be refused.
+struct RefusedCase {
+  std::string what;      // "seeds": ranks seeded apart; "style": wrapped with another style
+  std::string style;     // the wrapper's style
+  std::string expected;  // the refusal's whole message
+  DDP_CASE_FIELDS(what, style, expected)
+};
+
+DDP_TEST_WORKER_WITH(deferred_init_refused, RefusedCase, c) {
   auto pg = worker_process_group(std::chrono::seconds(60));
-  const std::string what = worker_env("DDP_TEST_WHAT");
   models::Workload mine;
   {
     shard::DeferredInit deferred(*pg, {shard::DataParallelStyle::kFullyShard, at::kCPU});
-    mine = build("piecewise", what == "seeds" ? 20 + pg->rank() : 20);
+    mine = build("piecewise", c.what == "seeds" ? 20 + pg->rank() : 20);
   }
   const std::string got = error_of([&] {
-    parallel::DataParallel<torch::nn::AnyModule> dp(
-        mine.module, pg, shard::parse_style(worker_env("DDP_TEST_STYLE")));
+    parallel::DataParallel<torch::nn::AnyModule> dp(mine.module, pg, shard::parse_style(c.style));
   });
-  require(got == worker_env("DDP_TEST_EXPECTED"), "refused with '" + got + "'");
+  require(got == c.expected, "refused with '" + got + "'");
 }
 
 void expect_refused(const std::string& what, const std::string& style,
                     const std::string& expected) {
-  const auto result = run_workers(
-      "deferred_init_refused", 2,
-      {{"DDP_TEST_WHAT", what}, {"DDP_TEST_STYLE", style}, {"DDP_TEST_EXPECTED", expected}});
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(deferred_init_refused, 2, RefusedCase{what, style, expected}));
 }
 
 TEST(DeferredInitRefuses, RanksSeededApartByNameAtTheWrap) {

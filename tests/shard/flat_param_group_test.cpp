@@ -9,8 +9,7 @@
 #include <torch/torch.h>
 
 #include "support/error_text.hpp"
-#include "support/global_batches.hpp"
-#include "support/oracle.hpp"
+#include "support/oracle_twin.hpp"
 #include "support/param_names.hpp"
 #include "support/workers.hpp"
 
@@ -185,51 +184,34 @@ DDP_TEST_WORKER(flat_param_group_closed_form) {
 DDP_TEST_WORKER(flat_param_group_training) {
   auto pg = worker_process_group(std::chrono::seconds(60));
   const int w = pg->world_size(), r = pg->rank();
-  const int64_t per_rank = 4, steps = 5;
-  torch::manual_seed(0);
-  auto net = make_net();
-  torch::manual_seed(0);
-  auto oracle = make_net();
-  const GlobalBatches batches = regression_batches(steps, w * per_rank, 5, 2);
-  const std::vector<torch::Tensor>& xs = batches.x;
-  const std::vector<torch::Tensor>& ys = batches.y;
+  TwinOptions same_start;
+  same_start.rank_seeds = false;  // a group by hand broadcasts nothing
+  OracleTwin<torch::nn::Sequential> twin(make_net, w, r, same_start);
+  auto& net = twin.net();
   auto params = net->parameters();
   const auto plan = shard::plan_shards(shapes_of(*net), {}, w, DataParallelStyle::kFullyShard);
   FlatParamGroup group(plan, 0, params, pg);
-  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-  torch::optim::SGD oracle_opt(oracle->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-  for (int64_t s = 0; s < steps; ++s) {
-    group.unshard();
-    const auto x = xs[s].narrow(0, r * per_rank, per_rank);
-    const auto y = ys[s].narrow(0, r * per_rank, per_rank);
-    torch::mse_loss(net->forward(x), y).backward();
-    group.reduce_scatter_grads();
-    opt.step();
-    opt.zero_grad();
-
-    torch::mse_loss(oracle->forward(xs[s]), ys[s]).backward();
-    oracle_opt.step();
-    oracle_opt.zero_grad();
-  }
+  // The forward on the gathered parameters, then the gradients reduce-scattered into the shards
+  // the optimizer steps.
+  twin.regression_steps(
+      [&](const torch::Tensor& x) {
+        group.unshard();
+        return net->forward(x);
+      },
+      /*steps=*/5, /*rows_per_rank=*/4, 5, 2, [&] { group.reduce_scatter_grads(); });
   group.unshard();
   std::vector<std::string> names;
   for (const auto& shape : plan.shapes) names.push_back(shape.name);
-  require_close(names, params, oracle->parameters(), 1e-5, "fully sharded training");
+  require_close(names, params, twin.oracle()->parameters(), 1e-5, "fully sharded training");
 }
 
-class FlatParamGroupTest : public ::testing::TestWithParam<int> {};
+DDP_WORLD_SUITE(FlatParamGroupTest, 1, 2, 3);
 
-TEST_P(FlatParamGroupTest, ShardsUnshardAndAveragedGradientShardsInClosedForm) {
-  const auto result = run_workers("flat_param_group_closed_form", GetParam());
-  EXPECT_TRUE(result.ok()) << result.describe();
-}
+DDP_WORKER_TEST_P(FlatParamGroupTest, ShardsUnshardAndAveragedGradientShardsInClosedForm,
+                  flat_param_group_closed_form);
 
-TEST_P(FlatParamGroupTest, FullyShardedSgdMomentumEqualsSingleProcessTraining) {
-  const auto result = run_workers("flat_param_group_training", GetParam());
-  EXPECT_TRUE(result.ok()) << result.describe();
-}
-
-INSTANTIATE_TEST_SUITE_P(WorldSizes, FlatParamGroupTest, ::testing::Values(1, 2, 3), world_name);
+DDP_WORKER_TEST_P(FlatParamGroupTest, FullyShardedSgdMomentumEqualsSingleProcessTraining,
+                  flat_param_group_training);
 
 }  // namespace
 }  // namespace ddp::testing

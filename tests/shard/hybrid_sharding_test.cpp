@@ -28,6 +28,7 @@
 #include "support/oracle.hpp"
 #include "support/temp_dir.hpp"
 #include "support/test_nets.hpp"
+#include "support/training_state.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::testing {
@@ -56,16 +57,22 @@ std::pair<int64_t, int64_t> mesh_shape(const std::string& text) {
   return {std::stoll(text.substr(0, x)), std::stoll(text.substr(x + 1))};
 }
 
-DDP_TEST_WORKER(hybrid_oracle) {
+// A hybrid run: the ("replicate", "shard") dims of the mesh as "RxS", and the style.
+struct MeshCase {
+  std::string mesh, style;
+  DDP_CASE_FIELDS(mesh, style)
+};
+
+DDP_TEST_WORKER_WITH(hybrid_oracle, MeshCase, c) {
   auto pg = worker_process_group();
-  const auto [replicas, shards] = mesh_shape(worker_env("DDP_TEST_MESH"));
+  const auto [replicas, shards] = mesh_shape(c.mesh);
   const comm::DeviceMesh mesh(pg, {replicas, shards}, {"replicate", "shard"});
-  const auto style = shard::parse_style(worker_env("DDP_TEST_STYLE"));
+  const auto style = shard::parse_style(c.style);
   const TrainSpec spec = spec_of(3);
   const TrainResult got = train_data_parallel(spec, mesh, style);
   const TrainResult want = train_single(spec, 1);
   require_close(got.names, got.params, want.params, 1e-5,
-                "hybrid " + worker_env("DDP_TEST_MESH") + " rank " + std::to_string(pg->rank()));
+                "hybrid " + c.mesh + " rank " + std::to_string(pg->rank()));
 
   // The layouts: mesh {R, S} at this rank's coordinate, nothing split across the replicas.
   auto net = net_workload();
@@ -90,8 +97,7 @@ class HybridSharding : public ::testing::TestWithParam<std::tuple<std::string, s
 TEST_P(HybridSharding, EqualsOneProcessOnTheGlobalBatchWithAccumulation) {
   const auto& [mesh, style] = GetParam();
   const auto [replicas, shards] = mesh_shape(mesh);
-  const auto result = run_workers("hybrid_oracle", int(replicas * shards),
-                                  {{"DDP_TEST_MESH", mesh}, {"DDP_TEST_STYLE", style}});
+  const auto result = run_workers(hybrid_oracle, int(replicas * shards), MeshCase{mesh, style});
   ASSERT_TRUE(result.ok()) << result.describe();
 }
 
@@ -102,13 +108,18 @@ INSTANTIATE_TEST_SUITE_P(MeshesStyles, HybridSharding,
                            return std::get<1>(info.param) + "_" + std::get<0>(info.param);
                          });
 
-// A run of `spec` under DDP_TEST_RUN: "RxS" (hybrid FULLY_SHARD), "flat" (FULLY_SHARD over the
-// world) or "ddp". Phase "save": three steps, then a checkpoint; phase "resume": from other
+// A run of `spec` as `run`: "RxS" (hybrid FULLY_SHARD), "flat" (FULLY_SHARD over the world) or
+// "ddp". Phase "save": three steps, then a checkpoint under `root`; phase "resume": from other
 // initial values, resume, three more steps, and compare with one process's six steps.
-DDP_TEST_WORKER(hybrid_checkpoint) {
+struct CheckpointCase {
+  std::string run, phase, root;
+  DDP_CASE_FIELDS(run, phase, root)
+};
+
+DDP_TEST_WORKER_WITH(hybrid_checkpoint, CheckpointCase, c) {
   auto pg = worker_process_group();
-  const std::string run = worker_env("DDP_TEST_RUN");
-  const bool resume = worker_env("DDP_TEST_PHASE") == "resume";
+  const std::string& run = c.run;
+  const bool resume = c.phase == "resume";
   std::optional<comm::DeviceMesh> mesh;
   if (run == "flat" || run == "ddp") {
     mesh.emplace(pg, std::vector<int64_t>{pg->world_size()}, std::vector<std::string>{"dp"});
@@ -127,12 +138,9 @@ DDP_TEST_WORKER(hybrid_checkpoint) {
   }
   auto model = parallel::data_parallel(w.module, *mesh, style);
   torch::optim::SGD opt(w.ptr->parameters(), torch::optim::SGDOptions(spec.lr).momentum(0.9));
-  io::TrainingState state;
-  state.model = w.ptr.get();
-  state.optimizer = &opt;
-  state.sharding = model.sharding();
+  io::TrainingState state = training_state(w.ptr.get(), &opt, model.sharding());
   io::CoordinatorOptions ckpt;
-  ckpt.root = worker_env("CKPT_ROOT");
+  ckpt.root = c.root;
   int first = 0;
   if (resume) {
     const auto entry = io::resume_latest(*pg, ckpt, state);
@@ -182,13 +190,11 @@ class HybridCheckpoint : public ::testing::TestWithParam<Resume> {};
 TEST_P(HybridCheckpoint, ResumesOnAnotherMeshWhereOneProcessEnds) {
   const Resume& r = GetParam();
   TempDir root("hybrid_ckpt");
-  auto result = run_workers(
-      "hybrid_checkpoint", r.saved_world,
-      {{"DDP_TEST_RUN", r.saved}, {"DDP_TEST_PHASE", "save"}, {"CKPT_ROOT", root.str()}});
+  auto result =
+      run_workers(hybrid_checkpoint, r.saved_world, CheckpointCase{r.saved, "save", root.str()});
   ASSERT_TRUE(result.ok()) << result.describe();
-  result = run_workers(
-      "hybrid_checkpoint", r.resumed_world,
-      {{"DDP_TEST_RUN", r.resumed}, {"DDP_TEST_PHASE", "resume"}, {"CKPT_ROOT", root.str()}});
+  result = run_workers(hybrid_checkpoint, r.resumed_world,
+                       CheckpointCase{r.resumed, "resume", root.str()});
   ASSERT_TRUE(result.ok()) << result.describe();
 }
 
@@ -248,19 +254,19 @@ DDP_TEST_WORKER(hybrid_hook) {
 }
 
 TEST(HybridShardingHook, AHookTakesTheCrossReplicaAverage) {
-  const auto result = run_workers("hybrid_hook", 4);
+  const auto result = run_workers(hybrid_hook, 4);
   ASSERT_TRUE(result.ok()) << result.describe();
 }
 
-// Hybrid sharding over tensor parallelism: the 3-D mesh ("replicate", "shard", "tp") of
-// DDP_TEST_MESH "RxS" x 2. The Net's layers are split over "tp" (the seed plan), and
+// Hybrid sharding over tensor parallelism: the 3-D mesh ("replicate", "shard", "tp") of the
+// case's mesh "RxS" x 2. The Net's layers are split over "tp" (the seed plan), and
 // data_parallel over the same mesh shards each layer's tp part within "shard" and averages across
 // "replicate" (comm::submesh: the ranks of this rank's tp coordinate). Three steps of two
 // micro-batches (the first under no_sync): the gradient norm of each step and the parameters
 // after, whole by the nested layouts over {R, S, 2}, equal one process on the global batches.
-DDP_TEST_WORKER(hybrid_tp) {
+DDP_TEST_WORKER_WITH(hybrid_tp, MeshCase, c) {
   auto pg = worker_process_group(std::chrono::seconds(60));
-  const auto [replicas, shards] = mesh_shape(worker_env("DDP_TEST_MESH"));
+  const auto [replicas, shards] = mesh_shape(c.mesh);
   const int64_t tps = 2, dim = 8, dp = replicas * shards;
   const comm::DeviceMesh mesh(pg, {replicas, shards, tps}, {"replicate", "shard", "tp"});
   const int64_t dp_rank = mesh.coordinate()[0] * shards + mesh.coordinate()[1];
@@ -275,7 +281,7 @@ DDP_TEST_WORKER(hybrid_tp) {
                                                  {"fc4", tp::RowwiseParallel()}});
   parallel::DataParallelOptions options;
   options.shard.units = {"fc1", "fc2", "fc3", "fc4"};
-  const auto style = shard::parse_style(worker_env("DDP_TEST_STYLE"));
+  const auto style = shard::parse_style(c.style);
   auto model = parallel::data_parallel(net, mesh, style, options);
   const comm::Sharding sharding = model.sharding(*tensor_parallel, mesh.parent());
   require(sharding.layouts.mesh == mesh.shape() && sharding.layouts.coordinate == mesh.coordinate(),
@@ -320,9 +326,8 @@ DDP_TEST_WORKER(hybrid_tp) {
     got.push_back(whole.at(item.key()));
     want.push_back(item.value());
   }
-  require_close(
-      names, got, want, 1e-5,
-      "hybrid " + worker_env("DDP_TEST_MESH") + " x tp 2, rank " + std::to_string(pg->rank()));
+  require_close(names, got, want, 1e-5,
+                "hybrid " + c.mesh + " x tp 2, rank " + std::to_string(pg->rank()));
 }
 
 class HybridOverTensorParallel
@@ -331,9 +336,8 @@ class HybridOverTensorParallel
 TEST_P(HybridOverTensorParallel, EqualsOneProcessOnTheGlobalBatchWithAccumulation) {
   const auto& [mesh, style] = GetParam();
   const auto [replicas, shards] = mesh_shape(mesh);
-  const auto result =
-      run_workers("hybrid_tp", int(replicas * shards * 2),
-                  {{"DDP_TEST_MESH", mesh}, {"DDP_TEST_STYLE", style}}, std::chrono::seconds(240));
+  const auto result = run_workers(hybrid_tp, int(replicas * shards * 2), MeshCase{mesh, style}, {},
+                                  std::chrono::seconds(240));
   ASSERT_TRUE(result.ok()) << result.describe();
 }
 
@@ -358,7 +362,7 @@ DDP_TEST_WORKER(hybrid_wrong_mesh) {
 }
 
 TEST(HybridShardingMesh, AMeshOfOtherDimsIsRefusedByName) {
-  const auto result = run_workers("hybrid_wrong_mesh", 2);
+  const auto result = run_workers(hybrid_wrong_mesh, 2);
   ASSERT_TRUE(result.ok()) << result.describe();
 }
 

@@ -15,8 +15,8 @@
 #include "ddp/shard/sharded_module.hpp"
 #include "support/error_text.hpp"
 #include "support/oracle.hpp"
+#include "support/oracle_twin.hpp"
 #include "support/param_names.hpp"
-#include "support/regression_steps.hpp"
 #include "support/tiny_gpt.hpp"
 #include "support/whole_parameters.hpp"
 #include "support/workers.hpp"
@@ -89,11 +89,8 @@ void require_fp32_shards(const std::vector<torch::Tensor>& params, const std::st
 DDP_TEST_WORKER(param_dtype_mlp) {
   auto pg = worker_process_group(std::chrono::seconds(60));
   const int w = pg->world_size(), r = pg->rank();
-  models::MLPOptions shape;
-  shape.in = 6;
-  shape.hidden = 10;
-  shape.out = 5;  // uneven at world 2 and 3
-  shape.depth = 3;
+  // out 5: uneven at world 2 and 3
+  const models::MLPOptions shape{/*in=*/6, /*hidden=*/10, /*out=*/5, /*depth=*/3};
   shard::ShardOptions options;
   options.units = {"layers.0", "layers.1", "layers.2"};
   options.param_dtype = torch::kBFloat16;
@@ -190,11 +187,7 @@ DDP_TEST_WORKER(param_dtype_gpt) {
 DDP_TEST_WORKER(param_dtype_errors) {
   auto pg = worker_process_group(std::chrono::seconds(60));
   const int w = pg->world_size();
-  models::MLPOptions shape;
-  shape.in = 6;
-  shape.hidden = 10;
-  shape.out = 5;
-  shape.depth = 3;
+  const models::MLPOptions shape{/*in=*/6, /*hidden=*/10, /*out=*/5, /*depth=*/3};
   shard::ShardOptions options;
   options.param_dtype = torch::kBFloat16;  // reduce_dtype defaults to it: Gloo cannot reduce it
   const std::string gloo = error_of([&] {
@@ -228,28 +221,16 @@ DDP_TEST_WORKER(param_dtype_errors) {
           "an integer param_dtype: " + integer);
 }
 
-class ParamDtypeTest : public ::testing::TestWithParam<int> {};
+DDP_WORLD_SUITE(ParamDtypeTest, 1, 2, 3);
 
-TEST_P(ParamDtypeTest, MlpComputesInBFloat16AndEqualsTheLowPrecisionOracle) {
-  const auto result = run_workers("param_dtype_mlp", GetParam());
-  EXPECT_TRUE(result.ok()) << result.describe();
-}
+DDP_WORKER_TEST_P(ParamDtypeTest, MlpComputesInBFloat16AndEqualsTheLowPrecisionOracle,
+                  param_dtype_mlp);
 
-TEST_P(ParamDtypeTest, TiedGptComputesInBFloat16AndEqualsTheLowPrecisionOracle) {
-  const auto result = run_workers("param_dtype_gpt", GetParam());
-  EXPECT_TRUE(result.ok()) << result.describe();
-}
+DDP_WORKER_TEST_P(ParamDtypeTest, TiedGptComputesInBFloat16AndEqualsTheLowPrecisionOracle,
+                  param_dtype_gpt);
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, ParamDtypeTest, ::testing::Values(1, 2, 3), world_name);
-
-class ParamDtypeErrorsTest : public ::testing::TestWithParam<int> {};
-
-TEST_P(ParamDtypeErrorsTest, RefusedNamingTheDtypeOrTheParameter) {
-  const auto result = run_workers("param_dtype_errors", GetParam());
-  EXPECT_TRUE(result.ok()) << result.describe();
-}
-
-INSTANTIATE_TEST_SUITE_P(WorldSizes, ParamDtypeErrorsTest, ::testing::Values(2, 3), world_name);
+DDP_WORKER_TEST_PER_WORLD(ParamDtypeErrorsTest, RefusedNamingTheDtypeOrTheParameter,
+                          param_dtype_errors, 2, 3);
 
 }  // namespace
 }  // namespace ddp::testing

@@ -16,8 +16,8 @@
 #include "ddp/obs/chrome_trace.hpp"
 #include "ddp/shard/sharded_module.hpp"
 #include "support/error_text.hpp"
+#include "support/oracle_twin.hpp"
 #include "support/param_names.hpp"
-#include "support/regression_steps.hpp"
 #include "support/whole_parameters.hpp"
 #include "support/workers.hpp"
 
@@ -26,23 +26,26 @@ namespace {
 
 // 5 output rows: uneven at world 2 and 3, so DEFAULT replicates the last layer's parameters there.
 models::MLPOptions mlp_shape() {
-  models::MLPOptions shape;
-  shape.in = 6;
-  shape.hidden = 12;
-  shape.out = 5;
-  shape.depth = 4;
-  return shape;
+  return models::MLPOptions{/*in=*/6, /*hidden=*/12, /*out=*/5, /*depth=*/4};
 }
 
-// Gloo on the CPU (CI), or NCCL on CUDA (scripts/gpu-check.sh: the hooks on torch 2.x).
-comm::ProcessGroupPtr runtime_group() {
-  return worker_process_group(std::chrono::seconds(60), worker_env("DDP_TEST_BACKEND", "gloo"));
-}
-torch::Device runtime_device() { return torch::Device(worker_env("DDP_TEST_DEVICE", "cpu")); }
+// A worker's run: the style, on Gloo on the CPU (CI) or on NCCL on CUDA (scripts/gpu-check.sh:
+// the hooks on torch 2.x).
+struct Case {
+  std::string style;
+  std::string backend = "gloo";
+  std::string device = "cpu";
+  DDP_CASE_FIELDS(style, backend, device)
+};
 
-models::MLP make_mlp() {
+comm::ProcessGroupPtr runtime_group(const Case& c) {
+  return worker_process_group(std::chrono::seconds(60), c.backend);
+}
+torch::Device runtime_device(const Case& c) { return torch::Device(c.device); }
+
+models::MLP make_mlp(const Case& c) {
   models::MLP net(mlp_shape());
-  net->to(runtime_device());
+  net->to(runtime_device(c));
   return net;
 }
 
@@ -65,12 +68,11 @@ struct Run {
 // Trains the sharded MLP and the oracle on the same global batches (SGD with momentum; the
 // optimizer in backward: plain SGD per parameter); returns the sharded wrapper's whole parameters
 // and checks the stats on the way.
-NamedTensors train(comm::ProcessGroupPtr pg, shard::ShardOptions options, Run run,
-                   models::MLP oracle) {
+NamedTensors train(comm::ProcessGroupPtr pg, const Case& c, Run run, models::MLP oracle) {
   const int w = pg->world_size(), r = pg->rank();
   torch::manual_seed(r);  // the wrapper broadcasts rank 0's values
-  models::MLP net = make_mlp();
-  shard::FullyShardedDataParallel<models::MLP> model(net, pg, options);
+  models::MLP net = make_mlp(c);
+  shard::FullyShardedDataParallel<models::MLP> model(net, pg, unit_options(c.style));
   if (run.hook == "bf16") model.register_comm_hook(hooks::bf16_compress_hook(pg));
   if (run.hook == "fp16") model.register_comm_hook(hooks::fp16_compress_hook(pg));
   if (run.hook == "powersgd") model.register_comm_hook(hooks::powersgd_hook(pg));
@@ -88,8 +90,8 @@ NamedTensors train(comm::ProcessGroupPtr pg, shard::ShardOptions options, Run ru
   torch::manual_seed(1);
   const int64_t per_rank = 3;
   for (int64_t s = 0; s < run.steps; ++s) {
-    const auto x = torch::randn({w * per_rank, mlp_shape().in}).to(runtime_device());
-    const auto y = torch::randn({w * per_rank, mlp_shape().out}).to(runtime_device());
+    const auto x = torch::randn({w * per_rank, mlp_shape().in}).to(runtime_device(c));
+    const auto y = torch::randn({w * per_rank, mlp_shape().out}).to(runtime_device(c));
     torch::mse_loss(model(x.narrow(0, r * per_rank, per_rank)), y.narrow(0, r * per_rank, per_rank))
         .backward();
     if (opt) {
@@ -105,17 +107,17 @@ NamedTensors train(comm::ProcessGroupPtr pg, shard::ShardOptions options, Run ru
   return whole_parameters(model);
 }
 
-DDP_TEST_WORKER(unit_runtime_training_and_stats) {
-  auto pg = runtime_group();
-  const std::string style = worker_env("DDP_TEST_STYLE");
+DDP_TEST_WORKER_WITH(unit_runtime_training_and_stats, Case, c) {
+  auto pg = runtime_group(c);
+  const std::string& style = c.style;
   const auto options = unit_options(style);
   torch::manual_seed(0);
-  models::MLP oracle = make_mlp();
+  models::MLP oracle = make_mlp(c);
   const Run run;
   // The same training, watched: stats and the trace's comm lane.
   const int w = pg->world_size(), r = pg->rank();
   torch::manual_seed(r);
-  models::MLP net = make_mlp();
+  models::MLP net = make_mlp(c);
   shard::FullyShardedDataParallel<models::MLP> model(net, pg, options);
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(run.lr).momentum(0.9));
   torch::optim::SGD oracle_opt(oracle->parameters(),
@@ -123,8 +125,8 @@ DDP_TEST_WORKER(unit_runtime_training_and_stats) {
   torch::manual_seed(1);
   obs::ChromeTrace trace(r);
   for (int64_t s = 0; s < run.steps; ++s) {
-    const auto x = torch::randn({w * 3, mlp_shape().in}).to(runtime_device());
-    const auto y = torch::randn({w * 3, mlp_shape().out}).to(runtime_device());
+    const auto x = torch::randn({w * 3, mlp_shape().in}).to(runtime_device(c));
+    const auto y = torch::randn({w * 3, mlp_shape().out}).to(runtime_device(c));
     torch::mse_loss(model(x.narrow(0, r * 3, 3)), y.narrow(0, r * 3, 3)).backward();
     opt.step();
     opt.zero_grad();
@@ -203,15 +205,15 @@ DDP_TEST_WORKER(unit_runtime_training_and_stats) {
 
 // bf16 rounds each rank's contribution to 8 bits of mantissa; fp16 to 11. Both stay within their
 // rounding of the fp32 oracle after a few SGD steps, and differ from it (the hook ran).
-DDP_TEST_WORKER(unit_runtime_compression_hooks) {
-  auto pg = runtime_group();
-  const std::string style = worker_env("DDP_TEST_STYLE");
+DDP_TEST_WORKER_WITH(unit_runtime_compression_hooks, Case, c) {
+  auto pg = runtime_group(c);
+  const std::string& style = c.style;
   for (const std::string hook : {"bf16", "fp16"}) {
     torch::manual_seed(0);
-    models::MLP oracle = make_mlp();
+    models::MLP oracle = make_mlp(c);
     Run run;
     run.hook = hook;
-    const auto ours = train(pg, unit_options(style), run, oracle);
+    const auto ours = train(pg, c, run, oracle);
     const double tolerance = hook == "bf16" ? 2e-2 : 3e-3;
     require_close_by_name(ours, *oracle, tolerance, hook + " hook under " + style);
     bool differs = false;
@@ -220,26 +222,25 @@ DDP_TEST_WORKER(unit_runtime_compression_hooks) {
     require(differs, hook + " hook: the reduce-scatter was compressed");
   }
   torch::manual_seed(0);
-  models::MLP oracle = make_mlp();
+  models::MLP oracle = make_mlp(c);
   Run refused;
   refused.hook = "powersgd";
   refused.steps = 1;
-  const std::string wrong = error_of([&] { train(pg, unit_options(style), refused, oracle); });
+  const std::string wrong = error_of([&] { train(pg, c, refused, oracle); });
   require(wrong.find("ddp: comm hook 'powersgd' cannot reduce-scatter a FULLY_SHARD unit (bucket "
                      "0): its low-rank factors are all-reduced whole; use allreduce, fp16_compress "
                      "or bf16_compress under fully_shard and default") != std::string::npos,
           "powersgd: " + wrong);
 }
 
-DDP_TEST_WORKER(unit_runtime_optimizer_in_backward) {
-  auto pg = runtime_group();
-  const std::string style = worker_env("DDP_TEST_STYLE");
+DDP_TEST_WORKER_WITH(unit_runtime_optimizer_in_backward, Case, c) {
+  auto pg = runtime_group(c);
   torch::manual_seed(0);
-  models::MLP oracle = make_mlp();
+  models::MLP oracle = make_mlp(c);
   Run run;
   run.optimizer_in_backward = true;
-  const auto ours = train(pg, unit_options(style), run, oracle);
-  require_close_by_name(ours, *oracle, 1e-5, "optimizer in backward under " + style);
+  const auto ours = train(pg, c, run, oracle);
+  require_close_by_name(ours, *oracle, 1e-5, "optimizer in backward under " + c.style);
 }
 
 class ShardedGradientPathTest : public ::testing::TestWithParam<std::tuple<int, const char*>> {};
@@ -250,39 +251,34 @@ std::string runtime_name(const ::testing::TestParamInfo<std::tuple<int, const ch
 
 TEST_P(ShardedGradientPathTest, TrainsLikeTheOracleAndShowsEachUnitsReduceScatter) {
   const auto [world, style] = GetParam();
-  const auto result =
-      run_workers("unit_runtime_training_and_stats", world, {{"DDP_TEST_STYLE", style}});
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(unit_runtime_training_and_stats, world, Case{style}));
 }
 
 TEST_P(ShardedGradientPathTest, CompressionHooksReduceScatterWithinTheirRounding) {
   const auto [world, style] = GetParam();
-  const auto result =
-      run_workers("unit_runtime_compression_hooks", world, {{"DDP_TEST_STYLE", style}});
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(unit_runtime_compression_hooks, world, Case{style}));
 }
 
 TEST_P(ShardedGradientPathTest, OptimizerInBackwardStepsOnTheShards) {
   const auto [world, style] = GetParam();
-  const auto result =
-      run_workers("unit_runtime_optimizer_in_backward", world, {{"DDP_TEST_STYLE", style}});
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(unit_runtime_optimizer_in_backward, world, Case{style}));
 }
 
 // The same workers on one GPU with NCCL (torch 2.x: the tensor hooks, the stream order of the
 // reduce-scatters); skipped without CUDA, as on CI.
 TEST(ShardedGradientPathGpu, EveryWorkerOnNcclAtWorldOne) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  for (const char* worker : {"unit_runtime_training_and_stats", "unit_runtime_compression_hooks",
-                             "unit_runtime_optimizer_in_backward"}) {
+  for (const Worker<Case>* worker :
+       {&unit_runtime_training_and_stats, &unit_runtime_compression_hooks,
+        &unit_runtime_optimizer_in_backward}) {
     for (const char* style : {"fully_shard", "default"}) {
-      const auto result = run_workers(worker, 1,
-                                      {{"DDP_TEST_STYLE", style},
-                                       {"DDP_TEST_BACKEND", "nccl"},
-                                       {"DDP_TEST_DEVICE", "cuda"},
-                                       {"NCCL_NVLS_ENABLE", "0"}},
-                                      std::chrono::seconds(240));
-      EXPECT_TRUE(result.ok()) << worker << " " << style << ": " << result.describe();
+      Case c;
+      c.style = style;
+      c.backend = "nccl";
+      c.device = "cuda";
+      const auto result =
+          run_workers(*worker, 1, c, {{"NCCL_NVLS_ENABLE", "0"}}, std::chrono::seconds(240));
+      EXPECT_TRUE(result.ok()) << worker->name() << " " << style << ": " << result.describe();
     }
   }
 }

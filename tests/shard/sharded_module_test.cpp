@@ -13,11 +13,8 @@
 #include "ddp/comm/recorder/flight_recorder.hpp"
 #include "ddp/comm/recorder/flight_ring.hpp"
 
-#include "support/global_batches.hpp"
-#include "support/oracle.hpp"
+#include "support/oracle_twin.hpp"
 #include "support/param_names.hpp"
-#include "support/regression_steps.hpp"
-#include "support/whole_parameters.hpp"
 #include "support/workers.hpp"
 
 namespace ddp::testing {
@@ -42,47 +39,39 @@ std::vector<std::string> split(const std::string& text) {
   return out;
 }
 
-DDP_TEST_WORKER(sharded_module_training) {
+// A training run: the style and the units (comma-separated module paths; empty: one unit).
+struct Case {
+  std::string style, units;
+  int world = 1;
+  DDP_CASE_FIELDS(style, units)
+};
+
+DDP_TEST_WORKER_WITH(sharded_module_training, Case, c) {
   auto pg = worker_process_group(std::chrono::seconds(60));
   const int w = pg->world_size(), r = pg->rank();
   shard::ShardOptions options;
-  options.style = shard::parse_style(worker_env("DDP_TEST_STYLE"));
-  options.units = split(worker_env("DDP_TEST_UNITS", ""));
-  const int64_t per_rank = 4, steps = 5;
+  options.style = shard::parse_style(c.style);
+  options.units = split(c.units);
   // Rank r's model starts from another seed: the construction must broadcast rank 0's.
-  torch::manual_seed(r);
-  auto net = make_net();
-  torch::manual_seed(0);
-  auto oracle = make_net();
-  const GlobalBatches batches = regression_batches(steps, w * per_rank, 5, 2);
-  const std::vector<torch::Tensor>& xs = batches.x;
-  const std::vector<torch::Tensor>& ys = batches.y;
-  shard::FullyShardedDataParallel<torch::nn::Sequential> model(net, pg, options);
+  OracleTwin<torch::nn::Sequential> twin(make_net, w, r);
+  shard::FullyShardedDataParallel<torch::nn::Sequential> model(twin.net(), pg, options);
   if (options.style == shard::DataParallelStyle::kDefault && w == 3) {
     const std::string table = model.unit_table();
     require(table.find("| 2.weight    | [3, 6] | shard     |") != std::string::npos &&
                 table.find("| 3.weight    | [2, 3] | replicate |") != std::string::npos,
             "unit table:\n" + table);
   }
-  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-  torch::optim::SGD oracle_opt(oracle->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-  for (int64_t s = 0; s < steps; ++s) {
-    const auto x = xs[s].narrow(0, r * per_rank, per_rank);
-    const auto y = ys[s].narrow(0, r * per_rank, per_rank);
-    torch::mse_loss(model(x), y).backward();
-    opt.step();
-    opt.zero_grad();
-    torch::mse_loss(oracle->forward(xs[s]), ys[s]).backward();
-    oracle_opt.step();
-    oracle_opt.zero_grad();
-  }
+  twin.regression_steps([&](const torch::Tensor& x) { return model(x); }, /*steps=*/5,
+                        /*rows_per_rank=*/4, 5, 2);
   // Between steps the module holds exactly the plan's bytes: shards (padded) plus replicas.
   int64_t held = 0;
-  for (const auto& p : net->parameters()) held += p.numel() * static_cast<int64_t>(sizeof(float));
+  for (const auto& p : twin.net()->parameters()) {
+    held += p.numel() * static_cast<int64_t>(sizeof(float));
+  }
   require(held == model.local_param_bytes(), "parameter bytes held: " + std::to_string(held) +
                                                  ", planned " +
                                                  std::to_string(model.local_param_bytes()));
-  require_close_by_name(whole_parameters(model), *oracle, 1e-5, "sharded training");
+  twin.require_close(whole_parameters(model), 1e-5, "sharded training");
   // One number per unit (house 5): the recorder tags a unit's reduce-scatters with the unit index
   // its gathers carry (the plan's), not with the bucket's position in the backward.
   std::set<int64_t> gathered, reduced;
@@ -101,76 +90,62 @@ DDP_TEST_WORKER(sharded_module_training) {
 
 // no_sync: 3 micro-batches accumulate locally, the 4th reduces the sum; the oracle accumulates the
 // 4 micro-batches of the global batch and steps once.
-DDP_TEST_WORKER(sharded_module_no_sync) {
+DDP_TEST_WORKER_WITH(sharded_module_no_sync, Case, c) {
   auto pg = worker_process_group(std::chrono::seconds(60));
   const int w = pg->world_size(), r = pg->rank();
   shard::ShardOptions options;
-  options.style = shard::parse_style(worker_env("DDP_TEST_STYLE"));
+  options.style = shard::parse_style(c.style);
   const int64_t per_rank = 2, micro = 4, steps = 2;
-  torch::manual_seed(0);
-  auto net = make_net();
-  torch::manual_seed(0);
-  auto oracle = make_net();
-  shard::FullyShardedDataParallel<torch::nn::Sequential> model(net, pg, options);
-  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-  torch::optim::SGD oracle_opt(oracle->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  OracleTwin<torch::nn::Sequential> twin(make_net, w, r);
+  shard::FullyShardedDataParallel<torch::nn::Sequential> model(twin.net(), pg, options);
   torch::manual_seed(2);
   for (int64_t s = 0; s < steps; ++s) {
+    std::vector<torch::Tensor> xs, ys;
     for (int64_t m = 0; m < micro; ++m) {
-      const auto x = torch::randn({w * per_rank, 5});
-      const auto y = torch::randn({w * per_rank, 2});
-      const auto mine = [&](const torch::Tensor& t) { return t.narrow(0, r * per_rank, per_rank); };
-      if (m + 1 < micro) {
-        auto guard = model.no_sync();
-        torch::mse_loss(model(mine(x)), mine(y)).backward();
-        require(net->parameters()[0].size(0) == 6, "inside no_sync the parameters stay gathered");
-      } else {
-        torch::mse_loss(model(mine(x)), mine(y)).backward();
-      }
-      torch::mse_loss(oracle->forward(x), y).backward();
+      xs.push_back(torch::randn({w * per_rank, 5}));
+      ys.push_back(torch::randn({w * per_rank, 2}));
     }
-    opt.step();
-    opt.zero_grad();
-    oracle_opt.step();
-    oracle_opt.zero_grad();
+    const auto backward = [&](int64_t m) {
+      torch::mse_loss(model(twin.mine(xs[m])), twin.mine(ys[m])).backward();
+    };
+    twin.step(
+        [&] {
+          for (int64_t m = 0; m + 1 < micro; ++m) {
+            auto guard = model.no_sync();
+            backward(m);
+            require(twin.net()->parameters()[0].size(0) == 6,
+                    "inside no_sync the parameters stay gathered");
+          }
+          backward(micro - 1);
+        },
+        [&] {
+          for (int64_t m = 0; m < micro; ++m) {
+            torch::mse_loss(twin.oracle()->forward(xs[m]), ys[m]).backward();
+          }
+        });
   }
-  require_close_by_name(whole_parameters(model), *oracle, 1e-5, "no_sync then a synchronized step");
+  twin.require_close(whole_parameters(model), 1e-5, "no_sync then a synchronized step");
 }
 
 class ShardedNoSyncTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(ShardedNoSyncTest, FullyShardAccumulatesThenReducesTheSum) {
-  const auto result =
-      run_workers("sharded_module_no_sync", GetParam(), {{"DDP_TEST_STYLE", "fully_shard"}});
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(sharded_module_no_sync, GetParam(), Case{"fully_shard", "", 1}));
 }
 
 TEST_P(ShardedNoSyncTest, DefaultAccumulatesThenReducesTheSum) {
-  const auto result =
-      run_workers("sharded_module_no_sync", GetParam(), {{"DDP_TEST_STYLE", "default"}});
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(sharded_module_no_sync, GetParam(), Case{"default", "", 1}));
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, ShardedNoSyncTest, ::testing::Values(1, 2, 3), world_name);
-
-struct Case {
-  std::string style, units;
-  int world;
-};
 
 // Printed by gtest for a failing case instead of the struct's bytes.
 void PrintTo(const Case& c, std::ostream* out) {
   *out << c.style << " units '" << c.units << "' world " << c.world;
 }
 
-class ShardedModuleTest : public ::testing::TestWithParam<Case> {};
-
-TEST_P(ShardedModuleTest, EqualsSingleProcessTrainingOnTheGlobalBatch) {
-  const Case& c = GetParam();
-  const auto result = run_workers("sharded_module_training", c.world,
-                                  {{"DDP_TEST_STYLE", c.style}, {"DDP_TEST_UNITS", c.units}});
-  EXPECT_TRUE(result.ok()) << result.describe();
-}
+DDP_WORKER_CASE_TEST(ShardedModuleTest, EqualsSingleProcessTrainingOnTheGlobalBatch,
+                     sharded_module_training, Case);
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;

@@ -13,9 +13,8 @@
 #include "ddp/shard/sharded_module.hpp"
 #include "support/error_text.hpp"
 #include "support/global_batches.hpp"
-#include "support/oracle.hpp"
+#include "support/oracle_twin.hpp"
 #include "support/param_names.hpp"
-#include "support/regression_steps.hpp"
 #include "support/tiny_gpt.hpp"
 #include "support/whole_parameters.hpp"
 #include "support/workers.hpp"
@@ -33,39 +32,32 @@ std::vector<std::string> block_units(const models::GPTConfig& c) {
   return units;
 }
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind,
-                                                        std::vector<torch::Tensor> params) {
-  if (kind == "adam") {
-    return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(1e-2));
-  }
-  if (kind == "adamw") {
-    return std::make_unique<torch::optim::AdamW>(
-        params, torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
-  }
-  return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1).momentum(0.9));
-}
+// A schedule: the model, the optimizer, the ShardOptions switches and the world.
+struct Case {
+  std::string model;  // "gpt" or "mlp": the worker that runs
+  std::string opt;    // "adam", "adamw" or else SGD with momentum
+  bool reshard = false, prefetch = false;
+  int world = 1;
+  bool checkpoint = false;  // activation checkpointing of every unit (GPT only)
+  DDP_CASE_FIELDS(opt, reshard, prefetch, checkpoint)
+};
 
-// One run: `model` (sharded) and `oracle` (the same initial values) train on the same global
-// batches; returns after comparing the whole parameters. `loss(module output, targets)`.
+// One run: the twin's copy (sharded) and its oracle train on the same global batches (all but the
+// last, which an evaluation forward reads); returns after comparing the whole parameters.
+// `loss(module output, targets)`.
 template <typename Holder, typename Loss>
-void train_and_compare(comm::ProcessGroupPtr pg, Holder net, Holder oracle,
+void train_and_compare(comm::ProcessGroupPtr pg, OracleTwin<Holder>& twin,
                        shard::ShardOptions options, const std::vector<torch::Tensor>& xs,
                        const std::vector<torch::Tensor>& ys, Loss loss, const std::string& what) {
-  const int w = pg->world_size(), r = pg->rank();
-  const int64_t per_rank = xs[0].size(0) / w, steps = static_cast<int64_t>(xs.size()) - 1;
-  const std::string opt_kind = worker_env("DDP_TEST_OPT");
+  const int64_t steps = static_cast<int64_t>(xs.size()) - 1, w = pg->world_size();
+  Holder& net = twin.net();
+  Holder& oracle = twin.oracle();
   shard::FullyShardedDataParallel<Holder> model(net, pg, options);
-  auto opt = make_optimizer(opt_kind, distinct(net->parameters()));
-  auto oracle_opt = make_optimizer(opt_kind, distinct(oracle->parameters()));
-  const auto mine = [&](const torch::Tensor& t) { return t.narrow(0, r * per_rank, per_rank); };
+  const auto mine = [&](const torch::Tensor& t) { return twin.mine(t); };
   for (int64_t s = 0; s < steps; ++s) {
     if (s == 1) model.reset_peak_memory();  // step 0 gathers everything: it learns the order
-    loss(model(mine(xs[s])), mine(ys[s])).backward();
-    opt->step();
-    opt->zero_grad();
-    loss(oracle->forward(xs[s]), ys[s]).backward();
-    oracle_opt->step();
-    oracle_opt->zero_grad();
+    twin.step([&] { loss(model(mine(xs[s])), mine(ys[s])).backward(); },
+              [&] { loss(oracle->forward(xs[s]), ys[s]).backward(); });
   }
   require(model.unit_order().size() == options.units.size(), "every unit ran through run_unit");
   // An evaluation forward gathers and puts the shards back; the sharded state is unchanged.
@@ -108,27 +100,27 @@ void train_and_compare(comm::ProcessGroupPtr pg, Holder net, Holder oracle,
     require(peak >= total, "without resharding every unit stays gathered: " + numbers);
   }
 
-  require_close_by_name(whole_parameters(model), *oracle, 1e-5, what + ", " + opt_kind);
+  twin.require_close(whole_parameters(model), 1e-5, what);
 }
 
-shard::ShardOptions schedule_options() {
+shard::ShardOptions schedule_options(const Case& c) {
   shard::ShardOptions options;
-  options.reshard_after_forward = worker_env("DDP_TEST_RESHARD") == "1";
-  options.prefetch = worker_env("DDP_TEST_PREFETCH") == "1";
+  options.reshard_after_forward = c.reshard;
+  options.prefetch = c.prefetch;
   return options;
 }
 
-DDP_TEST_WORKER(unit_schedule_gpt) {
+DDP_TEST_WORKER_WITH(unit_schedule_gpt, Case, c) {
   auto pg = worker_process_group(std::chrono::seconds(60));
   const int w = pg->world_size(), r = pg->rank();
   const auto config = tiny();
-  auto options = schedule_options();
+  auto options = schedule_options(c);
   options.units = block_units(config);
-  torch::manual_seed(r);  // the wrapper must broadcast rank 0's values
-  models::GPT gpt(config);
-  gpt->checkpoint_units = worker_env("DDP_TEST_CHECKPOINT", "0") == "1";
-  torch::manual_seed(0);
-  models::GPT oracle(config);  // never checkpointed: the recompute must not change a thing
+  TwinOptions twin_options;
+  twin_options.optimizer = c.opt;
+  OracleTwin<models::GPT> twin([&] { return models::GPT(config); }, w, r, twin_options);
+  // The oracle is never checkpointed: the recompute must not change a thing.
+  twin.net()->checkpoint_units = c.checkpoint;
   torch::manual_seed(1);
   std::vector<torch::Tensor> xs, ys;
   for (int s = 0; s < 4; ++s) {
@@ -146,34 +138,30 @@ DDP_TEST_WORKER(unit_schedule_gpt) {
     return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
                                                 targets.reshape({-1}));
   };
-  train_and_compare(pg, gpt, oracle, options, xs, ys, loss,
-                    "per-block FULLY_SHARD of the tied GPT");
+  train_and_compare(pg, twin, options, xs, ys, loss,
+                    "per-block FULLY_SHARD of the tied GPT, " + c.opt);
 }
 
 // Adam divides by the root of its second moment, so a gradient that is zero in exact arithmetic
 // (the GPT's key bias: softmax ignores a constant added to every key) is rounding noise that Adam
 // amplifies to a full step, differently in any two summation orders. The MLP has none.
-DDP_TEST_WORKER(unit_schedule_mlp) {
+DDP_TEST_WORKER_WITH(unit_schedule_mlp, Case, c) {
   auto pg = worker_process_group(std::chrono::seconds(60));
   const int w = pg->world_size(), r = pg->rank();
-  models::MLPOptions shape;
-  shape.in = 6;
-  shape.hidden = 10;
-  shape.out = 5;  // 5 rows: uneven at world 2 and 3
-  shape.depth = 5;
-  auto options = schedule_options();
+  // out 5 rows: uneven at world 2 and 3
+  const models::MLPOptions shape{/*in=*/6, /*hidden=*/10, /*out=*/5, /*depth=*/5};
+  auto options = schedule_options(c);
   for (int64_t i = 0; i < shape.depth; ++i) options.units.push_back("layers." + std::to_string(i));
-  torch::manual_seed(r);
-  models::MLP mlp(shape);
-  torch::manual_seed(0);
-  models::MLP oracle(shape);
+  TwinOptions twin_options;
+  twin_options.optimizer = c.opt;
+  OracleTwin<models::MLP> twin([&] { return models::MLP(shape); }, w, r, twin_options);
   const GlobalBatches batches = regression_batches(4, w * 3, shape.in, shape.out);
   const std::vector<torch::Tensor>& xs = batches.x;
   const std::vector<torch::Tensor>& ys = batches.y;
   const auto loss = [](const torch::Tensor& out, const torch::Tensor& y) {
     return torch::mse_loss(out, y);
   };
-  train_and_compare(pg, mlp, oracle, options, xs, ys, loss, "per-layer FULLY_SHARD of the MLP");
+  train_and_compare(pg, twin, options, xs, ys, loss, "per-layer FULLY_SHARD of the MLP, " + c.opt);
 }
 
 // reduce_dtype: fp16 reduce-scatters end within fp16's rounding of the fp32 oracle; bf16, which
@@ -181,11 +169,7 @@ DDP_TEST_WORKER(unit_schedule_mlp) {
 DDP_TEST_WORKER(unit_schedule_reduce_dtype) {
   auto pg = worker_process_group(std::chrono::seconds(60));
   const int w = pg->world_size(), r = pg->rank();
-  models::MLPOptions shape;
-  shape.in = 6;
-  shape.hidden = 10;
-  shape.out = 5;
-  shape.depth = 3;
+  const models::MLPOptions shape{/*in=*/6, /*hidden=*/10, /*out=*/5, /*depth=*/3};
   shard::ShardOptions options;
   options.units = {"layers.0", "layers.1", "layers.2"};
   options.reduce_dtype = torch::kBFloat16;
@@ -195,32 +179,16 @@ DDP_TEST_WORKER(unit_schedule_reduce_dtype) {
   require(wrong.rfind("ddp: reduce_dtype BFloat16: the gloo backend cannot reduce it (", 0) == 0,
           "bf16 on Gloo: " + wrong);
   options.reduce_dtype = torch::kHalf;
-  torch::manual_seed(0);
-  models::MLP net(shape);
-  torch::manual_seed(0);
-  models::MLP oracle(shape);
-  shard::FullyShardedDataParallel<models::MLP> model(net, pg, options);
-  regression_steps([&](const torch::Tensor& x) { return model(x); }, net->parameters(), oracle, w,
-                   r, shape.in, shape.out, 3);
+  OracleTwin<models::MLP> twin([&] { return models::MLP(shape); }, w, r);
+  shard::FullyShardedDataParallel<models::MLP> model(twin.net(), pg, options);
+  twin.regression_steps([&](const torch::Tensor& x) { return model(x); }, 3, 3, shape.in,
+                        shape.out);
   // fp16 keeps 11 bits: a reduced gradient is within about 5e-4 of the exact one, relative.
-  require_close_by_name(whole_parameters(model), *oracle, 2e-3, "reduce_dtype fp16");
+  twin.require_close(whole_parameters(model), 2e-3, "reduce_dtype fp16");
 }
 
-class ReduceDtypeTest : public ::testing::TestWithParam<int> {};
-
-TEST_P(ReduceDtypeTest, HalfReducesWithinItsRoundingAndGlooRefusesBFloat16) {
-  const auto result = run_workers("unit_schedule_reduce_dtype", GetParam());
-  EXPECT_TRUE(result.ok()) << result.describe();
-}
-
-INSTANTIATE_TEST_SUITE_P(WorldSizes, ReduceDtypeTest, ::testing::Values(2, 3), world_name);
-
-struct Case {
-  std::string model, opt;
-  bool reshard, prefetch;
-  int world;
-  bool checkpoint = false;  // activation checkpointing of every unit (GPT only)
-};
+DDP_WORKER_TEST_PER_WORLD(ReduceDtypeTest, HalfReducesWithinItsRoundingAndGlooRefusesBFloat16,
+                          unit_schedule_reduce_dtype, 2, 3);
 
 void PrintTo(const Case& c, std::ostream* out) {
   *out << c.model << " " << c.opt << " reshard " << c.reshard << " prefetch " << c.prefetch
@@ -231,12 +199,8 @@ class UnitScheduleTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(UnitScheduleTest, EqualsSingleProcessTrainingOnTheGlobalBatch) {
   const Case& c = GetParam();
-  const auto result = run_workers("unit_schedule_" + c.model, c.world,
-                                  {{"DDP_TEST_OPT", c.opt},
-                                   {"DDP_TEST_RESHARD", c.reshard ? "1" : "0"},
-                                   {"DDP_TEST_PREFETCH", c.prefetch ? "1" : "0"},
-                                   {"DDP_TEST_CHECKPOINT", c.checkpoint ? "1" : "0"}});
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(
+      run_workers(c.model == "gpt" ? unit_schedule_gpt : unit_schedule_mlp, c.world, c));
 }
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {

@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -20,6 +21,23 @@ inline std::pair<std::string, int> run_command(const std::string& command) {
   while (std::fgets(buf.data(), buf.size(), pipe) != nullptr) out += buf.data();
   const int status = ::pclose(pipe);
   return {out, WIFEXITED(status) ? WEXITSTATUS(status) : -1};
+}
+
+// The two numbers of ddp-train's summary line "ddp-train: loss <first> -> <last>", or nothing
+// when the output has none.
+inline std::optional<std::pair<double, double>> train_losses(const std::string& out) {
+  const auto pos = out.find("ddp-train: loss ");
+  double first = 0, last = 0;
+  if (pos == std::string::npos ||
+      std::sscanf(out.c_str() + pos, "ddp-train: loss %lf -> %lf", &first, &last) != 2) {
+    return std::nullopt;
+  }
+  return std::make_pair(first, last);
+}
+
+// Writes `text` to `path`, replacing what was there.
+inline void write_file(const std::string& path, const std::string& text) {
+  std::ofstream(path) << text;
 }
 
 inline std::string read_file(const std::string& path) {

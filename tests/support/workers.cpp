@@ -19,15 +19,21 @@ namespace ddp::testing {
 
 namespace {
 
-std::map<std::string, WorkerFn>& registry() {
-  static std::map<std::string, WorkerFn> workers;
+using WorkerBody = std::function<void(const std::string&)>;
+
+std::map<std::string, WorkerBody>& registry() {
+  static std::map<std::string, WorkerBody> workers;
   return workers;
 }
 
 }  // namespace
 
-WorkerRegistrar::WorkerRegistrar(const std::string& name, WorkerFn fn) {
-  registry()[name] = std::move(fn);
+void register_worker(const std::string& name, WorkerBody body) {
+  // Two workers of one name would leave which one runs to static initialisation order.
+  if (!registry().emplace(name, std::move(body)).second) {
+    std::cerr << "two test workers are named '" << name << "'\n";
+    std::abort();
+  }
 }
 
 namespace {
@@ -51,14 +57,18 @@ int run_forked_worker() {
 // tries again on a fresh port.
 constexpr int kPortTaken = 75;
 
-launch::SpawnResult run_workers(const std::string& name, int world,
-                                const std::map<std::string, std::string>& env,
-                                std::chrono::seconds timeout) {
+namespace detail {
+
+launch::SpawnResult run_worker_processes(const std::string& name, int world,
+                                         const std::string& case_text,
+                                         const std::map<std::string, std::string>& env,
+                                         std::chrono::seconds timeout) {
   launch::SpawnOptions options;
   options.nproc = world;
   options.argv = {launch::self_executable()};
   options.env = env;
   options.env["DDP_TEST_WORKER"] = name;
+  options.env[kCaseVariable] = case_text;
   options.timeout = timeout;
   options.grace = std::chrono::seconds(30);
   // Ctrl-C and ctest's timeout must still end the test binary itself; the workers die with it.
@@ -83,6 +93,8 @@ launch::SpawnResult run_workers(const std::string& name, int world,
   return result;
 }
 
+}  // namespace detail
+
 int maybe_run_worker() {
   const char* name = std::getenv("DDP_TEST_WORKER");
   if (name == nullptr) return -1;
@@ -93,8 +105,9 @@ int maybe_run_worker() {
     std::cerr << "unknown test worker '" << name << "'\n";
     return 2;
   }
+  const char* case_text = std::getenv(detail::kCaseVariable);
   try {
-    it->second();
+    it->second(case_text != nullptr ? case_text : "");
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "[worker " << name << " rank " << (rank ? rank : "?") << "] FAILED: " << e.what()

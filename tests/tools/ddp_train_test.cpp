@@ -17,6 +17,7 @@
 #include "ddp/io/torch_save.hpp"
 #include "ddp/launch/spawn.hpp"
 #include "support/pytorch_required.hpp"
+#include "support/resume_runs.hpp"
 #include "support/run_command.hpp"
 #include "support/same_weights.hpp"
 #include "support/temp_dir.hpp"
@@ -75,11 +76,9 @@ TEST(DdpTrain, LossFallsOnTheSyntheticTask) {
   const auto [out, code] =
       run(std::string(DDP_TRAIN_PATH) + " --nproc 3 --model mlp --steps 60 --timeout-s 60");
   ASSERT_EQ(code, 0) << out;
-  double first = 0, last = 0;
-  const auto pos = out.find("ddp-train: loss ");
-  ASSERT_NE(pos, std::string::npos) << out;
-  ASSERT_EQ(std::sscanf(out.c_str() + pos, "ddp-train: loss %lf -> %lf", &first, &last), 2) << out;
-  EXPECT_LT(last, 0.7 * first) << out;
+  const auto losses = ddp::testing::train_losses(out);
+  ASSERT_TRUE(losses) << out;
+  EXPECT_LT(losses->second, 0.7 * losses->first) << out;
 }
 
 // The reducer options as flags: every one is accepted, reaches the run, and training still learns.
@@ -92,11 +91,9 @@ TEST(DdpTrain, ReducerFlagsReachTheRun) {
   EXPECT_NE(out.find("hook powersgd"), std::string::npos) << out;
   EXPECT_NE(out.find("DDP runtime stats"), std::string::npos) << out;
   EXPECT_NE(out.find("60 iterations, 20 sampled"), std::string::npos) << out;  // 1-10, 15, ..., 60
-  double first = 0, last = 0;
-  const auto pos = out.find("ddp-train: loss ");
-  ASSERT_NE(pos, std::string::npos) << out;
-  ASSERT_EQ(std::sscanf(out.c_str() + pos, "ddp-train: loss %lf -> %lf", &first, &last), 2) << out;
-  EXPECT_LT(last, 0.8 * first) << out;
+  const auto losses = ddp::testing::train_losses(out);
+  ASSERT_TRUE(losses) << out;
+  EXPECT_LT(losses->second, 0.8 * losses->first) << out;
 }
 
 // The sharded styles train the same model as DDP: 20 steps of SGD with momentum on the GPT at
@@ -251,20 +248,11 @@ TEST(DdpTrain, ShardedCheckpointSavedAtThreeResumesAtTwo) {
   const ddp::testing::TempDir tmp("train_sharded_ckpt");
   const std::string dir = tmp.str();
   const std::string train = std::string(DDP_TRAIN_PATH) + " --model mlp --timeout-s 60 ";
-  const auto [a_out, a_code] =
-      run(train + "--nproc 3 --batch-size 4 --steps 8 --fsdp --fsdp-wrap --checkpoint-dir " + dir +
-          "/ckpt --checkpoint-every 4");
-  ASSERT_EQ(a_code, 0) << a_out;
-  const auto [b_out, b_code] =
-      run(train + "--nproc 2 --batch-size 6 --steps 16 --fsdp --fsdp-wrap --checkpoint-dir " + dir +
-          "/ckpt --resume --save-weights " + dir + "/resumed.safetensors");
-  ASSERT_EQ(b_code, 0) << b_out;
-  EXPECT_NE(b_out.find("resumed from"), std::string::npos) << b_out;
-  EXPECT_NE(b_out.find("at step 8"), std::string::npos) << b_out;
-  const auto [c_out, c_code] =
-      run(train + "--nproc 2 --batch-size 6 --steps 16 --save-weights " + dir + "/ddp.safetensors");
-  ASSERT_EQ(c_code, 0) << c_out;
-  expect_same_weights(dir + "/ddp.safetensors", dir + "/resumed.safetensors");
+  ddp::testing::expect_resume(run,
+                              {train + "--nproc 3 --batch-size 4 --steps 8 --fsdp --fsdp-wrap",
+                               train + "--nproc 2 --batch-size 6 --steps 16 --fsdp --fsdp-wrap",
+                               train + "--nproc 2 --batch-size 6 --steps 16", 8},
+                              dir);
 }
 
 TEST(DdpTrain, BadFlagIsRefusedWithItsName) {

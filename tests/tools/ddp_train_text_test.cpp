@@ -12,6 +12,7 @@
 
 #include <torch/torch.h>
 
+#include "support/resume_runs.hpp"
 #include "support/run_command.hpp"
 #include "support/same_weights.hpp"
 #include "support/temp_dir.hpp"
@@ -233,23 +234,17 @@ TEST(DdpTrainText, ShardedCheckpointAtTwoResumesAtThreeOnTheSameWindows) {
   const std::string dir = tmp.str();
   const std::string train =
       "--data --optimizer sgd --eval-every 4 --sample-bytes 8 --timeout-s 60 ";
-  const auto [a_out, a_code] =
-      run(train + "--nproc 2 --batch-size 6 --steps 4 --fsdp --fsdp-wrap --checkpoint-dir " + dir +
-          "/ckpt --checkpoint-every 4");
-  ASSERT_EQ(a_code, 0) << a_out;
-  const auto [b_out, b_code] =
-      run(train + "--nproc 3 --batch-size 4 --steps 8 --fsdp --fsdp-wrap --checkpoint-dir " + dir +
-          "/ckpt --resume --save-weights " + dir + "/resumed.safetensors");
-  ASSERT_EQ(b_code, 0) << b_out;
-  EXPECT_NE(b_out.find("at step 4"), std::string::npos) << b_out;
-  const auto [c_out, c_code] =
-      run(train + "--nproc 2 --batch-size 6 --steps 8 --save-weights " + dir + "/ddp.safetensors");
-  ASSERT_EQ(c_code, 0) << c_out;
+  ddp::testing::ResumeOutputs out;
+  ddp::testing::expect_resume(run,
+                              {train + "--nproc 2 --batch-size 6 --steps 4 --fsdp --fsdp-wrap",
+                               train + "--nproc 3 --batch-size 4 --steps 8 --fsdp --fsdp-wrap",
+                               train + "--nproc 2 --batch-size 6 --steps 8", 4},
+                              dir, &out);
   // The validation loss at step 8 is the same number on both sides (5 printed digits).
-  ASSERT_EQ(validation_losses(b_out).size(), 1u) << b_out;
-  ASSERT_EQ(validation_losses(c_out).size(), 2u) << c_out;
-  EXPECT_NEAR(validation_losses(b_out).back().second, validation_losses(c_out).back().second, 2e-4);
-  ddp::testing::expect_same_weights(dir + "/ddp.safetensors", dir + "/resumed.safetensors");
+  ASSERT_EQ(validation_losses(out.resumed).size(), 1u) << out.resumed;
+  ASSERT_EQ(validation_losses(out.straight).size(), 2u) << out.straight;
+  EXPECT_NEAR(validation_losses(out.resumed).back().second,
+              validation_losses(out.straight).back().second, 2e-4);
 }
 
 // The same across an epoch's end, where the world sizes' epochs differ (world 2 pads none of this
@@ -265,18 +260,11 @@ TEST(DdpTrainText, ShardedCheckpointResumesAtAnotherWorldSizeAfterAnEpoch) {
   const std::string text = write(tmp, "fox.txt", bytes.substr(0, 400));  // 328 training windows
   const std::string train =
       "--data " + text + " --optimizer sgd --eval-every 100 --sample-bytes 0 --timeout-s 60 ";
-  const std::string fsdp = "--fsdp --fsdp-wrap --checkpoint-dir " + dir + "/ckpt ";
-  const auto [a_out, a_code] =
-      run(train + fsdp + "--nproc 2 --batch-size 6 --steps 28 --checkpoint-every 28");
-  ASSERT_EQ(a_code, 0) << a_out;
-  const auto [b_out, b_code] = run(train + fsdp + "--nproc 3 --batch-size 4 --steps 36 --resume " +
-                                   "--save-weights " + dir + "/resumed.safetensors");
-  ASSERT_EQ(b_code, 0) << b_out;
-  EXPECT_NE(b_out.find("at step 28"), std::string::npos) << b_out;
-  const auto [c_out, c_code] =
-      run(train + "--nproc 2 --batch-size 6 --steps 36 --save-weights " + dir + "/ddp.safetensors");
-  ASSERT_EQ(c_code, 0) << c_out;
-  ddp::testing::expect_same_weights(dir + "/ddp.safetensors", dir + "/resumed.safetensors");
+  ddp::testing::expect_resume(run,
+                              {train + "--fsdp --fsdp-wrap --nproc 2 --batch-size 6 --steps 28",
+                               train + "--fsdp --fsdp-wrap --nproc 3 --batch-size 4 --steps 36",
+                               train + "--nproc 2 --batch-size 6 --steps 36", 28},
+                              dir);
 }
 
 // --drop-last at world 2: the fox file's 328 training windows give each rank 164, 16 batches of 10

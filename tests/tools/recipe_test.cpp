@@ -18,6 +18,7 @@
 
 #include "ddp/io/safetensors.hpp"
 #include "ddp/optim/lr_schedule.hpp"
+#include "support/resume_runs.hpp"
 #include "support/run_command.hpp"
 #include "support/same_weights.hpp"
 #include "support/temp_dir.hpp"
@@ -186,19 +187,11 @@ TEST(RecipeTrain, ReplicatedCheckpointResumesAtAnotherWorldSizeOnTheSameSchedule
   const std::string recipe =
       "--data --eval-every 100 --sample-bytes 0 --timeout-s 60 --optimizer sgd --lr 0.05 "
       "--warmup-steps 2 --lr-decay-steps 8 --grad-clip 1 --grad-accum 2 ";
-  const auto [a_out, a_code] =
-      train(recipe + "--nproc 2 --batch-size 3 --steps 4 --checkpoint-dir " + dir +
-            "/ckpt --checkpoint-every 4");
-  ASSERT_EQ(a_code, 0) << a_out;
-  const auto [b_out, b_code] =
-      train(recipe + "--nproc 3 --batch-size 2 --steps 8 --checkpoint-dir " + dir +
-            "/ckpt --resume --save-weights " + dir + "/resumed.safetensors");
-  ASSERT_EQ(b_code, 0) << b_out;
-  EXPECT_NE(b_out.find("at step 4"), std::string::npos) << b_out;
-  const auto [c_out, c_code] = train(recipe + "--nproc 2 --batch-size 3 --steps 8 --save-weights " +
-                                     dir + "/straight.safetensors");
-  ASSERT_EQ(c_code, 0) << c_out;
-  ddp::testing::expect_same_weights(dir + "/straight.safetensors", dir + "/resumed.safetensors");
+  ddp::testing::expect_resume(
+      train,
+      {recipe + "--nproc 2 --batch-size 3 --steps 4", recipe + "--nproc 3 --batch-size 2 --steps 8",
+       recipe + "--nproc 2 --batch-size 3 --steps 8", 4},
+      dir);
 }
 
 // AdamW's two groups, its state and the schedule's position through a checkpoint: resumed at step

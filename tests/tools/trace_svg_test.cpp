@@ -18,7 +18,9 @@
 
 namespace {
 
+using ddp::testing::read_file;
 using ddp::testing::TempDir;
+using ddp::testing::write_file;
 
 namespace fs = std::filesystem;
 
@@ -29,15 +31,6 @@ constexpr double kRightMargin = 30;
 
 // The shared helper: stdout+stderr and exit status.
 auto run(const std::string& command) { return ddp::testing::run_command(command); }
-
-void write_text(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 size_t count(const std::string& text, const std::string& needle) {
   size_t n = 0;
@@ -109,11 +102,11 @@ std::string trim_end(std::string s) {
 
 TEST(TraceSvg, DrawsOneBarPerEventAtTheDocumentedScale) {
   TempDir dir;
-  write_text(dir.file("profile.json"), trace_json());
+  write_file(dir.file("profile.json"), trace_json());
   const auto [out, code] = run(std::string(TRACE_SVG_PATH) + " " + dir.file("profile.json") +
                                " -o " + dir.file("profile.svg"));
   ASSERT_EQ(code, 0) << out;
-  const std::string svg = read_text(dir.file("profile.svg"));
+  const std::string svg = read_file(dir.file("profile.svg"));
   EXPECT_EQ(svg.rfind("<svg", 0), 0u) << svg.substr(0, 200);
   EXPECT_TRUE(trim_end(svg).size() >= 6 &&
               trim_end(svg).substr(trim_end(svg).size() - 6) == "</svg>");
@@ -145,12 +138,12 @@ TEST(TraceSvg, DrawsOneBarPerEventAtTheDocumentedScale) {
 
 TEST(TraceSvg, WindowClipsAndRescales) {
   TempDir dir;
-  write_text(dir.file("profile.json"), trace_json());
+  write_file(dir.file("profile.json"), trace_json());
   const auto [out, code] =
       run(std::string(TRACE_SVG_PATH) + " " + dir.file("profile.json") + " -o " +
           dir.file("w.svg") + " --width 1000 --from-ms 20 --to-ms 60");
   ASSERT_EQ(code, 0) << out;
-  const std::string svg = read_text(dir.file("w.svg"));
+  const std::string svg = read_file(dir.file("w.svg"));
   const double scale = (1000 - kLeftMargin - kRightMargin) / 40.0;
   // Inside (20, 60): rank 0 backward, both buckets; rank 1 forward (clipped), backward, buckets.
   EXPECT_EQ(count(svg, "<rect class=\"bar\""), 7u);
@@ -168,7 +161,7 @@ TEST(TraceSvg, WindowClipsAndRescales) {
 TEST(TraceSvg, BadInputNamesTheFileAndExitsOne) {
   TempDir dir;
   const std::string bad = dir.file("broken.json");
-  write_text(bad, "{\"traceEvents\": [ {\"ph\": \"X\", ");
+  write_file(bad, "{\"traceEvents\": [ {\"ph\": \"X\", ");
   auto [out, code] = run(std::string(TRACE_SVG_PATH) + " " + bad + " -o " + dir.file("x.svg"));
   EXPECT_EQ(code, 1) << out;
   EXPECT_NE(out.find("'" + bad + "' is not valid JSON"), std::string::npos) << out;
@@ -181,20 +174,20 @@ TEST(TraceSvg, BadInputNamesTheFileAndExitsOne) {
   EXPECT_NE(out.find("cannot open '" + missing + "'"), std::string::npos) << out;
 
   const std::string empty = dir.file("empty.json");
-  write_text(empty, R"({"traceEvents": [{"ph": "M", "name": "process_name", "pid": 0}]})");
+  write_file(empty, R"({"traceEvents": [{"ph": "M", "name": "process_name", "pid": 0}]})");
   std::tie(out, code) = run(std::string(TRACE_SVG_PATH) + " " + empty + " -o " + dir.file("x.svg"));
   EXPECT_EQ(code, 1) << out;
   EXPECT_NE(out.find("'" + empty + "': no complete (\"ph\": \"X\") events"), std::string::npos)
       << out;
 
   const std::string no_ts = dir.file("no_ts.json");
-  write_text(no_ts, R"({"traceEvents": [{"ph": "X", "name": "forward", "pid": 0, "dur": 5}]})");
+  write_file(no_ts, R"({"traceEvents": [{"ph": "X", "name": "forward", "pid": 0, "dur": 5}]})");
   std::tie(out, code) = run(std::string(TRACE_SVG_PATH) + " " + no_ts + " -o " + dir.file("x.svg"));
   EXPECT_EQ(code, 1) << out;
   EXPECT_NE(out.find("traceEvents[0] (\"forward\"): \"ts\" is missing"), std::string::npos) << out;
 
   const std::string good = dir.file("good.json");
-  write_text(good, trace_json());
+  write_file(good, trace_json());
   std::tie(out, code) = run(std::string(TRACE_SVG_PATH) + " " + good + " -o " + dir.file("x.svg") +
                             " --from-ms 50 --to-ms 10");
   EXPECT_EQ(code, 1) << out;

@@ -25,7 +25,7 @@
 #include "ddp/tp/parallelize.hpp"
 #include "support/error_text.hpp"
 #include "support/oracle.hpp"
-#include "support/regression_steps.hpp"
+#include "support/oracle_twin.hpp"
 #include "support/temp_dir.hpp"
 #include "support/tiny_gpt.hpp"
 #include "support/whole_parameters.hpp"
@@ -43,14 +43,21 @@ tp::TpPlan seed_plan() {
           {"fc4", tp::RowwiseParallel()}};
 }
 
-// One run over a dp x tp mesh; DDP_TEST_DP_STYLE: "ddp" (DistributedDataParallel over "dp") or
-// "fully_shard" (FULLY_SHARD over "dp", a unit per layer: each Linear is then a unit of both
-// runtimes, [Note: nested unit listeners]).
-DDP_TEST_WORKER(tp_seed_net) {
+// A dp x tp mesh and the data-parallel wrapper over "dp" (read by tp_seed_net alone): "ddp"
+// (DistributedDataParallel) or "fully_shard" (FULLY_SHARD, a unit per layer: each Linear is then a
+// unit of both runtimes, [Note: nested unit listeners]).
+struct Mesh {
+  int dp = 1, tp = 2;
+  std::string dp_style = "ddp";
+  DDP_CASE_FIELDS(dp, tp, dp_style)
+};
+
+// One run over a dp x tp mesh.
+DDP_TEST_WORKER_WITH(tp_seed_net, Mesh, c) {
   auto pg = worker_process_group(std::chrono::seconds(60));
-  const int64_t dp = std::stoll(worker_env("DDP_TEST_DP"));
-  const int64_t tps = std::stoll(worker_env("DDP_TEST_TP"));
-  const bool fully_shard = worker_env("DDP_TEST_DP_STYLE", "ddp") == "fully_shard";
+  const int64_t dp = c.dp;
+  const int64_t tps = c.tp;
+  const bool fully_shard = c.dp_style == "fully_shard";
   comm::DeviceMesh mesh(pg, {dp, tps}, {"dp", "tp"});
   const int64_t dp_rank = mesh.coordinate()[0];
   torch::manual_seed(pg->rank());  // rank 0's values must reach every rank
@@ -136,22 +143,13 @@ DDP_TEST_WORKER(tp_seed_net) {
   require_close_by_name(whole, *oracle, 1e-5, context.str());
 }
 
-struct Mesh {
-  int dp, tp;
-  std::string dp_style = "ddp";
-};
-
 void PrintTo(const Mesh& m, std::ostream* out) {
   *out << "mesh " << m.dp << "x" << m.tp << ", " << m.dp_style << " over dp";
 }
 
-// Runs `worker` at dp x tp ranks with the mesh and dp's style in its environment.
-void run_on_mesh(const std::string& worker, const Mesh& m) {
-  const auto result = run_workers(worker, m.dp * m.tp,
-                                  {{"DDP_TEST_DP", std::to_string(m.dp)},
-                                   {"DDP_TEST_TP", std::to_string(m.tp)},
-                                   {"DDP_TEST_DP_STYLE", m.dp_style}});
-  EXPECT_TRUE(result.ok()) << result.describe();
+// Runs `worker` at dp x tp ranks with the mesh and dp's style as its Case.
+void run_on_mesh(const Worker<Mesh>& worker, const Mesh& m) {
+  EXPECT_WORKERS_PASS(run_workers(worker, m.dp * m.tp, m));
 }
 
 // "dp2_tp2", with "_fully_shard" where FULLY_SHARD runs over dp.
@@ -164,7 +162,7 @@ std::string mesh_name(const ::testing::TestParamInfo<Mesh>& info) {
 class TensorParallelSeedNet : public ::testing::TestWithParam<Mesh> {};
 
 TEST_P(TensorParallelSeedNet, EqualsTheSingleProcessModelOnTheGlobalBatch) {
-  run_on_mesh("tp_seed_net", GetParam());
+  run_on_mesh(tp_seed_net, GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Meshes, TensorParallelSeedNet,
@@ -173,18 +171,18 @@ INSTANTIATE_TEST_SUITE_P(Meshes, TensorParallelSeedNet,
                                            Mesh{1, 2, "fully_shard"}),
                          mesh_name);
 
-// A zoo transformer's plan over "tp", DDP over "dp": the same equality, gradients of step 1 and
-// parameters after 3 steps. The GPT's (c_attn colwise by heads, projections rowwise, MLP colwise
-// then rowwise) and the Llama's (wq, wk, wv colwise by heads, with 8 query heads sharing 2
+// A zoo transformer's plan over "tp", DDP over "dp" (the mesh `m`): the same equality, gradients of
+// step 1 and parameters after 3 steps. The GPT's (c_attn colwise by heads, projections rowwise, MLP
+// colwise then rowwise) and the Llama's (wq, wk, wv colwise by heads, with 8 query heads sharing 2
 // key/value heads; wo rowwise; w1, w3 colwise, w2 rowwise).
 template <typename Holder, typename Config>
-void train_tensor_parallel(const Config& config, const tp::TpPlan& plan, int64_t vocab,
-                           int64_t seq_len, const std::string& what,
+void train_tensor_parallel(const Mesh& m, const Config& config, const tp::TpPlan& plan,
+                           int64_t vocab, int64_t seq_len, const std::string& what,
                            const std::function<int64_t(Holder&)>& first_split_rows,
                            int64_t whole_rows) {
   auto pg = worker_process_group(std::chrono::seconds(60));
-  const int64_t dp = std::stoll(worker_env("DDP_TEST_DP"));
-  const int64_t tps = std::stoll(worker_env("DDP_TEST_TP"));
+  const int64_t dp = m.dp;
+  const int64_t tps = m.tp;
   comm::DeviceMesh mesh(pg, {dp, tps}, {"dp", "tp"});
   const int64_t dp_rank = mesh.coordinate()[0];
   // Every rank builds other weights: the plan and DDP make them the global rank 0's.
@@ -233,17 +231,17 @@ void train_tensor_parallel(const Config& config, const tp::TpPlan& plan, int64_t
                      ", parameters after 3 steps");
 }
 
-DDP_TEST_WORKER(tp_gpt) {
+DDP_TEST_WORKER_WITH(tp_gpt, Mesh, c) {
   const models::GPTConfig config = tiny_gpt(/*n_layers=*/2, /*n_heads=*/4, /*tied=*/false);
   train_tensor_parallel<models::GPT>(
-      config, models::gpt_tensor_parallel_plan(config), config.vocab_size, config.seq_len, "GPT",
+      c, config, models::gpt_tensor_parallel_plan(config), config.vocab_size, config.seq_len, "GPT",
       [](models::GPT& m) {
         return m->h[0]->as<models::GPTBlockImpl>()->attn->c_attn->weight.size(0);
       },
       3 * config.d_model);
 }
 
-DDP_TEST_WORKER(tp_llama) {
+DDP_TEST_WORKER_WITH(tp_llama, Mesh, c) {
   models::LlamaConfig config;  // 8 query heads of 8, 2 key/value heads: 4 query heads each
   config.vocab_size = 37;
   config.seq_len = 8;
@@ -251,7 +249,7 @@ DDP_TEST_WORKER(tp_llama) {
   config.n_layers = 2;
   config.ffn_hidden = 96;
   train_tensor_parallel<models::Llama>(
-      config, models::llama_tensor_parallel_plan(config), config.vocab_size, config.seq_len,
+      c, config, models::llama_tensor_parallel_plan(config), config.vocab_size, config.seq_len,
       "Llama",
       [](models::Llama& m) {
         return m->layers[0]->as<models::LlamaBlockImpl>()->attention->wk->weight.size(0);
@@ -262,7 +260,7 @@ DDP_TEST_WORKER(tp_llama) {
 class TensorParallelGpt : public ::testing::TestWithParam<Mesh> {};
 
 TEST_P(TensorParallelGpt, EqualsTheSingleProcessModelOnTheGlobalBatch) {
-  run_on_mesh("tp_gpt", GetParam());
+  run_on_mesh(tp_gpt, GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Meshes, TensorParallelGpt, ::testing::Values(Mesh{1, 2}, Mesh{2, 2}),
@@ -271,7 +269,7 @@ INSTANTIATE_TEST_SUITE_P(Meshes, TensorParallelGpt, ::testing::Values(Mesh{1, 2}
 class TensorParallelLlama : public ::testing::TestWithParam<Mesh> {};
 
 TEST_P(TensorParallelLlama, EqualsTheSingleProcessModelOnTheGlobalBatch) {
-  run_on_mesh("tp_llama", GetParam());
+  run_on_mesh(tp_llama, GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Meshes, TensorParallelLlama, ::testing::Values(Mesh{1, 2}, Mesh{2, 2}),
@@ -300,10 +298,10 @@ struct EmbedNetImpl : torch::nn::Module {
 };
 TORCH_MODULE(EmbedNet);
 
-DDP_TEST_WORKER(tp_embedding) {
+DDP_TEST_WORKER_WITH(tp_embedding, Mesh, c) {
   auto pg = worker_process_group(std::chrono::seconds(60));
-  const int64_t dp = std::stoll(worker_env("DDP_TEST_DP"));
-  const int64_t tps = std::stoll(worker_env("DDP_TEST_TP"));
+  const int64_t dp = c.dp;
+  const int64_t tps = c.tp;
   comm::DeviceMesh mesh(pg, {dp, tps}, {"dp", "tp"});
   const int64_t dp_rank = mesh.coordinate()[0];
   torch::manual_seed(pg->rank());
@@ -338,7 +336,7 @@ DDP_TEST_WORKER(tp_embedding) {
 class TensorParallelEmbedding : public ::testing::TestWithParam<Mesh> {};
 
 TEST_P(TensorParallelEmbedding, EqualsTheSingleProcessModelOnTheGlobalBatch) {
-  run_on_mesh("tp_embedding", GetParam());
+  run_on_mesh(tp_embedding, GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Meshes, TensorParallelEmbedding, ::testing::Values(Mesh{2, 2}, Mesh{1, 4}),
@@ -363,13 +361,17 @@ DDP_TEST_WORKER(tp_bad_plans) {
 }
 
 TEST(TensorParallelPlan, AMissingSubmoduleOrAnUnevenSplitIsNamed) {
-  const auto result = run_workers("tp_bad_plans", 4);
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(tp_bad_plans, 4));
 }
 
 // FULLY_SHARD over tensor parallelism, checkpointed with the dp group's sharding through the world
 // group (a program using the public API): the error says which group and sharding to pass.
-DDP_TEST_WORKER(tp_sharded_checkpoint_group) {
+struct CheckpointCase {
+  std::string dir;  // the checkpoint root
+  DDP_CASE_FIELDS(dir)
+};
+
+DDP_TEST_WORKER_WITH(tp_sharded_checkpoint_group, CheckpointCase, c) {
   auto pg = worker_process_group(std::chrono::seconds(60));
   comm::DeviceMesh mesh(pg, {2, 2}, {"dp", "tp"});
   models::Net net(kDim);
@@ -382,7 +384,7 @@ DDP_TEST_WORKER(tp_sharded_checkpoint_group) {
   state.step = 1;
   state.sharding = sharded.sharding();  // the dp group's alone
   io::CoordinatorOptions where;
-  where.root = worker_env("DDP_TEST_DIR");
+  where.root = c.dir;
   const std::string error = error_of([&] { io::save_and_barrier(*pg, where, state); });
   require(error.find("ddp: save_and_barrier: the sharding is over a mesh of 2 ranks but the "
                      "group has 4; pass the group the sharding is over (its mesh group: a sharded "
@@ -394,8 +396,7 @@ DDP_TEST_WORKER(tp_sharded_checkpoint_group) {
 
 TEST(TensorParallelPlan, ShardedOverTpCheckpointedThroughTheWorldGroupSaysWhatToDo) {
   TempDir dir;
-  const auto result = run_workers("tp_sharded_checkpoint_group", 4, {{"DDP_TEST_DIR", dir.str()}});
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(tp_sharded_checkpoint_group, 4, CheckpointCase{dir.str()}));
 }
 
 }  // namespace

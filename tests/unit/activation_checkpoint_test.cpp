@@ -20,8 +20,8 @@
 #include "ddp/shard/sharded_module.hpp"
 #include "support/error_text.hpp"
 #include "support/oracle.hpp"
+#include "support/oracle_twin.hpp"
 #include "support/param_names.hpp"
-#include "support/regression_steps.hpp"
 #include "support/test_nets.hpp"
 #include "support/whole_parameters.hpp"
 #include "support/workers.hpp"
@@ -385,19 +385,12 @@ DDP_TEST_WORKER(checkpoint_fully_shard) {
                         "Net(checkpoint=True) under FULLY_SHARD");
 }
 
-class CheckpointDistributed : public ::testing::TestWithParam<int> {};
+DDP_WORLD_SUITE(CheckpointDistributed, 1, 2, 3);
 
-TEST_P(CheckpointDistributed, DdpEqualsSingleProcessTraining) {
-  const auto result = run_workers("checkpoint_ddp", GetParam());
-  EXPECT_TRUE(result.ok()) << result.describe();
-}
+DDP_WORKER_TEST_P(CheckpointDistributed, DdpEqualsSingleProcessTraining, checkpoint_ddp);
 
-TEST_P(CheckpointDistributed, FullyShardEqualsSingleProcessTraining) {
-  const auto result = run_workers("checkpoint_fully_shard", GetParam());
-  EXPECT_TRUE(result.ok()) << result.describe();
-}
-
-INSTANTIATE_TEST_SUITE_P(WorldSizes, CheckpointDistributed, ::testing::Values(1, 2, 3), world_name);
+DDP_WORKER_TEST_P(CheckpointDistributed, FullyShardEqualsSingleProcessTraining,
+                  checkpoint_fully_shard);
 
 }  // namespace
 }  // namespace ddp::testing

@@ -50,10 +50,10 @@ constexpr int64_t kGlobalBatch = 12;  // sequences; divisible by 1, 2, 3 and 4
 // The zoo's GPT, small, with widths that world 4 does not divide (142: LayerNorms, attention
 // projection rows; 426: the fused qkv rows), so default replicates those there. The CPU half
 // (worlds 1-3, the suite's time) at width 70 (qkv rows 210): the same remainders by 3 and by 4
-// in every parameter, a third of the compute.
-models::WorkloadOptions shape() {
+// in every parameter, a third of the compute. `device`: "cpu" or "cuda".
+models::WorkloadOptions shape(const std::string& device) {
   models::WorkloadOptions o;
-  o.dim = worker_env("DDP_TEST_DEVICE", "cpu") == "cpu" ? 70 : 142;
+  o.dim = device == "cpu" ? 70 : 142;
   o.n_heads = 2;
   o.n_layers = 2;
   o.seq_len = 32;
@@ -99,14 +99,14 @@ DataParallelOptions options_of(const Config& c, const models::Workload& w) {
   return options;
 }
 
-torch::Device matrix_device() {
-  if (worker_env("DDP_TEST_DEVICE", "cpu") == "cpu") return torch::kCPU;
+torch::Device matrix_device(const std::string& device) {
+  if (device == "cpu") return torch::kCPU;
   return torch::Device(torch::kCUDA, std::stoi(worker_env("LOCAL_RANK", "0")));
 }
 
-Trained train(const Config& c, const comm::ProcessGroupPtr& pg) {
-  const torch::Device device = matrix_device();
-  models::Workload w = models::make_workload("gpt-tiny", shape());
+Trained train(const Config& c, const comm::ProcessGroupPtr& pg, const std::string& device_name) {
+  const torch::Device device = matrix_device(device_name);
+  models::Workload w = models::make_workload("gpt-tiny", shape(device_name));
   require(static_cast<bool>(w.set_checkpointing), "gpt-tiny has no checkpointing switch");
   w.set_checkpointing(c.checkpoint);
   w.ptr->to(device);
@@ -187,9 +187,9 @@ double max_relative_error(const std::vector<torch::Tensor>& a,
   return worst;
 }
 
-// `got` against `want` by the precision's bounds; prints both errors on rank 0.
+// `got` against `want` by the precision's bounds on `device`; prints both errors on rank 0.
 void require_equivalent(const Trained& got, const Trained& want, const std::string& precision,
-                        const std::string& what, int rank) {
+                        const std::string& device, const std::string& what, int rank) {
   const Compared g = compared(got), w = compared(want);
   require(g.names == w.names, what + ": parameter names differ");
   if (rank == 0) {
@@ -201,7 +201,7 @@ void require_equivalent(const Trained& got, const Trained& want, const std::stri
     require_close(g.names, g.params, w.params, 1e-5, what);
     require_close(g.names, g.updates, w.updates, 1e-3, what + " updates");
   } else {
-    const double bound = worker_env("DDP_TEST_DEVICE", "cpu") == "cuda" ? 2e-2 : 1e-1;
+    const double bound = device == "cuda" ? 2e-2 : 1e-1;
     require_close(g.names, g.updates, w.updates, bound, what + " updates");
   }
 }
@@ -223,10 +223,19 @@ std::string expected_refusal(const std::string& style, torch::nn::Module& model,
   return "";
 }
 
-DDP_TEST_WORKER(checkpoint_matrix) {
-  const bool cuda = worker_env("DDP_TEST_DEVICE", "cpu") == "cuda";
+// A row of the matrix: a style at a world, on the CPU (Gloo) or on CUDA (NCCL).
+struct Case {
+  int world = 1;
+  std::string style;
+  std::string device = "cpu";  // "cpu" or "cuda"
+  DDP_CASE_FIELDS(style, device)
+};
+
+DDP_TEST_WORKER_WITH(checkpoint_matrix, Case, param) {
+  const std::string& device = param.device;
+  const bool cuda = device == "cuda";
   auto pg = worker_process_group(std::chrono::seconds(120), cuda ? "nccl" : "gloo");
-  const std::string style = worker_env("DDP_TEST_STYLE");
+  const std::string& style = param.style;
   const std::string world = " at world " + std::to_string(pg->world_size());
   std::map<std::string, Trained> oracles;  // by precision, eager: the same for every run
   for (const std::string precision : {"fp32", "autocast", "gathers"}) {
@@ -235,8 +244,8 @@ DDP_TEST_WORKER(checkpoint_matrix) {
       Config c{style, precision, captured, false};
       if (precision == "gathers") {
         // Refused at construction, by name, where the configuration cannot hold.
-        models::Workload w = models::make_workload("gpt-tiny", shape());
-        w.ptr->to(matrix_device());
+        models::Workload w = models::make_workload("gpt-tiny", shape(device));
+        w.ptr->to(matrix_device(device));
         const std::string expected = expected_refusal(style, *w.ptr, pg->world_size());
         if (!expected.empty()) {
           const std::string why = error_of([&] {
@@ -249,26 +258,21 @@ DDP_TEST_WORKER(checkpoint_matrix) {
           continue;
         }
       }
-      const Trained plain = train(c, pg);
+      const Trained plain = train(c, pg, device);
       c.checkpoint = true;
-      const Trained checkpointed = train(c, pg);
-      require_equivalent(checkpointed, plain, precision,
+      const Trained checkpointed = train(c, pg, device);
+      require_equivalent(checkpointed, plain, precision, device,
                          c.describe() + world + " vs without checkpointing", pg->rank());
       if (precision == "gathers") continue;  // no unwrapped model computes in bf16 parameters
       // The oracle on rank 0 alone: every rank holds the same whole parameters (an export), so
       // one comparison decides, and the other ranks skip training the whole global batch.
       if (pg->rank() != 0) continue;
-      if (!oracles.count(precision)) oracles[precision] = train({"bare", precision}, pg);
-      require_equivalent(checkpointed, oracles.at(precision), precision,
+      if (!oracles.count(precision)) oracles[precision] = train({"bare", precision}, pg, device);
+      require_equivalent(checkpointed, oracles.at(precision), precision, device,
                          c.describe() + world + " vs one process on the global batch", pg->rank());
     }
   }
 }
-
-struct Case {
-  int world;
-  std::string style;
-};
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   return info.param.style + "_world" + std::to_string(info.param.world);
@@ -278,9 +282,7 @@ class CheckpointMatrix : public ::testing::TestWithParam<Case> {};
 
 TEST_P(CheckpointMatrix, EveryPrecisionEqualsTheRunWithoutAndTheOracleOnGloo) {
   const Case c = GetParam();
-  const auto result = run_workers("checkpoint_matrix", c.world, {{"DDP_TEST_STYLE", c.style}},
-                                  std::chrono::seconds(240));
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(checkpoint_matrix, c.world, c, {}, std::chrono::seconds(240)));
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldsAndStyles, CheckpointMatrix,
@@ -294,16 +296,14 @@ INSTANTIATE_TEST_SUITE_P(WorldsAndStyles, CheckpointMatrix,
 class CheckpointMatrixGpu : public ::testing::TestWithParam<Case> {};
 
 TEST_P(CheckpointMatrixGpu, EveryPrecisionEagerAndCapturedEqualsTheRunWithoutAndTheOracle) {
-  const Case c = GetParam();
+  Case c = GetParam();
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   if (static_cast<int>(torch::cuda::device_count()) < c.world) {
     GTEST_SKIP() << "needs " << c.world << " GPUs, found " << torch::cuda::device_count();
   }
-  const auto result = run_workers(
-      "checkpoint_matrix", c.world,
-      {{"DDP_TEST_STYLE", c.style}, {"DDP_TEST_DEVICE", "cuda"}, {"NCCL_NVLS_ENABLE", "0"}},
-      std::chrono::seconds(420));
-  EXPECT_TRUE(result.ok()) << result.describe();
+  c.device = "cuda";
+  EXPECT_WORKERS_PASS(run_workers(checkpoint_matrix, c.world, c, {{"NCCL_NVLS_ENABLE", "0"}},
+                                  std::chrono::seconds(420)));
 }
 
 INSTANTIATE_TEST_SUITE_P(Styles, CheckpointMatrixGpu,

@@ -13,7 +13,7 @@
 #include "ddp/parallel/data_parallel.hpp"
 #include "ddp/tp/parallelize.hpp"
 #include "support/error_text.hpp"
-#include "support/regression_steps.hpp"
+#include "support/oracle_twin.hpp"
 #include "support/whole_parameters.hpp"
 #include "support/workers.hpp"
 
@@ -21,12 +21,8 @@ namespace ddp::testing {
 namespace {
 
 models::MLPOptions frozen_shape() {
-  models::MLPOptions shape;
-  shape.in = 4;
-  shape.hidden = 6;  // divides by 2 and 3: DEFAULT shards the hidden layers
-  shape.out = 5;
-  shape.depth = 3;
-  return shape;
+  // hidden 6 divides by 2 and 3: DEFAULT shards the hidden layers
+  return models::MLPOptions{/*in=*/4, /*hidden=*/6, /*out=*/5, /*depth=*/3};
 }
 
 void freeze(torch::nn::Module& module, const std::string& prefix) {
@@ -48,47 +44,44 @@ void require_frozen_untouched(const std::vector<std::pair<std::string, torch::Te
   require(frozen == 2, context + ": the frozen layer's weight and bias are listed");
 }
 
-DDP_TEST_WORKER(frozen_styles) {
+struct Case {
+  std::string style;
+  int world = 1;
+  DDP_CASE_FIELDS(style)
+};
+
+DDP_TEST_WORKER_WITH(frozen_styles, Case, c) {
   auto pg = worker_process_group(std::chrono::seconds(60));
   const int w = pg->world_size(), r = pg->rank();
-  const auto style = shard::parse_style(worker_env("DDP_TEST_STYLE"));
+  const auto style = shard::parse_style(c.style);
   const auto shape = frozen_shape();
-  torch::manual_seed(r);  // rank 0's values must reach every rank
-  models::MLP net(shape);
-  torch::manual_seed(0);
-  models::MLP oracle(shape);
-  freeze(*net, "layers.1.");
-  freeze(*oracle, "layers.1.");
+  // Rank r's copy from seed r: rank 0's values must reach every rank.
+  OracleTwin<models::MLP> twin(
+      [&] {
+        models::MLP net(shape);
+        freeze(*net, "layers.1.");
+        return net;
+      },
+      w, r);
   DataParallelOptions options;
   options.shard.units = {"layers.0", "layers.1", "layers.2"};
-  auto model = data_parallel(net, pg, style, options);
-  regression_steps([&](const torch::Tensor& x) { return model(x); }, net->parameters(), oracle, w,
-                   r, shape.in, shape.out, 3);
-  for (const auto& item : net->named_parameters()) {
+  auto model = data_parallel(twin.net(), pg, style, options);
+  twin.regression_steps([&](const torch::Tensor& x) { return model(x); }, 3, 3, shape.in,
+                        shape.out);
+  for (const auto& item : twin.net()->named_parameters()) {
     if (item.key().rfind("layers.1.", 0) == 0) {
       require(!item.value().grad().defined(), "frozen '" + item.key() + "' got a gradient");
     }
   }
   const auto whole = whole_parameters(model.wrapped());
   const std::string context = std::string("frozen layer, ") + shard::style_name(style);
-  require_frozen_untouched(whole, *oracle, "layers.1.", context);
-  require_close_by_name(whole, *oracle, 1e-5, context);
+  require_frozen_untouched(whole, *twin.oracle(), "layers.1.", context);
+  twin.require_close(whole, 1e-5, context);
 }
-
-struct Case {
-  std::string style;
-  int world;
-};
 
 void PrintTo(const Case& c, std::ostream* out) { *out << c.style << " world " << c.world; }
 
-class FrozenParams : public ::testing::TestWithParam<Case> {};
-
-TEST_P(FrozenParams, KeepTheirValueAndGetNoGradient) {
-  const auto result =
-      run_workers("frozen_styles", GetParam().world, {{"DDP_TEST_STYLE", GetParam().style}});
-  EXPECT_TRUE(result.ok()) << result.describe();
-}
+DDP_WORKER_CASE_TEST(FrozenParams, KeepTheirValueAndGetNoGradient, frozen_styles, Case);
 
 INSTANTIATE_TEST_SUITE_P(Styles, FrozenParams,
                          ::testing::Values(Case{"replicate", 1}, Case{"replicate", 2},
@@ -102,32 +95,34 @@ DDP_TEST_WORKER(frozen_tensor_parallel) {
   auto shape = frozen_shape();
   shape.hidden = 12;  // divides by 1, 2 and 3
   shape.depth = 2;
-  torch::manual_seed(pg->rank());
-  models::MLP net(shape);
-  torch::manual_seed(0);
-  models::MLP oracle(shape);
-  freeze(*net, "layers.0.");
-  freeze(*oracle, "layers.0.");
+  TwinOptions whole;
+  whole.whole_batches = true;  // tp: the same data on every rank
+  OracleTwin<models::MLP> twin(
+      [&] {
+        models::MLP net(shape);
+        freeze(*net, "layers.0.");
+        return net;
+      },
+      pg->world_size(), pg->rank(), whole);
+  models::MLP& net = twin.net();
   auto tensor_parallel = tp::parallelize_module(
       net.ptr(), pg, {{"layers.0", tp::ColwiseParallel()}, {"layers.1", tp::RowwiseParallel()}});
-  // Every rank trains on the whole batch (tp: the same data on every rank).
-  regression_steps([&](const torch::Tensor& x) { return net->forward(x); }, net->parameters(),
-                   oracle, 1, 0, shape.in, shape.out, 3);
+  twin.regression_steps([&](const torch::Tensor& x) { return net->forward(x); }, 3, 3, shape.in,
+                        shape.out);
   for (const auto& item : net->named_parameters()) {
     if (item.key().rfind("layers.0.", 0) == 0) {
       require(!item.value().grad().defined(), "frozen '" + item.key() + "' got a gradient");
     }
   }
-  const auto whole = whole_parameters(*net, tensor_parallel->sharding());
-  require_frozen_untouched(whole, *oracle, "layers.0.", "frozen colwise layer");
-  require_close_by_name(whole, *oracle, 1e-5, "frozen colwise layer");
+  const auto params = whole_parameters(*net, tensor_parallel->sharding());
+  require_frozen_untouched(params, *twin.oracle(), "layers.0.", "frozen colwise layer");
+  twin.require_close(params, 1e-5, "frozen colwise layer");
 }
 
 class FrozenTensorParallel : public ::testing::TestWithParam<int> {};
 
 TEST_P(FrozenTensorParallel, KeepsTheFrozenLinearAndTrainsTheRest) {
-  const auto result = run_workers("frozen_tensor_parallel", GetParam());
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(frozen_tensor_parallel, GetParam()));
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, FrozenTensorParallel, ::testing::Values(1, 2, 3));

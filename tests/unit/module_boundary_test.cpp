@@ -101,8 +101,7 @@ DDP_TEST_WORKER(tp_direct_call) {
 class TensorParallelDirectCall : public ::testing::TestWithParam<int> {};
 
 TEST_P(TensorParallelDirectCall, IsAnErrorNamingTheModuleAndTheFix) {
-  const auto result = run_workers("tp_direct_call", GetParam());
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(tp_direct_call, GetParam()));
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, TensorParallelDirectCall, ::testing::Values(1, 2, 3, 4));
@@ -135,8 +134,7 @@ DDP_TEST_WORKER(sharded_unit_not_run) {
 class ShardedUnitNotRun : public ::testing::TestWithParam<int> {};
 
 TEST_P(ShardedUnitNotRun, WarnsOnceNamingTheUnitAndWhatItCosts) {
-  const auto result = run_workers("sharded_unit_not_run", GetParam());
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(sharded_unit_not_run, GetParam()));
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, ShardedUnitNotRun, ::testing::Values(1, 2, 3));

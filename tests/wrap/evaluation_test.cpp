@@ -35,9 +35,14 @@ struct EvalNetImpl : torch::nn::Module {
   torch::nn::Linear head{nullptr};
 };
 
-DDP_TEST_WORKER(evaluation_scope) {
+struct StyleCase {
+  std::string style;
+  DDP_CASE_FIELDS(style)
+};
+
+DDP_TEST_WORKER_WITH(evaluation_scope, StyleCase, c) {
   auto pg = worker_process_group();
-  const auto style = shard::parse_style(worker_env("STYLE"));
+  const auto style = shard::parse_style(c.style);
   const std::string what =
       std::string(shard::style_name(style)) + " at world " + std::to_string(pg->world_size());
   torch::manual_seed(3);
@@ -95,9 +100,8 @@ DDP_TEST_WORKER(evaluation_scope) {
 class EvaluationScope : public ::testing::TestWithParam<std::pair<std::string, int>> {};
 
 TEST_P(EvaluationScope, TheModuleItselfComputesWhole) {
-  const auto result =
-      run_workers("evaluation_scope", GetParam().second, {{"STYLE", GetParam().first}});
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(
+      run_workers(evaluation_scope, GetParam().second, StyleCase{GetParam().first}));
 }
 
 INSTANTIATE_TEST_SUITE_P(StylesWorlds, EvaluationScope,

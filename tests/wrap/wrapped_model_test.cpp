@@ -33,14 +33,16 @@ std::unique_ptr<at::ObserverContext> on_range(const at::RecordFunction& fn) {
   return nullptr;
 }
 
-DDP_TEST_WORKER(wrapped_model_styles) {
+struct StyleCase {
+  std::string style;
+  DDP_CASE_FIELDS(style)
+};
+
+DDP_TEST_WORKER_WITH(wrapped_model_styles, StyleCase, c) {
   auto pg = worker_process_group(std::chrono::seconds(60));
-  const auto style = shard::parse_style(worker_env("DDP_TEST_STYLE"));
-  models::MLPOptions shape;
-  shape.in = 4;
-  shape.hidden = 6;  // divides by 2: DEFAULT shards the hidden layers, replicates the 5-row last
-  shape.out = 5;
-  shape.depth = 3;
+  const auto style = shard::parse_style(c.style);
+  // hidden 6 divides by 2: DEFAULT shards the hidden layers, replicates the 5-row last
+  const models::MLPOptions shape{/*in=*/4, /*hidden=*/6, /*out=*/5, /*depth=*/3};
   torch::manual_seed(0);
   models::MLP net(shape);
   DataParallelOptions options;
@@ -98,9 +100,9 @@ DDP_TEST_WORKER(wrapped_model_styles) {
 
 // A second model of the same style: the optimizer in backward after its first backward is refused
 // by both runtimes alike (only DDP's checked before).
-DDP_TEST_WORKER(wrapped_model_late_optimizer) {
+DDP_TEST_WORKER_WITH(wrapped_model_late_optimizer, StyleCase, c) {
   auto pg = worker_process_group(std::chrono::seconds(60));
-  const auto style = shard::parse_style(worker_env("DDP_TEST_STYLE"));
+  const auto style = shard::parse_style(c.style);
   torch::manual_seed(0);
   models::MLP net(models::MLPOptions{4, 6, 5, 2});
   auto model = data_parallel(net, pg, style);
@@ -114,14 +116,11 @@ DDP_TEST_WORKER(wrapped_model_late_optimizer) {
 class WrappedModelStyles : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(WrappedModelStyles, EveryStyleAnswersTheSameCalls) {
-  const auto result = run_workers("wrapped_model_styles", 2, {{"DDP_TEST_STYLE", GetParam()}});
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(wrapped_model_styles, 2, StyleCase{GetParam()}));
 }
 
 TEST_P(WrappedModelStyles, TheOptimizerInBackwardAfterABackwardIsRefused) {
-  const auto result =
-      run_workers("wrapped_model_late_optimizer", 2, {{"DDP_TEST_STYLE", GetParam()}});
-  EXPECT_TRUE(result.ok()) << result.describe();
+  EXPECT_WORKERS_PASS(run_workers(wrapped_model_late_optimizer, 2, StyleCase{GetParam()}));
 }
 
 INSTANTIATE_TEST_SUITE_P(Styles, WrappedModelStyles,
