@@ -7,8 +7,7 @@
 //   struct ResumeCase {
 //     std::string style = "ddp";  // ...
 //     int steps = 3;              // ...
-//     template <class Field> void fields(Field& field) { field("style", style); field("steps",
-//     steps); }
+//     DDP_CASE_FIELDS(style, steps)
 //   };
 //
 // Fields are std::string (one line), bool, int, int64_t or double.
