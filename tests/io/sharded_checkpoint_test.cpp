@@ -25,6 +25,7 @@
 #include "ddp/shard/sharded_module.hpp"
 #include "support/error_text.hpp"
 #include "support/oracle.hpp"
+#include "support/oracle_twin.hpp"
 #include "support/pytorch_required.hpp"
 #include "support/run_command.hpp"
 #include "support/temp_dir.hpp"
@@ -48,13 +49,6 @@ torch::nn::Sequential make_net(int64_t hidden = 7, bool extra_layer = false) {
   return net;
 }
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind,
-                                                        const std::vector<torch::Tensor>& params) {
-  if (kind == "adam")
-    return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(0.01));
-  return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1).momentum(0.9));
-}
-
 struct Batches {
   std::vector<torch::Tensor> xs, ys;
 };
@@ -73,7 +67,7 @@ Batches global_batches() {
 io::TensorMap oracle(const std::string& optimizer, int64_t steps = 2 * kSteps) {
   torch::manual_seed(0);
   auto net = make_net();
-  auto opt = make_optimizer(optimizer, net->parameters());
+  auto opt = make_test_optimizer(optimizer, net->parameters());
   const Batches b = global_batches();
   for (int64_t s = 0; s < steps; ++s) {
     torch::mse_loss(net->forward(b.xs[s]), b.ys[s]).backward();
@@ -126,7 +120,7 @@ DDP_TEST_WORKER_WITH(sharded_checkpoint_train, Case, c) {
   torch::manual_seed(resume ? 100 + r : 0);
   auto net = make_net();
   shard::FullyShardedDataParallel<torch::nn::Sequential> model(net, pg, style_options(c.style));
-  auto opt = make_optimizer(optimizer, net->parameters());
+  auto opt = make_test_optimizer(optimizer, net->parameters());
   io::TrainingState state = training_state(net.ptr().get(), opt.get(), model.sharding());
   io::CoordinatorOptions options;
   options.root = c.root;
@@ -369,7 +363,7 @@ DDP_TEST_WORKER_WITH(sharded_checkpoint_refusals, RefusalCase, c) {
   const auto load = [&](torch::nn::Sequential net,
                         shard::FullyShardedDataParallel<torch::nn::Sequential>& model,
                         const std::string& from) {
-    auto opt = make_optimizer("sgd", net->parameters());
+    auto opt = make_test_optimizer("sgd", net->parameters());
     // One step, so that the optimizer has state that a refused load must keep.
     model(torch::ones({1, 5})).sum().backward();
     opt->step();
@@ -440,7 +434,7 @@ TEST(ShardedCheckpointLoad, RefusesAnotherModelAndACorruptShardByNameAndLoadsInt
   // A plain single-process model (no shard plan) wants every row: it reads all three shards and
   // holds the parameters of step kSteps, as the single-process run has them.
   auto plain = make_net();
-  auto opt = make_optimizer("sgd", plain->parameters());
+  auto opt = make_test_optimizer("sgd", plain->parameters());
   io::TrainingState state = training_state(plain.ptr().get(), opt.get());
   io::load_checkpoint(dir, 1, state);
   EXPECT_EQ(state.step, kSteps);

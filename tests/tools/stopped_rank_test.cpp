@@ -2,14 +2,15 @@
 // 20 runs each, every rank stopped in turn, rank 0 and its store included): the others time out,
 // the launcher stops the job, every rank leaves a whole dump (no temporary file behind), and
 // ddp-forensics' first line names the stopped rank every time, whether it stopped inside a
-// collective, between two, or ran on once the launcher continued it. Two jobs run at a time: a
-// run spends most of its ~7 s waiting (the 2 s timeout, the launcher's stop), so the pair takes
-// about the time of one; each job has its own ports, directory and files.
+// collective, between two, or ran on once the launcher continued it. Four jobs run at a time: a
+// run spends most of its ~7 s waiting (the 2 s timeout, the launcher's stop), so four take about
+// the time of one; each job has its own ports, directory and files.
 
 #include <gtest/gtest.h>
 #include <signal.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <future>
 #include <random>
@@ -76,20 +77,22 @@ class StoppedRank : public ::testing::TestWithParam<int> {};
 
 TEST_P(StoppedRank, ForensicsNamesTheStoppedRankInEveryRun) {
   constexpr int kRuns = 20;
-  constexpr int kAtOnce = 2;
+  constexpr int kAtOnce = 4;
   const int world = GetParam();
   std::mt19937 draw(static_cast<uint32_t>(world));
   std::uniform_int_distribution<int> delay_ms(0, 300);
   std::vector<std::chrono::milliseconds> delays;
   for (int k = 0; k < kRuns; ++k) delays.emplace_back(delay_ms(draw));
+  // kAtOnce threads take the next run as each finishes: no run waits on a slower one.
   std::vector<StoppedRun> runs(kRuns);
-  for (int first = 0; first < kRuns; first += kAtOnce) {
-    std::vector<std::future<StoppedRun>> batch;
-    for (int k = first; k < std::min(kRuns, first + kAtOnce); ++k) {
-      batch.push_back(std::async(std::launch::async, stop_one, world, k % world, delays[k]));
-    }
-    for (size_t i = 0; i < batch.size(); ++i) runs[first + i] = batch[i].get();
+  std::atomic<int> next{0};
+  std::vector<std::future<void>> takers;
+  for (int t = 0; t < kAtOnce; ++t) {
+    takers.push_back(std::async(std::launch::async, [&] {
+      for (int k = next++; k < kRuns; k = next++) runs[k] = stop_one(world, k % world, delays[k]);
+    }));
   }
+  for (auto& taker : takers) taker.get();
   for (int k = 0; k < kRuns; ++k) {
     const int rank = k % world;
     const StoppedRun& run = runs[k];
