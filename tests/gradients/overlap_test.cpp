@@ -7,7 +7,7 @@
 #include "ddp/models/net.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
 #include "support/bucket_views.hpp"
-#include "support/oracle.hpp"
+#include "support/oracle_twin.hpp"
 #include "support/param_names.hpp"
 #include "support/workers.hpp"
 
@@ -56,42 +56,37 @@ DDP_TEST_WORKER(overlap) {
 DDP_WORKER_TEST_PER_WORLD(Overlap, FirstBucketLaunchesBeforeTheLastGradient, overlap, 2, 3);
 
 // overlap = false (attribution only): every bucket is launched after the last gradient, in plan
-// order, and the gradients still equal the single-process gradient of the global batch.
+// order, and two steps still end where the single process ends on the global batches.
 DDP_TEST_WORKER(no_overlap) {
   auto pg = worker_process_group();
-  const int w = pg->world_size(), r = pg->rank();
-  torch::manual_seed(0);
-  models::Net net(64);
-  torch::manual_seed(0);
-  models::Net oracle(64);
+  const int w = pg->world_size();
+  OracleTwin<models::Net> twin([] { return models::Net(64); }, w, pg->rank());
   parallel::DDPOptions options;
   options.gradients.overlap = false;
   options.gradients.buckets.first_bucket_cap_bytes = options.gradients.buckets.bucket_cap_bytes =
       64 * 65 * 4;  // one bucket per layer
-  parallel::DistributedDataParallel<models::Net> model(net, pg, options);
+  parallel::DistributedDataParallel<models::Net> model(twin.net(), pg, options);
   require(model.bucket_plan().buckets.size() == 4, "expected one bucket per layer");
   torch::manual_seed(1);
   const auto x = torch::randn({4 * w, 64});
   for (int step = 0; step < 2; ++step) {
-    for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();
-    model(x.narrow(0, 4 * r, 4)).pow(2).mean().backward();
-    const auto tl = model.last_timeline();
-    const int64_t last_ready =
-        *std::max_element(tl.param_ready_ns.begin(), tl.param_ready_ns.end());
-    for (size_t b = 0; b < tl.bucket_launch_ns.size(); ++b) {
-      require(tl.bucket_launch_ns[b] >= last_ready, "a bucket launched before backward ended");
-      if (b > 0) require(tl.bucket_launch_ns[b - 1] <= tl.bucket_launch_ns[b], "out of order");
-    }
+    twin.step(
+        [&] {
+          model(twin.mine(x)).pow(2).mean().backward();
+          const auto tl = model.last_timeline();
+          const int64_t last_ready =
+              *std::max_element(tl.param_ready_ns.begin(), tl.param_ready_ns.end());
+          for (size_t b = 0; b < tl.bucket_launch_ns.size(); ++b) {
+            require(tl.bucket_launch_ns[b] >= last_ready,
+                    "a bucket launched before backward ended");
+            if (b > 0) {
+              require(tl.bucket_launch_ns[b - 1] <= tl.bucket_launch_ns[b], "out of order");
+            }
+          }
+        },
+        [&] { twin.oracle()->forward(x).pow(2).mean().backward(); });
   }
-  oracle->forward(x).pow(2).mean().backward();
-  std::vector<std::string> names;
-  std::vector<torch::Tensor> ours, want;
-  for (const auto& item : net->named_parameters()) {
-    names.push_back(item.key());
-    ours.push_back(item.value().grad());
-    want.push_back(oracle->named_parameters()[item.key()].grad());
-  }
-  require_close(names, ours, want, 1e-5, "overlap = false");
+  twin.require_close(whole_parameters(model), 1e-5, "overlap = false");
 }
 
 DDP_WORKER_TEST_PER_WORLD(NoOverlap, LaunchesEveryBucketAfterBackwardWithTheSameGradients,

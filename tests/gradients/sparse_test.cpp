@@ -3,7 +3,7 @@
 #include <torch/torch.h>
 
 #include "ddp/parallel/distributed_data_parallel.hpp"
-#include "support/oracle.hpp"
+#include "support/oracle_twin.hpp"
 #include "support/param_names.hpp"
 #include "support/workers.hpp"
 
@@ -34,40 +34,26 @@ std::pair<torch::Tensor, torch::Tensor> sample(int64_t offset, int64_t n) {
   return {idx, y};
 }
 
-std::vector<torch::Tensor> train(comm::ProcessGroupPtr pg, bool distributed) {
-  torch::manual_seed(7);
-  auto module = std::make_shared<SparseNet>();
-  const int world = pg->world_size();
-  const int64_t global = 12, shard = global / world;
-  // Plain SGD: libtorch's momentum does not take sparse gradients.
-  std::unique_ptr<parallel::DistributedDataParallel<std::shared_ptr<SparseNet>>> model;
-  if (distributed) {
-    model =
-        std::make_unique<parallel::DistributedDataParallel<std::shared_ptr<SparseNet>>>(module, pg);
-  }
-  torch::optim::SGD opt(module->parameters(), 0.2);
-  for (int step = 0; step < 4; ++step) {
-    opt.zero_grad();
-    if (distributed) {
-      auto [x, y] = sample(step * global + pg->rank() * shard, shard);
-      torch::mse_loss((*model)(x), y).backward();
-      require(module->emb->weight.grad().is_sparse(), "the embedding's gradient must stay sparse");
-    } else {
-      auto [x, y] = sample(step * global, global);
-      torch::mse_loss(module->forward(x), y).backward();
-    }
-    opt.step();
-  }
-  std::vector<torch::Tensor> out;
-  for (const auto& p : module->parameters()) out.push_back(p.detach().clone());
-  return out;
-}
-
+// Four steps of plain SGD (libtorch's momentum does not take sparse gradients) on 12-sample global
+// batches, against the oracle on each whole batch.
 DDP_TEST_WORKER(sparse) {
   auto pg = worker_process_group();
-  const auto oracle = train(pg, false);
-  const auto got = train(pg, true);
-  require_close({"emb.weight", "fc.weight", "fc.bias"}, got, oracle, 1e-5, "sparse embedding");
+  constexpr int64_t kGlobal = 12;
+  OracleTwin<std::shared_ptr<SparseNet>> twin([] { return std::make_shared<SparseNet>(); },
+                                              pg->world_size(), pg->rank(), {"plain-sgd"});
+  parallel::DistributedDataParallel<std::shared_ptr<SparseNet>> model(twin.net(), pg);
+  for (int step = 0; step < 4; ++step) {
+    const auto batch = sample(step * kGlobal, kGlobal);
+    const torch::Tensor &x = batch.first, &y = batch.second;
+    twin.step(
+        [&] {
+          torch::mse_loss(model(twin.mine(x)), twin.mine(y)).backward();
+          require(twin.net()->emb->weight.grad().is_sparse(),
+                  "the embedding's gradient must stay sparse");
+        },
+        [&] { torch::mse_loss(twin.oracle()->forward(x), y).backward(); });
+  }
+  twin.require_close(whole_parameters(model), 1e-5, "sparse embedding");
 }
 
 DDP_WORKER_TEST_PER_WORLD(Sparse, EmbeddingWithSparseGradientsMatchesTheOracle, sparse, 1, 2, 3);

@@ -3,7 +3,8 @@
 # tree (find_package(ddp)), with -Wall -Wextra -Werror (issue 46: snippets that did not compile,
 # names the install lacks). doc_snippets.py gathers them into one translation unit.
 #   check_doc_snippets.sh BUILD_DIR SOURCE_DIR WORK_DIR
-# WORK_DIR is emptied first; a fixed path, so that ccache hits on the next run.
+# WORK_DIR is emptied first; a fixed path, so that ccache hits on the next run. Build type None
+# (no -O), as check_examples.sh says why.
 set -euo pipefail
 build=$1 src=$2 work=$3
 [[ -n "$work" && "$work" != / ]] || { echo "check_doc_snippets.sh: bad WORK_DIR '$work'"; exit 2; }
@@ -14,7 +15,7 @@ cmake --install "$build" --prefix "$prefix" >"$work/install.log" || { cat "$work
 python3 "$src/tests/package/doc_snippets.py" "$src" "$work/project"
 launcher=()
 if command -v ccache >/dev/null; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
-{ cmake -S "$work/project" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+{ cmake -S "$work/project" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=None \
     -DCMAKE_CXX_FLAGS="-Wall -Wextra -Werror" -DCMAKE_PREFIX_PATH="$prefix" "${launcher[@]}" &&
     cmake --build "$work/build"; } >"$work/build.log" 2>&1 ||
   { echo "the docs' C++ blocks do not compile (each block is namespace <file>_line<N>):";

@@ -4,7 +4,7 @@
 
 #include "ddp/models/registry.hpp"
 #include "ddp/parallel/distributed_data_parallel.hpp"
-#include "support/oracle.hpp"
+#include "support/oracle_twin.hpp"
 #include "support/param_names.hpp"
 #include "support/workers.hpp"
 
@@ -25,10 +25,9 @@ DDP_TEST_WORKER(join) {
     // Oracle: one model; at step t the loss is the sum over active ranks of their shard losses,
     // divided by the chosen divisor (the world size, or the number of active ranks).
     auto oracle = models::make_workload("mlp", {16});
-    torch::optim::SGD oracle_opt(oracle.ptr->parameters(),
-                                 torch::optim::SGDOptions(0.05).momentum(0.9));
+    auto oracle_opt = make_test_optimizer("sgd", oracle.ptr->parameters(), 0.05);
     for (int t = 0; t < kBase + world - 1; ++t) {
-      oracle_opt.zero_grad();
+      oracle_opt->zero_grad();
       const int active = world - std::max(0, t - kBase + 1);
       torch::Tensor loss = torch::zeros({});
       for (int r = world - active; r < world; ++r) {
@@ -36,7 +35,7 @@ DDP_TEST_WORKER(join) {
         loss = loss + oracle.loss(oracle.module.forward(x), y);
       }
       (loss / (initial ? world : active)).backward();
-      oracle_opt.step();
+      oracle_opt->step();
     }
 
     auto w = models::make_workload("mlp", {16});
@@ -44,28 +43,22 @@ DDP_TEST_WORKER(join) {
     options.gradients.buckets.first_bucket_cap_bytes = options.gradients.buckets.bucket_cap_bytes =
         buckets::mib_bytes(0.002);
     Model model(w.module, pg, options);
-    torch::optim::SGD opt(model.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+    auto opt = make_test_optimizer("sgd", model.parameters(), 0.05);
     parallel::JoinOptions join;
     join.divide_by_initial_world_size = initial;
     model.join(
         [&] {
           for (int t = 0; t < kBase + pg->rank(); ++t) {
             auto [x, y] = w.batch(offset(t, pg->rank()), kShard);
-            opt.zero_grad();
+            opt->zero_grad();
             w.loss(model(x), y).backward();
-            opt.step();
+            opt->step();
           }
         },
         join);
-    std::vector<std::string> names;
-    std::vector<torch::Tensor> got, want;
-    for (const auto& item : w.ptr->named_parameters()) {
-      names.push_back(item.key());
-      got.push_back(item.value().detach());
-    }
-    for (const auto& p : oracle.ptr->parameters()) want.push_back(p.detach());
-    require_close(names, got, want, 1e-5,
-                  std::string("join, divide by ") + (initial ? "initial world" : "active ranks"));
+    require_close_by_name(
+        whole_parameters(model), *oracle.ptr, 1e-5,
+        std::string("join, divide by ") + (initial ? "initial world" : "active ranks"));
   }
 }
 

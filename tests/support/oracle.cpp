@@ -2,6 +2,7 @@
 
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
 #include <cstdlib>
@@ -19,16 +20,28 @@
 
 namespace ddp::testing {
 
+std::unique_ptr<torch::optim::Optimizer> make_test_optimizer(const std::string& kind,
+                                                             std::vector<torch::Tensor> params,
+                                                             double lr) {
+  if (kind == "adam") {
+    return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(lr / 10));
+  }
+  if (kind == "adamw") {
+    return std::make_unique<torch::optim::AdamW>(
+        params, torch::optim::AdamWOptions(lr / 10).weight_decay(0.1));
+  }
+  if (kind == "plain-sgd") {
+    return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(lr));
+  }
+  require(kind == "sgd", "make_test_optimizer: unknown optimizer '" + kind + "'");
+  return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(lr).momentum(0.9));
+}
+
 namespace {
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainSpec& spec,
                                                         const std::vector<torch::Tensor>& params) {
-  if (spec.optimizer == "adam") {
-    return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(spec.lr / 10));
-  }
-  require(spec.optimizer == "sgd", "unknown optimizer " + spec.optimizer);
-  return std::make_unique<torch::optim::SGD>(params,
-                                             torch::optim::SGDOptions(spec.lr).momentum(0.9));
+  return make_test_optimizer(spec.optimizer, params, spec.lr);
 }
 
 // Distinct parameters in registration order (tied weights once), as DDP sees them.

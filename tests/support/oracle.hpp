@@ -3,8 +3,10 @@
 // global batches; the oracle trains on each whole global batch, a rank on its shard. Equivalence
 // means their parameters agree to fp32 rounding.
 
+#include <torch/optim/optimizer.h>
 #include <torch/types.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,10 +17,17 @@
 
 namespace ddp::testing {
 
+// The tests' optimizers, one per kind, for the oracle and the rank alike: "sgd" (lr, momentum
+// 0.9), "plain-sgd" (lr, no momentum: libtorch's momentum refuses sparse gradients), "adam" (lr /
+// 10), "adamw" (lr / 10, weight decay 0.1). Any other kind is refused by name.
+std::unique_ptr<torch::optim::Optimizer> make_test_optimizer(const std::string& kind,
+                                                             std::vector<torch::Tensor> params,
+                                                             double lr = 0.1);
+
 struct TrainSpec {
   std::string model = "net";      // a workload name (make_test_workload)
   int64_t dim = 0;                // workload width; 0 = its default
-  std::string optimizer = "sgd";  // "sgd" (momentum 0.9) or "adam"
+  std::string optimizer = "sgd";  // a make_test_optimizer kind, at `lr`
   int steps = 3;
   int64_t global_batch = 12;  // divisible by 1, 2, 3 and 4
   double lr = 0.05;

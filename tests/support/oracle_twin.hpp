@@ -21,19 +21,6 @@
 
 namespace ddp::testing {
 
-// "adam" (lr 1e-2), "adamw" (lr 1e-2, weight decay 0.1), else SGD (lr 0.1, momentum 0.9).
-inline std::unique_ptr<torch::optim::Optimizer> make_test_optimizer(
-    const std::string& kind, std::vector<torch::Tensor> params) {
-  if (kind == "adam") {
-    return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(1e-2));
-  }
-  if (kind == "adamw") {
-    return std::make_unique<torch::optim::AdamW>(
-        params, torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
-  }
-  return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1).momentum(0.9));
-}
-
 // `ours`: (name, whole tensor), e.g. whole_parameters(model); each against the oracle's
 // parameter of that name (require_close's tolerance and message).
 inline void require_close_by_name(const NamedTensors& ours, const torch::nn::Module& oracle,
@@ -52,8 +39,8 @@ inline void require_close_by_name(const NamedTensors& ours, const torch::nn::Mod
 }
 
 struct TwinOptions {
-  // Both sides' optimizer (make_test_optimizer). Default SGD with momentum: Adam turns the fp32
-  // rounding noise of a gradient that is zero in exact arithmetic into full steps.
+  // Both sides' optimizer (a make_test_optimizer kind, at lr 0.1). Default SGD with momentum: Adam
+  // turns the fp32 rounding noise of a gradient that is zero in exact arithmetic into full steps.
   std::string optimizer = "sgd";
   // This rank's copy built after torch::manual_seed(rank), so that the test also proves the
   // wrapper broadcasts rank 0's state; false (seed 0 on every rank) where nothing broadcasts.
