@@ -128,7 +128,7 @@ TEST(DdpTrain, HybridShardingEndsWhereDdpEnds) {
   const ddp::testing::TempDir tmp("train_hybrid");
   const std::string dir = tmp.str();
   const std::string common = std::string(DDP_TRAIN_PATH) +
-                             " --nproc 4 --model gpt --steps 20 --batch-size 3 --optimizer sgd "
+                             " --nproc 4 --model gpt --steps 10 --batch-size 3 --optimizer sgd "
                              "--timeout-s 60 --save-weights ";
   const auto [ddp_out, ddp_code] = run(common + dir + "/ddp.safetensors");
   ASSERT_EQ(ddp_code, 0) << ddp_out;
