@@ -18,6 +18,7 @@
 
 #include "ddp/c/ddp.h"
 #include "ddp/files/posix_file.hpp"
+#include "support/oracle.hpp"
 #include "support/param_names.hpp"
 #include "support/workers.hpp"
 
@@ -105,8 +106,8 @@ DDP_TEST_WORKER_WITH(c_abi_training, TrainingCase, c) {
   torch::manual_seed(0);
   auto oracle = make_net();
   oracle->to(device);
-  torch::optim::SGD opt(h.params, torch::optim::SGDOptions(0.1).momentum(0.9));
-  torch::optim::SGD oracle_opt(oracle->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  auto opt = make_test_optimizer("sgd", h.params);
+  auto oracle_opt = make_test_optimizer("sgd", oracle->parameters());
   torch::manual_seed(1);
   const int64_t per_rank = 4;  // two micro-batches of 2 per step
   for (int step = 0; step < 3; ++step) {
@@ -127,14 +128,14 @@ DDP_TEST_WORKER_WITH(c_abi_training, TrainingCase, c) {
     }
     double norm = 0;
     ok(ddp_model_clip_grad_norm(model, 0.5, &norm), "ddp_model_clip_grad_norm");
-    opt.step();
+    opt->step();
     ok(ddp_model_zero_grad(model), "ddp_model_zero_grad");
     torch::mse_loss(oracle->forward(x), y).backward();
     const double want = torch::nn::utils::clip_grad_norm_(oracle->parameters(), 0.5);
     require(std::abs(norm - want) <= 1e-5 * want,
             "clip norm " + std::to_string(norm) + ", the oracle's " + std::to_string(want));
-    oracle_opt.step();
-    oracle_opt.zero_grad();
+    oracle_opt->step();
+    oracle_opt->zero_grad();
   }
   const double error = max_rel_error(h.params, oracle->parameters());
   require(error < 1e-5,

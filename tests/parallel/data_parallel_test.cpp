@@ -94,17 +94,16 @@ DDP_TEST_WORKER_WITH(data_parallel_styles, Case, c) {
   // equals the oracle's, every style. Without reshard() the sharded styles' step finds no
   // gradients (the forward set the shards' aside) and silently skips them (issue 46).
   {
-    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
-    torch::optim::SGD oracle_opt(twin.oracle()->parameters(), torch::optim::SGDOptions(0.1));
     torch::manual_seed(7);
     const auto x = torch::randn({3 * w, shape.in});
     const auto y = torch::randn({3 * w, shape.out});
-    torch::mse_loss(model(x.narrow(0, 3 * r, 3)), y.narrow(0, 3 * r, 3)).backward();
-    (void)model(x.narrow(0, 3 * r, 3));
-    model.reshard();
-    opt.step();
-    torch::mse_loss(twin.oracle()->forward(x), y).backward();
-    oracle_opt.step();
+    twin.step(
+        [&] {
+          torch::mse_loss(model(twin.mine(x)), twin.mine(y)).backward();
+          (void)model(twin.mine(x));
+          model.reshard();
+        },
+        [&] { torch::mse_loss(twin.oracle()->forward(x), y).backward(); });
   }
   twin.require_close(whole_parameters(model.wrapped()), 1e-5,
                      std::string("data_parallel ") + shard::style_name(style));

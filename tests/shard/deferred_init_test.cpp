@@ -19,6 +19,7 @@
 #include "ddp/models/registry.hpp"
 #include "ddp/parallel/data_parallel.hpp"
 #include "support/error_text.hpp"
+#include "support/oracle.hpp"
 #include "support/param_names.hpp"
 #include "support/workers.hpp"
 
@@ -188,14 +189,14 @@ DDP_TEST_WORKER_WITH(deferred_init_matches_one_process, Case, c) {
   mine.ptr->eval();
   oracle.ptr->eval();
   const int64_t per_rank = 2;
-  torch::optim::SGD opt(dp.module_ptr()->parameters(), torch::optim::SGDOptions(mine.lr));
-  torch::optim::SGD oracle_opt(oracle.ptr->parameters(), torch::optim::SGDOptions(oracle.lr));
+  auto opt = make_test_optimizer("plain-sgd", dp.module_ptr()->parameters(), mine.lr);
+  auto oracle_opt = make_test_optimizer("plain-sgd", oracle.ptr->parameters(), oracle.lr);
   const auto [x, y] = mine.batch(r * per_rank, per_rank);
   mine.loss(dp.forward(x), y).backward();
-  opt.step();
+  opt->step();
   const auto [gx, gy] = oracle.batch(0, w * per_rank);
   oracle.loss(oracle.module.forward(gx), gy).backward();
-  oracle_opt.step();
+  oracle_opt->step();
   expected = oracle_values();
   for (const auto& [name, value] : wrapped_values()) {
     if (!value.is_floating_point()) {  // BatchNorm's num_batches_tracked

@@ -25,7 +25,7 @@
 #include "ddp/shard/sharded_module.hpp"
 #include "ddp/tp/parallelize.hpp"
 #include "support/error_text.hpp"
-#include "support/oracle.hpp"
+#include "support/oracle_twin.hpp"
 #include "support/temp_dir.hpp"
 #include "support/test_nets.hpp"
 #include "support/training_state.hpp"
@@ -137,8 +137,8 @@ DDP_TEST_WORKER_WITH(hybrid_checkpoint, CheckpointCase, c) {
     for (auto& p : w.ptr->parameters()) p.fill_(0.5);  // overwritten by the checkpoint
   }
   auto model = parallel::data_parallel(w.module, *mesh, style);
-  torch::optim::SGD opt(w.ptr->parameters(), torch::optim::SGDOptions(spec.lr).momentum(0.9));
-  io::TrainingState state = training_state(w.ptr.get(), &opt, model.sharding());
+  auto opt = make_test_optimizer(spec.optimizer, w.ptr->parameters(), spec.lr);
+  io::TrainingState state = training_state(w.ptr.get(), opt.get(), model.sharding());
   io::CoordinatorOptions ckpt;
   ckpt.root = c.root;
   int first = 0;
@@ -149,7 +149,7 @@ DDP_TEST_WORKER_WITH(hybrid_checkpoint, CheckpointCase, c) {
   }
   const int64_t per_rank = spec.global_batch / pg->world_size();
   for (int step = first; step < first + spec.steps; ++step) {
-    opt.zero_grad();
+    opt->zero_grad();
     for (int micro = 0; micro < spec.micro_batches; ++micro) {
       const int64_t offset = (step * spec.micro_batches + micro) * spec.global_batch;
       auto [x, y] = w.batch(offset + pg->rank() * per_rank, per_rank);
@@ -160,7 +160,7 @@ DDP_TEST_WORKER_WITH(hybrid_checkpoint, CheckpointCase, c) {
         w.loss(model(x), y).backward();
       }
     }
-    opt.step();
+    opt->step();
   }
   if (!resume) {
     state.step = spec.steps;
@@ -286,8 +286,8 @@ DDP_TEST_WORKER_WITH(hybrid_tp, MeshCase, c) {
   const comm::Sharding sharding = model.sharding(*tensor_parallel, mesh.parent());
   require(sharding.layouts.mesh == mesh.shape() && sharding.layouts.coordinate == mesh.coordinate(),
           "the nested layouts are over the mesh {R, S, tp}");
-  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-  torch::optim::SGD oracle_opt(oracle->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  auto opt = make_test_optimizer("sgd", net->parameters());
+  auto oracle_opt = make_test_optimizer("sgd", oracle->parameters());
   optim::ClipOptions no_clip;
   no_clip.max_norm = 1e9;
   torch::manual_seed(1);
@@ -313,21 +313,13 @@ DDP_TEST_WORKER_WITH(hybrid_tp, MeshCase, c) {
     require(std::abs(norm - want) <= 1e-5 * want, "step " + std::to_string(step) +
                                                       ": gradient norm " + std::to_string(norm) +
                                                       ", one process's " + std::to_string(want));
-    opt.step();
-    opt.zero_grad();
-    oracle_opt.step();
-    oracle_opt.zero_grad();
+    opt->step();
+    opt->zero_grad();
+    oracle_opt->step();
+    oracle_opt->zero_grad();
   }
-  const io::TensorMap whole = io::whole_state(*net, sharding);
-  std::vector<std::string> names;
-  std::vector<torch::Tensor> got, want;
-  for (const auto& item : oracle->named_parameters()) {
-    names.push_back(item.key());
-    got.push_back(whole.at(item.key()));
-    want.push_back(item.value());
-  }
-  require_close(names, got, want, 1e-5,
-                "hybrid " + c.mesh + " x tp 2, rank " + std::to_string(pg->rank()));
+  require_close_by_name(whole_parameters(*net, sharding), *oracle, 1e-5,
+                        "hybrid " + c.mesh + " x tp 2, rank " + std::to_string(pg->rank()));
 }
 
 class HybridOverTensorParallel

@@ -100,9 +100,8 @@ DDP_TEST_WORKER(param_dtype_mlp) {
   torch::manual_seed(0);
   LowPrecisionOracle<models::MLP> oracle{models::MLP(shape), models::MLP(shape), w};
   shard::FullyShardedDataParallel<models::MLP> model(net, pg, options);
-  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-  torch::optim::SGD oracle_opt(oracle.master()->parameters(),
-                               torch::optim::SGDOptions(0.1).momentum(0.9));
+  auto opt = make_test_optimizer("sgd", net->parameters());
+  auto oracle_opt = make_test_optimizer("sgd", oracle.master()->parameters());
   const auto loss = [](const torch::Tensor& out, const torch::Tensor& y) {
     return torch::mse_loss(out.to(torch::kFloat), y);
   };
@@ -125,15 +124,15 @@ DDP_TEST_WORKER(param_dtype_mlp) {
         loss(out, mine(ys[m], r)).backward();
       }
     }
-    opt.step();
-    opt.zero_grad();
+    opt->step();
+    opt->zero_grad();
     require_fp32_shards(net->parameters(), "MLP");
     oracle.step(
         micro,
         [&](models::MLPImpl& low, int k, int m) {
           return loss(low.forward(mine(xs[m], k).to(torch::kBFloat16)), mine(ys[m], k));
         },
-        oracle_opt);
+        *oracle_opt);
   }
   int64_t held = 0;
   for (const auto& p : net->parameters()) held += p.numel() * static_cast<int64_t>(sizeof(float));
@@ -157,9 +156,8 @@ DDP_TEST_WORKER(param_dtype_gpt) {
   shard::FullyShardedDataParallel<models::GPT> model(gpt, pg, options);
   require(distinct(gpt->parameters()).size() + 1 == gpt->parameters().size(),
           "wte and lm_head stay tied");
-  torch::optim::SGD opt(distinct(gpt->parameters()), torch::optim::SGDOptions(0.1).momentum(0.9));
-  torch::optim::SGD oracle_opt(distinct(oracle.master()->parameters()),
-                               torch::optim::SGDOptions(0.1).momentum(0.9));
+  auto opt = make_test_optimizer("sgd", distinct(gpt->parameters()));
+  auto oracle_opt = make_test_optimizer("sgd", distinct(oracle.master()->parameters()));
   const auto loss = [](const torch::Tensor& logits, const torch::Tensor& targets) {
     return torch::nn::functional::cross_entropy(
         logits.to(torch::kFloat).reshape({-1, logits.size(-1)}), targets.reshape({-1}));
@@ -172,13 +170,13 @@ DDP_TEST_WORKER(param_dtype_gpt) {
     const auto logits = model(mine(x, r));
     require(logits.scalar_type() == torch::kBFloat16, "the GPT computes in param_dtype");
     loss(logits, mine(y, r)).backward();
-    opt.step();
-    opt.zero_grad();
+    opt->step();
+    opt->zero_grad();
     require_fp32_shards(gpt->parameters(), "GPT");
     oracle.step(
         1,
         [&](models::GPTImpl& low, int k, int) { return loss(low.forward(mine(x, k)), mine(y, k)); },
-        oracle_opt);
+        *oracle_opt);
   }
   require_close_by_name(whole_parameters(model), *oracle.master(), 1e-5,
                         "param_dtype bf16, per-block FULLY_SHARD of the tied GPT");

@@ -77,10 +77,10 @@ NamedTensors train(comm::ProcessGroupPtr pg, const Case& c, Run run, models::MLP
   if (run.hook == "fp16") model.register_comm_hook(hooks::fp16_compress_hook(pg));
   if (run.hook == "powersgd") model.register_comm_hook(hooks::powersgd_hook(pg));
   const auto sgd = [&](std::vector<torch::Tensor> params) {
-    return std::make_unique<torch::optim::SGD>(
-        params, torch::optim::SGDOptions(run.lr).momentum(run.optimizer_in_backward ? 0 : 0.9));
+    return make_test_optimizer(run.optimizer_in_backward ? "plain-sgd" : "sgd", std::move(params),
+                               run.lr);
   };
-  std::unique_ptr<torch::optim::SGD> opt;
+  std::unique_ptr<torch::optim::Optimizer> opt;
   if (run.optimizer_in_backward) {
     model.set_optimizer_in_backward([&](const torch::Tensor& p) { return sgd({p}); });
   } else {
@@ -119,20 +119,19 @@ DDP_TEST_WORKER_WITH(unit_runtime_training_and_stats, Case, c) {
   torch::manual_seed(r);
   models::MLP net = make_mlp(c);
   shard::FullyShardedDataParallel<models::MLP> model(net, pg, options);
-  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(run.lr).momentum(0.9));
-  torch::optim::SGD oracle_opt(oracle->parameters(),
-                               torch::optim::SGDOptions(run.lr).momentum(0.9));
+  auto opt = make_test_optimizer("sgd", net->parameters(), run.lr);
+  auto oracle_opt = make_test_optimizer("sgd", oracle->parameters(), run.lr);
   torch::manual_seed(1);
   obs::ChromeTrace trace(r);
   for (int64_t s = 0; s < run.steps; ++s) {
     const auto x = torch::randn({w * 3, mlp_shape().in}).to(runtime_device(c));
     const auto y = torch::randn({w * 3, mlp_shape().out}).to(runtime_device(c));
     torch::mse_loss(model(x.narrow(0, r * 3, 3)), y.narrow(0, r * 3, 3)).backward();
-    opt.step();
-    opt.zero_grad();
+    opt->step();
+    opt->zero_grad();
     torch::mse_loss(oracle->forward(x), y).backward();
-    oracle_opt.step();
-    oracle_opt.zero_grad();
+    oracle_opt->step();
+    oracle_opt->zero_grad();
     trace.add_buckets(model.last_timeline(), model.bucket_plan(), s);
   }
   require_close_by_name(whole_parameters(model), *oracle, 1e-5, style + " through the runtime");

@@ -368,18 +368,18 @@ DDP_TEST_WORKER(checkpoint_fully_shard) {
   shard::ShardOptions options;
   options.units = {"fc1", "fc2", "fc3", "fc4"};
   shard::FullyShardedDataParallel<CheckpointNet> model(net, pg, options);
-  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-  torch::optim::SGD oracle_opt(oracle->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  auto opt = make_test_optimizer("sgd", net->parameters(), 0.05);
+  auto oracle_opt = make_test_optimizer("sgd", oracle->parameters(), 0.05);
   torch::manual_seed(1);
   for (int64_t s = 0; s < steps; ++s) {
     const auto x = torch::randn({w * per_rank, dim}), y = torch::randn({w * per_rank, dim});
     torch::mse_loss(model(x.narrow(0, r * per_rank, per_rank)), y.narrow(0, r * per_rank, per_rank))
         .backward();
-    opt.step();
-    opt.zero_grad();
+    opt->step();
+    opt->zero_grad();
     torch::mse_loss(oracle->forward(x), y).backward();
-    oracle_opt.step();
-    oracle_opt.zero_grad();
+    oracle_opt->step();
+    oracle_opt->zero_grad();
   }
   require_close_by_name(whole_parameters(model), *oracle, 1e-5,
                         "Net(checkpoint=True) under FULLY_SHARD");
