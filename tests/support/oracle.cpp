@@ -39,11 +39,6 @@ std::unique_ptr<torch::optim::Optimizer> make_test_optimizer(const std::string& 
 
 namespace {
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainSpec& spec,
-                                                        const std::vector<torch::Tensor>& params) {
-  return make_test_optimizer(spec.optimizer, params, spec.lr);
-}
-
 // Distinct parameters in registration order (tied weights once), as DDP sees them.
 void distinct_params(torch::nn::Module& m, std::vector<std::string>& names,
                      std::vector<torch::Tensor>& params) {
@@ -143,7 +138,7 @@ TrainResult train_single(const TrainSpec& spec, int world) {
   std::vector<torch::Tensor> params;
   distinct_params(*w.ptr, names, params);
   auto plain = [&](const torch::Tensor& x) { return w.module.forward(x); };
-  auto opt = make_optimizer(spec, params);
+  auto opt = make_test_optimizer(spec.optimizer, params, spec.lr);
   const bool per_shard = has_batchnorm(*w.ptr);
   const int64_t shard = spec.global_batch / world;
   int64_t offset = 0;
@@ -178,7 +173,7 @@ TrainResult train_ddp(const TrainSpec& spec, comm::ProcessGroupPtr pg,
                       const parallel::DDPOptions& options) {
   auto w = twin_workload(spec, pg->rank());
   parallel::DistributedDataParallel<torch::nn::AnyModule> model(w.module, pg, options);
-  auto opt = make_optimizer(spec, model.parameters());
+  auto opt = make_test_optimizer(spec.optimizer, model.parameters(), spec.lr);
   train_steps(spec, w, model, *opt, pg->rank(), pg->world_size(), "train_ddp");
   return snapshot(*w.ptr);
 }
@@ -192,7 +187,7 @@ TrainResult train_data_parallel(const TrainSpec& spec, const comm::DeviceMesh& m
   auto model = parallel::data_parallel(w.module, mesh, style, options);
   if (hook) model.register_comm_hook(std::move(hook));
   // After wrapping: the sharded styles' parameters are shards now.
-  auto opt = make_optimizer(spec, w.ptr->parameters());
+  auto opt = make_test_optimizer(spec.optimizer, w.ptr->parameters(), spec.lr);
   train_steps(spec, w, model, *opt, world->rank(), world->world_size(), "train_data_parallel");
   TrainResult r = snapshot(*w.ptr);
   const io::TensorMap whole = io::whole_state(*w.ptr, model.sharding());
