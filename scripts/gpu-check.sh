@@ -7,7 +7,7 @@
 #   bash scripts/gpu-check.sh                 # build, tests, levers, table
 #   bash scripts/gpu-check.sh build tests     # only those stages
 #
-# Stages: build, tests, restart62 (issue 62: a failed rank restarted on NCCL, a slot dropped, world 1 resumes), async62 (issue 62: the step's blocked time per save, sync against --checkpoint-async, gpt2-medium and llama-8b), hybrid63 (issue 63, 4 GPUs: hybrid 2x2 against FSDP2's HSDP and both flat; ddp-train --dp-replicate 2 against DDP), llama (issue 60: the Llama rows, ours against FSDP2 per block), syncbn61 (issue 61: resnet-small with and without SyncBatchNorm, ours and PyTorch's DDP), check61 (issue 61: the replica check's cost), vision61 (issue 61: examples/vision_cnn installed and run on GPUs), floors60 (issue 60: the batch-1 regime against its compute-only and communication-only floors, and FSDP2), train60 (issue 60: ddp-train --data with llama-1b, a save and a resume), fit (issue 60: the memory plan refuses DDP of llama-8b), attr60 (issue 60: kernel traces of the llama step, ours and FSDP2's, read by bench/trace_attribution.py), ac59 (issue 59: the FULLY_SHARD x activation checkpointing rows, and gpt2-medium per block with checkpointing against FSDP2), forensics (issue 49: a rank SIGSTOPped in eager and in captured training on NCCL, the dumps read by ddp-forensics), graphs (issue 25: captured steps, ours and PyTorch's recipe), recipe (issue 26:
+# Stages: build, tests, restart62 (issue 62: a failed rank restarted on NCCL, a slot dropped, world 1 resumes), async62 (issue 62: the step's blocked time per save, sync against --checkpoint-async, gpt2-medium and llama-8b), hybrid63 (issue 63, 4 GPUs: hybrid 2x2 against FSDP2's HSDP and both flat; ddp-train --dp-replicate 2 against DDP), llama (issue 60: the Llama rows, ours against FSDP2 per block), syncbn61 (issue 61: resnet-small with and without SyncBatchNorm, ours and PyTorch's DDP), check61 (issue 61: the replica check's cost), vision61 (issue 61: examples/vision_cnn installed and run on GPUs), ctas60 (issue 60: NCCL's CTA levers at the batch-1 regime, alternated rounds), floors60 (issue 60: the batch-1 regime against its compute-only and communication-only floors, and FSDP2), train60 (issue 60: ddp-train --data with llama-1b, a save and a resume), fit (issue 60: the memory plan refuses DDP of llama-8b), attr60 (issue 60: kernel traces of the llama step, ours and FSDP2's, read by bench/trace_attribution.py), ac59 (issue 59: the FULLY_SHARD x activation checkpointing rows, and gpt2-medium per block with checkpointing against FSDP2), forensics (issue 49: a rank SIGSTOPped in eager and in captured training on NCCL, the dumps read by ddp-forensics), graphs (issue 25: captured steps, ours and PyTorch's recipe), recipe (issue 26:
 # the GPT recipe, ours and PyTorch's in one bench/compare run, and ddp-train --data with MFU), text (ddp-train --data on the GPU), tpref (PyTorch's --tp reference checked on CPU Gloo), onegpu (ours vs PyTorch with one GPU: bare, DDP and FULLY_SHARD at world 1), sharded (FULLY_SHARD vs FSDP2), fsdpbest (issue 36: FULLY_SHARD vs FSDP2 under its reshard, prefetch and bf16 knobs), capture35 (issue 35: the GPT recipe as one captured step, ours and PyTorch's; GPT2=1 adds gpt2-small bare vs recipe, TRAIN=1 ddp-train --data eager vs captured, 3 epochs, a resume), attribution (issue 13: noop hook, --no-overlap), tp (issue 15: --tp 2), final (the documented table), overlap, levers (ours only: each tuning lever against our default), table (bench/compare,
 # ours vs PyTorch in the same run, with the 1-GPU baselines), parity (C++ vs PyTorch parameters).
 set -uo pipefail
@@ -52,7 +52,7 @@ fi
 if has tests; then
   # TESTS_FILTER narrows the run (one issue's GPU tests in a short device call).
   build-gpu/tests/ddp_tests \
-    --gtest_filter="${TESTS_FILTER:-BucketPlan.*:Env.*:ReplicaCheck.*:Spawn.*:AutocastGuard.*:Models/GpuEquivalence.*:WorldSizes/FlatCollectivesNccl.*:DeviceMeshNccl.*:PosixFile.*:Checkpoint.*:CheckpointSha256.*:Safetensors.*:AllDtypes/*:Cases/*:ActivationCheckpoint.*:ActivationCheckpointGpu.*:GptModel.*:Layout*:TakeLocal.*:BackwardNode.*:ModuleIntake.*:Options.*:ShardedGradientPathGpu.*:CAbiGpu.*:CapturedStep*:StepRng*:DdpTrainTextGpu.*:Kinds/Optimizers.*:OptimizerGroups.*:OptimizerSkip.*:OptimizerCheckpoint.*:OptimizerRefuses.*:OptimizerAdamW.*:CopyIntoReduceInput.*:EndOfBackward.*:AccumulationHook.*:Styles/CheckpointMatrixGpu.*:PublicApi.AGatherSetting*:FlightRing.*:FlightDumpRead.*:FlightDivergence.*:CollectiveCheck.*:StylesWorlds/SyncBatchNormStylesGpu.*:-Spawn.DdpTrainNprocWorkersArePrefixed}" \
+    --gtest_filter="${TESTS_FILTER:-BucketPlan.*:Env.*:ReplicaCheck.*:Spawn.*:AutocastGuard.*:Models/GpuEquivalence.*:WorldSizes/FlatCollectivesNccl.*:DeviceMeshNccl.*:PosixFile.*:Checkpoint.*:CheckpointSha256.*:Safetensors.*:AllDtypes/*:Cases/*:ActivationCheckpoint.*:ActivationCheckpointGpu.*:GptModel.*:Layout*:TakeLocal.*:BackwardNode.*:ModuleIntake.*:Options.*:ShardedGradientPathGpu.*:CAbiGpu.*:CapturedStep*:StepRng*:DdpTrainTextGpu.*:Kinds/Optimizers.*:OptimizerGroups.*:OptimizerSkip.*:OptimizerCheckpoint.*:OptimizerRefuses.*:OptimizerAdamW.*:CopyIntoReduceInput.*:EndOfBackward.*:AccumulationHook.*:Styles/CheckpointMatrixGpu.*:PublicApi.AGatherSetting*:FlightRing.*:FlightDumpRead.*:FlightDivergence.*:CollectiveCheck.*:StylesWorlds/SyncBatchNormStylesGpu.*:ParamDtypeGpu.*:-Spawn.DdpTrainNprocWorkersArePrefixed}" \
     >"$OUT/tests.log" 2>&1
   note "tests rc=$?: $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/tests.log" | tr '\n' ' ')"
   grep -E '^\[  FAILED  \]|relative error' "$OUT/tests.log" | head -20 | tee -a "$SUMMARY"
@@ -515,6 +515,25 @@ if has attr60; then
   note "attr60 torch $model b$batch x $seq rc=$?"
   $PY bench/trace_attribution.py "$OUT/attr-torch.json" >"$OUT/attr-torch.txt" 2>&1
   head -12 "$OUT/attr-torch.txt" | tee -a "$SUMMARY"
+fi
+
+if has ctas60; then
+  # Issue 60 item 4: the SM share NCCL takes from the overlapped compute, one lever at a time
+  # against the default, alternated rounds (CTAS_ROUNDS), the floors60 flags at llama-8b.
+  flags="--model llama-8b --batch-size 1 --seq-len 1024 --device cuda --nproc $NP --fsdp --fsdp-wrap"
+  flags="$flags --fsdp-checkpoint --autocast-bf16 --param-dtype bf16 --reduce-dtype fp32"
+  flags="$flags --optimizer adamw --repeat ${FLOOR_REPEAT:-6} --warmup 3 --json"
+  IFS=';' read -ra levers <<<"${CTAS_LEVERS:-default;--nccl-max-ctas 8;--nccl-max-ctas 4;--nccl-cta-policy 1}"
+  for round in $(seq "${CTAS_ROUNDS:-2}"); do
+    for lever in "${levers[@]}"; do
+      extra=$lever
+      [[ $lever == default ]] && extra=""
+      log="$OUT/ctas60-r$round-${lever// /_}.log"
+      start=$(date +%s)
+      timeout 240 $BENCH $flags $extra >"$log" 2>&1
+      note "ctas60 round $round [$lever] rc=$? ($(($(date +%s) - start)) s): $(grep -m1 '^{' "$log" | grep -o '"median_ms":[0-9.]*')"
+    done
+  done
 fi
 
 if has floors60; then

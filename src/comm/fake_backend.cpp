@@ -58,7 +58,7 @@ class FakeBackend : public detail::CollectiveBackend {
 
 BackendFactory fake_backend_factory() {
   return [](const c10::intrusive_ptr<c10d::Store>& /*store*/, int rank, int size) -> MadeBackend {
-    return {c10::make_intrusive<FakeBackend>(rank, size), {}};
+    return {c10::make_intrusive<FakeBackend>(rank, size), {}, {}};
   };
 }
 

@@ -16,6 +16,9 @@
 #endif
 #if DDP_HAVE_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#if DDP_NCCL_HAS_MEM_POOL
+#include "ddp/comm/nccl_window_pool.hpp"
+#endif
 #endif
 
 namespace ddp::comm {
@@ -51,7 +54,7 @@ BackendFactory backend_factory(Backend backend, const WorldInfo& world,
                              int size) -> MadeBackend {
       auto gloo_opts = c10d::ProcessGroupGloo::Options::create(timeout);
       gloo_opts->devices.push_back(device);
-      return {c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, gloo_opts), {}};
+      return {c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, gloo_opts), {}, {}};
     };
 #else
     (void)world;
@@ -86,7 +89,19 @@ BackendFactory backend_factory(Backend backend, const WorldInfo& world,
           "which this libtorch does not have");
 #endif
       auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, nccl_opts);
-      MadeBackend made{nccl, {}};
+      MadeBackend made{nccl, {}, {}};
+#if DDP_NCCL_HAS_MEM_POOL
+      if (nccl_options.register_buffers) {
+        auto windows = std::make_shared<NcclWindowPool>(nccl);
+        made.empty_registered = [windows](int64_t numel, const at::TensorOptions& options) {
+          return windows->empty(numel, options);
+        };
+      }
+#else
+      TORCH_CHECK(!nccl_options.register_buffers,
+                  "ddp: NcclOptions::register_buffers needs ProcessGroupNCCL's memory pools "
+                  "(registerMemPool, torch >= 2.8); this libtorch has none");
+#endif
 #if defined(DDP_NCCL_HAS_SHUTDOWN) && DDP_NCCL_HAS_SHUTDOWN
       made.shutdown = [nccl] { nccl->shutdown(); };
 #endif

@@ -8,6 +8,7 @@
 #include "ddp/comm/recorder/collective_watchdog.hpp"
 #include "ddp/comm/recorder/flight_recorder.hpp"
 
+#include <ATen/ATen.h>
 #include <c10/core/Event.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
@@ -187,6 +188,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroup::issue(
   }
   return work;
 }
+
+at::Tensor ProcessGroup::empty_registered(int64_t numel, const at::TensorOptions& options) {
+  if (!made_->empty_registered || detail::is_capturing(config_.device)) {
+    return at::empty({numel}, options);
+  }
+  return made_->empty_registered(numel, options);
+}
+
+bool ProcessGroup::registers_buffers() const { return static_cast<bool>(made_->empty_registered); }
 
 void ProcessGroup::set_shutdown(std::function<void()> shutdown) {
   made_->shutdown = std::move(shutdown);

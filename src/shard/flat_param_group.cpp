@@ -191,18 +191,28 @@ void FlatParamGroup::start_unshard() {
   if (state_ == ShardedState::kUnsharded || gathering_) return;
   require_state(!reducing_, "start_unshard");
   const comm::ForPurpose purpose({comm::Purpose::kUnitGather, static_cast<int64_t>(unit_)});
-  if (gather_dtype_ == shard_.scalar_type()) {
-    gather_ = pg_->all_gather_async(shard_, gather_output(shard_numel_ * world_, gather_dtype_));
-  } else {  // [Note: gathering in param_dtype]
-    gather_ = pg_->all_gather_async(shard_.to(gather_dtype_).view(at::kByte),
-                                    gather_output(full_bytes(), at::kByte));
+  const bool cast = gather_dtype_ != shard_.scalar_type();  // [Note: gathering in param_dtype]
+  at::Tensor output = cast ? gather_output(full_bytes(), at::kByte)
+                           : gather_output(shard_numel_ * world_, gather_dtype_);
+  if (ticket_.pooled && pool_->registered()) {
+    // In place: this rank's shard copied (cast) into its slot of the registered buffer, so that
+    // both of the all-gather's buffers lie in the communicator's window (NcclOptions::
+    // register_buffers); the copy replaces the cast copy of the path below.
+    at::Tensor slot =
+        output.view(gather_dtype_).narrow(0, pg_->rank() * shard_numel_, shard_numel_);
+    slot.copy_(shard_);
+    gather_ = pg_->all_gather_async(cast ? slot.view(at::kByte) : slot, output);
+  } else if (cast) {
+    gather_ = pg_->all_gather_async(shard_.to(gather_dtype_).view(at::kByte), output);
+  } else {
+    gather_ = pg_->all_gather_async(shard_, output);
   }
   gathering_ = true;
 }
 
 at::Tensor FlatParamGroup::gather_output(int64_t numel, c10::ScalarType dtype) {
   if (pool_ == nullptr) return at::empty({numel}, shard_.options().dtype(dtype));
-  return pool_->take(numel, shard_.options().dtype(dtype), &ticket_);
+  return pool_->take(numel, shard_.options().dtype(dtype), *pg_, &ticket_);
 }
 
 void FlatParamGroup::done_with_gathered() {

@@ -3,9 +3,13 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include "ddp/comm/process_group.hpp"
+#include "ddp/detail/capture_status.hpp"
+
 namespace ddp::shard {
 
-at::Tensor GatherPool::take(int64_t numel, const at::TensorOptions& options, Ticket* ticket) {
+at::Tensor GatherPool::take(int64_t numel, const at::TensorOptions& options,
+                            comm::ProcessGroup& group, Ticket* ticket) {
   *ticket = Ticket{};
   if (busy_) return at::empty({numel}, options);
   const c10::ScalarType dtype = c10::typeMetaToScalarType(options.dtype());
@@ -13,7 +17,8 @@ at::Tensor GatherPool::take(int64_t numel, const at::TensorOptions& options, Tic
   const int64_t nbytes = (numel * static_cast<int64_t>(c10::elementSize(dtype)) + 7) / 8 * 8;
   if (!buffer_.defined() || buffer_.numel() < nbytes || buffer_.device() != options.device()) {
     buffer_ = at::Tensor();  // freed before the larger one is made
-    buffer_ = at::empty({nbytes}, options.dtype(at::kByte));
+    buffer_ = group.empty_registered(nbytes, options.dtype(at::kByte));
+    registered_ = group.registers_buffers() && !detail::is_capturing(options.device());
   }
   busy_ = true;
   *ticket = Ticket{true, epoch_};
@@ -29,7 +34,7 @@ void GatherPool::give_back(Ticket* ticket) {
 }
 
 void GatherPool::release() {
-  buffer_ = at::Tensor();
+  if (!registered_) buffer_ = at::Tensor();
   busy_ = false;
   ++epoch_;
 }

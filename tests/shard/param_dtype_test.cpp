@@ -5,10 +5,16 @@
 // the global batch, the bf16 gradients are averaged in fp32 and SGD with momentum steps the
 // master. After K steps (one of them over two micro-batches with no_sync) the parameters agree to
 // rel. err < 1e-5. Bad input: a dtype Gloo cannot reduce, a replicated parameter under DEFAULT,
-// an integer dtype, each refused naming it.
+// an integer dtype, each refused naming it. On GPUs (scripts/gpu-check.sh, worlds 1 and 2 as the
+// machine holds them) the MLP case runs on NCCL with NcclOptions::register_buffers and the
+// zero-CTA policy: the units gather in place into memory NCCL registered, kept between steps, and
+// the result is the same oracle's.
 
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 #include <torch/torch.h>
+
+#include <algorithm>
 
 #include "ddp/models/gpt.hpp"
 #include "ddp/models/mlp.hpp"
@@ -86,8 +92,21 @@ void require_fp32_shards(const std::vector<torch::Tensor>& params, const std::st
   }
 }
 
-DDP_TEST_WORKER(param_dtype_mlp) {
-  auto pg = worker_process_group(std::chrono::seconds(60));
+// Where the MLP case runs: Gloo on the CPU, or NCCL on the rank's GPU, its gather buffer
+// registered with the communicator or not.
+struct Case {
+  std::string backend = "gloo";
+  bool register_buffers = false;
+  DDP_CASE_FIELDS(backend, register_buffers)
+};
+
+DDP_TEST_WORKER_WITH(param_dtype_mlp, Case, c) {
+  comm::NcclOptions nccl;
+  nccl.register_buffers = c.register_buffers;
+  if (c.register_buffers) nccl.cta_policy = 2;  // zero-CTA: the copy-engine all-gathers
+  auto pg = worker_process_group(std::chrono::seconds(60), c.backend, nccl);
+  require(pg->registers_buffers() == c.register_buffers, "the group registers buffers as asked");
+  const torch::Device device = c.backend == "nccl" ? torch::Device(torch::kCUDA) : torch::kCPU;
   const int w = pg->world_size(), r = pg->rank();
   // out 5: uneven at world 2 and 3
   const models::MLPOptions shape{/*in=*/6, /*hidden=*/10, /*out=*/5, /*depth=*/3};
@@ -97,8 +116,11 @@ DDP_TEST_WORKER(param_dtype_mlp) {
   options.reduce_dtype = torch::kFloat;  // Gloo cannot reduce bf16
   torch::manual_seed(r);                 // the wrapper broadcasts rank 0's values
   models::MLP net(shape);
+  net->to(device);
   torch::manual_seed(0);
   LowPrecisionOracle<models::MLP> oracle{models::MLP(shape), models::MLP(shape), w};
+  oracle.master()->to(device);
+  oracle.low()->to(device);
   shard::FullyShardedDataParallel<models::MLP> model(net, pg, options);
   auto opt = make_test_optimizer("sgd", net->parameters());
   auto oracle_opt = make_test_optimizer("sgd", oracle.master()->parameters());
@@ -110,8 +132,8 @@ DDP_TEST_WORKER(param_dtype_mlp) {
     const int micro = s == 2 ? 2 : 1;  // step 2: no_sync over the first micro-batch
     std::vector<torch::Tensor> xs, ys;
     for (int m = 0; m < micro; ++m) {
-      xs.push_back(torch::randn({3 * w, shape.in}));
-      ys.push_back(torch::randn({3 * w, shape.out}));
+      xs.push_back(torch::randn({3 * w, shape.in}).to(device));
+      ys.push_back(torch::randn({3 * w, shape.out}).to(device));
     }
     const auto mine = [&](const torch::Tensor& t, int k) { return t.narrow(0, 3 * k, 3); };
     for (int m = 0; m < micro; ++m) {
@@ -217,6 +239,19 @@ DDP_TEST_WORKER(param_dtype_errors) {
   });
   require(integer == "ddp: param_dtype Long is not a floating-point type",
           "an integer param_dtype: " + integer);
+}
+
+// On NCCL with the GPUs at hand (up to 2), plain and with the gather buffer registered.
+TEST(ParamDtypeGpu, MlpOnNcclWithAndWithoutRegisteredBuffersEqualsTheLowPrecisionOracle) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const int worlds = std::min<int>(2, static_cast<int>(torch::cuda::device_count()));
+  for (int world = 1; world <= worlds; ++world) {
+    for (const bool registered : {false, true}) {
+      SCOPED_TRACE("world " + std::to_string(world) + (registered ? ", registered" : ""));
+      EXPECT_WORKERS_PASS(run_workers(param_dtype_mlp, world, Case{"nccl", registered},
+                                      {{"NCCL_NVLS_ENABLE", "0"}}, std::chrono::seconds(240)));
+    }
+  }
 }
 
 DDP_WORLD_SUITE(ParamDtypeTest, 1, 2, 3);

@@ -119,9 +119,11 @@ int maybe_run_worker() {
 }
 
 comm::ProcessGroupPtr worker_process_group(std::chrono::milliseconds timeout,
-                                           const std::string& backend) {
+                                           const std::string& backend,
+                                           const comm::NcclOptions& nccl) {
   comm::InitOptions options;
   options.backend = backend;
+  options.nccl = nccl;
   // Workers may start seconds apart on a loaded 2-core machine; a short collective timeout (what
   // timeout tests use) must not also bound the rendezvous.
   options.rendezvous_timeout =

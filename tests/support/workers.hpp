@@ -13,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include "ddp/comm/init.hpp"
 #include "ddp/comm/process_group.hpp"
 #include "ddp/launch/spawn.hpp"
 #include "support/param_names.hpp"
@@ -100,10 +101,11 @@ launch::SpawnResult run_workers(const Worker<Case>& worker, int world, const Cas
 // main(): if this process is a worker, runs it and returns its exit code; otherwise -1.
 int maybe_run_worker();
 
-// Worker side: a Gloo process group from the environment; every collective bounded by `timeout`.
+// Worker side: a process group from the environment (Gloo unless `backend` says otherwise; `nccl`:
+// NCCL's communicator options); every collective bounded by `timeout`.
 comm::ProcessGroupPtr worker_process_group(
     std::chrono::milliseconds timeout = std::chrono::seconds(60),
-    const std::string& backend = "gloo");
+    const std::string& backend = "gloo", const comm::NcclOptions& nccl = {});
 // A variable of the worker's environment: the launcher's (RANK, LOCAL_RANK) or one the parent set
 // for the library through run_workers' env (throws if absent and no fallback). Parameters of the
 // test come as the body's Case.

@@ -69,6 +69,10 @@ void add_run_flags(CLI::App& app, RunFlags& flags, bool& verbose) {
         ->check(CLI::Range(-1, 2))
         ->capture_default_str()
         ->group("NCCL");
+    app.add_flag("--nccl-register-buffers", flags.nccl.register_buffers,
+                 "sharded units gather in place into a buffer registered with the communicator "
+                 "(with --nccl-cta-policy 2: NCCL's copy-engine all-gathers)")
+        ->group("NCCL");
     app.add_option("--nccl-max-ctas", flags.nccl.max_ctas,
                    "ncclConfig_t maxCTAs (1-64); -1: NCCL's choice")
         ->check(CLI::Range(-1, 64))

@@ -34,7 +34,8 @@ struct RunFlags {
   // issued (comm/recorder/collective_check.hpp). Default off: a store round trip per collective.
   bool check_collectives = false;
   // --nccl-high-priority-stream / --no-nccl-high-priority-stream, --nccl-cta-policy,
-  // --nccl-max-ctas, --nccl-min-ctas: how NCCL makes its communicators (comm/init.hpp).
+  // --nccl-max-ctas, --nccl-min-ctas, --nccl-register-buffers: how NCCL makes its communicators
+  // (comm/init.hpp).
   comm::NcclOptions nccl;
 };
 

@@ -27,6 +27,13 @@ struct NcclOptions {
   // DDP step slower on 2x H200 (61.2-61.3 vs 60.1 ms), so none is set.
   int max_ctas = -1;
   int min_ctas = -1;
+  // The sharded units' gather buffer (shard/gather_pool.hpp) allocated by NCCL and registered
+  // with the communicator as a symmetric window (comm/nccl_window_pool.hpp), each unit's shard
+  // copied into its slot and gathered in place: with cta_policy 2, NCCL >= 2.28 runs those
+  // all-gathers on the copy engines, taking no SM from the compute they overlap. Default false:
+  // measured in docs/benchmarks.md ("The batch-1 regime"); needs torch >= 2.8 (refused by name
+  // where ProcessGroupNCCL has no memory pools).
+  bool register_buffers = false;
 };
 
 // The collective timeout of a program that names none: DDP_TIMEOUT_S (seconds, > 0; what ddp-run

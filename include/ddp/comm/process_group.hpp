@@ -165,6 +165,13 @@ class ProcessGroup {
   Backend backend() const { return config_.backend; }
   const char* backend_name() const { return comm::backend_name(config_.backend); }
   const BackendTraits& backend_traits() const { return traits_; }
+  // Memory for a collective's buffers: registered with the communicator where the group was made
+  // with NcclOptions::register_buffers (comm/nccl_window_pool.hpp; collective: every rank makes
+  // the same ones in the same order), else at::empty. During a CUDA-graph capture at::empty (the
+  // graph's pool): no segment can be registered then.
+  at::Tensor empty_registered(int64_t numel, const at::TensorOptions& options);
+  // Whether empty_registered returns registered memory (outside a capture).
+  bool registers_buffers() const;
   std::chrono::milliseconds timeout() const { return timeout_; }
   // This group's store: keys are scoped under prefix().
   c10d::Store& store() { return *store_; }

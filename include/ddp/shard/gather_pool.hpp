@@ -11,7 +11,9 @@
 // the next all-gather, issued after the copy-out kernel was queued, waits for it (c10d makes the
 // collective's stream wait on the current one). A gather that finds the buffer busy (a prefetch
 // nobody consumed yet) gets a tensor of its own. Released between steps: then a rank holds its
-// shards only.
+// shards only. Except a registered buffer (NcclOptions::register_buffers: the group's
+// empty_registered): it stays, as its memory belongs to the communicator's pool, which no other
+// allocation uses, and a new one would be registered again (a collective call) every step.
 //
 //   unit k:   take the buffer -> all-gather into it -> wait -> copy out -> give it back
 //             -> prefetch unit k+1: take the buffer -> all-gather in flight while k computes
@@ -20,6 +22,10 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+
+namespace ddp::comm {
+class ProcessGroup;
+}
 
 namespace ddp::shard {
 
@@ -32,10 +38,11 @@ class GatherPool {
     uint64_t epoch = 0;
   };
 
-  // `numel` elements of `options`' dtype on its device: a view of the buffer (made or grown to fit
-  // at its first use since the last release: the largest unit gathered so far), marked busy; a new
-  // tensor when the buffer is busy. *ticket says which.
-  at::Tensor take(int64_t numel, const at::TensorOptions& options, Ticket* ticket);
+  // `numel` elements of `options`' dtype on its device: a view of the buffer (made by `group`'s
+  // empty_registered, or grown, to fit at its first use since the last release: the largest unit
+  // gathered so far), marked busy; a new tensor when the buffer is busy. *ticket says which.
+  at::Tensor take(int64_t numel, const at::TensorOptions& options, comm::ProcessGroup& group,
+                  Ticket* ticket);
   // The gathered output of `ticket` was copied out (or discarded): the buffer is free again (if it
   // is still this step's). Resets the ticket.
   void give_back(Ticket* ticket);
@@ -44,11 +51,14 @@ class GatherPool {
   void release();
   // Bytes of the buffer allocated now.
   int64_t allocated_bytes() const { return buffer_.defined() ? buffer_.numel() : 0; }
+  // Whether the buffer is memory the communicator registered (kept between steps).
+  bool registered() const { return registered_; }
 
  private:
-  at::Tensor buffer_;   // uint8, an 8-aligned size; undefined until first taken in a step
-  bool busy_ = false;   // taken and not given back
-  uint64_t epoch_ = 0;  // release() calls so far
+  at::Tensor buffer_;        // uint8, an 8-aligned size; undefined until first taken in a step
+  bool busy_ = false;        // taken and not given back
+  bool registered_ = false;  // buffer_ came from a group that registers buffers
+  uint64_t epoch_ = 0;       // release() calls so far
 };
 
 }  // namespace ddp::shard
