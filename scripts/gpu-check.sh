@@ -480,7 +480,8 @@ if has llama; then
   # Issue 60: the Llama rows, ours (FULLY_SHARD per block) against FSDP2 (fully_shard per block
   # and the root), both with activation checkpointing per block, AdamW, bf16 autocast, bf16
   # gathers and fp32 reduce-scatters, at world NP, in pairs (ours, then PyTorch's). LLAMA_MODELS:
-  # "model:batch:seq_len" items (default llama-1b at 8192 tokens); LLAMA_PAIRS pairs.
+  # "model:batch:seq_len" items (default llama-1b at 8192 tokens); LLAMA_PAIRS pairs; LLAMA_SIDES
+  # of ours, registered (--nccl-register-buffers --nccl-cta-policy 2) and torch.
   for item in ${LLAMA_MODELS:-llama-1b:1:8192}; do
     IFS=: read -r model batch seq <<<"$item"
     flags="--model $model --batch-size $batch --seq-len $seq --device cuda --nproc $NP --fsdp"
@@ -490,6 +491,8 @@ if has llama; then
       for side in ${LLAMA_SIDES:-ours torch}; do
         cmd="$BENCH"
         [[ $side == torch ]] && cmd="$PY bench/reference/torch_ddp.py"
+        # registered: ours with the gather buffer registered and NCCL's copy-engine all-gathers.
+        [[ $side == registered ]] && cmd="$BENCH --nccl-register-buffers --nccl-cta-policy 2"
         log="$OUT/llama-$model-b$batch-s$seq-$side-$pair.log"
         start=$(date +%s)
         timeout 480 $cmd $flags >"$log" 2>&1
