@@ -11,6 +11,7 @@
 #include "ddp/models/replace_parameter.hpp"
 #include "ddp/models/unit_linear.hpp"
 #include "ddp/unit/call_unit.hpp"
+#include "ddp/unit/unit_scope.hpp"
 
 namespace ddp::models {
 
@@ -166,7 +167,11 @@ torch::Tensor LlamaImpl::forward(const torch::Tensor& idx) {
   TORCH_CHECK(idx.dim() == 2, "Llama: expected token ids of shape [B, T], got ", idx.sizes());
   TORCH_CHECK(idx.size(1) <= config_.seq_len, "Llama: input length ", idx.size(1),
               " exceeds seq_len ", config_.seq_len);
-  auto x = tok_embeddings(idx);  // [B, T, d]
+  // Through run_unit, so that an untied model's embedding can be a sharded unit of its own
+  // (registry.cpp's wrap units) and tensor parallelism can split it; a plain call otherwise.
+  auto x = unit::run_unit(
+      *tok_embeddings, [this](const torch::Tensor& ids) { return tok_embeddings(ids); },
+      idx);  // [B, T, d]
   for (const auto& block : *layers) {
     auto& impl = *block->as<LlamaBlockImpl>();
     impl.attention->set_rotary(rope_cos, rope_sin);

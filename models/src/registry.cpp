@@ -86,9 +86,17 @@ void build_llama(Workload& w, LlamaConfig config, const WorkloadOptions& options
   Llama llama(config);
   set_model(w, llama);
   w.set_checkpointing = [impl = llama.ptr()](bool on) { impl->checkpoint_units = on; };
+  // Untied, the embedding and the output layer are units of their own (torchtitan's wrapping):
+  // the root (then the final norm alone) would hold both gathered for the whole step, gather them
+  // before any compute and reduce-scatter them after the last backward kernel (7.4 ms at llama-8b
+  // on 2 GPUs: docs/benchmarks.md, "The batch-1 regime"); as units the output's reduce-scatter
+  // runs under the blocks' backward and each is released after its forward. Tied, the one weight
+  // belongs to both, so they stay in the root.
+  if (!config.tie_weights) w.wrap_units.push_back("tok_embeddings");
   for (int64_t i = 0; i < config.n_layers; ++i) {
     w.wrap_units.push_back("layers." + std::to_string(i));
   }
+  if (!config.tie_weights) w.wrap_units.push_back("output");
   w.tp_plan = llama_tensor_parallel_plan(config);
   w.flops_per_token = llama_flops_per_token(config);
   w.activation_bytes = decoder_activations(config.n_layers, config.d_model, config.vocab_size);
