@@ -16,11 +16,10 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/TensorOptions.h>
+#include <c10/util/intrusive_ptr.h>
 
 #include <cstdint>
 #include <memory>
-
-#include <c10/util/intrusive_ptr.h>
 
 namespace c10d {
 class ProcessGroupNCCL;
@@ -39,7 +38,8 @@ class NcclWindowPool {
   NcclWindowPool& operator=(const NcclWindowPool&) = delete;
 
   // `numel` elements of `options` (a CUDA device: the group's) in the pool, every segment of which
-  // is registered (a new one collectively, on every rank).
+  // is registered (a new one collectively, on every rank). The communicator must exist: the group
+  // ran a collective before (a wrapper's first, the parameters' broadcast or checksum, does).
   at::Tensor empty(int64_t numel, const at::TensorOptions& options);
 
  private:
