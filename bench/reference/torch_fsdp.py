@@ -75,9 +75,9 @@ def prefetch_plan(n_units, n):
     return ({i: v for i, v in forward.items() if v}, {i: v for i, v in backward.items() if v})
 
 
-def units_of(model):
-    """The blocks that --fsdp-wrap shards one by one, in forward order: GPT blocks, ResNet blocks,
-    the Linears of Net/MLP (registered in forward order, as in models/src)."""
+def blocks_of(model):
+    """The blocks or layers, in forward order: GPT blocks, Llama layers, ResNet blocks, the Linears
+    of Net/MLP (registered in forward order, as in models/src)."""
     if isinstance(model, GPT):
         return list(model.h)
     if isinstance(model, Llama):
@@ -87,8 +87,18 @@ def units_of(model):
     return [m for m in model.modules() if isinstance(m, nn.Linear)]
 
 
+def units_of(model):
+    """What --fsdp-wrap shards one by one, in forward order, as models/src/registry.cpp's wrap
+    units: the blocks, and an untied Llama's tok_embeddings and output around them (torchtitan's
+    wrapping; tied, they share one weight and stay in the root)."""
+    blocks = blocks_of(model)
+    if isinstance(model, Llama) and model.output.weight is not model.tok_embeddings.weight:
+        return [model.tok_embeddings] + blocks + [model.output]
+    return blocks
+
+
 def checkpoint_blocks(model):
-    """--fsdp-checkpoint: activation checkpointing of every block or layer (units_of), as
+    """--fsdp-checkpoint: activation checkpointing of every block or layer (blocks_of), as
     torchtitan's full AC and ddp-bench's flag: each is replaced, in place, by a non-reentrant
     CheckpointWrapper before DDP or fully_shard (each FSDP2 unit is then the wrapper around its
     block). That is what apply_activation_checkpointing does; it is done here directly because
@@ -96,7 +106,7 @@ def checkpoint_blocks(model):
     serves --ddp on the CPU too. Returns how many blocks were wrapped."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         CheckpointImpl, checkpoint_wrapper)
-    blocks = set(units_of(model))
+    blocks = set(blocks_of(model))
     wrapped = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):

@@ -40,9 +40,10 @@ class FullyShardFlagsTest(unittest.TestCase):
             self.assertIn(want, err.getvalue())
 
     @staticmethod
-    def shard(flags, checkpoint=False):
-        """make_fsdp on gpt-tiny with a stand-in FSDP2: [(module, kwargs)] in call order; with
-        `checkpoint`, its blocks checkpointed first (as torch_ddp.py does for --fsdp-checkpoint)."""
+    def shard(flags, checkpoint=False, name="gpt-tiny"):
+        """make_fsdp on the zoo's `name` with a stand-in FSDP2: [(module, kwargs)] in call order;
+        with `checkpoint`, its blocks checkpointed first (as torch_ddp.py does for
+        --fsdp-checkpoint)."""
         calls = []
 
         def fully_shard(module, **kwargs):
@@ -52,8 +53,8 @@ class FullyShardFlagsTest(unittest.TestCase):
 
         fake = types.ModuleType("torch.distributed.fsdp")
         fake.fully_shard, fake.MixedPrecisionPolicy = fully_shard, lambda **kw: kw
-        args, _ = torch_ddp.parse_args(["--model", "gpt-tiny", "--fsdp", *flags])
-        model = zoo.build_model("gpt-tiny")
+        args, _ = torch_ddp.parse_args(["--model", name, "--fsdp", *flags])
+        model = zoo.build_model(name)
         if checkpoint:
             torch_fsdp.checkpoint_blocks(model)
         with mock.patch.dict(sys.modules, {"torch.distributed.fsdp": fake}):
@@ -96,6 +97,19 @@ class FullyShardFlagsTest(unittest.TestCase):
         model, calls = self.shard(["--fsdp-wrap", "--fsdp-checkpoint"], checkpoint=True)
         self.assertEqual([m for m, _ in calls], [*model.h, model])
         self.assertTrue(all(type(b).__name__ == "CheckpointWrapper" for b in model.h))
+
+    def test_an_untied_llama_shards_its_embedding_and_output_as_units_as_ours_does(self):
+        # models/src/registry.cpp's wrap units: tok_embeddings, the layers, output; only the layers
+        # are checkpointed. Tied, the shared weight stays in the root.
+        model, calls = self.shard(["--fsdp-wrap", "--fsdp-checkpoint"], checkpoint=True,
+                                  name="llama-tiny")
+        self.assertEqual([m for m, _ in calls],
+                         [model.tok_embeddings, *model.layers, model.output, model])
+        self.assertTrue(all(type(b).__name__ == "CheckpointWrapper" for b in model.layers))
+        self.assertEqual(type(model.output).__name__, "Linear")
+        tied = zoo.Llama(vocab_size=64, seq_len=16, d_model=32, n_layers=2, n_heads=4,
+                         n_kv_heads=2, ffn_hidden=64, tie_weights=True)
+        self.assertEqual(torch_fsdp.units_of(tied), list(tied.layers))
 
     def test_prefetch_lists_are_the_neighbours_nearest_first(self):
         model, _ = self.shard(["--fsdp-wrap", "--fsdp-prefetch", "2"])
