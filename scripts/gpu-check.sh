@@ -481,7 +481,7 @@ if has llama; then
   # and the root), both with activation checkpointing per block, AdamW, bf16 autocast, bf16
   # gathers and fp32 reduce-scatters, at world NP, in pairs (ours, then PyTorch's). LLAMA_MODELS:
   # "model:batch:seq_len" items (default llama-1b at 8192 tokens); LLAMA_PAIRS pairs; LLAMA_SIDES
-  # of ours, registered (--nccl-register-buffers --nccl-cta-policy 2) and torch.
+  # of ours, registered (--nccl-register-buffers --nccl-cta-policy 2) and torch; LLAMA_META.
   for item in ${LLAMA_MODELS:-llama-1b:1:8192}; do
     IFS=: read -r model batch seq <<<"$item"
     flags="--model $model --batch-size $batch --seq-len $seq --device cuda --nproc $NP --fsdp"
@@ -491,6 +491,9 @@ if has llama; then
       for side in ${LLAMA_SIDES:-ours torch}; do
         cmd="$BENCH"
         [[ $side == torch ]] && cmd="$PY bench/reference/torch_ddp.py"
+        # LLAMA_META=1: FSDP2 built on the meta device, sharded, to_empty, init_weights (its
+        # large-model path: seconds to the first step instead of building the whole model).
+        [[ $side == torch && ${LLAMA_META:-0} == 1 ]] && cmd="$cmd --meta-init"
         # registered: ours with the gather buffer registered and NCCL's copy-engine all-gathers.
         [[ $side == registered ]] && cmd="$BENCH --nccl-register-buffers --nccl-cta-policy 2"
         log="$OUT/llama-$model-b$batch-s$seq-$side-$pair.log"

@@ -37,6 +37,7 @@ the first batch only (--inputs' later batches are not copied in).
 
 import argparse
 import contextlib
+import functools
 import inspect
 import json
 import os
@@ -75,6 +76,7 @@ from zoo import (  # noqa: E402,F401
     MODELS,
     SHAPES,
     build_model,
+    init_weights,
     loss_fn,
     random_batch,
     tie_weights_error,
@@ -149,6 +151,11 @@ def parse_args(argv):
     p.add_argument("--profile", action="store_true", help="write a torch.profiler Chrome trace")
     p.add_argument("--trace-file", default=None, help="trace path (default profile.json); implies --profile")
     p.add_argument("--init-params", default=None, help="safetensors file of parameters by name")
+    p.add_argument("--meta-init", action="store_true",
+                   help="GPT and Llama: built on the meta device, sharded (--fsdp), then "
+                        "to_empty on the device and zoo.init_weights on the shards: FSDP2's "
+                        "large-model path (torch >= 2.0); the constructor's distributions, not "
+                        "its numbers")
     p.add_argument("--inputs", default=None, help="safetensors file of x.<step>.<rank>, y.<step>.<rank>")
     p.add_argument("--save-params", default=None, help="rank 0 writes the final parameters here")
     p.add_argument("--lr", type=float, default=0.01,
@@ -195,6 +202,8 @@ def parse_args(argv):
         p.error("--sync-bn needs --device cuda: PyTorch's SyncBatchNorm runs only on GPUs")
     if args.tie_weights and tie_weights_error(args.model) is not None:
         p.error(tie_weights_error(args.model))
+    if args.meta_init and (args.model not in SHAPES or args.init_params or args.tp):
+        p.error("--meta-init needs a GPT or Llama model, without --init-params or --tp")
     if (args.seq_len or args.n_layer or args.n_embd or args.n_head) and args.model not in SHAPES:
         p.error("--seq-len, --n-layer, --n-embd and --n-head need a GPT or Llama model, "
                 f"got --model {args.model}")
@@ -416,13 +425,26 @@ def worker(args, unknown):
 
     # The same construction on every rank (DDP broadcasts rank 0's parameters anyway).
     torch.manual_seed(1234)
-    model = build_model(args.model, tie_weights=args.tie_weights, seq_len=args.seq_len,
-                        n_layers=args.n_layer, d_model=args.n_embd, n_heads=args.n_head)
+    build = functools.partial(build_model, args.model, tie_weights=args.tie_weights,
+                              seq_len=args.seq_len, n_layers=args.n_layer, d_model=args.n_embd,
+                              n_heads=args.n_head)
+    if args.meta_init:
+        if not hasattr(torch.device, "__enter__"):
+            raise SystemExit(f"torch_ddp.py: --meta-init needs torch >= 2.0 (the meta device as "
+                             f"a context); this is torch {torch.__version__}")
+        with torch.device("meta"):
+            model = build()
+    else:
+        model = build()
     if args.init_params:
         load_params(model, args.init_params)
     if args.sync_bn:
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    model.to(device)
+    if not args.meta_init:
+        model.to(device)
+    elif not args.fsdp:  # materialised whole before DDP (its broadcast needs values)
+        model.to_empty(device=device)
+        init_weights(model)
     if args.fsdp_checkpoint:
         torch_fsdp.checkpoint_blocks(model)
     net = model  # what named_parameters() is read from at the end
@@ -464,6 +486,9 @@ def worker(args, unknown):
         side.__exit__(None, None, None)
     elif args.fsdp:
         model = torch_fsdp.make_fsdp(model, args)
+        if args.meta_init:  # each rank's shards materialised, then initialised
+            model.to_empty(device=device)
+            init_weights(net)
     model.train()
     lossf = loss_fn(args.model)
     opt = make_optimizer(model, args, device)

@@ -249,6 +249,7 @@ class Llama(nn.Module):
                  rope_theta=500000.0, norm_eps=1e-5, tie_weights=False):
         super().__init__()
         self.seq_len = seq_len
+        self.head_dim, self.rope_theta = d_model // n_heads, rope_theta  # init_weights' tables
         self.tok_embeddings = nn.Embedding(vocab_size, d_model)
         self.layers = nn.ModuleList([LlamaBlock(d_model, n_heads, n_kv_heads, ffn_hidden, norm_eps)
                                      for _ in range(n_layers)])
@@ -272,6 +273,32 @@ class Llama(nn.Module):
             getattr(block, "_checkpoint_wrapped_module", block).rotary = (self.rope_cos, self.rope_sin)
             x = block(x)
         return self.output(self.norm(x))
+
+
+def init_weights(model):
+    """The constructor's init drawn again into a GPT's or a Llama's existing storage: FSDP2's
+    large-model path (built on the meta device, sharded, to_empty, then this on each rank's
+    shards; torch_ddp.py --meta-init). Every Linear and Embedding weight ~ N(0, 0.02) in modules()
+    order, Linear biases zero, LayerNorm and RMSNorm weights one and biases zero, a Llama's rotary
+    tables computed again. The values are the constructor's distributions, not its numbers."""
+    if not isinstance(model, (GPT, Llama)):
+        raise ValueError(f"init_weights: a GPT or Llama model, got {type(model).__name__}")
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, 0.0, 0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.Embedding):
+                nn.init.normal_(m.weight, 0.0, 0.02)
+            elif isinstance(m, (nn.LayerNorm, RMSNorm)):
+                nn.init.ones_(m.weight)
+                if getattr(m, "bias", None) is not None:
+                    nn.init.zeros_(m.bias)
+        if isinstance(model, Llama):
+            cos, sin = rotary_tables(model.seq_len, model.head_dim, model.rope_theta)
+            model.rope_cos.copy_(cos)
+            model.rope_sin.copy_(sin)
 
 
 def _conv(cin, cout, kernel, stride):
