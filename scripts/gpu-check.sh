@@ -496,6 +496,8 @@ if has llama; then
         [[ $side == torch && ${LLAMA_META:-0} == 1 ]] && cmd="$cmd --meta-init"
         # registered: ours with the gather buffer registered and NCCL's copy-engine all-gathers.
         [[ $side == registered ]] && cmd="$BENCH --nccl-register-buffers --nccl-cta-policy 2"
+        # LLAMA_META=1 also gives ours its fast path: each rank draws only its shards (--local-init).
+        [[ $side != torch && ${LLAMA_META:-0} == 1 ]] && cmd="$cmd --local-init"
         log="$OUT/llama-$model-b$batch-s$seq-$side-$pair.log"
         start=$(date +%s)
         timeout 480 $cmd $flags >"$log" 2>&1

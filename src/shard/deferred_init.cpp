@@ -12,6 +12,7 @@
 #endif
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "ddp/comm/flat_shards.hpp"
 #include "ddp/shard/shard_plan.hpp"
@@ -120,7 +121,72 @@ void give_back_freed_memory() {
 #endif
 }
 
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
+// The default generator of a device seeded for one fill and put back as it was after it, so that
+// the model's construction and the program's later draws see the state they would without it.
+class SeededGenerator {
+ public:
+  SeededGenerator(const at::Device& device, uint64_t seed)
+      : generator_(at::globalContext().defaultGenerator(device)) {
+    std::lock_guard<std::mutex> lock(generator_.mutex());
+    saved_ = generator_.get_state();
+    generator_.set_current_seed(seed);
+  }
+  ~SeededGenerator() {
+    std::lock_guard<std::mutex> lock(generator_.mutex());
+    generator_.set_state(saved_);
+  }
+  SeededGenerator(const SeededGenerator&) = delete;
+  SeededGenerator& operator=(const SeededGenerator&) = delete;
+
+ private:
+  at::Generator generator_;
+  at::Tensor saved_;
+};
+
+// fill_full under InitDraws::kLocal: [Note: local draws].
+void fill_local(DeferredInit& init, at::Tensor& param, const std::function<void(at::Tensor&)>& fill,
+                bool deferred) {
+  const uint64_t turn = init.next_turn();
+  const uint64_t seed = init.options().local_seed;
+  const at::Device device = init.options().device;
+  if (!deferred && (param.dim() == 0 || !init.keeps_rows(param))) {
+    // Every rank keeps it whole: rank 0's numbers on every rank.
+    if (param.device() != device) param.set_data(param.detach().to(device));
+    const SeededGenerator seeded(device, local_draw_seed(seed, turn, 0));
+    fill(param);
+    return;
+  }
+  store().find(param, /*take=*/true);  // the rows kept before go first
+  const comm::FlatShards split{param.size(0), init.world()};
+  std::vector<int64_t> sizes = param.sizes().vec();
+  sizes[0] = split.length(init.rank());
+  at::Tensor kept = at::empty(sizes, param.options().device(device));
+  {
+    const SeededGenerator seeded(device, local_draw_seed(seed, turn, init.rank()));
+    fill(kept);
+  }
+  // No whole value to take a checksum of: the seed and the turn stand for it, compared across
+  // the ranks at the wrap as a checksum is (a rank that filled in another order is named).
+  const at::Tensor stands_for =
+      at::tensor({static_cast<double>(seed & ((uint64_t{1} << 52) - 1)), static_cast<double>(turn)},
+                 at::TensorOptions().dtype(at::kDouble));
+  const bool placed = deferred && param.device() == device;
+  store().put(param, KeptRows{kept, stands_for, init.world(), init.rank()});
+  if (!placed) param.set_data(placeholder(param, device));
+}
+
 }  // namespace
+
+uint64_t local_draw_seed(uint64_t local_seed, uint64_t turn, int rank) {
+  return splitmix64(splitmix64(splitmix64(local_seed) ^ turn) ^ static_cast<uint64_t>(rank));
+}
 
 DeferredInit::DeferredInit(const comm::ProcessGroup& group, DeferredInitOptions options)
     : DeferredInit(group.world_size(), group.rank(), options) {}
@@ -159,8 +225,12 @@ void shard_now(torch::nn::Module& module) {
 
 void fill_full(at::Tensor& param, const std::function<void(at::Tensor&)>& fill) {
   at::NoGradGuard no_grad;
-  const DeferredInit* init = active;
+  DeferredInit* init = active;
   const bool deferred = is_deferred(param);
+  if (init != nullptr && init->options().draws == InitDraws::kLocal) {
+    fill_local(*init, param, fill, deferred);
+    return;
+  }
   if (!deferred && param.device().is_cpu()) {
     fill(param);
     return;

@@ -20,6 +20,7 @@
 #include "ddp/parallel/data_parallel.hpp"
 #include "support/error_text.hpp"
 #include "support/oracle.hpp"
+#include "support/oracle_twin.hpp"
 #include "support/param_names.hpp"
 #include "support/workers.hpp"
 
@@ -279,6 +280,101 @@ TEST(DeferredInitRefuses, AModelBuiltForFullyShardWrappedWithDefault) {
                  "only this rank's rows, but style default replicates it (dim 0 of 3 over 2 "
                  "ranks); build it under the style it is wrapped with");
 }
+
+// [Note: local draws] at worlds 1-3 on Gloo, FULLY_SHARD and DEFAULT: each rank's kept rows are
+// the fill of its rows' shape from local_draw_seed(seed, turn, rank) (DEFAULT's replicated
+// parameters rank 0's, whole, on every rank); the generator is back where the construction left
+// it; the wrap takes them (its checksum stand-in agrees) and one SGD step equals the oracle's from
+// the wrapped model's whole values (rel. err < 1e-5).
+struct LocalCase {
+  std::string style;
+  int world = 1;
+  DDP_CASE_FIELDS(style)
+};
+
+DDP_TEST_WORKER_WITH(deferred_local_draws, LocalCase, c) {
+  auto pg = worker_process_group();
+  const int w = pg->world_size(), r = pg->rank();
+  const uint64_t seed = 11;
+  const shard::DataParallelStyle style = shard::parse_style(c.style);
+  const auto fill = [](at::Tensor& t) { t.normal_(0.0, 0.02); };
+  torch::manual_seed(5);
+  Piecewise net{nullptr};
+  std::vector<torch::Tensor> params;
+  bool keeps_rows[16] = {};
+  {
+    shard::DeferredInit deferred(*pg, {style, at::kCPU, shard::InitDraws::kLocal, seed});
+    net = Piecewise();
+    params = net->parameters();
+    require(params.size() <= 16, "at most 16 parameters");
+    for (size_t i = 0; i < params.size(); ++i) {
+      keeps_rows[i] = deferred.keeps_rows(params[i]);
+      shard::fill_full(params[i], fill);  // turn i
+    }
+  }
+  const torch::Tensor next = torch::randn({4});
+  torch::manual_seed(5);
+  Piecewise plain;
+  require(torch::equal(next, torch::randn({4})),
+          "the generator is where the construction left it after the local fills");
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& p = params[i];
+    std::vector<int64_t> sizes = p.sizes().vec();
+    at::Tensor got = p;
+    int from = 0;  // the rank whose numbers a replicated parameter holds
+    if (keeps_rows[i]) {
+      const auto kept = shard::kept_rows(p);
+      require(kept.has_value(), "parameter " + std::to_string(i) + " kept no rows");
+      sizes[0] = comm::FlatShards{p.size(0), w}.length(r);
+      got = kept->rows;
+      from = r;
+    }
+    torch::manual_seed(static_cast<int64_t>(shard::local_draw_seed(seed, i, from)));
+    at::Tensor expected = at::empty(sizes);
+    fill(expected);
+    require(torch::equal(got, expected),
+            "parameter " + std::to_string(i) + ": not the local draw of turn " + std::to_string(i));
+  }
+  parallel::DataParallelOptions options;
+  torch::nn::AnyModule module(net);
+  parallel::DataParallel<torch::nn::AnyModule> dp(module, pg, style, options);
+  std::map<std::string, torch::Tensor> start;
+  for (const auto& [name, value] : io::whole_state(*net, dp.sharding())) start[name] = value;
+  Piecewise oracle;
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& item : oracle->named_parameters()) item.value().copy_(start.at(item.key()));
+    for (auto& item : oracle->named_buffers()) item.value().copy_(start.at(item.key()));
+  }
+  net->eval();  // BatchNorm by its running statistics, as in the test above
+  oracle->eval();
+  auto opt = make_test_optimizer("plain-sgd", net->parameters());
+  auto oracle_opt = make_test_optimizer("plain-sgd", oracle->parameters());
+  torch::manual_seed(9);
+  const torch::Tensor x = torch::randn({2 * w, 5}), y = torch::randn({2 * w, 2});
+  torch::mse_loss(dp.forward(x.narrow(0, 2 * r, 2)), y.narrow(0, 2 * r, 2)).backward();
+  opt->step();
+  torch::mse_loss(oracle->forward(x), y).backward();
+  oracle_opt->step();
+  NamedTensors after;
+  for (const auto& [name, value] : io::whole_state(*net, dp.sharding())) {
+    if (value.is_floating_point() && oracle->named_parameters().find(name) != nullptr) {
+      after.emplace_back(name, value);
+    }
+  }
+  require_close_by_name(after, *oracle, 1e-5, c.style + " with local draws, one SGD step");
+}
+
+DDP_WORKER_CASE_TEST(DeferredLocalDraws, EachRankDrawsItsRowsAndTrainsAsTheWrappedValues,
+                     deferred_local_draws, LocalCase);
+
+INSTANTIATE_TEST_SUITE_P(Styles, DeferredLocalDraws,
+                         ::testing::Values(LocalCase{"fully_shard", 1}, LocalCase{"fully_shard", 2},
+                                           LocalCase{"fully_shard", 3}, LocalCase{"default", 2},
+                                           LocalCase{"default", 3}),
+                         [](const ::testing::TestParamInfo<LocalCase>& info) {
+                           return info.param.style + "_" + std::to_string(info.param.world);
+                         });
 
 }  // namespace
 }  // namespace ddp::testing

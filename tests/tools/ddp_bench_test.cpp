@@ -236,6 +236,22 @@ TEST(DdpBench, UnitFlagsNeedAShardedStyle) {
       << out;
 }
 
+TEST(DdpBench, LocalInitNeedsAShardedStyleBuiltShardByShard) {
+  const auto [out, code] = run_command(kBench + " --ddp --local-init --model toy");
+  EXPECT_EQ(code, 2);
+  EXPECT_NE(out.find("ddp-bench: --local-init needs --fsdp or a sharded --style: it initialises "
+                     "this rank's shards"),
+            std::string::npos)
+      << out;
+  const auto [tp_out, tp_code] =
+      run_command(kBench + " --fsdp --local-init --tp 2 --nproc 2 --model net --repeat 1");
+  EXPECT_NE(tp_code, 0);
+  EXPECT_NE(tp_out.find("ddp-bench: --local-init initialises shards as the model is built, which "
+                        "--tp and --init-params do not (they start from whole parameters)"),
+            std::string::npos)
+      << tp_out;
+}
+
 // --json reports each rank's initialisation (issue 60): seconds from the worker's start to the
 // wrapped model, and the process's resident high-water mark then, which holds at least the whole
 // model under DDP (toy: four 2000 x 2000 fp32 weights, 64 MB).

@@ -165,6 +165,10 @@ void add_shard_flags(CLI::App& app, ShardFlags& flags) {
          "--reduce-dtype", flags.reduce_dtype,
          "sharded styles: reduce-scatter gradients in this dtype (default: --param-dtype's)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  app.add_flag("--local-init", flags.local_init,
+               "sharded styles: each rank draws only its shards' initial values, on its device "
+               "(FSDP2's meta-device path: fast, the same distributions, not one process's "
+               "numbers)");
   app.add_option("--dp-replicate", flags.dp_replicate,
                  "sharded styles: hybrid sharding, R replicas of world / R / --tp shards each: "
                  "gathers and reduce-scatters within a shard group, the gradient shards averaged "
@@ -210,6 +214,9 @@ std::string check_shard_flags(ShardFlags& flags, const std::vector<std::string>&
        !flags.reduce_dtype.empty() || !flags.dp_replicate.empty())) {
     return "--fsdp-wrap, --reshard-after-forward, --prefetch, --param-dtype, --reduce-dtype and "
            "--dp-replicate need --fsdp or a sharded --style";
+  }
+  if (!flags.sharded() && flags.local_init) {
+    return "--local-init needs --fsdp or a sharded --style: it initialises this rank's shards";
   }
   if (!flags.param_dtype.empty()) flags.options.param_dtype = dtype_of(flags.param_dtype);
   if (!flags.reduce_dtype.empty()) flags.options.reduce_dtype = dtype_of(flags.reduce_dtype);

@@ -58,10 +58,13 @@ struct ShardFlags {
   // --dp-replicate R|nodes: hybrid sharding, R replicas of world / R / --tp shards each; "nodes":
   // R is the launcher's node count (comm::node_count). "": flat (so is 1).
   std::string dp_replicate;
+  // --local-init: each rank draws only its shards' initial values, on its device
+  // (shard::InitDraws::kLocal, FSDP2's meta-device path); default the single process's numbers.
+  bool local_init = false;
   bool sharded() const { return !style.empty() && style != "replicate"; }
 };
 // --fsdp, --style, --fsdp-wrap, --reshard-after-forward, --prefetch, --fsdp-checkpoint,
-// --param-dtype, --reduce-dtype, --dp-replicate.
+// --param-dtype, --reduce-dtype, --dp-replicate, --local-init.
 void add_shard_flags(CLI::App& app, ShardFlags& flags);
 // After parsing: resolves the style (--style, --ddp, --fsdp), applies it and the dtypes to
 // flags.options, and returns the complaint about flags that do not go together ("" when they

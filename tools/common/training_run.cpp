@@ -96,8 +96,16 @@ TrainingRun::TrainingRun(const TrainingFlags& flags, TrainingRunOptions options)
   std::optional<shard::DeferredInit> deferred;
   if (options_.wrap && world_ && flags.tp == 0 && options_.init_params.empty() &&
       style != shard::DataParallelStyle::kReplicate) {
-    deferred.emplace(*shard_group, shard::DeferredInitOptions{style, device_});
+    shard::DeferredInitOptions init{style, device_};
+    if (flags.shard.local_init) {
+      init.draws = shard::InitDraws::kLocal;
+      init.local_seed = static_cast<uint64_t>(flags.workload.seed);
+    }
+    deferred.emplace(*shard_group, init);
   }
+  TORCH_CHECK(!flags.shard.local_init || deferred, options_.tool,
+              ": --local-init initialises shards as the model is built, which --tp and "
+              "--init-params do not (they start from whole parameters)");
   workload_ = models::make_workload(flags.model, flags.workload);
   if (options_.wrap && world_ && flags.tp == 0) plan_memory(style);
   if (flags.shard.checkpoint) {

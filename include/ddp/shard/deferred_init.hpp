@@ -33,6 +33,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include <cstdint>
 #include <functional>
 #include <optional>
 
@@ -45,6 +46,21 @@ class Module;
 
 namespace ddp::shard {
 
+// Which numbers fill_full writes.
+enum class InitDraws {
+  // Every value a single process draws, on the CPU, of which this rank keeps its rows ([Note: the
+  // same draws as one process]): the same model at every world size, for the price of every rank
+  // drawing the whole model (llama-8b: ~100 s before the first step).
+  kOneProcess,
+  // [Note: local draws] Each rank fills only what it keeps, on the device, from the device's
+  // generator seeded with local_draw_seed(local_seed, turn, rank) (turn: the fill_full call's
+  // number under this DeferredInit; a parameter every rank keeps whole draws with rank 0's seed,
+  // so that the ranks agree): the same distributions, other numbers at every world size, as
+  // FSDP2's meta-device path (to_empty, then init_weights on the shards). The generator's state
+  // is restored after each fill. The constructors' own draws still run whole on the CPU.
+  kLocal,
+};
+
 struct DeferredInitOptions {
   // The style the model will be wrapped with: which parameters keep only this rank's rows
   // ([Note: styles] in shard_plan.hpp). Default fully_shard: the style that needs this most.
@@ -52,7 +68,16 @@ struct DeferredInitOptions {
   // Where the kept rows, the replicated parameters and the buffers go: the training device, so
   // that the host holds no more than one piece. Default the CPU (Gloo).
   at::Device device = at::kCPU;
+  // Which numbers fill_full writes. Default kOneProcess: a sharded run starts from the model a
+  // single process builds with the same seed, whatever the world size.
+  InitDraws draws = InitDraws::kOneProcess;
+  // kLocal's seed (the same on every rank). Default 0.
+  uint64_t local_seed = 0;
 };
+
+// kLocal's seed of fill_full call `turn` on `rank` (splitmix64 of the three): a pure function, so
+// that a test can draw the same numbers.
+uint64_t local_draw_seed(uint64_t local_seed, uint64_t turn, int rank);
 
 // What deferred initialisation kept of one parameter: this rank's rows of dim 0 (torch.chunk's
 // split over `world`: comm/flat_shards.hpp) on the device, and the checksum of the whole value
@@ -79,11 +104,14 @@ class DeferredInit {
   const DeferredInitOptions& options() const { return options_; }
   // Whether the style keeps only this rank's rows of `param` (else it keeps the whole).
   bool keeps_rows(const at::Tensor& param) const;
+  // kLocal: the number of the next fill_full call (every rank makes the same calls in order).
+  uint64_t next_turn() { return turn_++; }
 
  private:
   int world_ = 1;
   int rank_ = 0;
   DeferredInitOptions options_;
+  uint64_t turn_ = 0;  // fill_full calls so far
 };
 
 // Called after a piece of a model is built (a block, an embedding, and the root at the end of the
@@ -95,7 +123,8 @@ void shard_now(torch::nn::Module& module);
 
 // Writes `param`'s whole value with `fill` (an in-place initialiser such as normal_): directly
 // when the parameter is whole on the CPU; otherwise on a whole CPU temporary (the draws a single
-// process makes), then kept as shard_now keeps it. Under NoGradGuard.
+// process makes), then kept as shard_now keeps it. Under InitDraws::kLocal, `fill` writes only
+// what this rank keeps, on the device ([Note: local draws]). Under NoGradGuard.
 void fill_full(at::Tensor& param, const std::function<void(at::Tensor&)>& fill);
 
 // Whether `param` is a placeholder whose rows deferred initialisation kept.
