@@ -118,6 +118,19 @@ class GPTBlock(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+def normal_init(model):
+    """GPT-2's init (models/normal_init.hpp) in modules() order: every Linear and Embedding weight
+    ~ N(0, 0.02), Linear biases zero."""
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, 0.0, 0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.Embedding):
+                nn.init.normal_(m.weight, 0.0, 0.02)
+
+
 class GPT(nn.Module):
     """models/src/gpt.cpp's GPTImpl: wte, wpe, h.<i>, ln_f, lm_head (no bias). tie_weights:
     lm_head.weight is wte.weight, as in GPT-2 (named_parameters() then lists it once, as wte.weight,
@@ -132,15 +145,7 @@ class GPT(nn.Module):
         self.h = nn.ModuleList([GPTBlock(d_model, n_heads) for _ in range(n_layers)])
         self.ln_f = nn.LayerNorm(d_model)
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
-        # GPT-2's init in modules() order, as the C++ constructor does it.
-        with torch.no_grad():
-            for m in self.modules():
-                if isinstance(m, nn.Linear):
-                    nn.init.normal_(m.weight, 0.0, 0.02)
-                    if m.bias is not None:
-                        nn.init.zeros_(m.bias)
-                elif isinstance(m, nn.Embedding):
-                    nn.init.normal_(m.weight, 0.0, 0.02)
+        normal_init(self)  # GPT-2's init in modules() order, as the C++ constructor does it
         if tie_weights:
             # After the init, as the C++ constructor ties: lm_head's own draw is dropped, so the
             # generator ends where the untied model's does.
@@ -258,10 +263,7 @@ class Llama(nn.Module):
         cos, sin = rotary_tables(seq_len, d_model // n_heads, rope_theta)
         self.register_buffer("rope_cos", cos)
         self.register_buffer("rope_sin", sin)
-        with torch.no_grad():
-            for m in self.modules():
-                if isinstance(m, (nn.Linear, nn.Embedding)):
-                    nn.init.normal_(m.weight, 0.0, 0.02)
+        normal_init(self)  # no Linear has a bias: the same draws as models/src/llama.cpp
         if tie_weights:
             self.output.weight = self.tok_embeddings.weight
 
@@ -283,15 +285,10 @@ def init_weights(model):
     tables computed again. The values are the constructor's distributions, not its numbers."""
     if not isinstance(model, (GPT, Llama)):
         raise ValueError(f"init_weights: a GPT or Llama model, got {type(model).__name__}")
+    normal_init(model)
     with torch.no_grad():
         for m in model.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.normal_(m.weight, 0.0, 0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.Embedding):
-                nn.init.normal_(m.weight, 0.0, 0.02)
-            elif isinstance(m, (nn.LayerNorm, RMSNorm)):
+            if isinstance(m, (nn.LayerNorm, RMSNorm)):
                 nn.init.ones_(m.weight)
                 if getattr(m, "bias", None) is not None:
                     nn.init.zeros_(m.bias)
