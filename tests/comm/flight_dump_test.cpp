@@ -148,6 +148,18 @@ TEST(FlightDivergence, ARankWithoutADumpAndAgreeingRanksAreSaidSo) {
             "collective they hold; ranks 0 and 2 wait in collective #4 of group ddp/world "
             "(all-reduce (average) of 6300000 Float elements for bucket 0 of plan epoch 0, step "
             "12, issued at 12:01:03.004)");
+  // One timed out (after 1 ms), a slower one still waited when the launcher ended it, within its
+  // own timeout (so not stuck): each said.
+  json slower = dump(2, 3, bucket_steps(4, "issued"));
+  slower["dumped_us"] = kT0 + 4000 + 500;
+  const auto mixed =
+      comm::first_divergence(parsed({dump(0, 3, bucket_steps(4, "timed out")), slower}), 3);
+  EXPECT_EQ(mixed.kind, "no dump");
+  EXPECT_EQ(mixed.sentence,
+            "rank 1 left no dump (killed, or never started) and the others agree on every "
+            "collective they hold; ranks 0 and 2 are in collective #4 of group ddp/world "
+            "(all-reduce (average) of 6300000 Float elements for bucket 0 of plan epoch 0, step "
+            "12, issued at 12:01:03.004): rank 0 timed out, rank 2 still waiting");
 }
 
 // A skipped step: rank 1 ran on from step 12 to step 13's collectives at #5 while rank 0 ran step

@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <string>
+#include <vector>
 
 #include "ddp/comm/recorder/flight_recorder.hpp"
 #include "support/param_names.hpp"
@@ -60,8 +61,18 @@ DDP_TEST_WORKER_WITH(forensics_scenario, ScenarioCase, c) {
   try {
     pg->allreduce_sum(t, "second all-reduce");
   } catch (const c10::Error&) {
-    // Dumped by the failed wait.
+    // Dumped by the failed wait. Rank 0 ends the stopped rank only once every waiting rank has
+    // timed out and dumped: ended sooner, the launcher's SIGTERM would find a slower rank still
+    // waiting, and its dump would say so.
+    if (scenario == "stop") {
+      const std::string timed_out = "test/timed-out/" + std::to_string(pg->rank());
+      pg->store().set(timed_out, {1});
+    }
     if (scenario == "stop" && pg->rank() == 0) {
+      std::vector<std::string> keys;
+      for (int r = 0; r + 1 < pg->world_size(); ++r)
+        keys.push_back("test/timed-out/" + std::to_string(r));
+      pg->store().wait(keys, std::chrono::seconds(20));
       const auto pid = pg->store().get("test/stopped-pid");
       ::kill(std::stoi(std::string(pid.begin(), pid.end())), SIGKILL);
     }

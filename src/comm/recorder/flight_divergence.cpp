@@ -354,10 +354,13 @@ std::optional<Divergence> find_absent(const Groups& groups, const std::vector<Ra
   d.sentence = ranks_word(absent) + " left no dump (killed, or never started) and the others " +
                "agree on every collective they hold";
   // Where the others are: the oldest collective not completed (waiting, failed or timed out),
-  // when it is the same one on the dumped ranks that have one.
+  // when it is the same one on the dumped ranks that have one. Their states may differ (one timed
+  // out, a slower one still waited when the launcher ended it): each is said then.
   const DumpedCollective* waiting = nullptr;
   std::string waiting_group;
   std::vector<int> waiters;
+  std::map<std::string, std::vector<int>> by_state;
+  std::vector<std::string> states;  // in the order first met
   for (const auto& [name, view] : groups) {
     for (const auto& [rank, g] : view.by_rank) {
       for (const DumpedCollective& e : g->entries) {
@@ -366,6 +369,8 @@ std::optional<Divergence> find_absent(const Groups& groups, const std::vector<Ra
           if (waiting == nullptr) waiting_group = name;
           waiting = &e;
           waiters.push_back(rank);
+          if (by_state[e.state].empty()) states.push_back(e.state);
+          by_state[e.state].push_back(rank);
         }
         break;
       }
@@ -374,12 +379,22 @@ std::optional<Divergence> find_absent(const Groups& groups, const std::vector<Ra
   if (waiting != nullptr) {
     d.group = waiting_group;
     d.seq = waiting->seq;
-    d.sentence += "; " + ranks_word(waiters) + " " +
-                  (waiting->state == "issued" ? "wait in" : "ended in") + " collective #" +
-                  std::to_string(waiting->seq) + " of group " + waiting_group + " (" +
-                  waiting->describe() + ", step " + std::to_string(waiting->step) + ", issued at " +
-                  clock_time(waiting->issued_us) +
-                  (waiting->state == "issued" ? "" : ", " + waiting->state) + ")";
+    const std::string where = "collective #" + std::to_string(waiting->seq) + " of group " +
+                              waiting_group + " (" + waiting->describe() + ", step " +
+                              std::to_string(waiting->step) + ", issued at " +
+                              clock_time(waiting->issued_us);
+    if (states.size() == 1) {
+      d.sentence += "; " + ranks_word(waiters) + " " +
+                    (waiting->state == "issued" ? "wait in " : "ended in ") + where +
+                    (waiting->state == "issued" ? "" : ", " + waiting->state) + ")";
+    } else {
+      std::string each;
+      for (const std::string& state : states) {
+        each += (each.empty() ? "" : ", ") + ranks_word(by_state[state]) + " " +
+                (state == "issued" ? "still waiting" : state);
+      }
+      d.sentence += "; " + ranks_word(waiters) + " are in " + where + "): " + each;
+    }
   }
   return d;
 }
