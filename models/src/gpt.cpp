@@ -23,8 +23,8 @@ torch::Tensor maybe_dropout(const torch::Tensor& x, double p, bool training) {
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& config)
     : n_heads_(config.n_heads), dropout_(config.dropout) {
-  c_attn = register_module("c_attn", torch::nn::Linear(config.d_model, 3 * config.d_model));
-  c_proj = register_module("c_proj", torch::nn::Linear(config.d_model, config.d_model));
+  c_attn = register_module("c_attn", normal_linear(config.d_model, 3 * config.d_model));
+  c_proj = register_module("c_proj", normal_linear(config.d_model, config.d_model));
 }
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
@@ -51,8 +51,8 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
 }
 
 GPTMLPImpl::GPTMLPImpl(const GPTConfig& config) : dropout_(config.dropout) {
-  c_fc = register_module("c_fc", torch::nn::Linear(config.d_model, 4 * config.d_model));
-  c_proj = register_module("c_proj", torch::nn::Linear(4 * config.d_model, config.d_model));
+  c_fc = register_module("c_fc", normal_linear(config.d_model, 4 * config.d_model));
+  c_proj = register_module("c_proj", normal_linear(4 * config.d_model, config.d_model));
 }
 
 torch::Tensor GPTMLPImpl::forward(const torch::Tensor& x) {
@@ -85,18 +85,17 @@ GPTImpl::GPTImpl(const GPTConfig& config) : config_(config) {
 
   // shard_now after each piece: under deferred initialisation every rank keeps only its rows of
   // it (shard/deferred_init.hpp); otherwise a no-op.
-  wte = register_module("wte", torch::nn::Embedding(config.vocab_size, config.d_model));
+  wte = register_module("wte", normal_embedding(config.vocab_size, config.d_model));
   shard::shard_now(*wte);
-  wpe = register_module("wpe", torch::nn::Embedding(config.seq_len, config.d_model));
+  wpe = register_module("wpe", normal_embedding(config.seq_len, config.d_model));
   h = register_module("h", torch::nn::ModuleList());
   for (int64_t i = 0; i < config.n_layers; ++i) {
     h->push_back(GPTBlock(config));
     shard::shard_now(*h[i]);
   }
   ln_f = register_module("ln_f", torch::nn::LayerNorm(std::vector<int64_t>{config.d_model}));
-  lm_head = register_module(
-      "lm_head",
-      torch::nn::Linear(torch::nn::LinearOptions(config.d_model, config.vocab_size).bias(false)));
+  lm_head =
+      register_module("lm_head", normal_linear(config.d_model, config.vocab_size, /*bias=*/false));
   shard::shard_now(*lm_head);
 
   normal_init(*this);  // the LayerNorms keep their ones and zeros

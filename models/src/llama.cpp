@@ -17,9 +17,7 @@ namespace ddp::models {
 
 namespace {
 
-torch::nn::Linear no_bias(int64_t in, int64_t out) {
-  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
-}
+torch::nn::Linear no_bias(int64_t in, int64_t out) { return normal_linear(in, out, false); }
 
 }  // namespace
 
@@ -141,7 +139,7 @@ LlamaImpl::LlamaImpl(const LlamaConfig& config) : config_(config) {
   // shard_now after each piece: under deferred initialisation every rank keeps only its rows of
   // it (shard/deferred_init.hpp); otherwise a no-op.
   tok_embeddings =
-      register_module("tok_embeddings", torch::nn::Embedding(config.vocab_size, config.d_model));
+      register_module("tok_embeddings", normal_embedding(config.vocab_size, config.d_model));
   shard::shard_now(*tok_embeddings);
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < config.n_layers; ++i) {

@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/nn/module.h>
 
+#include <algorithm>
 #include <limits>
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -80,8 +81,14 @@ at::Tensor sampled_checksum(const at::Tensor& whole) {
 
 // One NaN of `param`'s dtype on `device`, expanded to its shape: [Note: placeholders].
 at::Tensor placeholder(const at::Tensor& param, at::Device device) {
-  return at::full({1}, std::numeric_limits<double>::quiet_NaN(), param.options().device(device))
-      .expand(param.sizes());
+  return unfilled(param.sizes(), param.options().device(device));
+}
+
+// A value from unfilled() (or a placeholder): every element the same memory.
+bool is_unfilled(const at::Tensor& param) {
+  const auto strides = param.strides();
+  return param.numel() > 1 &&
+         std::all_of(strides.begin(), strides.end(), [](int64_t s) { return s == 0; });
 }
 
 // Keeps this rank's rows of `whole` (the value of `param`, anywhere) and leaves a placeholder.
@@ -107,7 +114,9 @@ void keep(const DeferredInit& init, at::Tensor& param) {
     return;
   }
   if (param.device() != init.options().device) {
-    param.set_data(param.detach().to(init.options().device));
+    // An unfilled value stays one NaN (.to would write it whole): fill_full gives it memory.
+    param.set_data(is_unfilled(param) ? placeholder(param, init.options().device)
+                                      : param.detach().to(init.options().device));
   }
 }
 
@@ -158,7 +167,11 @@ void fill_local(DeferredInit& init, at::Tensor& param, const std::function<void(
   const at::Device device = init.options().device;
   if (!deferred && (param.dim() == 0 || !init.keeps_rows(param))) {
     // Every rank keeps it whole: rank 0's numbers on every rank.
-    if (param.device() != device) param.set_data(param.detach().to(device));
+    if (is_unfilled(param)) {
+      param.set_data(at::empty(param.sizes(), param.options().device(device)));
+    } else if (param.device() != device) {
+      param.set_data(param.detach().to(device));
+    }
     const SeededGenerator seeded(device, local_draw_seed(seed, turn, 0));
     fill(param);
     return;
@@ -249,6 +262,12 @@ void fill_full(at::Tensor& param, const std::function<void(at::Tensor&)>& fill) 
     return;
   }
   param.copy_(whole);
+}
+
+bool draws_locally() { return active != nullptr && active->options().draws == InitDraws::kLocal; }
+
+at::Tensor unfilled(at::IntArrayRef sizes, const at::TensorOptions& options) {
+  return at::full({1}, std::numeric_limits<double>::quiet_NaN(), options).expand(sizes);
 }
 
 bool is_deferred(const at::Tensor& param) { return store().find(param, false).has_value(); }

@@ -13,9 +13,13 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <map>
+#include <set>
+
 #include "ddp/comm/flat_shards.hpp"
 #include "ddp/intake/module_intake.hpp"
 #include "ddp/io/full_state_dict.hpp"
+#include "ddp/models/normal_init.hpp"
 #include "ddp/models/registry.hpp"
 #include "ddp/parallel/data_parallel.hpp"
 #include "support/error_text.hpp"
@@ -224,13 +228,14 @@ std::vector<Case> cases() {
   return out;
 }
 
-INSTANTIATE_TEST_SUITE_P(StylesModels, DeferredInitWorlds, ::testing::ValuesIn(cases()),
-                         [](const ::testing::TestParamInfo<Case>& info) {
-                           std::string name = info.param.style + "_" + info.param.model + "_" +
-                                              std::to_string(info.param.world);
-                           for (char& ch : name) ch = std::isalnum(ch) ? ch : '_';
-                           return name;
-                         });
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  std::string name =
+      info.param.style + "_" + info.param.model + "_" + std::to_string(info.param.world);
+  for (char& ch : name) ch = std::isalnum(ch) ? ch : '_';
+  return name;
+}
+
+INSTANTIATE_TEST_SUITE_P(StylesModels, DeferredInitWorlds, ::testing::ValuesIn(cases()), case_name);
 
 // A wrap that must be refused.
 struct RefusedCase {
@@ -375,6 +380,131 @@ INSTANTIATE_TEST_SUITE_P(Styles, DeferredLocalDraws,
                          [](const ::testing::TestParamInfo<LocalCase>& info) {
                            return info.param.style + "_" + std::to_string(info.param.world);
                          });
+
+// [Note: constructors' draws] The zoo's layers under local draws: built unfilled (one NaN, no
+// memory to draw into), with their real options; built as libtorch builds them otherwise.
+TEST(DeferredInit, UnderLocalDrawsAZooLayerIsBuiltUnfilled) {
+  EXPECT_FALSE(shard::draws_locally());
+  {
+    shard::DeferredInit exact(2, 0, {shard::DataParallelStyle::kFullyShard, at::kCPU});
+    EXPECT_FALSE(shard::draws_locally());
+    const auto linear = models::normal_linear(3, 4);
+    EXPECT_EQ(linear->weight.storage().nbytes(), 12 * sizeof(float));
+    EXPECT_FALSE(linear->weight.isnan().any().item<bool>());
+  }
+  shard::DeferredInit local(
+      2, 0, {shard::DataParallelStyle::kFullyShard, at::kCPU, shard::InitDraws::kLocal, 11});
+  EXPECT_TRUE(shard::draws_locally());
+  const auto linear = models::normal_linear(3, 4);
+  const auto embedding = models::normal_embedding(5, 6);
+  EXPECT_EQ(linear->options.in_features(), 3);
+  EXPECT_EQ(linear->options.out_features(), 4);
+  EXPECT_EQ(embedding->options.num_embeddings(), 5);
+  EXPECT_EQ(embedding->options.embedding_dim(), 6);
+  const std::vector<std::pair<torch::Tensor, std::vector<int64_t>>> values = {
+      {linear->weight, {4, 3}}, {linear->bias, {4}}, {embedding->weight, {5, 6}}};
+  for (const auto& [value, sizes] : values) {
+    EXPECT_EQ(value.sizes().vec(), sizes);
+    EXPECT_EQ(static_cast<int64_t>(value.storage().nbytes()), value.element_size());
+    EXPECT_TRUE(value.isnan().all().item<bool>());
+    EXPECT_TRUE(value.requires_grad());
+  }
+}
+
+// The zoo's models under local draws at worlds 1-3 (their constructors' draws skipped): every
+// value the wrap holds is closed-form, normal_init's turn by turn (a weight: each rank's rows
+// drawn from local_draw_seed(seed, turn, rank), or rank 0's whole where the style replicates it;
+// a bias: zeros; norms and buffers: as constructed); one SGD step equals the single-process step
+// from those values (rel. err < 1e-5).
+DDP_TEST_WORKER_WITH(deferred_zoo_local_draws, Case, c) {
+  auto pg = worker_process_group(std::chrono::seconds(60));
+  const int w = pg->world_size(), r = pg->rank();
+  const auto style = shard::parse_style(c.style);
+  const uint64_t seed = 11;
+  models::Workload plain = build(c.model, 5);
+  models::Workload mine;
+  std::map<std::string, bool> keeps_rows;
+  {
+    shard::DeferredInit deferred(*pg, {style, at::kCPU, shard::InitDraws::kLocal, seed});
+    mine = build(c.model, 5);
+    for (const auto& item : mine.ptr->named_parameters()) {
+      keeps_rows[item.key()] = deferred.keeps_rows(item.value());
+    }
+  }
+  // normal_init's draws, in its order (models/normal_init.hpp).
+  const auto draw = [&](const torch::Tensor& like, uint64_t turn, bool rows) {
+    std::vector<torch::Tensor> parts;
+    for (int from = 0; from < (rows ? w : 1); ++from) {
+      std::vector<int64_t> sizes = like.sizes().vec();
+      if (rows) sizes[0] = comm::FlatShards{like.size(0), w}.length(from);
+      torch::manual_seed(static_cast<int64_t>(shard::local_draw_seed(seed, turn, from)));
+      parts.push_back(torch::empty(sizes).normal_(0.0, 0.02));
+    }
+    return torch::cat(parts);
+  };
+  std::map<std::string, torch::Tensor> expected;
+  for (const auto& [name, value] : named_values(*plain.ptr)) expected[name] = value;
+  std::set<std::string> drawn;
+  uint64_t turn = 0;
+  for (const auto& item : plain.ptr->named_modules("", /*include_self=*/false)) {
+    const std::string prefix = item.key() + ".";
+    const auto drawn_once = [&](const std::string& name, const torch::Tensor& value) {
+      if (drawn.insert(name).second) expected[name] = draw(value, turn, keeps_rows.at(name));
+      ++turn;
+    };
+    if (auto* linear = item.value()->as<torch::nn::Linear>()) {
+      drawn_once(prefix + "weight", linear->weight);
+      if (linear->bias.defined()) {
+        expected[prefix + "bias"] = torch::zeros_like(linear->bias);
+        ++turn;
+      }
+    } else if (auto* embedding = item.value()->as<torch::nn::Embedding>()) {
+      drawn_once(prefix + "weight", embedding->weight);
+    }
+  }
+  parallel::DataParallelOptions options;
+  options.shard.units = mine.wrap_units;
+  parallel::DataParallel<torch::nn::AnyModule> dp(mine.module, pg, style, options);
+  const std::map<std::string, torch::Tensor> start = [&] {
+    std::map<std::string, torch::Tensor> out;
+    for (const auto& [name, value] : io::whole_state(*mine.ptr, dp.sharding())) out[name] = value;
+    return out;
+  }();
+  for (const auto& [name, value] : start) {
+    require(expected.count(name) == 1, "no closed-form value for " + name);
+    require(torch::equal(value, expected.at(name)), name + " is not normal_init's local draw");
+  }
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& item : plain.ptr->named_parameters()) item.value().copy_(start.at(item.key()));
+  }
+  mine.ptr->eval();
+  plain.ptr->eval();
+  const int64_t per_rank = 2;
+  auto opt = make_test_optimizer("plain-sgd", dp.module_ptr()->parameters(), mine.lr);
+  auto oracle_opt = make_test_optimizer("plain-sgd", plain.ptr->parameters(), plain.lr);
+  const auto [x, y] = mine.batch(r * per_rank, per_rank);
+  mine.loss(dp.forward(x), y).backward();
+  opt->step();
+  const auto [gx, gy] = plain.batch(0, w * per_rank);
+  plain.loss(plain.module.forward(gx), gy).backward();
+  oracle_opt->step();
+  NamedTensors after;
+  for (const auto& [name, value] : io::whole_state(*mine.ptr, dp.sharding())) {
+    if (plain.ptr->named_parameters().find(name) != nullptr) after.emplace_back(name, value);
+  }
+  require_close_by_name(after, *plain.ptr, 1e-5, c.style + " " + c.model + ", one SGD step");
+}
+
+DDP_WORKER_CASE_TEST(DeferredZooLocalDraws, EveryValueIsNormalInitsLocalDrawAndTrainsAsOne,
+                     deferred_zoo_local_draws, Case);
+
+INSTANTIATE_TEST_SUITE_P(
+    StylesModels, DeferredZooLocalDraws,
+    ::testing::Values(Case{"fully_shard", "llama-tiny", 1}, Case{"fully_shard", "llama-tiny", 2},
+                      Case{"fully_shard", "llama-tiny", 3}, Case{"fully_shard", "gpt", 2},
+                      Case{"fully_shard", "gpt", 3}, Case{"default", "llama-tiny", 3}),
+    case_name);
 
 }  // namespace
 }  // namespace ddp::testing
