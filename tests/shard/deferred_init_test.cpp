@@ -155,6 +155,24 @@ struct Case {
   DDP_CASE_FIELDS(style, model)
 };
 
+// One plain-SGD step: this rank's part of the global batch through the wrap, the whole batch
+// through the oracle. In eval mode: a BatchNorm normalizes by its running statistics, not by each
+// rank's batch (issue 61).
+void step_both(models::Workload& mine, parallel::DataParallel<torch::nn::AnyModule>& dp,
+               models::Workload& oracle, int world, int rank) {
+  mine.ptr->eval();
+  oracle.ptr->eval();
+  const int64_t per_rank = 2;
+  auto opt = make_test_optimizer("plain-sgd", dp.module_ptr()->parameters(), mine.lr);
+  auto oracle_opt = make_test_optimizer("plain-sgd", oracle.ptr->parameters(), oracle.lr);
+  const auto [x, y] = mine.batch(rank * per_rank, per_rank);
+  mine.loss(dp.forward(x), y).backward();
+  opt->step();
+  const auto [gx, gy] = oracle.batch(0, world * per_rank);
+  oracle.loss(oracle.module.forward(gx), gy).backward();
+  oracle_opt->step();
+}
+
 DDP_TEST_WORKER_WITH(deferred_init_matches_one_process, Case, c) {
   auto pg = worker_process_group(std::chrono::seconds(60));
   const int w = pg->world_size(), r = pg->rank();
@@ -189,19 +207,7 @@ DDP_TEST_WORKER_WITH(deferred_init_matches_one_process, Case, c) {
     require(expected.count(name) == 1, "no oracle value for " + name);
     require(torch::equal(value, expected[name]), name + " differs from one process's value");
   }
-  // One SGD step: this rank's part of the global batch against the oracle's whole batch. In eval
-  // mode: a BatchNorm normalizes by its running statistics, not by each rank's batch (issue 61).
-  mine.ptr->eval();
-  oracle.ptr->eval();
-  const int64_t per_rank = 2;
-  auto opt = make_test_optimizer("plain-sgd", dp.module_ptr()->parameters(), mine.lr);
-  auto oracle_opt = make_test_optimizer("plain-sgd", oracle.ptr->parameters(), oracle.lr);
-  const auto [x, y] = mine.batch(r * per_rank, per_rank);
-  mine.loss(dp.forward(x), y).backward();
-  opt->step();
-  const auto [gx, gy] = oracle.batch(0, w * per_rank);
-  oracle.loss(oracle.module.forward(gx), gy).backward();
-  oracle_opt->step();
+  step_both(mine, dp, oracle, w, r);
   expected = oracle_values();
   for (const auto& [name, value] : wrapped_values()) {
     if (!value.is_floating_point()) {  // BatchNorm's num_batches_tracked
@@ -478,17 +484,7 @@ DDP_TEST_WORKER_WITH(deferred_zoo_local_draws, Case, c) {
     torch::NoGradGuard no_grad;
     for (auto& item : plain.ptr->named_parameters()) item.value().copy_(start.at(item.key()));
   }
-  mine.ptr->eval();
-  plain.ptr->eval();
-  const int64_t per_rank = 2;
-  auto opt = make_test_optimizer("plain-sgd", dp.module_ptr()->parameters(), mine.lr);
-  auto oracle_opt = make_test_optimizer("plain-sgd", plain.ptr->parameters(), plain.lr);
-  const auto [x, y] = mine.batch(r * per_rank, per_rank);
-  mine.loss(dp.forward(x), y).backward();
-  opt->step();
-  const auto [gx, gy] = plain.batch(0, w * per_rank);
-  plain.loss(plain.module.forward(gx), gy).backward();
-  oracle_opt->step();
+  step_both(mine, dp, plain, w, r);
   NamedTensors after;
   for (const auto& [name, value] : io::whole_state(*mine.ptr, dp.sharding())) {
     if (plain.ptr->named_parameters().find(name) != nullptr) after.emplace_back(name, value);
