@@ -26,6 +26,13 @@ SUMMARY="$OUT/summary.txt"
 note() { echo "$*" | tee -a "$SUMMARY"; }
 PY=python3
 BENCH=build-gpu/ddp-bench
+# The large models' fast initialisation (FAST_INIT=1, the default): ours draws only each rank's
+# shards (--local-init), FSDP2 builds on the meta device (--meta-init). The steps do not depend on
+# it (other numbers, the same distributions); each llama-8b run then starts in seconds instead of
+# ~100 s of every rank drawing the whole model on the CPU: device time the stages below spend on
+# measuring. FAST_INIT=0: the single process's numbers on both sides.
+OURS_INIT="" TORCH_INIT=""
+[[ ${FAST_INIT:-1} == 1 ]] && OURS_INIT="--local-init" TORCH_INIT="--meta-init"
 # The multi-process runs of the tests stage use every GPU up to 4 (NCCL refuses two ranks on one
 # device); the GPU tests themselves skip the world sizes the machine cannot hold.
 NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
@@ -149,7 +156,7 @@ if has async62; then
       timeout 500 build-gpu/ddp-train --nproc "$NP" --device cuda --model "$model" --batch-size 1 \
         --seq-len 1024 --fsdp --fsdp-wrap --autocast-bf16 --param-dtype bf16 --reduce-dtype fp32 \
         --optimizer adamw --steps "$steps" --checkpoint-every "$every" --keep-checkpoints 1 \
-        --checkpoint-dir /tmp/ckpt62 --timeout-s 300 $flags >"$OUT/async62-$model-$mode.log" 2>&1
+        --checkpoint-dir /tmp/ckpt62 --timeout-s 300 $flags $OURS_INIT >"$OUT/async62-$model-$mode.log" 2>&1
       note "async62 $model $mode world $NP rc=$?: $(grep -E 'blocked|background|waited|error' "$OUT/async62-$model-$mode.log" | cut -c1-220 | tr '\n' '|')"
       du -sb /tmp/ckpt62 2>/dev/null | tee -a "$SUMMARY"
     done
@@ -481,7 +488,7 @@ if has llama; then
   # and the root), both with activation checkpointing per block, AdamW, bf16 autocast, bf16
   # gathers and fp32 reduce-scatters, at world NP, in pairs (ours, then PyTorch's). LLAMA_MODELS:
   # "model:batch:seq_len" items (default llama-1b at 8192 tokens); LLAMA_PAIRS pairs; LLAMA_SIDES
-  # of ours, registered (--nccl-register-buffers --nccl-cta-policy 2) and torch; LLAMA_META.
+  # of ours, registered (--nccl-register-buffers --nccl-cta-policy 2) and torch; FAST_INIT.
   for item in ${LLAMA_MODELS:-llama-1b:1:8192}; do
     IFS=: read -r model batch seq <<<"$item"
     flags="--model $model --batch-size $batch --seq-len $seq --device cuda --nproc $NP --fsdp"
@@ -491,13 +498,9 @@ if has llama; then
       for side in ${LLAMA_SIDES:-ours torch}; do
         cmd="$BENCH"
         [[ $side == torch ]] && cmd="$PY bench/reference/torch_ddp.py"
-        # LLAMA_META=1: FSDP2 built on the meta device, sharded, to_empty, init_weights (its
-        # large-model path: seconds to the first step instead of building the whole model).
-        [[ $side == torch && ${LLAMA_META:-0} == 1 ]] && cmd="$cmd --meta-init"
         # registered: ours with the gather buffer registered and NCCL's copy-engine all-gathers.
         [[ $side == registered ]] && cmd="$BENCH --nccl-register-buffers --nccl-cta-policy 2"
-        # LLAMA_META=1 also gives ours its fast path: each rank draws only its shards (--local-init).
-        [[ $side != torch && ${LLAMA_META:-0} == 1 ]] && cmd="$cmd --local-init"
+        if [[ $side == torch ]]; then cmd="$cmd $TORCH_INIT"; else cmd="$cmd $OURS_INIT"; fi
         log="$OUT/llama-$model-b$batch-s$seq-$side-$pair.log"
         start=$(date +%s)
         timeout 480 $cmd $flags >"$log" 2>&1
@@ -538,7 +541,7 @@ if has ctas60; then
       [[ $lever == default ]] && extra=""
       log="$OUT/ctas60-r$round-${lever// /_}.log"
       start=$(date +%s)
-      timeout 240 $BENCH $flags $extra >"$log" 2>&1
+      timeout 240 $BENCH $flags $extra $OURS_INIT >"$log" 2>&1
       note "ctas60 round $round [$lever] rc=$? ($(($(date +%s) - start)) s): $(grep -m1 '^{' "$log" | grep -o '"median_ms":[0-9.]*')"
     done
   done
@@ -558,9 +561,9 @@ if has floors60; then
     flags="$flags --optimizer adamw --repeat ${FLOOR_REPEAT:-8} --warmup 3 --json"
     for side in ${FLOOR_SIDES:-ours nocomm torch}; do
       case $side in
-        ours) cmd="$BENCH $flags --comm-floor 5" ;;
-        nocomm) cmd="$BENCH $flags --no-comm" ;;
-        torch) cmd="$PY bench/reference/torch_ddp.py $flags" ;;
+        ours) cmd="$BENCH $flags --comm-floor 5 $OURS_INIT" ;;
+        nocomm) cmd="$BENCH $flags --no-comm $OURS_INIT" ;;
+        torch) cmd="$PY bench/reference/torch_ddp.py $flags $TORCH_INIT" ;;
       esac
       log="$OUT/floors-$name-$side.log"
       start=$(date +%s)
