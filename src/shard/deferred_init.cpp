@@ -109,14 +109,21 @@ void keep_rows(const DeferredInit& init, at::Tensor& param, const at::Tensor& wh
 // shard_now's work on one parameter that may already be dropped.
 void keep(const DeferredInit& init, at::Tensor& param) {
   if (is_deferred(param)) return;
+  if (is_unfilled(param)) {
+    // Nothing drawn yet ([Note: constructors' draws]): it stays one NaN, on the device, until
+    // fill_full gives it what this rank keeps. Keeping NaN rows first would fault in every page
+    // of them twice (llama-1b at world 1: a fifth of the initialisation cleared pages).
+    if (param.device() != init.options().device) {
+      param.set_data(placeholder(param, init.options().device));
+    }
+    return;
+  }
   if (init.keeps_rows(param)) {
     keep_rows(init, param, param.detach());
     return;
   }
   if (param.device() != init.options().device) {
-    // An unfilled value stays one NaN (.to would write it whole): fill_full gives it memory.
-    param.set_data(is_unfilled(param) ? placeholder(param, init.options().device)
-                                      : param.detach().to(init.options().device));
+    param.set_data(param.detach().to(init.options().device));
   }
 }
 
