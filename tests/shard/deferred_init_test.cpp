@@ -401,7 +401,7 @@ TEST(DeferredInit, UnderLocalDrawsAZooLayerIsBuiltUnfilled) {
   shard::DeferredInit local(
       2, 0, {shard::DataParallelStyle::kFullyShard, at::kCPU, shard::InitDraws::kLocal, 11});
   EXPECT_TRUE(shard::draws_locally());
-  const auto linear = models::normal_linear(3, 4);
+  auto linear = models::normal_linear(3, 4);
   const auto embedding = models::normal_embedding(5, 6);
   EXPECT_EQ(linear->options.in_features(), 3);
   EXPECT_EQ(linear->options.out_features(), 4);
@@ -415,6 +415,19 @@ TEST(DeferredInit, UnderLocalDrawsAZooLayerIsBuiltUnfilled) {
     EXPECT_TRUE(value.isnan().all().item<bool>());
     EXPECT_TRUE(value.requires_grad());
   }
+  // shard_now leaves it unfilled (no rows kept yet); a forward gives NaN, never plausible numbers;
+  // fill_full keeps this rank's rows (rows 0-1 of 4 at rank 0 of 2).
+  shard::shard_now(*linear);
+  EXPECT_FALSE(shard::is_deferred(linear->weight));
+  EXPECT_EQ(static_cast<int64_t>(linear->weight.storage().nbytes()), linear->weight.element_size());
+  {
+    torch::NoGradGuard no_grad;
+    EXPECT_TRUE(linear->forward(torch::ones({2, 3})).isnan().all().item<bool>());
+  }
+  shard::fill_full(linear->weight, [](at::Tensor& t) { t.fill_(0.5); });
+  const auto kept = shard::kept_rows(linear->weight);
+  ASSERT_TRUE(kept.has_value());
+  EXPECT_TRUE(torch::equal(kept->rows, torch::full({2, 3}, 0.5)));
 }
 
 // The zoo's models under local draws at worlds 1-3 (their constructors' draws skipped): every
