@@ -6,7 +6,9 @@
 // bit, no rank held any sharded parameter whole after its piece was built, and one SGD step on the
 // global batch equals the single-process step (rel. err < 1e-5). Bad input: ranks seeded apart,
 // a model built for FULLY_SHARD wrapped with DDP or with DEFAULT, each refused naming the
-// parameter.
+// parameter. Local draws (InitDraws::kLocal): each rank's rows are its local_draw_seed draws
+// (a user's model), the zoo's layers are built unfilled and every wrapped value of the zoo's
+// Llama and GPT is closed-form, one SGD step equal to one process's from those values.
 
 #include "ddp/shard/deferred_init.hpp"
 
