@@ -65,16 +65,16 @@ DDP_TEST_WORKER_WITH(forensics_scenario, ScenarioCase, c) {
     // timed out and dumped: ended sooner, the launcher's SIGTERM would find a slower rank still
     // waiting, and its dump would say so.
     if (scenario == "stop") {
-      const std::string timed_out = "test/timed-out/" + std::to_string(pg->rank());
-      pg->store().set(timed_out, {1});
-    }
-    if (scenario == "stop" && pg->rank() == 0) {
-      std::vector<std::string> keys;
-      for (int r = 0; r + 1 < pg->world_size(); ++r)
-        keys.push_back("test/timed-out/" + std::to_string(r));
-      pg->store().wait(keys, std::chrono::seconds(20));
-      const auto pid = pg->store().get("test/stopped-pid");
-      ::kill(std::stoi(std::string(pid.begin(), pid.end())), SIGKILL);
+      pg->store().set("test/timed-out/" + std::to_string(pg->rank()), {1});
+      if (pg->rank() == 0) {
+        std::vector<std::string> keys;
+        for (int r = 0; r + 1 < pg->world_size(); ++r) {
+          keys.push_back("test/timed-out/" + std::to_string(r));
+        }
+        pg->store().wait(keys, std::chrono::seconds(20));
+        const auto pid = pg->store().get("test/stopped-pid");
+        ::kill(std::stoi(std::string(pid.begin(), pid.end())), SIGKILL);
+      }
     }
     return;
   }

@@ -131,9 +131,10 @@ void fill_full(at::Tensor& param, const std::function<void(at::Tensor&)>& fill);
 // (libtorch's draw every parameter whole, on the CPU) are thrown away by the fill_full that
 // follows. A model that fills every weight with fill_full may skip them: it builds the module at a
 // trivial size and gives each parameter unfilled(its real sizes): one NaN expanded (no memory, as a
-// placeholder), which shard_now keeps as NaN rows and fill_full then fills. A parameter never
-// filled trains as NaN: loud, never plausible numbers. llama-1b at world 4 on the CPU (the zoo's
-// models/normal_init.hpp): init 35.4 -> 7 s a rank, peak 2.63 -> 1.59 GB.
+// placeholder), which shard_now leaves so (moved to the device) and fill_full replaces with the
+// rows this rank keeps. A parameter never filled trains as NaN: loud, never plausible numbers.
+// llama-1b at world 4 on the CPU (the zoo's models/normal_init.hpp): init 35.4 -> 7 s a rank,
+// peak 2.63 -> 1.59 GB.
 //
 // Whether an active DeferredInit on this thread draws locally (constructors' draws unused).
 bool draws_locally();
