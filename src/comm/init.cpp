@@ -92,6 +92,15 @@ BackendFactory backend_factory(Backend backend, const WorldInfo& world,
       MadeBackend made{nccl, {}, {}};
 #if DDP_NCCL_HAS_MEM_POOL
       if (nccl_options.register_buffers) {
+        // Refused here, before any collective, rather than at the wrap's first allocation:
+        // ProcessGroupNCCL's allocator exists only where the GPU has CUDA multicast.
+        const auto device = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getDevice();
+        TORCH_CHECK(nccl->supportsTensorAlloc(device.index()),
+                    "ddp: NcclOptions::register_buffers (--nccl-register-buffers): NCCL cannot "
+                    "allocate registered memory on ",
+                    device,
+                    " (ProcessGroupNCCL's allocator needs NCCL >= 2.19 and a GPU with CUDA "
+                    "multicast, as GPUs joined by NVSwitch have); run without it");
         auto windows = std::make_shared<NcclWindowPool>(nccl);
         made.empty_registered = [windows](int64_t numel, const at::TensorOptions& options) {
           return windows->empty(numel, options);

@@ -65,7 +65,7 @@ DDP_TEST_WORKER_WITH(forensics_scenario, ScenarioCase, c) {
     // timed out and dumped: ended sooner, the launcher's SIGTERM would find a slower rank still
     // waiting, and its dump would say so.
     if (scenario == "stop") {
-      pg->store().set("test/timed-out/" + std::to_string(pg->rank()), {1});
+      pg->store().set("test/timed-out/" + std::to_string(pg->rank()), std::vector<uint8_t>{1});
       if (pg->rank() == 0) {
         std::vector<std::string> keys;
         for (int r = 0; r + 1 < pg->world_size(); ++r) {

@@ -8,13 +8,17 @@
 // an integer dtype, each refused naming it. On GPUs (scripts/gpu-check.sh, worlds 1 and 2 as the
 // machine holds them) the MLP case runs on NCCL with NcclOptions::register_buffers and the
 // zero-CTA policy: the units gather in place into memory NCCL registered, kept between steps, and
-// the result is the same oracle's.
+// the result is the same oracle's; on a GPU without CUDA multicast (no registered memory there)
+// the registered case is the group's refusal, its exact text.
 
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/StringUtil.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <iostream>
 
 #include "ddp/models/gpt.hpp"
 #include "ddp/models/mlp.hpp"
@@ -104,7 +108,26 @@ DDP_TEST_WORKER_WITH(param_dtype_mlp, Case, c) {
   comm::NcclOptions nccl;
   nccl.register_buffers = c.register_buffers;
   if (c.register_buffers) nccl.cta_policy = 2;  // zero-CTA: the copy-engine all-gathers
-  auto pg = worker_process_group(std::chrono::seconds(60), c.backend, nccl);
+  comm::ProcessGroupPtr pg;
+  const std::string refused =
+      error_of([&] { pg = worker_process_group(std::chrono::seconds(60), c.backend, nccl); });
+  if (c.register_buffers && !refused.empty()) {
+    // A GPU without CUDA multicast (one H200 alone): NCCL has no registered memory to give, and
+    // the group says so by name instead of failing at the wrap.
+    const std::string device =
+        c10::str(c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getDevice());
+    require(
+        refused ==
+            "ddp: NcclOptions::register_buffers (--nccl-register-buffers): NCCL cannot allocate "
+            "registered memory on " +
+                device +
+                " (ProcessGroupNCCL's allocator needs NCCL >= 2.19 and a GPU with CUDA "
+                "multicast, as GPUs joined by NVSwitch have); run without it",
+        "the refusal of registered buffers: " + refused);
+    std::cout << "registered buffers refused on " << device << " (no CUDA multicast)\n";
+    return;
+  }
+  require(refused.empty(), "the group is made: " + refused);
   require(pg->registers_buffers() == c.register_buffers, "the group registers buffers as asked");
   const torch::Device device = c.backend == "nccl" ? torch::Device(torch::kCUDA) : torch::kCPU;
   const int w = pg->world_size(), r = pg->rank();

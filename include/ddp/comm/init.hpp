@@ -31,8 +31,8 @@ struct NcclOptions {
   // with the communicator as a symmetric window (comm/nccl_window_pool.hpp), each unit's shard
   // copied into its slot and gathered in place: with cta_policy 2, NCCL >= 2.28 runs those
   // all-gathers on the copy engines, taking no SM from the compute they overlap. Default false:
-  // measured in docs/benchmarks.md ("The batch-1 regime"); needs torch >= 2.8 (refused by name
-  // where ProcessGroupNCCL has no memory pools).
+  // measured in docs/benchmarks.md ("The batch-1 regime"); needs torch >= 2.8 and a GPU with CUDA
+  // multicast (NVSwitch): refused by name at the group's creation where either is missing.
   bool register_buffers = false;
 };
 
