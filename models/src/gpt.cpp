@@ -56,8 +56,10 @@ GPTMLPImpl::GPTMLPImpl(const GPTConfig& config) : dropout_(config.dropout) {
 }
 
 torch::Tensor GPTMLPImpl::forward(const torch::Tensor& x) {
-  return maybe_dropout(unit_linear(c_proj, torch::gelu(unit_linear(c_fc, x))), dropout_,
-                       is_training());
+  const auto h = torch::gelu(unit_linear(c_fc, x));
+  // Without dropout c_proj's output is only added to the residual stream: skipped in a recompute.
+  if (dropout_ == 0) return output_unit_linear(c_proj, h);
+  return maybe_dropout(unit_linear(c_proj, h), dropout_, is_training());
 }
 
 GPTBlockImpl::GPTBlockImpl(const GPTConfig& config) {

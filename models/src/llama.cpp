@@ -109,7 +109,8 @@ LlamaFeedForwardImpl::LlamaFeedForwardImpl(const LlamaConfig& config) {
 }
 
 torch::Tensor LlamaFeedForwardImpl::forward(const torch::Tensor& x) {
-  return unit_linear(w2, torch::silu(unit_linear(w1, x)) * unit_linear(w3, x));
+  // w2's output is only added to the residual stream: skipped in a recompute.
+  return output_unit_linear(w2, torch::silu(unit_linear(w1, x)) * unit_linear(w3, x));
 }
 
 LlamaBlockImpl::LlamaBlockImpl(const LlamaConfig& config) {

@@ -13,6 +13,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <string>
 #include <unordered_set>
 
 #include "ddp/autograd/end_of_backward.hpp"
@@ -167,6 +168,93 @@ void check_no_undeclared_leaf(const variable_list& roots, const variable_list& w
   }
 }
 
+// [Note: the recompute's last projection] The recompute running on this thread (the innermost of
+// nested checkpoints) and the output_linear nodes it made.
+struct Recompute {
+  std::unordered_set<const torch::autograd::Node*> value_free;
+};
+thread_local Recompute* current_recompute = nullptr;
+
+class RecomputeScope {
+ public:
+  explicit RecomputeScope(Recompute* recompute) : previous_(current_recompute) {
+    current_recompute = recompute;
+  }
+  ~RecomputeScope() { current_recompute = previous_; }
+  RecomputeScope(const RecomputeScope&) = delete;
+  RecomputeScope& operator=(const RecomputeScope&) = delete;
+
+ private:
+  Recompute* previous_;
+};
+
+// Nodes whose backward reads no forward values: what may lie between fn's outputs and an
+// output_linear node. Named as libtorch 1.13 and 2.x name them.
+bool reads_no_values(const torch::autograd::Node& node) {
+  static const std::unordered_set<std::string> kinds{
+      "AddBackward0",        "AddBackward1",
+      "SubBackward0",        "SubBackward1",
+      "ToCopyBackward0",     "ViewBackward0",
+      "UnsafeViewBackward0", "ReshapeAliasBackward0",
+      "CloneBackward0",      "ddp::tp::ReduceFromRegion"};
+  return kinds.count(node.name()) > 0;
+}
+
+// Every path from `roots` to a node of `recompute.value_free` runs through nodes that read no
+// values; otherwise the gradient through that node would be computed from the zeros it output.
+void check_value_free_paths(const variable_list& roots, const Recompute& recompute) {
+  using torch::autograd::Node;
+  // (node, the last node on the way there whose backward reads values, or null)
+  std::vector<std::pair<Node*, Node*>> stack;
+  std::set<std::pair<Node*, Node*>> seen;
+  for (const auto& r : roots) {
+    if (r.grad_fn()) stack.emplace_back(r.grad_fn().get(), nullptr);
+  }
+  while (!stack.empty()) {
+    auto [node, reader] = stack.back();
+    stack.pop_back();
+    if (!seen.insert({node, reader}).second) continue;
+    const bool skipped = recompute.value_free.count(node) > 0;
+    if (skipped) {
+      TORCH_CHECK(reader == nullptr, "ddp::activation_checkpoint: a projection the recompute ",
+                  "skips (output_linear: a block's last projection) reaches the checkpointed ",
+                  "function's output through ", reader->name(),
+                  ", whose backward reads values, so its gradient would be computed from zeros; ",
+                  "checkpoint each block on its own, or call at::linear there");
+    }
+    // A skipped projection's node reads its input and weight: what lies beyond it is read.
+    Node* next_reader = skipped || !reads_no_values(*node) ? node : reader;
+    for (const auto& edge : node->next_edges()) {
+      if (edge.function) stack.emplace_back(edge.function.get(), next_reader);
+    }
+  }
+}
+
+// [Note: the recompute's last projection] A linear's node over zeros: at::linear's gradients
+// (mm's backward formulas, the same calls) from the saved input and weight.
+struct OutputLinearFunction : torch::autograd::Function<OutputLinearFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
+                            const at::Tensor& bias) {
+    ctx->save_for_backward({input, weight});
+    ctx->saved_data["bias"] = bias.defined();
+    std::vector<int64_t> sizes = input.sizes().vec();
+    sizes.back() = weight.size(0);
+    return at::zeros(sizes, input.options());
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& input = saved[0];
+    const at::Tensor& weight = saved[1];
+    const at::Tensor g = grads[0].reshape({-1, grads[0].size(-1)});
+    variable_list out(3);
+    if (ctx->needs_input_grad(0)) out[0] = g.mm(weight).view(input.sizes());
+    if (ctx->needs_input_grad(1)) out[1] = g.t().mm(input.reshape({-1, input.size(-1)}));
+    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) out[2] = g.sum(0);
+    return out;
+  }
+};
+
 struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
   // apply() has turned grad mode off already: fn builds no graph and keeps no activations.
   static variable_list forward(AutogradContext* ctx, const c10::intrusive_ptr<CheckpointState>& st,
@@ -210,6 +298,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     for (const auto& t : saved) inputs.push_back(t.detach().requires_grad_(t.requires_grad()));
 
     std::vector<at::Tensor> outputs;
+    Recompute recompute;
     {
       std::vector<at::Generator> generators;
       for (const auto& s : st->rng) generators.push_back(s.generator);
@@ -218,6 +307,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
       try {
         c10::AutoGradMode grad_on(true);
         AutocastScope autocast(st->cpu_autocast, st->cuda_autocast);
+        RecomputeScope scope(&recompute);
         outputs = st->fn(inputs);
       } catch (...) {
         set_rng_states(now);
@@ -258,6 +348,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     variable_list result(1 + inputs.size() + st->params.size());
     if (roots.empty()) return result;
     check_no_undeclared_leaf(roots, wrt);
+    if (!recompute.value_free.empty()) check_value_free_paths(roots, recompute);
     // The recompute's backward is part of this one: what its hooks ask for at the end of backward
     // (a sharded unit's reshard, TP's forward count) waits for the end of the outer backward.
     variable_list grads;
@@ -294,6 +385,25 @@ std::vector<at::Tensor> activation_checkpoint(torch::nn::Module& module,
   st->cpu_autocast = {detail::autocast_enabled(c10::kCPU), detail::autocast_dtype(c10::kCPU)};
   st->cuda_autocast = {detail::autocast_enabled(c10::kCUDA), detail::autocast_dtype(c10::kCUDA)};
   return CheckpointFunction::apply(st, at::TensorList(inputs), at::TensorList(params));
+}
+
+at::Tensor output_linear(const at::Tensor& input, const at::Tensor& weight,
+                         const at::Tensor& bias) {
+  if (current_recompute == nullptr || !c10::GradMode::is_enabled()) {
+    return at::linear(input, weight, bias);
+  }
+  // autocast's casts, which at::linear would make inside (a lower-precision op): the node then
+  // saves and computes in the dtype the real linear's backward would.
+  const auto device = input.device().type();
+  const auto cast = [&](const at::Tensor& t) {
+    const bool eligible = t.defined() && at::isFloatingType(t.scalar_type()) &&
+                          t.scalar_type() != at::kDouble;  // autocast leaves float64 alone
+    if (!eligible || !detail::autocast_enabled(device)) return t;
+    return t.to(detail::autocast_dtype(device));
+  };
+  at::Tensor out = OutputLinearFunction::apply(cast(input), cast(weight), cast(bias));
+  if (out.grad_fn()) current_recompute->value_free.insert(out.grad_fn().get());
+  return out;
 }
 
 at::Tensor activation_checkpoint(torch::nn::Module& module, const CheckpointFn& fn,

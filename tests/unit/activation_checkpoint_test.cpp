@@ -12,6 +12,7 @@
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
+#include <optional>
 #include <unordered_set>
 
 #include "ddp/autograd/accumulation_hook.hpp"
@@ -295,6 +296,82 @@ TEST(ActivationCheckpoint, RefusesAParameterOutsideTheGivenModule) {
             "grad but is neither an input nor a parameter of the module passed to checkpoint, so "
             "it would get no gradient; pass the module that owns it (a parent of every module fn "
             "calls)");
+}
+
+// [Note: the recompute's last projection] A residual block whose last projection is
+// output_linear: its value is at::linear's in forward and zeros in the recompute (the GEMM not
+// run), and every gradient equals the uncheckpointed block's, in fp32 and under bf16 autocast, with
+// a 3-D input and a bias as the zoo's blocks have.
+struct ResidualBlockImpl : torch::nn::Module {
+  ResidualBlockImpl() {
+    up = register_module("up", torch::nn::Linear(4, 6));
+    down = register_module("down", torch::nn::Linear(6, 4));
+  }
+  // x + down(tanh(up(x))); `seen` gets down's output of each call.
+  torch::Tensor forward(const torch::Tensor& x, std::vector<torch::Tensor>* seen) {
+    const auto y = output_linear(torch::tanh(up(x)), down->weight, down->bias);
+    if (seen != nullptr) seen->push_back(y.detach().clone());
+    return x + y;
+  }
+  torch::nn::Linear up{nullptr}, down{nullptr};
+};
+TORCH_MODULE(ResidualBlock);
+
+void expect_output_linear_equals_plain(std::optional<c10::ScalarType> autocast) {
+  torch::manual_seed(0);
+  ResidualBlock plain, ckpt;
+  for (size_t i = 0; i < plain->parameters().size(); ++i) {
+    torch::NoGradGuard no_grad;
+    ckpt->parameters()[i].copy_(plain->parameters()[i]);
+  }
+  const auto x = torch::randn({2, 3, 4});
+  const auto x1 = x.clone().requires_grad_(), x2 = x.clone().requires_grad_();
+  std::vector<torch::Tensor> seen, seen_plain;
+  torch::Tensor out1, out2;
+  {
+    std::optional<parallel::AutocastGuard> guard;
+    if (autocast) guard.emplace(c10::kCPU, *autocast);
+    out1 = plain->forward(x1, &seen_plain);
+    out2 = activation_checkpoint(
+        *ckpt, [&](const torch::Tensor& in) { return ckpt->forward(in, &seen); }, x2);
+  }
+  EXPECT_TRUE(torch::equal(out1, out2));
+  out1.to(torch::kFloat).pow(2).sum().backward();
+  out2.to(torch::kFloat).pow(2).sum().backward();
+  ASSERT_EQ(seen.size(), 2u);  // forward, then the recompute
+  EXPECT_TRUE(torch::equal(seen[0], seen_plain[0]));
+  EXPECT_TRUE(torch::equal(seen[1], torch::zeros_like(seen[0])));
+  auto names = names_of(*plain);
+  names.push_back("input");
+  auto g1 = grads_of(*plain), g2 = grads_of(*ckpt);
+  g1.push_back(x1.grad());
+  g2.push_back(x2.grad());
+  require_close(names, g2, g1, 1e-5, "output_linear's block");
+}
+
+TEST(ActivationCheckpoint, TheLastProjectionIsNotRecomputedAndItsGradientsAreLinears) {
+  expect_output_linear_equals_plain(std::nullopt);
+  expect_output_linear_equals_plain(torch::kBFloat16);
+}
+
+// Two such blocks in one checkpoint: the first block's skipped projection feeds the second's tanh,
+// whose backward reads values; refused by name instead of a gradient from zeros.
+TEST(ActivationCheckpoint, RefusesASkippedProjectionWhoseOutputIsReadOnTheWay) {
+  torch::nn::Sequential both;
+  ResidualBlock first, second;
+  both->push_back(first);
+  both->push_back(second);
+  const auto out = activation_checkpoint(
+      *both,
+      [&](const torch::Tensor& in) {
+        return second->forward(first->forward(in, nullptr), nullptr);
+      },
+      torch::randn({2, 4}, torch::requires_grad()));
+  EXPECT_EQ(error_of([&] { out.sum().backward(); }),
+            "ddp::activation_checkpoint: a projection the recompute skips (output_linear: a "
+            "block's last projection) reaches the checkpointed function's output through "
+            "AddmmBackward0, whose backward reads values, so its gradient would be computed from "
+            "zeros; checkpoint each block on its own, or call at::linear there");
 }
 
 TEST(ActivationCheckpoint, RefusesDoubleBackward) {

@@ -11,6 +11,7 @@
 #include <ATen/ATen.h>
 #include <torch/nn/modules/linear.h>
 
+#include "ddp/unit/activation_checkpoint.hpp"
 #include "ddp/unit/unit_scope.hpp"
 
 namespace ddp::models {
@@ -18,6 +19,14 @@ namespace ddp::models {
 inline torch::Tensor unit_linear(const torch::nn::Linear& m, const torch::Tensor& x) {
   return unit::run_unit(
       *m, [&m](const torch::Tensor& in) { return at::linear(in, m->weight, m->bias); }, x);
+}
+
+// unit_linear for a block's last projection, whose output is only added to the residual stream
+// (nothing between it and the block's output reads its value): not computed in a checkpoint's
+// recompute, only its gradients (unit::output_linear, [Note: the recompute's last projection]).
+inline torch::Tensor output_unit_linear(const torch::nn::Linear& m, const torch::Tensor& x) {
+  return unit::run_unit(
+      *m, [&m](const torch::Tensor& in) { return unit::output_linear(in, m->weight, m->bias); }, x);
 }
 
 }  // namespace ddp::models
