@@ -230,13 +230,14 @@ void check_value_free_paths(const variable_list& roots, const Recompute& recompu
   }
 }
 
-// [Note: the recompute's last projection] A linear's node over zeros: at::linear's gradients
-// (mm's backward formulas, the same calls) from the saved input and weight.
+// [Note: the recompute's last projection] A bias-free linear's node over zeros: at::linear's
+// gradients (mm's backward formulas, the same calls) from the saved input and weight. The bias is
+// added outside it (an addition, which reads no values): torch 2.x's custom Functions take no
+// undefined input.
 struct OutputLinearFunction : torch::autograd::Function<OutputLinearFunction> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
-                            const at::Tensor& bias) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
+                            const at::Tensor& weight) {
     ctx->save_for_backward({input, weight});
-    ctx->saved_data["bias"] = bias.defined();
     std::vector<int64_t> sizes = input.sizes().vec();
     sizes.back() = weight.size(0);
     return at::zeros(sizes, input.options());
@@ -247,10 +248,9 @@ struct OutputLinearFunction : torch::autograd::Function<OutputLinearFunction> {
     const at::Tensor& input = saved[0];
     const at::Tensor& weight = saved[1];
     const at::Tensor g = grads[0].reshape({-1, grads[0].size(-1)});
-    variable_list out(3);
+    variable_list out(2);
     if (ctx->needs_input_grad(0)) out[0] = g.mm(weight).view(input.sizes());
     if (ctx->needs_input_grad(1)) out[1] = g.t().mm(input.reshape({-1, input.size(-1)}));
-    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) out[2] = g.sum(0);
     return out;
   }
 };
@@ -401,9 +401,9 @@ at::Tensor output_linear(const at::Tensor& input, const at::Tensor& weight,
     if (!eligible || !detail::autocast_enabled(device)) return t;
     return t.to(detail::autocast_dtype(device));
   };
-  at::Tensor out = OutputLinearFunction::apply(cast(input), cast(weight), cast(bias));
+  const at::Tensor out = OutputLinearFunction::apply(cast(input), cast(weight));
   if (out.grad_fn()) current_recompute->value_free.insert(out.grad_fn().get());
-  return out;
+  return bias.defined() ? out + cast(bias) : out;
 }
 
 at::Tensor activation_checkpoint(torch::nn::Module& module, const CheckpointFn& fn,

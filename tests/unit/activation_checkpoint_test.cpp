@@ -299,13 +299,14 @@ TEST(ActivationCheckpoint, RefusesAParameterOutsideTheGivenModule) {
 }
 
 // [Note: the recompute's last projection] A residual block whose last projection is
-// output_linear: its value is at::linear's in forward and zeros in the recompute (the GEMM not
-// run), and every gradient equals the uncheckpointed block's, in fp32 and under bf16 autocast, with
-// a 3-D input and a bias as the zoo's blocks have.
+// output_linear: its value is at::linear's in forward and the bias alone in the recompute (the
+// GEMM not run), and every gradient equals the uncheckpointed block's, in fp32 and under bf16
+// autocast, with a 3-D input, with a bias (the zoo's GPT) and without (its Llama: torch 2.x refused
+// the first version, which handed the node an undefined bias).
 struct ResidualBlockImpl : torch::nn::Module {
-  ResidualBlockImpl() {
+  explicit ResidualBlockImpl(bool bias = true) {
     up = register_module("up", torch::nn::Linear(4, 6));
-    down = register_module("down", torch::nn::Linear(6, 4));
+    down = register_module("down", torch::nn::Linear(torch::nn::LinearOptions(6, 4).bias(bias)));
   }
   // x + down(tanh(up(x))); `seen` gets down's output of each call.
   torch::Tensor forward(const torch::Tensor& x, std::vector<torch::Tensor>* seen) {
@@ -317,9 +318,9 @@ struct ResidualBlockImpl : torch::nn::Module {
 };
 TORCH_MODULE(ResidualBlock);
 
-void expect_output_linear_equals_plain(std::optional<c10::ScalarType> autocast) {
+void expect_output_linear_equals_plain(std::optional<c10::ScalarType> autocast, bool bias) {
   torch::manual_seed(0);
-  ResidualBlock plain, ckpt;
+  ResidualBlock plain(bias), ckpt(bias);
   for (size_t i = 0; i < plain->parameters().size(); ++i) {
     torch::NoGradGuard no_grad;
     ckpt->parameters()[i].copy_(plain->parameters()[i]);
@@ -340,7 +341,10 @@ void expect_output_linear_equals_plain(std::optional<c10::ScalarType> autocast) 
   out2.to(torch::kFloat).pow(2).sum().backward();
   ASSERT_EQ(seen.size(), 2u);  // forward, then the recompute
   EXPECT_TRUE(torch::equal(seen[0], seen_plain[0]));
-  EXPECT_TRUE(torch::equal(seen[1], torch::zeros_like(seen[0])));
+  // The recompute's value: no product, the bias alone (added in the output's dtype).
+  auto bias_alone = torch::zeros_like(seen[0]);
+  if (bias) bias_alone = bias_alone + ckpt->down->bias.to(seen[0].scalar_type());
+  EXPECT_TRUE(torch::equal(seen[1], bias_alone));
   auto names = names_of(*plain);
   names.push_back("input");
   auto g1 = grads_of(*plain), g2 = grads_of(*ckpt);
@@ -350,8 +354,11 @@ void expect_output_linear_equals_plain(std::optional<c10::ScalarType> autocast) 
 }
 
 TEST(ActivationCheckpoint, TheLastProjectionIsNotRecomputedAndItsGradientsAreLinears) {
-  expect_output_linear_equals_plain(std::nullopt);
-  expect_output_linear_equals_plain(torch::kBFloat16);
+  for (const bool bias : {true, false}) {  // the zoo's GPT has one, its Llama none
+    SCOPED_TRACE(bias ? "with a bias" : "without a bias");
+    expect_output_linear_equals_plain(std::nullopt, bias);
+    expect_output_linear_equals_plain(torch::kBFloat16, bias);
+  }
 }
 
 // Two such blocks in one checkpoint: the first block's skipped projection feeds the second's tanh,

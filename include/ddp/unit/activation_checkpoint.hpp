@@ -34,12 +34,12 @@
 // block's last projection, whose output is only added to the residual stream, is not recomputed:
 // its backward needs its input and weight, not its output. The nested-grad recompute runs fn
 // whole; output_linear (below) gives it the same saving: inside a recompute it makes the
-// projection's node (at::linear's gradients) over an output of zeros, without the GEMM (one per
-// block: 14 ms of a 627 ms llama-3b step at 8192 tokens on an H200, by kernel trace). Since a
-// gradient computed from those zeros would be silently wrong, the recompute walks its graph and
-// refuses, by name, a path from fn's outputs to such a node through a node whose backward reads
-// values (anything but additions, subtractions, views, casts and tensor parallelism's output
-// all-reduce).
+// projection's node (at::linear's gradients) over an output of zeros, the bias added, without the
+// GEMM (one a block: 14 ms of a 627 ms llama-3b step at 8192 tokens on an H200, by kernel trace).
+// Since a gradient computed from those zeros would be silently wrong, the recompute walks its
+// graph and refuses, by name, a path from fn's outputs to such a node through a node whose
+// backward reads values (anything but additions, subtractions, views, casts and tensor
+// parallelism's output all-reduce).
 
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
