@@ -68,6 +68,18 @@ std::vector<torch::Tensor> grads_of(torch::nn::Module& m) {
   return out;
 }
 
+// The gradients of every parameter and of the input: `ckpt`'s (fed `x_ckpt`) equal `plain`'s.
+void require_same_gradients(torch::nn::Module& plain, torch::nn::Module& ckpt,
+                            const torch::Tensor& x_plain, const torch::Tensor& x_ckpt,
+                            const std::string& what) {
+  auto names = names_of(plain);
+  names.push_back("input");
+  auto expected = grads_of(plain), got = grads_of(ckpt);
+  expected.push_back(x_plain.grad());
+  got.push_back(x_ckpt.grad());
+  require_close(names, got, expected, 1e-5, what);
+}
+
 // Autograd nodes reachable from `root` that are not leaves' AccumulateGrad: the graph a backward
 // executes, and what forward keeps alive (each holds its saved tensors).
 std::vector<Node*> interior_nodes(const std::shared_ptr<Node>& root) {
@@ -114,12 +126,7 @@ TEST(ActivationCheckpoint, GradientsEqualTheUncheckpointedNetAndNoBlockNodeIsKep
 
   out1.pow(2).sum().backward();
   out2.pow(2).sum().backward();
-  auto names = names_of(*plain);
-  names.push_back("input");
-  auto g1 = grads_of(*plain), g2 = grads_of(*ckpt);
-  g1.push_back(x1.grad());
-  g2.push_back(x2.grad());
-  require_close(names, g2, g1, 1e-5, "checkpointed block");
+  require_same_gradients(*plain, *ckpt, x1, x2, "checkpointed block");
 }
 
 // The sharded styles and TP count a parameter's gradients with accumulation hooks: through a
@@ -345,12 +352,7 @@ void expect_output_linear_equals_plain(std::optional<c10::ScalarType> autocast, 
   auto bias_alone = torch::zeros_like(seen[0]);
   if (bias) bias_alone = bias_alone + ckpt->down->bias.to(seen[0].scalar_type());
   EXPECT_TRUE(torch::equal(seen[1], bias_alone));
-  auto names = names_of(*plain);
-  names.push_back("input");
-  auto g1 = grads_of(*plain), g2 = grads_of(*ckpt);
-  g1.push_back(x1.grad());
-  g2.push_back(x2.grad());
-  require_close(names, g2, g1, 1e-5, "output_linear's block");
+  require_same_gradients(*plain, *ckpt, x1, x2, "output_linear's block");
 }
 
 TEST(ActivationCheckpoint, TheLastProjectionIsNotRecomputedAndItsGradientsAreLinears) {
