@@ -15,8 +15,12 @@ at::Tensor GatherPool::take(int64_t numel, const at::TensorOptions& options,
   const c10::ScalarType dtype = c10::typeMetaToScalarType(options.dtype());
   // 8-aligned, so that a view in any dtype of up to 8 bytes starts and ends aligned.
   const int64_t nbytes = (numel * static_cast<int64_t>(c10::elementSize(dtype)) + 7) / 8 * 8;
-  if (!buffer_.defined() || buffer_.numel() < nbytes || buffer_.device() != options.device()) {
-    buffer_ = at::Tensor();  // freed before the larger one is made
+  // [Note: a buffer the unit's size] A registered buffer only grows (a new one is a collective
+  // registration); another is remade when it is over 1.25x the take.
+  const bool oversized = !registered_ && buffer_.defined() && buffer_.numel() > nbytes / 4 * 5;
+  if (!buffer_.defined() || buffer_.numel() < nbytes || oversized ||
+      buffer_.device() != options.device()) {
+    buffer_ = at::Tensor();  // freed before the new one is made
     buffer_ = group.empty_registered(nbytes, options.dtype(at::kByte));
     registered_ = group.registers_buffers() && !detail::is_capturing(options.device());
   }
